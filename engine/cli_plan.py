@@ -1,0 +1,82 @@
+"""`pagedinfer plan`: the KV-cache plan for a model on a GPU, without a GPU.
+
+Uses exactly the sizing functions the operator uses, so both print the same
+num_gpu_blocks for the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pagedinfer.engine import sizing
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="print the KV-cache plan (bytes per token/block, num_gpu_blocks, max tokens)",
+        description="Size the KV block pool of one GPU for a model, the same way the operator does.",
+    )
+    p.add_argument("--model", required=True,
+                   help="a model directory holding config.json, or the path of a config.json")
+    p.add_argument("--gpu-memory", required=True,
+                   help="memory of one GPU (or MIG slice), e.g. 80GiB, 81559Mi, 141G")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory the engine may use (default 0.9)")
+    p.add_argument("--block-size", type=int, default=16, choices=sizing.VALID_BLOCK_SIZES,
+                   help="tokens per KV block (default 16)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="GPUs per replica; weights and KV heads are split across them (default 1)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget of one step; sets the activation reserve (default 2048)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence that must fit (default: the model's max_position_embeddings)")
+    p.add_argument("--dtype", default="auto", help="weight/KV dtype (default: the config's torch_dtype)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=run)
+
+
+def load_config(path: str) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"--model: no config.json at {p}")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--model: {p} is not valid JSON: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    shape = sizing.ModelShape.from_hf_config(load_config(args.model), dtype=args.dtype)
+    result = sizing.plan_kv_cache(sizing.SizingInputs(
+        shape=shape,
+        gpu_memory_bytes=sizing.parse_bytes(args.gpu_memory, name="--gpu-memory"),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        block_size=args.block_size,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+    ))
+    if args.json:
+        print(json.dumps(result.__dict__, indent=2))
+        return 0
+    rows = [
+        ("GPU memory", f"{result.gpu_memory_bytes / 2**30:.2f} GiB x {result.gpu_memory_utilization}"),
+        ("weights per GPU", f"{result.weight_bytes_per_gpu / 2**30:.2f} GiB"),
+        ("activation reserve", f"{result.activation_reserve_bytes / 2**30:.2f} GiB"),
+        ("KV bytes per token", f"{result.bytes_per_token} ({result.bytes_per_token / 1024:.1f} KiB)"),
+        ("KV bytes per block", f"{result.bytes_per_block} ({result.bytes_per_block / 2**20:.2f} MiB,"
+                               f" block_size {result.block_size})"),
+        ("num_gpu_blocks", str(result.num_gpu_blocks)),
+        ("max tokens in cache", str(result.max_tokens)),
+    ]
+    if result.max_concurrent_full_sequences is not None:
+        rows.append((f"full {result.max_model_len}-token sequences", str(result.max_concurrent_full_sequences)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0

@@ -1,0 +1,305 @@
+"""KV-cache sizing: how many KV blocks fit on one GPU.
+
+Pure functions, no torch and no I/O: the engine calls them after profiling a
+forward pass, the operator calls them from node labels before any pod
+exists, and `pagedinfer plan` calls them from a config.json. For the same
+inputs all three give the same answer.
+
+The rule (per GPU, tensor parallelism splits weights and KV heads):
+
+    bytes_per_token = 2 (K and V) x num_layers x (num_kv_heads / tp) x head_dim x dtype_bytes
+    bytes_per_block = bytes_per_token x block_size
+    usable_bytes    = gpu_memory_bytes x gpu_memory_utilization
+                      - weight_bytes / tp - activation_reserve_bytes
+    num_gpu_blocks  = floor(usable_bytes / bytes_per_block)
+
+Known answer: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, bf16) needs
+128 KiB per token and 2 MiB per 16-token block.
+
+The activation reserve is measured by the engine's profiling pass when one
+ran; otherwise (operator, `plan`) it is estimated by
+`estimate_activation_reserve_bytes`, which grows with max_num_batched_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+VALID_BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+_DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "float16": 2, "fp16": 2, "half": 2,
+    "bfloat16": 2, "bf16": 2,
+    "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+
+# Memory the runtime needs whatever the batch: CUDA context, cuBLAS/Triton
+# workspaces, allocator fragmentation, the sampler's logits. 1 GiB matches what
+# vLLM leaves outside its profiled peak on a single GPU.
+FIXED_OVERHEAD_BYTES = 1 << 30
+# Peak live activations of one token in a forward pass, in units of
+# hidden_size x dtype_bytes (residual, normed input, q/k/v, attention output,
+# gate/up/act of the MLP at ~3.5 x hidden each). A deliberate over-estimate.
+ACTIVATION_HIDDEN_MULTIPLE = 16
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
+}
+
+
+class InsufficientMemoryError(ValueError):
+    """Raised when no KV block, or not one max_model_len sequence, fits."""
+
+
+def parse_bytes(value: str | int | float, *, name: str = "memory") -> int:
+    """Parse '80GiB', '81559Mi', '80G', '1.5e9' or a number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: expected a size such as '80GiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"{name}: must be a finite size >= 0, got {value!r}")
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"{name}: cannot parse {value!r} as a size (examples: 80GiB, 81559Mi, 40G)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name ('bfloat16', 'fp16', 'torch.float32', ...)."""
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in _DTYPE_BYTES:
+        raise ValueError(f"dtype: unknown dtype {dtype!r}; expected one of {sorted(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[key]
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The facts about a model that KV sizing needs."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_parameters: int
+    dtype: str = "bfloat16"
+    hidden_size: int | None = None  # None: estimated from num_parameters
+    max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("num_layers", self.num_layers)
+        _positive_int("num_kv_heads", self.num_kv_heads)
+        _positive_int("head_dim", self.head_dim)
+        _positive_int("num_parameters", self.num_parameters)
+        dtype_bytes(self.dtype)
+        if self.hidden_size is not None:
+            _positive_int("hidden_size", self.hidden_size)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+    @property
+    def estimated_hidden_size(self) -> int:
+        """hidden_size, or sqrt(P / (12 L)) from the usual 12 L h^2 parameter count."""
+        if self.hidden_size is not None:
+            return self.hidden_size
+        return max(1, int(math.sqrt(self.num_parameters / (12 * self.num_layers))))
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], dtype: str | None = None) -> "ModelShape":
+        """Build from a Hugging Face config.json (as a dict).
+
+        The parameter count is computed for a Llama-style decoder (attention,
+        gated MLP, norms, embeddings) when the config does not state one.
+        """
+        cfg = dict(config.get("text_config") or config)
+        try:
+            layers = int(cfg["num_hidden_layers"])
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+        except KeyError as exc:
+            raise ValueError(f"config.json: missing field {exc.args[0]!r}") from None
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        num_parameters = cfg.get("num_parameters")
+        if num_parameters is None:
+            vocab = int(cfg.get("vocab_size", 32000))
+            inter = int(cfg.get("intermediate_size", 4 * hidden))
+            attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+            per_layer = attn + 3 * hidden * inter + 2 * hidden
+            embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+            num_parameters = layers * per_layer + embed + hidden
+        chosen = dtype if dtype not in (None, "auto") else (cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        return cls(
+            num_layers=layers,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            num_parameters=int(num_parameters),
+            dtype=str(chosen),
+            hidden_size=hidden,
+            max_position_embeddings=cfg.get("max_position_embeddings"),
+        )
+
+
+def kv_bytes_per_token(shape: ModelShape, tensor_parallel_size: int = 1, kv_dtype: str | None = None) -> int:
+    """K and V bytes one token occupies on one GPU, over all layers."""
+    _positive_int("tensor_parallel_size", tensor_parallel_size)
+    if shape.num_kv_heads % tensor_parallel_size:
+        raise ValueError(
+            f"tensor_parallel_size: {tensor_parallel_size} does not divide num_kv_heads={shape.num_kv_heads}"
+        )
+    elem = dtype_bytes(kv_dtype) if kv_dtype else shape.dtype_bytes
+    return 2 * shape.num_layers * (shape.num_kv_heads // tensor_parallel_size) * shape.head_dim * elem
+
+
+def kv_bytes_per_block(shape: ModelShape, block_size: int, tensor_parallel_size: int = 1,
+                       kv_dtype: str | None = None) -> int:
+    """Bytes of one KV block (block_size tokens) on one GPU."""
+    check_block_size(block_size)
+    return kv_bytes_per_token(shape, tensor_parallel_size, kv_dtype) * block_size
+
+
+def check_block_size(block_size: int) -> int:
+    if isinstance(block_size, bool) or block_size not in VALID_BLOCK_SIZES:
+        raise ValueError(f"block_size: must be one of {VALID_BLOCK_SIZES}, got {block_size!r}")
+    return block_size
+
+
+def weight_bytes_per_gpu(shape: ModelShape, tensor_parallel_size: int = 1) -> int:
+    """Weight bytes each GPU holds (parameters x dtype bytes / tp, rounded up)."""
+    _positive_int("tensor_parallel_size", tensor_parallel_size)
+    return -(-shape.num_parameters * shape.dtype_bytes // tensor_parallel_size)
+
+
+def estimate_activation_reserve_bytes(shape: ModelShape, max_num_batched_tokens: int) -> int:
+    """Activation memory to keep free: a fixed overhead plus a per-token term.
+
+    per token = ACTIVATION_HIDDEN_MULTIPLE x hidden_size x dtype_bytes; the
+    engine replaces this estimate with a measured peak when it can profile.
+    """
+    _positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    per_token = ACTIVATION_HIDDEN_MULTIPLE * shape.estimated_hidden_size * shape.dtype_bytes
+    return FIXED_OVERHEAD_BYTES + max_num_batched_tokens * per_token
+
+
+@dataclass(frozen=True)
+class SizingInputs:
+    """Everything that decides num_gpu_blocks for one engine."""
+
+    shape: ModelShape
+    gpu_memory_bytes: int  # per GPU (with MIG, per slice)
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    tensor_parallel_size: int = 1
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's max_position_embeddings, if known
+    activation_reserve_bytes: int | None = None  # None: estimated
+    weight_bytes_per_gpu: int | None = None  # None: num_parameters x dtype bytes / tp
+    kv_dtype: str | None = None  # None: the model dtype
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpu_memory_bytes, bool) or not isinstance(self.gpu_memory_bytes, int) \
+                or self.gpu_memory_bytes < 1:
+            raise ValueError(f"gpu_memory_bytes: must be an integer >= 1, got {self.gpu_memory_bytes!r}")
+        if not (isinstance(self.gpu_memory_utilization, (int, float))
+                and 0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ValueError(
+                f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        check_block_size(self.block_size)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        for name in ("activation_reserve_bytes", "weight_bytes_per_gpu"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name}: must be an integer >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SizingResult:
+    """The KV-cache plan for one GPU. All sizes in bytes."""
+
+    gpu_memory_bytes: int
+    gpu_memory_utilization: float
+    weight_bytes_per_gpu: int
+    activation_reserve_bytes: int
+    usable_bytes: int  # what is left for KV blocks
+    bytes_per_token: int
+    bytes_per_block: int
+    block_size: int
+    num_gpu_blocks: int
+    max_tokens: int  # num_gpu_blocks x block_size
+    max_model_len: int | None
+
+    @property
+    def max_concurrent_full_sequences(self) -> int | None:
+        """How many max_model_len sequences fit at once (None when unknown)."""
+        if not self.max_model_len:
+            return None
+        return self.num_gpu_blocks // -(-self.max_model_len // self.block_size)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
+def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
+    """Size the KV block pool of one GPU; raise InsufficientMemoryError if it cannot hold one sequence."""
+    shape = inputs.shape
+    tp = inputs.tensor_parallel_size
+    per_token = kv_bytes_per_token(shape, tp, inputs.kv_dtype)
+    per_block = per_token * inputs.block_size
+    weights = inputs.weight_bytes_per_gpu if inputs.weight_bytes_per_gpu is not None \
+        else weight_bytes_per_gpu(shape, tp)
+    reserve = inputs.activation_reserve_bytes if inputs.activation_reserve_bytes is not None \
+        else estimate_activation_reserve_bytes(shape, inputs.max_num_batched_tokens)
+    budget = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
+    usable = budget - weights - reserve
+    max_model_len = inputs.max_model_len or shape.max_position_embeddings
+    numbers = (
+        f"{_gib(inputs.gpu_memory_bytes)} per GPU x gpu_memory_utilization {inputs.gpu_memory_utilization}"
+        f" = {_gib(budget)}; weights {_gib(weights)} per GPU (tensor_parallel_size={tp});"
+        f" activation reserve {_gib(reserve)} (max_num_batched_tokens={inputs.max_num_batched_tokens})"
+    )
+    if usable < per_block:
+        raise InsufficientMemoryError(
+            f"No room for the KV cache: {numbers} leaves {_gib(max(usable, 0))}, less than one"
+            f" {per_block}-byte block. Use GPUs with more memory, raise gpu_memory_utilization,"
+            f" raise tensor_parallel_size, or lower max_num_batched_tokens."
+        )
+    num_blocks = usable // per_block
+    if max_model_len:
+        needed = -(-max_model_len // inputs.block_size)
+        if needed > num_blocks:
+            raise InsufficientMemoryError(
+                f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed}"
+                f" blocks ({_gib(needed * per_block)}) but only {num_blocks} fit ({numbers}, leaving"
+                f" {_gib(usable)}). Lower max_model_len to at most {num_blocks * inputs.block_size},"
+                f" raise gpu_memory_utilization, or use more or larger GPUs."
+            )
+    return SizingResult(
+        gpu_memory_bytes=inputs.gpu_memory_bytes,
+        gpu_memory_utilization=inputs.gpu_memory_utilization,
+        weight_bytes_per_gpu=weights,
+        activation_reserve_bytes=reserve,
+        usable_bytes=usable,
+        bytes_per_token=per_token,
+        bytes_per_block=per_block,
+        block_size=inputs.block_size,
+        num_gpu_blocks=num_blocks,
+        max_tokens=num_blocks * inputs.block_size,
+        max_model_len=max_model_len,
+    )

@@ -1,0 +1,1 @@
+"""pagedinfer.operator: the kopf control plane. Imports no torch."""

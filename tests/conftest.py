@@ -1,0 +1,35 @@
+"""Shared fixtures. Test-support modules live in tests/support (put on sys.path
+here; it holds no `operator` folder, so nothing in the stdlib is shadowed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SUPPORT = Path(__file__).resolve().parent / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+
+
+@pytest.fixture(scope="session")
+def tiny_models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def make_model(tiny_models_dir):
+    """make_model(arch="llama", **config_overrides) -> Path of a saved tiny model (cached per session)."""
+    from pagedinfer.engine.tiny_model import make_tiny_model
+
+    def _make(arch: str = "llama", seed: int = 0, **overrides) -> Path:
+        key = "-".join([arch, str(seed)] + [f"{k}={v}" for k, v in sorted(overrides.items())])
+        return make_tiny_model(tiny_models_dir / key, arch=arch, seed=seed, **overrides)
+
+    return _make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(make_model) -> Path:
+    return make_model("llama")
