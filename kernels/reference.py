@@ -1,0 +1,196 @@
+"""Torch references of the paged KV-cache ops (any device; the CPU engine's hot path).
+
+These are the oracles the Triton kernels are tested against, and what the
+engine runs on a CPU. They share the layout of `docs/design.md`: per layer a
+`[num_blocks, block_size, num_kv_heads, head_dim]` key and value cache.
+
+Paged attention, vectorised (no Python loop over sequences):
+
+1. The batch splits in two groups: the decodes (the first `num_decode_seqs`
+   sequences, one query each) and the prefill chunks (the rest). Each group is
+   handled by the same code below; splitting keeps a long prefill from padding
+   every decode's queries to its chunk length.
+2. For a group of n sequences with longest context L, ONE gather through the
+   block tables reads K and V as `[n, L, num_kv_heads, head_dim]` (padded).
+3. Queries are scattered into `[n, max_q, num_heads, head_dim]` (padded) and
+   viewed as `[n, num_kv_heads, group * max_q, head_dim]`: a query head h uses
+   KV head `h // group` (transformers' `repeat_kv` order), so grouped-query
+   attention is a reshape, never a copy of K/V per query head.
+4. Scores `q @ k^T * scale` are masked with a boolean `[n, max_q, L]` mask -
+   key position k is visible from query position p iff `k <= p` and, with a
+   sliding window W, `k > p - W` - and soft-maxed in float32, then `@ v`.
+   Padded query rows see key 0 only (never a fully masked row, so no NaN) and
+   are dropped when the outputs are packed back. Values past a sequence's
+   end are zeroed before `@ v`: a cache slot never written (garbage, even
+   NaN) cannot leak into the output through a zero probability.
+
+Index tensors and masks depend only on the step's metadata, so they are
+built once per `AttentionMetadata` (cached weakly by instance) and reused by
+every layer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedinfer.kernels.metadata import AttentionMetadata
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter `key`/`value` `[num_tokens, num_kv_heads, head_dim]` into the caches at `slot_mapping`.
+
+    A slot of -1 marks a padding token: nothing is written for it.
+    """
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key[keep].to(key_cache.dtype))
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value[keep].to(value_cache.dtype))
+
+
+@dataclass
+class _GroupPlan:
+    """Index tensors of one group (decodes or prefills) of a step."""
+
+    first_seq: int
+    first_token: int
+    num_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    block_ids: torch.Tensor             # int64 [n, ceil(max_seq_len / block_size)]
+    query_pos: torch.Tensor             # int64 [n, max_query_len, 1]; padded rows point at position 0
+    query_valid: torch.Tensor           # bool [n, max_query_len, 1]
+    key_valid: torch.Tensor             # bool [n, max_seq_len, 1, 1]: position < seq_len
+    token_index: torch.Tensor | None    # int64 [num_tokens]: row of each packed token in [n * max_query_len]
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)   # sliding window -> bool [n, q, L]
+
+    def mask(self, sliding_window: int | None) -> torch.Tensor:
+        cached = self.masks.get(sliding_window)
+        if cached is None:
+            key_pos = torch.arange(self.max_seq_len, device=self.query_pos.device)
+            cached = key_pos <= self.query_pos
+            if sliding_window is not None:
+                cached = cached & (key_pos > self.query_pos - sliding_window)
+            cached = torch.where(self.query_valid, cached, key_pos == 0)
+            self.masks[sliding_window] = cached
+        return cached
+
+
+_PLANS: "weakref.WeakKeyDictionary[AttentionMetadata, dict[int, list[_GroupPlan]]]" = weakref.WeakKeyDictionary()
+
+
+def _group_plans(metadata: AttentionMetadata, block_size: int) -> list[_GroupPlan]:
+    by_block_size = _PLANS.setdefault(metadata, {})
+    plans = by_block_size.get(block_size)
+    if plans is None:
+        plans = []
+        num_decodes = metadata.num_decode_seqs
+        num_decode_tokens = metadata.num_decode_tokens
+        if num_decodes:
+            plans.append(_build_group(metadata, 0, num_decodes, 0, block_size))
+        if num_decodes < metadata.num_seqs:
+            plans.append(_build_group(metadata, num_decodes, metadata.num_seqs, num_decode_tokens, block_size))
+        by_block_size[block_size] = plans
+    return plans
+
+
+def _build_group(metadata: AttentionMetadata, first_seq: int, end_seq: int, first_token: int,
+                 block_size: int) -> _GroupPlan:
+    device = metadata.block_tables.device
+    seq_lens = metadata.seq_lens_cpu[first_seq:end_seq]
+    query_lens = metadata.query_lens_cpu[first_seq:end_seq]
+    max_seq_len, max_query_len = max(seq_lens), max(query_lens)
+    num_blocks = -(-max_seq_len // block_size)
+    offsets = torch.arange(max_query_len)
+    seq_lens_t = torch.tensor(seq_lens).unsqueeze(1)
+    query_lens_t = torch.tensor(query_lens).unsqueeze(1)
+    query_valid = offsets < query_lens_t
+    query_pos = torch.where(query_valid, seq_lens_t - query_lens_t + offsets, 0)
+    token_index = None
+    if max_query_len > 1:
+        token_index = (torch.arange(len(seq_lens)).unsqueeze(1) * max_query_len + offsets)[query_valid]
+        token_index = token_index.to(device)
+    return _GroupPlan(
+        first_seq=first_seq,
+        first_token=first_token,
+        num_tokens=sum(query_lens),
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        block_ids=metadata.block_tables[first_seq:end_seq, :num_blocks].long(),
+        query_pos=query_pos.unsqueeze(-1).to(device),
+        query_valid=query_valid.unsqueeze(-1).to(device),
+        key_valid=(torch.arange(max_seq_len) < seq_lens_t)[:, :, None, None].to(device),
+        token_index=token_index,
+    )
+
+
+def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    metadata: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """Attention of the step's packed queries `[num_tokens, num_heads, head_dim]` over the paged K/V.
+
+    Mixed decode and prefill in one call; grouped-query attention when
+    `num_heads` is a multiple of `num_kv_heads`. Returns `[num_tokens, num_heads, head_dim]`
+    in the query's dtype, computed in float32.
+    """
+    num_heads = query.shape[1]
+    block_size, num_kv_heads, head_dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    group = num_heads // num_kv_heads
+    out = torch.empty(query.shape[0], num_heads, value_cache.shape[3], dtype=query.dtype, device=query.device)
+    for plan in _group_plans(metadata, block_size):
+        n = plan.block_ids.shape[0]
+        q_max, seq_max = plan.max_query_len, plan.max_seq_len
+        tokens = slice(plan.first_token, plan.first_token + plan.num_tokens)
+        q = query[tokens].float()
+        if plan.token_index is not None:
+            q = q.new_zeros(n * q_max, num_heads, head_dim).index_copy_(0, plan.token_index, q)
+        q = q.view(n, q_max, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+        q = q.reshape(n, num_kv_heads, group * q_max, head_dim)
+        k = key_cache[plan.block_ids].view(n, -1, num_kv_heads, head_dim)[:, :seq_max]
+        v = value_cache[plan.block_ids].view(n, -1, num_kv_heads, value_cache.shape[3])[:, :seq_max]
+        k = k.permute(0, 2, 3, 1).float()
+        v = v.masked_fill(~plan.key_valid, 0).transpose(1, 2).float()
+        scores = torch.matmul(q, k).mul_(scale).view(n, num_kv_heads, group, q_max, seq_max)
+        scores.masked_fill_(~plan.mask(sliding_window)[:, None, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(n, num_kv_heads, group * q_max, seq_max)
+        o = torch.matmul(probs, v).view(n, num_kv_heads, group, q_max, -1).permute(0, 3, 1, 2, 4)
+        o = o.reshape(n * q_max, num_heads, -1)
+        if plan.token_index is not None:
+            o = o.index_select(0, plan.token_index)
+        out[tokens] = o.to(out.dtype)
+    return out
+
+
+def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
+                block_mapping: torch.Tensor) -> None:
+    """Copy block `src` to block `dst` for each row `(src, dst)` of `block_mapping`, in every layer.
+
+    All sources are read before any destination is written; destinations must
+    be distinct (copy-on-write hands out fresh blocks).
+    """
+    if block_mapping.numel() == 0:
+        return
+    src = block_mapping[:, 0].to(key_caches[0].device)
+    dst = block_mapping[:, 1].to(key_caches[0].device)
+    for cache in (*key_caches, *value_caches):
+        cache.index_copy_(0, dst, cache.index_select(0, src))
+
+
+def swap_blocks(src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping: torch.Tensor,
+                block_dim: int = 0) -> None:
+    """Copy blocks between two caches (device <-> pinned host), `(src, dst)` rows of `block_mapping`.
+
+    The blocks are gathered into one contiguous buffer on the source's device,
+    moved in one transfer, and scattered on the destination's device.
+    `block_dim` names the block axis (0 for a per-layer cache, 2 for the whole
+    `[2, num_layers, num_blocks, ...]` allocation: all layers in one transfer).
+    """
+    if block_mapping.numel() == 0:
+        return
+    src = block_mapping[:, 0].to(src_cache.device)
+    dst = block_mapping[:, 1].to(dst_cache.device)
+    staged = src_cache.index_select(block_dim, src)
+    dst_cache.index_copy_(block_dim, dst, staged.to(dst_cache.device))
