@@ -16,13 +16,15 @@ Paged attention, vectorised (no Python loop over sequences):
    viewed as `[n, num_kv_heads, group * max_q, head_dim]`: a query head h uses
    KV head `h // group` (transformers' `repeat_kv` order), so grouped-query
    attention is a reshape, never a copy of K/V per query head.
-4. Scores `q @ k^T * scale` are masked with a boolean `[n, max_q, L]` mask -
-   key position k is visible from query position p iff `k <= p` and, with a
-   sliding window W, `k > p - W` - and soft-maxed in float32, then `@ v`.
+4. One `scaled_dot_product_attention` in float32 over the strided K/V views
+   (no copy besides the gather), with a boolean `[n, max_q, L]` mask: key
+   position k is visible from query position p iff `k <= p` and, with a
+   sliding window W, `k > p - W` (the mask is repeated over the group).
    Padded query rows see key 0 only (never a fully masked row, so no NaN) and
-   are dropped when the outputs are packed back. Values past a sequence's
-   end are zeroed before `@ v`: a cache slot never written (garbage, even
-   NaN) cannot leak into the output through a zero probability.
+   are dropped when the outputs are packed back. Keys and values past a
+   sequence's end are zeroed in the gathered copy: a cache slot never
+   written (garbage, even NaN) cannot leak into the output through a masked
+   score or a zero probability.
 
 Index tensors and masks depend only on the step's metadata, so they are
 built once per `AttentionMetadata` (cached weakly by instance) and reused by
@@ -35,6 +37,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from pagedinfer.kernels.metadata import AttentionMetadata
 
@@ -61,6 +64,7 @@ class _GroupPlan:
     num_tokens: int
     max_query_len: int
     max_seq_len: int
+    min_seq_len: int                    # keys before it are valid in every sequence of the group
     block_ids: torch.Tensor             # int64 [n, ceil(max_seq_len / block_size)]
     query_pos: torch.Tensor             # int64 [n, max_query_len, 1]; padded rows point at position 0
     query_valid: torch.Tensor           # bool [n, max_query_len, 1]
@@ -120,6 +124,7 @@ def _build_group(metadata: AttentionMetadata, first_seq: int, end_seq: int, firs
         num_tokens=sum(query_lens),
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
+        min_seq_len=min(seq_lens),
         block_ids=metadata.block_tables[first_seq:end_seq, :num_blocks].long(),
         query_pos=query_pos.unsqueeze(-1).to(device),
         query_valid=query_valid.unsqueeze(-1).to(device),
@@ -151,12 +156,15 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         q = q.reshape(n, num_kv_heads, group * q_max, head_dim)
         k = key_cache[plan.block_ids].view(n, -1, num_kv_heads, head_dim)[:, :seq_max]
         v = value_cache[plan.block_ids].view(n, -1, num_kv_heads, value_cache.shape[3])[:, :seq_max]
-        k = k.permute(0, 2, 3, 1).float()
-        v = v.masked_fill(~plan.key_valid, 0).transpose(1, 2).float()
-        scores = torch.matmul(q, k).mul_(scale).view(n, num_kv_heads, group, q_max, seq_max)
-        scores.masked_fill_(~plan.mask(sliding_window)[:, None, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(n, num_kv_heads, group * q_max, seq_max)
-        o = torch.matmul(probs, v).view(n, num_kv_heads, group, q_max, -1).permute(0, 3, 1, 2, 4)
+        tail = slice(plan.min_seq_len, seq_max)
+        k[:, tail].masked_fill_(~plan.key_valid[:, tail], 0)
+        v[:, tail].masked_fill_(~plan.key_valid[:, tail], 0)
+        k = k.transpose(1, 2).float()
+        v = v.transpose(1, 2).float()
+        mask = plan.mask(sliding_window)[:, None, None].expand(n, 1, group, q_max, seq_max)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.reshape(n, 1, group * q_max, seq_max),
+                                           scale=scale)
+        o = o.view(n, num_kv_heads, group, q_max, -1).permute(0, 3, 1, 2, 4)
         o = o.reshape(n * q_max, num_heads, -1)
         if plan.token_index is not None:
             o = o.index_select(0, plan.token_index)
