@@ -1,0 +1,214 @@
+"""The KV block pool: physical blocks, their reference counts, and the prefix cache.
+
+Pure Python, no torch. The pool hands out block ids; tensors live in the
+model runner.
+
+Invariants (checked by `check_invariants`, exercised by the tests' state machine):
+- every block is either referenced (ref_cnt > 0, not in the free queue) or
+  free (ref_cnt == 0, in the free queue exactly once);
+- a block with a hash is in `cached` under that hash, and only there;
+- num_free + num_used == num_blocks.
+
+Prefix caching (automatic, lazy eviction): a FULL block gets a hash chained
+over its parent's hash and its token ids (see `hash_block_tokens`). When freed
+it keeps its hash and goes to the free queue; a later request whose prefix
+hashes to it takes it back out of the queue (O(1), from the middle) after
+its token ids are compared, so a hash collision is never reused silently.
+The hash is dropped only when the block is handed out for new content.
+
+Eviction order of the free queue: least recently freed first; callers free a
+request's blocks tail-first, so among blocks freed together the tail of a
+chain is evicted before its head, and a shared prefix survives longest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+ROOT_HASH_SEED = b"pagedinfer-prefix-cache-v1"
+
+
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int],
+                      extra_keys: tuple = ()) -> bytes:
+    """Hash of one full block, chained to its parent (None for the first block).
+
+    A pure function of (parent hash, token ids, extra keys) with a seeded root,
+    so equal prefixes hash equally in every process.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent_hash if parent_hash is not None else ROOT_HASH_SEED)
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
+    return h.digest()
+
+
+@dataclass(eq=False)
+class Block:
+    """One physical KV block. prev/next thread it through the free queue."""
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+    token_ids: tuple[int, ...] | None = None  # content of a cached (hashed) block, for verification
+    prev_free: "Block | None" = field(default=None, repr=False)
+    next_free: "Block | None" = field(default=None, repr=False)
+    in_free_queue: bool = False
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks: popleft evicts, remove() is O(1) from anywhere."""
+
+    def __init__(self, blocks: Iterable[Block]) -> None:
+        self._head = Block(block_id=-1)  # sentinels; never handed out
+        self._tail = Block(block_id=-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        for b in blocks:
+            self.append(b)
+
+    def append(self, block: Block) -> None:
+        if block.in_free_queue:
+            raise RuntimeError(f"block {block.block_id} is already free (double free)")
+        last = self._tail.prev_free
+        assert last is not None
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        block.in_free_queue = True
+        self.num_free_blocks += 1
+
+    def remove(self, block: Block) -> None:
+        if not block.in_free_queue:
+            raise RuntimeError(f"block {block.block_id} is not in the free queue")
+        assert block.prev_free is not None and block.next_free is not None
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        block.in_free_queue = False
+        self.num_free_blocks -= 1
+
+    def popleft(self) -> Block:
+        first = self._head.next_free
+        if first is None or first is self._tail:
+            raise RuntimeError("no free blocks")
+        self.remove(first)
+        return first
+
+    def __iter__(self):
+        node = self._head.next_free
+        while node is not None and node is not self._tail:
+            yield node
+            node = node.next_free
+
+
+class BlockPool:
+    """Fixed set of blocks with reference counts and a hash -> block prefix cache."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks: must be an integer >= 1, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, Block] = {}
+        self.num_cached_free_blocks = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def allocate(self, num_blocks: int) -> list[Block]:
+        """Take num_blocks free blocks for new content (evicting their cached hashes)."""
+        if num_blocks > self.num_free_blocks:
+            raise RuntimeError(f"cannot allocate {num_blocks} blocks, {self.num_free_blocks} free")
+        out = []
+        for _ in range(num_blocks):
+            block = self.free_queue.popleft()
+            self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: Block) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            if block.in_free_queue or block.ref_cnt == 0:
+                self.num_cached_free_blocks -= 1
+            block.block_hash = None
+            block.token_ids = None
+
+    def lookup(self, block_hash: bytes, token_ids: Sequence[int]) -> Block | None:
+        """The cached block with this hash AND these token ids, or None."""
+        block = self.cached.get(block_hash)
+        if block is None or block.token_ids != tuple(token_ids):
+            return None
+        return block
+
+    def touch(self, block: Block) -> None:
+        """Take a reference on a cached block (a prefix hit), reviving it if free."""
+        if block.ref_cnt == 0:
+            self.free_queue.remove(block)
+            self.num_cached_free_blocks -= 1
+        block.ref_cnt += 1
+
+    def share(self, block: Block) -> None:
+        """Add a reference to a block already in use (forking a sequence)."""
+        if block.ref_cnt < 1:
+            raise RuntimeError(f"block {block.block_id} is free; cannot share it")
+        block.ref_cnt += 1
+
+    def cache_block(self, block: Block, block_hash: bytes, token_ids: Sequence[int]) -> Block:
+        """Register a full, computed block under its hash. Returns the block now canonical for it.
+
+        If another block already holds this hash, that one stays canonical (the
+        caller keeps using its own copy; it is simply not cached).
+        """
+        if not self.enable_caching or block.block_hash is not None:
+            return block
+        existing = self.cached.get(block_hash)
+        if existing is not None:
+            return existing
+        block.block_hash = block_hash
+        block.token_ids = tuple(token_ids)
+        self.cached[block_hash] = block
+        return block
+
+    def free(self, blocks: Iterable[Block]) -> None:
+        """Drop one reference from each block, in the order given (callers pass tail-first)."""
+        for block in blocks:
+            if block.ref_cnt < 1:
+                raise RuntimeError(f"block {block.block_id} freed twice")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+                if block.block_hash is not None:
+                    self.num_cached_free_blocks += 1
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (e.g. after weights change)."""
+        for block in list(self.cached.values()):
+            self._evict(block)
+
+    def check_invariants(self) -> None:
+        free_ids = [b.block_id for b in self.free_queue]
+        if len(free_ids) != len(set(free_ids)) or len(free_ids) != self.num_free_blocks:
+            raise AssertionError("free queue corrupt")
+        for b in self.blocks:
+            if b.in_free_queue != (b.ref_cnt == 0):
+                raise AssertionError(f"block {b.block_id}: ref_cnt {b.ref_cnt}, in_free_queue {b.in_free_queue}")
+            if b.block_hash is not None and self.cached.get(b.block_hash) is not b:
+                raise AssertionError(f"block {b.block_id} has a hash but is not the cached block for it")
+        if sum(1 for b in self.blocks if b.ref_cnt == 0 and b.block_hash is not None) != self.num_cached_free_blocks:
+            raise AssertionError("num_cached_free_blocks out of sync")

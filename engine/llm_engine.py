@@ -1,0 +1,310 @@
+"""LLMEngine: requests in, one scheduler step at a time, outputs out.
+
+Not thread-safe: one thread owns the engine (the server's engine loop, or
+LLM.generate). A step is: schedule -> block copies + one packed forward ->
+advance computed tokens (and cache full blocks) -> fork n>1 requests whose
+prompt just finished -> sample -> append tokens, detokenize, check stops ->
+free finished sequences at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.detokenizer import IncrementalDetokenizer
+from pagedinfer.engine.kv_cache_manager import KVCacheManager
+from pagedinfer.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from pagedinfer.engine.sampling_params import SamplingParams
+from pagedinfer.engine.scheduler import Scheduler
+from pagedinfer.engine.sequence import Sequence
+from pagedinfer.engine.sizing import InsufficientMemoryError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    seqs: list[Sequence] = field(default_factory=list)
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        import transformers
+
+        from pagedinfer.engine.model_runner import ModelRunner
+        from pagedinfer.engine.sampler import Sampler
+
+        self.config = config
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        self.runner = ModelRunner(config)
+        model_max = self.runner.max_position_embeddings
+        max_model_len = config.max_model_len or model_max or 2048
+        if model_max and max_model_len > model_max:
+            raise ValueError(
+                f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings ({model_max})")
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens: without chunked prefill it must be >= max_model_len ({max_model_len}),"
+                f" got {config.max_num_batched_tokens}; enable chunked prefill or lower max_model_len")
+        self.max_model_len = max_model_len
+        plan = self.runner.plan_kv_cache(max_model_len) if config.num_gpu_blocks_override is None or \
+            self.runner.device.type == "cuda" else None
+        num_blocks = plan.num_gpu_blocks if plan else config.num_gpu_blocks_override
+        if config.num_gpu_blocks_override is not None:
+            if plan and config.num_gpu_blocks_override > plan.num_gpu_blocks:
+                logger.warning("num_gpu_blocks_override=%d does not fit after profiling; using %d blocks",
+                               config.num_gpu_blocks_override, plan.num_gpu_blocks)
+            else:
+                num_blocks = config.num_gpu_blocks_override
+        needed = -(-max_model_len // config.block_size)
+        if num_blocks < needed:
+            raise InsufficientMemoryError(
+                f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed} blocks of"
+                f" {config.block_size} tokens but the pool has {num_blocks}. Lower max_model_len to at most"
+                f" {num_blocks * config.block_size} or give the pool more blocks.")
+        bytes_per_block = self.runner.model_shape().dtype_bytes * 2 * self.runner.num_layers * \
+            self.runner.num_kv_heads * self.runner.head_dim * config.block_size
+        num_cpu_blocks = int(config.swap_space * 2**30) // bytes_per_block
+        if config.preemption_mode != "swap":
+            num_cpu_blocks = min(num_cpu_blocks, num_blocks)
+        self.num_gpu_blocks = num_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.bytes_per_block = bytes_per_block
+        self.sizing = plan
+        self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
+        self.kv = KVCacheManager(num_blocks, config.block_size, num_cpu_blocks,
+                                 config.enable_prefix_caching, config.watermark)
+        self.scheduler = Scheduler(config, self.kv, max_model_len)
+        gen_eos = getattr(self.runner.model.generation_config, "eos_token_id", None)
+        eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+        self.sampler = Sampler(config.seed, self.eos_token_ids, self.runner.device)
+        self.requests: dict[str, _Request] = {}
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host swap blocks",
+                    num_blocks, config.block_size, bytes_per_block, num_cpu_blocks)
+
+    # ----- requests ---------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a prompt, validated: non-empty, ints within the vocabulary."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: must not be empty")
+            ids = list(self.tokenizer(prompt).input_ids)
+        elif isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+        else:
+            raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        vocab = self.runner.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(f"prompt: token id {t!r} is not in the vocabulary [0, {vocab})")
+        return ids
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError (naming the parameter) if the request can never run."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt: {n} tokens; must be shorter than max_model_len={self.max_model_len}")
+        if n + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens}"
+                f" exceeds max_model_len={self.max_model_len}; lower max_tokens to at most"
+                f" {self.max_model_len - n}")
+        if params.logprobs is not None and params.logprobs > self.runner.vocab_size:
+            raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id: must be a non-empty string, got {request_id!r}")
+        if request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        ids = self.tokenize(prompt)
+        self.check_request(ids, params)
+        now = arrival_time if arrival_time is not None else time.monotonic()
+        req = _Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, RequestMetrics(now))
+        req.outputs = [CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
+                       for i in range(params.n)]
+        seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now,
+                       prompt=req.prompt, index=0)
+        seq.num_forks_pending = params.n - 1
+        seq.detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        req.seqs.append(seq)
+        self.requests[request_id] = req
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Stop the request(s) now and free their blocks; unknown ids are ignored."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                self.scheduler.finish(seq, "abort")
+                self.sampler.forget(seq.seq_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ----- one step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        now = time.monotonic()
+        for it in sched.scheduled:
+            if it.seq.first_scheduled_time is None:
+                it.seq.first_scheduled_time = now
+                req = self.requests[it.seq.request_id]
+                if req.metrics.first_scheduled_time is None:
+                    req.metrics.first_scheduled_time = now
+        # Sequences whose last token is computed this step sample a new token.
+        sampling = [it.seq for it in sched.scheduled
+                    if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
+        logits, row_ids = self.runner.execute(sched, {s.seq_id for s in sampling})
+        self.scheduler.after_step(sched)
+        self.num_prompt_tokens += sum(
+            max(0, min(it.seq.num_prompt_tokens - (it.seq.num_computed_tokens - it.num_new_tokens),
+                       it.num_new_tokens)) for it in sched.scheduled)
+        by_id = {s.seq_id: s for s in sampling}
+        rows = [by_id[i] for i in row_ids]
+        row_index = list(range(len(rows)))
+        for r, seq in enumerate(list(rows)):
+            if seq.num_forks_pending:
+                for child in self._fork(seq):
+                    rows.append(child)
+                    row_index.append(r)
+        if rows:
+            import torch
+
+            results = self.sampler.sample(logits[torch.tensor(row_index, device=logits.device)], rows)
+        else:
+            results = []
+        touched: dict[str, _Request] = {}
+        now = time.monotonic()
+        for seq, res in zip(rows, results):
+            req = self.requests[seq.request_id]
+            self._append_token(req, seq, res.token_id, res.logprobs, now)
+            touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            finished = req.finished
+            if finished:
+                req.metrics.finished_time = now
+                del self.requests[req.request_id]
+            outputs.append(self._output(req, finished))
+        return outputs
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        req = self.requests[parent.request_id]
+        children = []
+        for _ in range(parent.num_forks_pending):
+            child = Sequence(request_id=parent.request_id, prompt_token_ids=parent.prompt_token_ids,
+                             params=parent.params, arrival_time=parent.arrival_time, prompt=parent.prompt,
+                             index=len(req.seqs), token_ids=list(parent.token_ids))
+            child.block_hashes = list(parent.block_hashes)
+            child.first_scheduled_time = parent.first_scheduled_time
+            child.detok = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids,
+                                                 parent.params.skip_special_tokens)
+            self.scheduler.fork(parent, child)
+            req.seqs.append(child)
+            children.append(child)
+        parent.num_forks_pending = 0
+        return children
+
+    def _append_token(self, req: _Request, seq: Sequence, token: int, logprobs, now: float) -> None:
+        p = seq.params
+        seq.token_ids.append(token)
+        self.num_generation_tokens += 1
+        out = req.outputs[seq.index]
+        out.token_ids.append(token)
+        if out.logprobs is not None and logprobs is not None:
+            for tid, lp in logprobs.items():
+                logprobs[tid] = type(lp)(lp.logprob, lp.rank, self.tokenizer.decode([tid]))
+            out.logprobs.append(logprobs)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+        seq.last_token_time = now
+        req.metrics.last_token_time = now
+        finish: str | None = None
+        stop_reason = None
+        if not p.ignore_eos and token in self.eos_token_ids and seq.num_output_tokens >= p.min_tokens:
+            finish = "stop"
+        elif p.stop_token_ids and token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
+            finish, stop_reason = "stop", token
+        if finish is None or not p.skip_special_tokens:
+            new_text = seq.detok.add(token)
+            if finish is None and p.stop_strings and seq.num_output_tokens >= p.min_tokens:
+                finish, stop_reason, new_text = self._check_stop_strings(seq, new_text)
+            seq.output_text += new_text
+        if finish is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
+            finish = "length"
+        out.text = seq.output_text
+        if finish is not None:
+            out.finish_reason = finish
+            out.stop_reason = stop_reason
+            self.scheduler.finish(seq, finish)
+            self.sampler.forget(seq.seq_id)
+
+    @staticmethod
+    def _check_stop_strings(seq: Sequence, new_text: str) -> tuple[str | None, str | None, str]:
+        """Look for a stop string in the text emitted so far; cut the text at it."""
+        text = seq.output_text + new_text
+        longest = max(len(s) for s in seq.params.stop_strings)
+        search_from = max(0, len(seq.output_text) - longest + 1)
+        best: tuple[int, str] | None = None
+        for stop in seq.params.stop_strings:
+            i = text.find(stop, search_from)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, stop)
+        if best is None:
+            return None, None, new_text
+        i, stop = best
+        end = i + len(stop) if seq.params.include_stop_str_in_output else i
+        return "stop", stop, text[len(seq.output_text):end] if end >= len(seq.output_text) else ""
+
+    def _output(self, req: _Request, finished: bool) -> RequestOutput:
+        first = req.seqs[0]
+        outs = [CompletionOutput(o.index, o.text, list(o.token_ids), o.finish_reason, o.stop_reason,
+                                 list(o.logprobs) if o.logprobs is not None else None) for o in req.outputs]
+        return RequestOutput(request_id=req.request_id, prompt=req.prompt,
+                             prompt_token_ids=req.prompt_token_ids, num_cached_tokens=first.num_cached_tokens,
+                             outputs=outs, finished=finished, metrics=req.metrics)
+
+    # ----- introspection ------------------------------------------------------------------
+    def get_stats(self) -> EngineStats:
+        kv = self.kv.stats()
+        return EngineStats(
+            num_total_blocks=kv.num_total_blocks, num_used_blocks=kv.num_used_blocks,
+            num_free_blocks=kv.num_free_blocks, num_cached_free_blocks=kv.num_cached_free_blocks,
+            kv_usage=kv.num_used_blocks / kv.num_total_blocks,
+            prefix_cache_query_tokens=kv.prefix_cache_query_tokens,
+            prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens,
+            num_allocation_failures=self.scheduler.counters.num_allocation_failures,
+            num_preemptions=dict(self.scheduler.counters.num_preemptions),
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_swapped=len(self.scheduler.swapped),
+            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)

@@ -1,0 +1,227 @@
+"""Model runner: loads a transformers model, sizes and owns the KV cache, runs steps.
+
+All sequences of a step run packed in ONE forward: input_ids [1, num_tokens]
+with explicit position_ids (the default arange is wrong when packed), no
+padding, use_cache=False (the paged cache is ours), and logits_to_keep set to
+the last token of each sequence that samples. Attention is the paged
+implementation registered in `attention.py`; after each forward we check it
+really ran in every layer (transformers silently ignores unknown kwargs if
+the implementation were not set).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from pagedinfer.engine import sizing
+from pagedinfer.engine.attention import StepContext, register
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.scheduler import SchedulerOutput
+from pagedinfer.kernels import dispatch
+from pagedinfer.kernels.metadata import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+_UNSUPPORTED_ROPE = ("dynamic", "longrope")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, model_config: dict, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    cfg = model_config.get("text_config") or model_config
+    declared = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    dtype = getattr(torch, declared.removeprefix("torch."), torch.float32)
+    if device.type == "cpu" and dtype == torch.float16:
+        return torch.float32  # float16 matmuls are slow on CPUs
+    return dtype
+
+
+def read_model_config(model_dir: str) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"model: no config.json in {model_dir!r} (expected a Hugging Face model directory)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model: {path} is not valid JSON: {exc}") from None
+
+
+def check_rope(model_config: dict) -> None:
+    """Reject RoPE variants whose factors depend on the longest position in a batch."""
+    cfg = model_config.get("text_config") or model_config
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key) or {}
+        kind = rope.get("rope_type") or rope.get("type") if isinstance(rope, dict) else None
+        if kind in _UNSUPPORTED_ROPE:
+            raise ValueError(
+                f"model: rope type {kind!r} picks its scaling from the longest sequence in a batch, which"
+                " packed batches break; use a model with default/linear/llama3/yarn RoPE")
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        import transformers
+
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.hf_config_dict = read_model_config(config.model)
+        check_rope(self.hf_config_dict)
+        self.dtype = resolve_dtype(config.dtype, self.hf_config_dict, self.device)
+        attn_name = register()
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            config.model, dtype=self.dtype, attn_implementation=attn_name)
+        self.model.to(self.device).eval()
+        if self.model.config._attn_implementation != attn_name:
+            raise RuntimeError(f"transformers did not set attention implementation {attn_name!r}")
+        text_cfg = self.model.config.get_text_config()
+        self.num_layers = int(text_cfg.num_hidden_layers)
+        self.num_kv_heads = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads)
+        self.head_dim = int(getattr(text_cfg, "head_dim", None)
+                            or text_cfg.hidden_size // text_cfg.num_attention_heads)
+        self.hidden_size = int(text_cfg.hidden_size)
+        self.vocab_size = int(text_cfg.vocab_size)
+        self.max_position_embeddings = getattr(text_cfg, "max_position_embeddings", None)
+        self.block_size = config.block_size
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + \
+            sum(b.numel() * b.element_size() for b in self.model.buffers())
+        self.kv_cache: torch.Tensor | None = None
+        self.cpu_cache: torch.Tensor | None = None
+
+    # ----- sizing --------------------------------------------------------------------
+    def model_shape(self) -> sizing.ModelShape:
+        return sizing.ModelShape(
+            num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            num_parameters=max(1, sum(p.numel() for p in self.model.parameters())),
+            dtype=str(self.dtype).removeprefix("torch."), hidden_size=self.hidden_size,
+            max_position_embeddings=self.max_position_embeddings)
+
+    def plan_kv_cache(self, max_model_len: int) -> sizing.SizingResult:
+        """Profile (on CUDA) or estimate (on CPU) activations, then size the pool with `sizing`."""
+        shape = self.model_shape()
+        if self.device.type == "cuda":
+            total_bytes = torch.cuda.mem_get_info(self.device)[1]
+            reserve = self._profile_cuda_activation_bytes(max_model_len)
+        else:
+            total_bytes = self.config.cpu_memory_budget_bytes
+            reserve = sizing.estimate_activation_reserve_bytes(shape, self.config.max_num_batched_tokens) \
+                - sizing.FIXED_OVERHEAD_BYTES
+        return sizing.plan_kv_cache(sizing.SizingInputs(
+            shape=shape, gpu_memory_bytes=total_bytes,
+            gpu_memory_utilization=self.config.gpu_memory_utilization, block_size=self.block_size,
+            max_num_batched_tokens=self.config.max_num_batched_tokens, max_model_len=max_model_len,
+            activation_reserve_bytes=reserve, weight_bytes_per_gpu=self.weight_bytes))
+
+    def _profile_cuda_activation_bytes(self, max_model_len: int) -> int:
+        """Peak memory of a forward at max_num_batched_tokens, plus non-torch usage (CUDA context)."""
+        num_tokens = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * max_model_len)
+        seq_len = min(max_model_len, num_tokens)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        num_blocks = sum(-(-n // self.block_size) for n in lens)
+        self.allocate_kv_cache(num_blocks, 0)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        next_block = 0
+        tables = []
+        for n in lens:
+            nb = -(-n // self.block_size)
+            tables.append(list(range(next_block, next_block + nb)))
+            next_block += nb
+        from pagedinfer.kernels.metadata import build_attention_metadata
+
+        meta = build_attention_metadata(lens, lens, tables, self.block_size, self.device)
+        ids = torch.zeros(1, num_tokens, dtype=torch.long, device=self.device)
+        pos = torch.cat([torch.arange(n, device=self.device) for n in lens]).unsqueeze(0)
+        keep = torch.tensor([sum(lens[:i + 1]) - 1 for i in range(len(lens))], device=self.device)
+        self._forward(ids, pos, meta, keep)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        self.kv_cache = None
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
+        return int(peak + non_torch)
+
+    def allocate_kv_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        shape = (2, self.num_layers, num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        # On CPU, empty (pages are touched only when written): slots never written
+        # are masked by the attention, so their contents never matter.
+        alloc = torch.zeros if self.device.type == "cuda" else torch.empty
+        self.kv_cache = alloc(shape, dtype=self.dtype, device=self.device)
+        self.key_caches = [self.kv_cache[0, i] for i in range(self.num_layers)]
+        self.value_caches = [self.kv_cache[1, i] for i in range(self.num_layers)]
+        if num_cpu_blocks:
+            cpu_shape = (2, self.num_layers, num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+            self.cpu_cache = torch.empty(cpu_shape, dtype=self.dtype, device="cpu",
+                                         pin_memory=self.device.type == "cuda")
+
+    # ----- one step ----------------------------------------------------------------------
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 logits_index: torch.Tensor) -> torch.Tensor:
+        ctx = StepContext(metadata=meta, key_caches=self.key_caches, value_caches=self.value_caches)
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
+                             logits_to_keep=logits_index, pagedinfer_step=ctx)
+        if len(ctx.layers_seen) != self.num_layers:
+            raise RuntimeError(
+                f"paged attention ran in {len(ctx.layers_seen)} of {self.num_layers} layers; the model does"
+                " not route attention through transformers' AttentionInterface")
+        return out.logits[0]
+
+    def execute(self, sched: SchedulerOutput, sample_seq_ids: set[int]) -> tuple[torch.Tensor, list[int]]:
+        """Run the block copies and the forward of one step.
+
+        Returns float32 logits [num_sampling, vocab] and the seq_ids of their
+        rows, for the sequences in sample_seq_ids (those whose last token is computed now).
+        """
+        if sched.blocks_to_swap_out:
+            dispatch.swap_blocks(self.kv_cache, self.cpu_cache, _pairs(sched.blocks_to_swap_out), block_dim=2)
+        if sched.blocks_to_swap_in:
+            dispatch.swap_blocks(self.cpu_cache, self.kv_cache, _pairs(sched.blocks_to_swap_in), block_dim=2)
+        if sched.blocks_to_copy:
+            dispatch.copy_blocks(self.key_caches, self.value_caches, _pairs(sched.blocks_to_copy, self.device))
+        # decodes (one new token) first, as the attention metadata requires
+        items = sorted(sched.scheduled, key=lambda it: it.num_new_tokens != 1)
+        ids: list[int] = []
+        pos: list[int] = []
+        seq_lens: list[int] = []
+        query_lens: list[int] = []
+        tables: list[list[int]] = []
+        keep: list[int] = []
+        keep_ids: list[int] = []
+        for it in items:
+            start = it.seq.num_computed_tokens
+            end = start + it.num_new_tokens
+            ids.extend(it.seq.token_ids[start:end])
+            pos.extend(range(start, end))
+            seq_lens.append(end)
+            query_lens.append(it.num_new_tokens)
+            tables.append(list(it.block_ids))
+            if it.seq.seq_id in sample_seq_ids:
+                keep.append(len(ids) - 1)
+                keep_ids.append(it.seq.seq_id)
+        from pagedinfer.kernels.metadata import build_attention_metadata
+
+        meta = build_attention_metadata(seq_lens, query_lens, tables, self.block_size, self.device)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        positions = torch.tensor([pos], dtype=torch.long, device=self.device)
+        if not keep:
+            keep, keep_ids = [len(ids) - 1], []  # logits_to_keep must select something
+        logits = self._forward(input_ids, positions, meta, torch.tensor(keep, device=self.device))
+        return logits[: len(keep_ids)].float(), keep_ids
+
+
+def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor(pairs, dtype=torch.long, device=device).view(-1, 2)

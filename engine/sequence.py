@@ -1,0 +1,79 @@
+"""One sequence: the tokens of a prompt plus one completion, and its progress.
+
+A request with n > 1 becomes n sequences: the first prefills the prompt and
+the others are forked from it (sharing its blocks) when it is sampled first.
+
+The scheduling idea (from vLLM v1): there is no prefill phase and decode
+phase. Every sequence has num_tokens and num_computed_tokens; a step computes
+some of the missing ones. A prompt may take several steps (chunked prefill);
+a decode is the case num_tokens - num_computed_tokens == 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedinfer.engine.sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    index: int = 0  # which of the request's n completions
+    prompt: str | None = None
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
+    logprobs: list[dict] | None = None
+    num_forks_pending: int = 0  # children still to fork after the prompt's first sample
+    was_admitted: bool = False
+    output_text: str = ""
+    detok: Any = None  # incremental detokenizer state, owned by the engine
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,159 @@
+"""The FastAPI application: routes, middleware, lifespan.
+
+`create_app(engine_loop, metrics, settings)` wires the parts; it does not
+load anything itself. The lifespan starts the engine loop (which loads the
+model on its own thread, so /health answers 503 until the KV pool exists)
+and stops it on shutdown. Middleware order, outermost first: API key (401
+before any body is read), body size limit (413), then FastAPI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pagedinfer.engine.server.auth import ApiKeyMiddleware
+from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
+from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed
+from pagedinfer.engine.server.errors import ApiError, error_body, error_response, install_error_handlers
+from pagedinfer.engine.server.metrics import ServerMetrics
+from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                               CompletionResponse, ErrorResponse, ModelList)
+from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
+from pagedinfer.engine.server.serving import ClientDisconnected, Plan, Serving
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in access logs
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    api_key: str | None = None
+    max_waiting_requests: int | None = None
+    max_request_body_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests: must be >= 1 or None, got {self.max_waiting_requests}")
+        if self.max_request_body_bytes < 1:
+            raise ValueError(f"max_request_body_bytes: must be >= 1, got {self.max_request_body_bytes}")
+
+
+class AbortingStreamingResponse(StreamingResponse):
+    """Closes its generator however the response ends (done, client gone, cancelled at shutdown).
+
+    starlette leaves an abandoned generator suspended until garbage
+    collection; closing it runs its `finally`, which aborts the engine
+    requests and frees their KV blocks at once.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+
+
+def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings) -> FastAPI:
+    serving = Serving(engine_loop, settings.max_waiting_requests)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        engine_loop.start()
+        try:
+            yield
+        finally:
+            engine_loop.stop()
+
+    app = FastAPI(title="pagedinfer", version=_version(), lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        if engine_loop.healthy:
+            return JSONResponse({"status": "ok"})
+        reason = "loading" if not engine_loop.ready.is_set() else "unavailable"
+        return error_response(503, f"not ready: {reason}", code="not_ready", headers={"Retry-After": "1"})
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": _version()}
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+    async def models() -> dict:
+        info = engine_loop.info
+        if info is None:
+            raise ApiError(503, "the model is still loading", code="model_loading", headers={"Retry-After": "1"})
+        card = {"id": info.served_model_name, "object": "model", "created": 0, "owned_by": "pagedinfer",
+                "max_model_len": info.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        plan = serving.prepare_completion(body)
+        if plan.stream:
+            return AbortingStreamingResponse(_stream(serving, plan, chat=False), media_type="text/event-stream")
+        finals = await _finals(serving, plan, request)
+        if finals is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return JSONResponse(completion_response(plan, finals, engine_loop.info.tokenizer))
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        plan = serving.prepare_chat(body)
+        if plan.stream:
+            return AbortingStreamingResponse(_stream(serving, plan, chat=True), media_type="text/event-stream")
+        finals = await _finals(serving, plan, request)
+        if finals is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return JSONResponse(chat_response(plan, finals, engine_loop.info.tokenizer))
+
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    return app
+
+
+async def _finals(serving: Serving, plan: Plan, request: Request) -> list[Any] | None:
+    try:
+        return await serving.final_outputs(plan, request)
+    except RequestFailed as exc:
+        raise ApiError(exc.status_code, exc.message, exc.param) from None
+    except ClientDisconnected:
+        return None
+
+
+async def _stream(serving: Serving, plan: Plan, chat: bool):
+    tracker = DeltaTracker(plan, serving.engine_loop.info.tokenizer, chat)
+    for chunk in tracker.opening_chunks():
+        yield chunk
+    try:
+        async for index, output in serving.outputs(plan):
+            for chunk in tracker.chunks(index, output):
+                yield chunk
+    except RequestFailed as exc:
+        yield sse(error_body(exc.status_code, exc.message, exc.param))
+        yield sse("[DONE]")
+        return
+    if plan.include_usage:
+        yield tracker.usage_chunk()
+    yield sse("[DONE]")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pagedinfer")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,158 @@
+"""Prometheus metrics of one server (names are the contract in docs/design.md).
+
+Two sources, two mechanisms:
+- Engine state (`EngineStats`: KV pool, queues, cumulative token and cache
+  counters) is exported by a custom collector from the latest snapshot the
+  engine loop published. Gauges are the snapshot; counters are the engine's
+  own cumulative totals, so `rate(pagedinfer_prefix_cache_hits_total[1m]) /
+  rate(pagedinfer_prefix_cache_queries_total[1m])` is the hit rate.
+- Per-request latencies (histograms) and finished-request counts are observed
+  from the engine thread as outputs arrive: time to first token, inter-token
+  latency (the time between two outputs that added tokens), end-to-end
+  latency and queue time, from `RequestOutput.metrics` (monotonic seconds).
+
+Every series carries `model_name`. Each server has its own registry, so
+several servers in one process (tests) never share series.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+PREFIX = "pagedinfer_"
+TTFT_BUCKETS_SECONDS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                        20.0, 40.0, 80.0)
+ITL_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                       0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+_GAUGES = (
+    ("kv_cache_num_blocks", "num_total_blocks", "KV cache blocks in the pool."),
+    ("kv_cache_used_blocks", "num_used_blocks", "KV cache blocks held by requests."),
+    ("kv_cache_free_blocks", "num_free_blocks", "KV cache blocks not held by any request."),
+    ("kv_cache_cached_blocks", "num_cached_free_blocks",
+     "Free KV cache blocks that still hold a reusable prefix (evictable)."),
+    ("kv_cache_usage_ratio", "kv_usage", "Used KV cache blocks / total blocks (0-1)."),
+    ("num_requests_running", "num_running", "Requests in the running batch."),
+    ("num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
+    ("num_requests_swapped", "num_swapped", "Requests whose KV blocks are swapped out to host memory."),
+)
+_COUNTERS = (
+    ("prefix_cache_queries", "prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache."),
+    ("prefix_cache_hits", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
+    ("kv_cache_allocation_failures", "num_allocation_failures",
+     "Times a request could not get the KV blocks it needed."),
+    ("prompt_tokens", "num_prompt_tokens", "Prompt tokens processed (prefilled)."),
+    ("generation_tokens", "num_generation_tokens", "Tokens generated."),
+)
+
+
+class _EngineStatsCollector:
+    """Exports the latest EngineStats snapshot (gauges and cumulative counters)."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.stats: Any = None
+
+    def collect(self) -> Iterable[Any]:
+        stats = self.stats
+        if stats is None:
+            return
+        labels = [self.model_name]
+        for name, field, doc in _GAUGES:
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric(labels, float(getattr(stats, field)))
+            yield family
+        for name, field, doc in _COUNTERS:
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric(labels, float(getattr(stats, field)))
+            yield family
+        preemptions = CounterMetricFamily(PREFIX + "num_preemptions", "Requests preempted, by mode.",
+                                          labels=["model_name", "mode"])
+        for mode in sorted(set(stats.num_preemptions) | {"recompute", "swap"}):
+            preemptions.add_metric(labels + [mode], float(stats.num_preemptions.get(mode, 0)))
+        yield preemptions
+
+
+class ServerMetrics:
+    """The server's registry plus the observer interface the engine loop calls."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        self._engine = _EngineStatsCollector(model_name)
+        self.registry.register(self._engine)
+        labels = ["model_name"]
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from arrival to the first token.",
+                              labels, buckets=TTFT_BUCKETS_SECONDS, registry=self.registry)
+        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Time between two steps that added tokens.",
+                             labels, buckets=ITL_BUCKETS_SECONDS, registry=self.registry)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from arrival to finish.",
+                             labels, buckets=E2E_BUCKETS_SECONDS, registry=self.registry)
+        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds",
+                                    "Time from arrival to first being scheduled.",
+                                    labels, buckets=TTFT_BUCKETS_SECONDS, registry=self.registry)
+        self.success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
+                               labels + ["finished_reason"], registry=self.registry)
+        self.cache_config = Info(PREFIX + "cache_config", "KV cache configuration.", labels,
+                                 registry=self.registry)
+        self._lock = threading.Lock()
+        self._progress: dict[str, tuple[int, float]] = {}  # request id -> (num tokens seen, time seen)
+
+    def set_cache_config(self, block_size: int, num_gpu_blocks: int, gpu_memory_utilization: float,
+                         enable_prefix_caching: bool) -> None:
+        self.cache_config.labels(self.model_name).info({
+            "block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks),
+            "gpu_memory_utilization": str(gpu_memory_utilization),
+            "enable_prefix_caching": str(enable_prefix_caching).lower(),
+        })
+
+    # ---- observer interface (engine thread) ----
+    def on_stats(self, stats: Any) -> None:
+        self._engine.stats = stats
+
+    def on_outputs(self, outputs: list[Any]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for output in outputs:
+                self._observe(output, now)
+
+    def on_abort(self, request_id: str) -> None:
+        with self._lock:
+            self._progress.pop(request_id, None)
+        self.success.labels(self.model_name, "abort").inc()
+
+    def _observe(self, output: Any, now: float) -> None:
+        num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        seen_tokens, seen_time = self._progress.get(output.request_id, (0, None))
+        timing = output.metrics
+        arrival = getattr(timing, "arrival_time", None)
+        if num_tokens > seen_tokens:
+            if seen_tokens == 0 and arrival is not None:
+                first = getattr(timing, "first_token_time", None) or now
+                self.ttft.labels(self.model_name).observe(max(0.0, first - arrival))
+            elif seen_time is not None:
+                self.itl.labels(self.model_name).observe(max(0.0, now - seen_time))
+            self._progress[output.request_id] = (num_tokens, now)
+        if not output.finished:
+            return
+        self._progress.pop(output.request_id, None)
+        reasons = [c.finish_reason for c in output.outputs if c.finish_reason is not None]
+        if "abort" in reasons:
+            return  # counted by on_abort
+        reason = "length" if "length" in reasons else "stop"
+        self.success.labels(self.model_name, reason).inc()
+        if arrival is not None:
+            finished = getattr(timing, "finished_time", None) or now
+            self.e2e.labels(self.model_name).observe(max(0.0, finished - arrival))
+            scheduled = getattr(timing, "first_scheduled_time", None)
+            if scheduled is not None:
+                self.queue_time.labels(self.model_name).observe(max(0.0, scheduled - arrival))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

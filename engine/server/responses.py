@@ -1,0 +1,158 @@
+"""Engine outputs to OpenAI response bodies (whole responses and SSE chunks).
+
+Choice numbering: prompt i's completion j is choice `i * n + j`, as OpenAI
+numbers choices for a list of prompts. Usage counts each prompt once (not
+once per completion) and reports prefix-cache hits as
+`prompt_tokens_details.cached_tokens`.
+
+Streaming: the engine's text and token ids are cumulative, so a `DeltaTracker`
+remembers, per choice, how much text and how many tokens were already sent
+and emits only what is new.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pagedinfer.engine.server.serving import Plan
+
+MISSING_LOGPROB = -9999.0  # OpenAI's stand-in for "not in the top-k"; JSON has no -inf
+
+
+def usage(plan: Plan, finals: list[Any]) -> dict:
+    prompt_tokens = sum(len(p) for p in plan.prompts)
+    completion_tokens = sum(len(c.token_ids) for out in finals if out is not None for c in out.outputs)
+    cached_tokens = sum((out.num_cached_tokens or 0) for out in finals if out is not None)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def _decoded(tokenizer: Any, token_id: int, entry: Any) -> str:
+    text = getattr(entry, "decoded_token", None)
+    return text if text is not None else tokenizer.decode([token_id])
+
+
+def _top_entries(tokenizer: Any, step: dict, k: int) -> list[tuple[str, float]]:
+    ranked = sorted(step.items(), key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 30))
+    return [(_decoded(tokenizer, token_id, entry), float(entry.logprob)) for token_id, entry in ranked[:k]]
+
+
+def completion_logprobs(tokenizer: Any, token_ids: list[int], steps: list[dict], k: int, text_offset: int) -> dict:
+    """OpenAI's legacy completion logprobs for tokens[start:] (tokens, token_logprobs, top_logprobs, text_offset)."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for token_id, step in zip(token_ids, steps):
+        entry = step.get(token_id)
+        text = _decoded(tokenizer, token_id, entry)
+        tokens.append(text)
+        token_logprobs.append(float(entry.logprob) if entry is not None else MISSING_LOGPROB)
+        tops.append(dict(_top_entries(tokenizer, step, k)) if k else {})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer: Any, token_ids: list[int], steps: list[dict], k: int) -> dict:
+    content = []
+    for token_id, step in zip(token_ids, steps):
+        entry = step.get(token_id)
+        text = _decoded(tokenizer, token_id, entry)
+        top = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in _top_entries(tokenizer, step, k)]
+        content.append({"token": text, "logprob": float(entry.logprob) if entry is not None else MISSING_LOGPROB,
+                        "bytes": list(text.encode("utf-8")), "top_logprobs": top})
+    return {"content": content}
+
+
+def _choices(plan: Plan, finals: list[Any]) -> list[tuple[int, Any]]:
+    n = plan.params.n
+    pairs = [(i * n + c.index, c) for i, out in enumerate(finals) for c in out.outputs]
+    return sorted(pairs, key=lambda pair: pair[0])
+
+
+def completion_response(plan: Plan, finals: list[Any], tokenizer: Any) -> dict:
+    choices = []
+    for index, c in _choices(plan, finals):
+        logprobs = None
+        if plan.num_logprobs is not None and c.logprobs is not None:
+            logprobs = completion_logprobs(tokenizer, c.token_ids, c.logprobs, plan.num_logprobs, 0)
+        choices.append({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                         "stop_reason": c.stop_reason})
+    return {"id": plan.request_id, "object": "text_completion", "created": plan.created, "model": plan.model,
+            "choices": choices, "usage": usage(plan, finals)}
+
+
+def chat_response(plan: Plan, finals: list[Any], tokenizer: Any) -> dict:
+    choices = []
+    for index, c in _choices(plan, finals):
+        logprobs = None
+        if plan.num_logprobs is not None and c.logprobs is not None:
+            logprobs = chat_logprobs(tokenizer, c.token_ids, c.logprobs, plan.num_logprobs)
+        choices.append({"index": index, "message": {"role": "assistant", "content": c.text},
+                        "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    return {"id": plan.request_id, "object": "chat.completion", "created": plan.created, "model": plan.model,
+            "choices": choices, "usage": usage(plan, finals)}
+
+
+def sse(payload: dict | str) -> str:
+    body = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {body}\n\n"
+
+
+class DeltaTracker:
+    """Turns cumulative outputs into stream chunks (one chunk per choice that changed)."""
+
+    def __init__(self, plan: Plan, tokenizer: Any, chat: bool) -> None:
+        self.plan = plan
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self._sent_chars: dict[int, int] = {}
+        self._sent_tokens: dict[int, int] = {}
+        self.finals: list[Any] = [None] * len(plan.prompts)
+
+    def _envelope(self, choices: list[dict]) -> dict:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.plan.request_id, "object": kind, "created": self.plan.created,
+                "model": self.plan.model, "choices": choices}
+
+    def opening_chunks(self) -> list[str]:
+        """Chat streams announce the assistant role once per choice before any content."""
+        if not self.chat:
+            return []
+        num_choices = len(self.plan.prompts) * self.plan.params.n
+        return [sse(self._envelope([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}])) for i in range(num_choices)]
+
+    def chunks(self, prompt_index: int, output: Any) -> list[str]:
+        if output.finished:
+            self.finals[prompt_index] = output
+        out = []
+        for c in output.outputs:
+            index = prompt_index * self.plan.params.n + c.index
+            sent_chars = self._sent_chars.get(index, 0)
+            sent_tokens = self._sent_tokens.get(index, 0)
+            delta_text = c.text[sent_chars:]
+            new_tokens = len(c.token_ids) - sent_tokens
+            if not delta_text and new_tokens <= 0 and c.finish_reason is None:
+                continue
+            logprobs = None
+            if self.plan.num_logprobs is not None and c.logprobs is not None and new_tokens > 0:
+                ids, steps = c.token_ids[sent_tokens:], c.logprobs[sent_tokens:]
+                logprobs = (chat_logprobs(self.tokenizer, ids, steps, self.plan.num_logprobs) if self.chat else
+                            completion_logprobs(self.tokenizer, ids, steps, self.plan.num_logprobs, sent_chars))
+            self._sent_chars[index] = len(c.text)
+            self._sent_tokens[index] = len(c.token_ids)
+            choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": c.finish_reason}
+            if self.chat:
+                choice["delta"] = {"content": delta_text} if delta_text or c.finish_reason is None else {}
+            else:
+                choice["text"] = delta_text
+            if c.finish_reason is not None:
+                choice["stop_reason"] = c.stop_reason
+            out.append(sse(self._envelope([choice])))
+        return out
+
+    def usage_chunk(self) -> str:
+        payload = self._envelope([])
+        payload["usage"] = usage(self.plan, self.finals)
+        return sse(payload)

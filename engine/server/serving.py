@@ -1,0 +1,208 @@
+"""From a validated HTTP request to engine requests, and their outputs back.
+
+`Serving.prepare_*` turn a completion or chat request into a `Plan`: the
+prompts as token ids (tokenized here, on the event loop, with the server's
+own tokenizer), one `SamplingParams`, and the bookkeeping the response needs.
+Everything a client can get wrong is checked here, before the engine sees
+it, so the answer is a 4xx naming the parameter:
+- the model name (404), admission (503 + Retry-After while loading, draining
+  or over --max-waiting-requests);
+- empty prompts, token ids outside the vocabulary, prompt + max_tokens over
+  max_model_len (400).
+
+`Serving.outputs(plan)` adds the plan's prompts to the engine loop and yields
+`(prompt_index, RequestOutput)` as the engine produces them. Its `finally`
+aborts every prompt that has not finished: whether the consumer stopped
+because the client went away (streaming: starlette cancels the generator;
+non-streaming: `watch_disconnect`), an error, or shutdown, the engine frees
+those blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+
+from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
+from pagedinfer.engine.server.errors import ApiError, from_value_error
+from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+
+RETRY_AFTER_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One HTTP request, ready for the engine."""
+
+    request_id: str
+    created: int
+    model: str
+    prompts: list[list[int]]
+    params: Any  # SamplingParams
+    num_logprobs: int | None  # top-k logprobs to report, None when not requested
+    stream: bool
+    include_usage: bool
+    arrival_time: float
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its response was complete."""
+
+
+class Serving:
+    def __init__(self, engine_loop: EngineLoop, max_waiting_requests: int | None) -> None:
+        self.engine_loop = engine_loop
+        self.max_waiting_requests = max_waiting_requests
+
+    # ---- admission and validation ----
+    def _admit(self, model: str) -> Any:
+        loop = self.engine_loop
+        if loop.load_error is not None or loop.engine_error is not None:
+            raise ApiError(503, "the engine is not available", code="engine_unavailable",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        if not loop.ready.is_set() or loop.info is None:
+            raise ApiError(503, "the model is still loading", code="model_loading",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        if not loop.accepting:
+            raise ApiError(503, "the server is shutting down", code="shutting_down",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        info = loop.info
+        if model != info.served_model_name:
+            raise ApiError(404, f"model: '{model}' does not exist; this server serves '{info.served_model_name}'",
+                           param="model", code="model_not_found")
+        limit = self.max_waiting_requests
+        if limit is not None and loop.num_waiting_requests() >= limit:
+            raise ApiError(503, f"too many waiting requests (limit {limit}); retry later", code="server_overloaded",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return info
+
+    def _check_lengths(self, info: Any, prompts: list[list[int]], max_tokens: int | None, param: str) -> int:
+        """The max_tokens to use; 400 when a prompt plus it cannot fit max_model_len."""
+        longest = max(len(p) for p in prompts)
+        if longest >= info.max_model_len:
+            raise ApiError(400, f"{param}: {longest} tokens, but max_model_len is {info.max_model_len} "
+                                f"(prompt plus at least one generated token must fit)", param=param,
+                           code="context_length_exceeded")
+        if max_tokens is None:
+            return info.max_model_len - longest
+        if longest + max_tokens > info.max_model_len:
+            raise ApiError(400, f"max_tokens: prompt ({longest} tokens) + max_tokens ({max_tokens}) = "
+                                f"{longest + max_tokens} exceeds max_model_len ({info.max_model_len})",
+                           param="max_tokens", code="context_length_exceeded")
+        return max_tokens
+
+    def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int,
+                         num_logprobs: int | None) -> Any:
+        from pagedinfer.engine import SamplingParams
+
+        fields: dict[str, Any] = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
+                                      ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs)
+        for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            value = getattr(req, name)
+            if value is not None:
+                fields[name] = value
+        try:
+            return SamplingParams(**fields)
+        except ValueError as exc:
+            raise from_value_error(exc) from None
+
+    def _tokenize(self, info: Any, prompt: str | list[int], param: str, add_special_tokens: bool) -> list[int]:
+        if isinstance(prompt, str):
+            token_ids = info.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        else:
+            vocab_size = len(info.tokenizer)
+            bad = [t for t in prompt if t >= vocab_size]
+            if bad:
+                raise ApiError(400, f"{param}: token id {bad[0]} is outside the vocabulary (size {vocab_size})",
+                               param=param, code="invalid_parameter")
+            token_ids = list(prompt)
+        if not token_ids:
+            raise ApiError(400, f"{param}: must not be empty", param=param, code="invalid_parameter")
+        return token_ids
+
+    def prepare_completion(self, req: CompletionRequest) -> Plan:
+        info = self._admit(req.model)
+        prompts = [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()]
+        max_tokens = self._check_lengths(info, prompts, req.max_tokens, "prompt")
+        params = self._sampling_params(req, max_tokens, req.logprobs)
+        return self._plan("cmpl", info, prompts, params, req.logprobs, req)
+
+    def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
+        info = self._admit(req.model)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = info.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # noqa: BLE001 - template errors are about the messages
+            raise ApiError(400, f"messages: the chat template rejected them: {exc}", param="messages",
+                           code="invalid_parameter") from None
+        prompts = [self._tokenize(info, text, "messages", add_special_tokens=False)]
+        max_tokens = self._check_lengths(info, prompts, req.requested_max_tokens(), "messages")
+        num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = self._sampling_params(req, max_tokens, num_logprobs)
+        return self._plan("chatcmpl", info, prompts, params, num_logprobs, req)
+
+    @staticmethod
+    def _plan(kind: str, info: Any, prompts: list[list[int]], params: Any, num_logprobs: int | None,
+              req: CompletionRequest | ChatCompletionRequest) -> Plan:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return Plan(request_id=f"{kind}-{uuid.uuid4().hex}", created=int(time.time()),
+                    model=info.served_model_name, prompts=prompts, params=params, num_logprobs=num_logprobs,
+                    stream=req.stream, include_usage=include_usage, arrival_time=time.monotonic())
+
+    # ---- running ----
+    async def outputs(self, plan: Plan) -> AsyncIterator[tuple[int, Any]]:
+        """Yield (prompt index, RequestOutput) until every prompt finished; abort the rest on exit."""
+        sink = RequestSink(asyncio.get_running_loop())
+        ids = [f"{plan.request_id}-{i}" for i in range(len(plan.prompts))]
+        index_of = {request_id: i for i, request_id in enumerate(ids)}
+        unfinished = set(ids)
+        try:
+            for request_id, prompt in zip(ids, plan.prompts):
+                self.engine_loop.add(request_id, prompt, plan.params, plan.arrival_time, sink)
+            while unfinished:
+                item = await sink.queue.get()
+                if isinstance(item, RequestFailed):
+                    raise item
+                if item.finished:
+                    unfinished.discard(item.request_id)
+                yield index_of[item.request_id], item
+        finally:
+            for request_id in unfinished:
+                self.engine_loop.abort(request_id)
+
+    async def final_outputs(self, plan: Plan, request: Request) -> list[Any]:
+        """The finished output of every prompt; aborts them if the client disconnects first."""
+        finals: list[Any] = [None] * len(plan.prompts)
+        stream = self.outputs(plan)
+        disconnect = asyncio.ensure_future(watch_disconnect(request))
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(stream))
+                done, _ = await asyncio.wait({step, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+                if step not in done:
+                    step.cancel()
+                    await asyncio.gather(step, return_exceptions=True)
+                    raise ClientDisconnected()
+                try:
+                    index, output = step.result()
+                except StopAsyncIteration:
+                    return finals
+                if output.finished:
+                    finals[index] = output
+        finally:
+            disconnect.cancel()
+            await stream.aclose()
+
+
+async def watch_disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body was already read, so receive() only reports that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
