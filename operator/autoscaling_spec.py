@@ -1,0 +1,249 @@
+"""`spec.autoscaling` of an InferenceService, parsed into frozen dataclasses.
+
+The shape follows the Kubernetes HorizontalPodAutoscaler (autoscaling/v2):
+`minReplicas`/`maxReplicas` bound the decision, `metrics` lists per-metric
+targets, and `scaleUp`/`scaleDown` mirror `spec.behavior.scaleUp/scaleDown`
+(`stabilizationWindowSeconds`, `policies` of `{type: Pods|Percent, value,
+periodSeconds}`, `selectPolicy` Max|Min|Disabled). Defaults are HPA's
+(https://kubernetes.io/docs/concepts/workloads/autoscaling/horizontal-pod-autoscale/#default-behavior):
+scale up with no stabilization by at most max(4 pods, 100%) per 15 s; scale
+down after a 300 s stabilization window by at most 100% per 15 s.
+
+Metric names and their direction:
+- `kvCacheUsage`: fraction of the KV block pool in use, averaged over ready
+  pods; ABOVE target scales up. Target in (0, 1].
+- `prefixCacheHitRate`: prefix-cache hit tokens / query tokens over the last
+  interval; BELOW target scales up (the replicas together hold too little
+  cache, so prefixes thrash). Target in (0, 1].
+- `requestsWaiting`: average waiting requests per ready pod; above target
+  scales up. Target > 0.
+
+Every constructor validates and raises ValueError naming the offending field
+(dotted path under `spec.autoscaling`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+KV_CACHE_USAGE = "kvCacheUsage"
+PREFIX_CACHE_HIT_RATE = "prefixCacheHitRate"
+REQUESTS_WAITING = "requestsWaiting"
+METRIC_NAMES = (KV_CACHE_USAGE, PREFIX_CACHE_HIT_RATE, REQUESTS_WAITING)
+# Metrics whose value below target means too few replicas.
+INVERTED_METRICS = frozenset({PREFIX_CACHE_HIT_RATE})
+FRACTION_METRICS = frozenset({KV_CACHE_USAGE, PREFIX_CACHE_HIT_RATE})
+
+POLICY_TYPES = ("Pods", "Percent")
+SELECT_POLICIES = ("Max", "Min", "Disabled")
+SOURCE_TYPES = ("direct", "prometheus")
+MAX_WINDOW_SECONDS = 3600
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class MetricTarget:
+    """One entry of `metrics`: which engine metric, and the value to hold it at."""
+
+    name: str
+    target: float
+
+    def __post_init__(self) -> None:
+        if self.name not in METRIC_NAMES:
+            raise ValueError(f"metrics[].name must be one of {', '.join(METRIC_NAMES)}, got {self.name!r}")
+        if not _is_finite_number(self.target) or self.target <= 0:
+            raise ValueError(f"metrics[{self.name}].target must be a positive number, got {self.target!r}")
+        if self.name in FRACTION_METRICS and self.target > 1:
+            raise ValueError(f"metrics[{self.name}].target is a fraction and must be <= 1, got {self.target!r}")
+
+    @property
+    def inverted(self) -> bool:
+        """True when a value below target asks for more replicas."""
+        return self.name in INVERTED_METRICS
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    """At most `value` pods (or `value` percent of the replicas at the start of the
+    period) added or removed within any `period_seconds`."""
+
+    type: str
+    value: int
+    period_seconds: int
+
+    def __post_init__(self) -> None:
+        if self.type not in POLICY_TYPES:
+            raise ValueError(f"policies[].type must be Pods or Percent, got {self.type!r}")
+        if not _is_int(self.value) or self.value <= 0:
+            raise ValueError(f"policies[].value must be a positive integer, got {self.value!r}")
+        if not _is_int(self.period_seconds) or not 0 < self.period_seconds <= 1800:
+            raise ValueError(f"policies[].periodSeconds must be an integer in (0, 1800], got {self.period_seconds!r}")
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    """One direction's behaviour (HPA's HPAScalingRules)."""
+
+    stabilization_window_seconds: float
+    policies: tuple[ScalingPolicy, ...]
+    select_policy: str = "Max"
+
+    def __post_init__(self) -> None:
+        w = self.stabilization_window_seconds
+        if not _is_finite_number(w) or not 0 <= w <= MAX_WINDOW_SECONDS:
+            raise ValueError(f"stabilizationWindowSeconds must be in [0, {MAX_WINDOW_SECONDS}], got {w!r}")
+        if not self.policies:
+            raise ValueError("policies must list at least one policy")
+        if self.select_policy not in SELECT_POLICIES:
+            raise ValueError(f"selectPolicy must be one of {', '.join(SELECT_POLICIES)}, got {self.select_policy!r}")
+
+    @property
+    def longest_period_seconds(self) -> int:
+        return max(p.period_seconds for p in self.policies)
+
+
+DEFAULT_SCALE_UP = ScalingRules(0, (ScalingPolicy("Pods", 4, 15), ScalingPolicy("Percent", 100, 15)))
+DEFAULT_SCALE_DOWN = ScalingRules(300, (ScalingPolicy("Percent", 100, 15),))
+
+
+@dataclass(frozen=True)
+class MetricsSource:
+    """Where metrics come from: each ready pod's /metrics, or a Prometheus server."""
+
+    type: str = "direct"
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in SOURCE_TYPES:
+            raise ValueError(f"source.type must be direct or prometheus, got {self.type!r}")
+        if self.type == "prometheus":
+            if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"source.url must be an http(s) URL when source.type is prometheus, got {self.url!r}")
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """The validated `spec.autoscaling`. Invariant: 1 <= min_replicas <= max_replicas."""
+
+    enabled: bool
+    min_replicas: int
+    max_replicas: int
+    metrics: tuple[MetricTarget, ...]
+    interval_seconds: float = 15.0
+    tolerance: float = 0.1
+    scale_up: ScalingRules = DEFAULT_SCALE_UP
+    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
+    source: MetricsSource = MetricsSource()
+    scrape_timeout_seconds: float = 5.0
+    scrape_concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"spec.autoscaling.enabled must be a boolean, got {self.enabled!r}")
+        if not _is_int(self.min_replicas) or self.min_replicas < 1:
+            raise ValueError(f"spec.autoscaling.minReplicas must be an integer >= 1, got {self.min_replicas!r}")
+        if not _is_int(self.max_replicas) or self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"spec.autoscaling.maxReplicas must be an integer >= minReplicas ({self.min_replicas}), "
+                f"got {self.max_replicas!r}"
+            )
+        if self.enabled and not self.metrics:
+            raise ValueError("spec.autoscaling.metrics must list at least one metric when enabled")
+        names = [m.name for m in self.metrics]
+        if len(set(names)) != len(names):
+            raise ValueError(f"spec.autoscaling.metrics lists a metric twice: {names}")
+        if not _is_finite_number(self.interval_seconds) or self.interval_seconds <= 0:
+            raise ValueError(f"spec.autoscaling.intervalSeconds must be positive, got {self.interval_seconds!r}")
+        if not _is_finite_number(self.tolerance) or not 0 <= self.tolerance < 1:
+            raise ValueError(f"spec.autoscaling.tolerance must be in [0, 1), got {self.tolerance!r}")
+        t = self.scrape_timeout_seconds
+        if not _is_finite_number(t) or t <= 0:
+            raise ValueError(f"spec.autoscaling.scrapeTimeoutSeconds must be positive, got {t!r}")
+        if not _is_int(self.scrape_concurrency) or self.scrape_concurrency < 1:
+            raise ValueError(
+                f"spec.autoscaling.scrapeConcurrency must be an integer >= 1, got {self.scrape_concurrency!r}"
+            )
+
+    @property
+    def history_seconds(self) -> float:
+        """How far back decisions look: the longest stabilization window or policy period."""
+        return max(
+            self.scale_up.stabilization_window_seconds,
+            self.scale_down.stabilization_window_seconds,
+            self.scale_up.longest_period_seconds,
+            self.scale_down.longest_period_seconds,
+        )
+
+
+def parse_autoscaling_spec(raw: Mapping[str, Any] | None) -> AutoscalingSpec:
+    """Build an AutoscalingSpec from the `spec.autoscaling` mapping (camelCase keys).
+
+    None or a mapping without `enabled: true` gives a disabled spec. Raises
+    ValueError naming the field for wrong types or values.
+    """
+    if raw is None:
+        return AutoscalingSpec(enabled=False, min_replicas=1, max_replicas=1, metrics=())
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"spec.autoscaling must be an object, got {type(raw).__name__}")
+    metrics_raw = raw.get("metrics", [])
+    if not isinstance(metrics_raw, list):
+        raise ValueError("spec.autoscaling.metrics must be a list")
+    metrics = tuple(_metric(i, m) for i, m in enumerate(metrics_raw))
+    source_raw = raw.get("source") or {}
+    if not isinstance(source_raw, Mapping):
+        raise ValueError("spec.autoscaling.source must be an object")
+    min_replicas = raw.get("minReplicas", 1)
+    return AutoscalingSpec(
+        enabled=raw.get("enabled", False),
+        min_replicas=min_replicas,
+        max_replicas=raw.get("maxReplicas", min_replicas),
+        metrics=metrics,
+        interval_seconds=raw.get("intervalSeconds", 15),
+        tolerance=raw.get("tolerance", 0.1),
+        scale_up=_rules("scaleUp", raw.get("scaleUp"), DEFAULT_SCALE_UP),
+        scale_down=_rules("scaleDown", raw.get("scaleDown"), DEFAULT_SCALE_DOWN),
+        source=MetricsSource(type=source_raw.get("type", "direct"), url=source_raw.get("url")),
+        scrape_timeout_seconds=raw.get("scrapeTimeoutSeconds", 5),
+        scrape_concurrency=raw.get("scrapeConcurrency", 8),
+    )
+
+
+def _metric(index: int, raw: Any) -> MetricTarget:
+    if not isinstance(raw, Mapping) or "name" not in raw or "target" not in raw:
+        raise ValueError(f"spec.autoscaling.metrics[{index}] must be an object with name and target")
+    try:
+        return MetricTarget(name=raw["name"], target=raw["target"])
+    except ValueError as e:
+        raise ValueError(f"spec.autoscaling.metrics[{index}]: {e}") from None
+
+
+def _rules(field: str, raw: Any, default: ScalingRules) -> ScalingRules:
+    if raw is None:
+        return default
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"spec.autoscaling.{field} must be an object")
+    try:
+        policies_raw = raw.get("policies")
+        if policies_raw is None:
+            policies = default.policies
+        elif not isinstance(policies_raw, list) or not all(isinstance(p, Mapping) for p in policies_raw):
+            raise ValueError("policies must be a list of {type, value, periodSeconds}")
+        else:
+            policies = tuple(ScalingPolicy(p.get("type"), p.get("value"), p.get("periodSeconds")) for p in policies_raw)
+        return ScalingRules(
+            stabilization_window_seconds=raw.get("stabilizationWindowSeconds", default.stabilization_window_seconds),
+            policies=policies,
+            select_policy=raw.get("selectPolicy", "Max"),
+        )
+    except ValueError as e:
+        raise ValueError(f"spec.autoscaling.{field}.{e}") from None
