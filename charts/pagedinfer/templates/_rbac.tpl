@@ -1,0 +1,65 @@
+{{/*
+The operator's RBAC rules, in one place. Least privilege: exactly the verbs
+on exactly the resources the operator calls (tests/chart/test_rbac.py runs
+the real operator against an API server that enforces these rules and
+nothing more, and fails on any 403).
+
+"pagedinfer.rbac.namespacedRules" go into a ClusterRole (rbac.scope=cluster)
+or a Role in the release namespace (rbac.scope=namespace).
+"pagedinfer.rbac.clusterRules" are about cluster-scoped objects, so they are
+always in a ClusterRole.
+*/}}
+
+{{- define "pagedinfer.rbac.namespacedRules" -}}
+# The custom resource: watched, patched (kopf's finalizer and progress
+# annotations, spec.replicas from the autoscaler), and its status written.
+- apiGroups: ["serving.pagedinfer.dev"]
+  resources: ["inferenceservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["serving.pagedinfer.dev"]
+  resources: ["inferenceservices/status"]
+  verbs: ["get", "patch"]
+# The engine Deployment and Service of each InferenceService (owned by it,
+# so Kubernetes' garbage collector deletes them; the operator never does).
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Engine pods: readiness for status, and their /metrics for the autoscaler.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+# A model's config.json referenced by spec.model.configMapRef.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
+# kopf posts an Event for every handler outcome and scaling decision.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if and (include "pagedinfer.peering.enabled" .) (eq .Values.rbac.scope "namespace") }}
+# kopf peering between the operator replicas (namespaced operator).
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end -}}
+
+{{- define "pagedinfer.rbac.clusterRules" -}}
+# Sizing reads each node's GPU count and memory (GPU Feature Discovery labels).
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+# kopf notices CRDs appearing and going (its own resource discovery).
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if and (include "pagedinfer.peering.enabled" .) (eq .Values.rbac.scope "cluster") }}
+# kopf peering between the operator replicas (cluster-wide operator).
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end -}}

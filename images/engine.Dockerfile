@@ -1,0 +1,37 @@
+# syntax=docker/dockerfile:1
+# The engine image: `pagedinfer serve` (engine, Triton kernels, OpenAI-compatible
+# server) on a CUDA PyTorch base. The operator runs it in every engine pod.
+#
+#   docker build -f images/engine.Dockerfile -t pagedinfer/engine:0.1.0 .
+#
+# The base is pinned to an exact tag (PyTorch, CUDA and cuDNN versions all
+# named); pin it further by digest in your registry mirror if you can.
+ARG BASE_IMAGE=pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime
+
+FROM ${BASE_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY engine ./engine
+COPY kernels ./kernels
+COPY operator ./operator
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM ${BASE_IMAGE}
+ARG UID=10001
+# The base image's torch (built for its CUDA) is kept: the constraint stops pip
+# from replacing it with a different multi-GB build while resolving the extra.
+COPY --from=wheel /wheels /wheels
+RUN python -c "import torch; print('torch==' + torch.__version__)" > /tmp/constraints.txt \
+    && python -m pip install --no-cache-dir -c /tmp/constraints.txt \
+        "$(ls /wheels/pagedinfer-*.whl)[engine]" \
+    && rm -rf /wheels /tmp/constraints.txt \
+    && useradd --uid "${UID}" --user-group --create-home --home-dir /home/pagedinfer --shell /usr/sbin/nologin pagedinfer
+ENV HOME=/home/pagedinfer \
+    HF_HOME=/home/pagedinfer/.cache/huggingface \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+WORKDIR /home/pagedinfer
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["pagedinfer"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
