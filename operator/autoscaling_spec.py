@@ -1,7 +1,7 @@
 """`spec.autoscaling` of an InferenceService, parsed into frozen dataclasses.
 
 The shape follows the Kubernetes HorizontalPodAutoscaler (autoscaling/v2):
-`minReplicas`/`maxReplicas` bound the decision, `metrics` lists per-metric
+`spec.minReplicas`/`spec.maxReplicas` bound the decision, `metrics` lists per-metric
 targets, and `scaleUp`/`scaleDown` mirror `spec.behavior.scaleUp/scaleDown`
 (`stabilizationWindowSeconds`, `policies` of `{type: Pods|Percent, value,
 periodSeconds}`, `selectPolicy` Max|Min|Disabled). Defaults are HPA's
@@ -151,10 +151,10 @@ class AutoscalingSpec:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"spec.autoscaling.enabled must be a boolean, got {self.enabled!r}")
         if not _is_int(self.min_replicas) or self.min_replicas < 1:
-            raise ValueError(f"spec.autoscaling.minReplicas must be an integer >= 1, got {self.min_replicas!r}")
+            raise ValueError(f"minReplicas must be an integer >= 1, got {self.min_replicas!r}")
         if not _is_int(self.max_replicas) or self.max_replicas < self.min_replicas:
             raise ValueError(
-                f"spec.autoscaling.maxReplicas must be an integer >= minReplicas ({self.min_replicas}), "
+                f"maxReplicas must be an integer >= minReplicas ({self.min_replicas}), "
                 f"got {self.max_replicas!r}"
             )
         if self.enabled and not self.metrics:
@@ -185,16 +185,36 @@ class AutoscalingSpec:
         )
 
 
-def parse_autoscaling_spec(raw: Mapping[str, Any] | None) -> AutoscalingSpec:
-    """Build an AutoscalingSpec from the `spec.autoscaling` mapping (camelCase keys).
+def parse_autoscaling_spec(spec: Mapping[str, Any]) -> AutoscalingSpec:
+    """Build an AutoscalingSpec from an InferenceService `spec` (camelCase keys).
 
-    None or a mapping without `enabled: true` gives a disabled spec. Raises
-    ValueError naming the field for wrong types or values.
+    Reads `spec.autoscaling` and the bounds `spec.minReplicas` /
+    `spec.maxReplicas` (shared with the reconciler, which clamps
+    `spec.replicas` into them). A ratio cannot grow zero replicas, so the
+    autoscaler's floor is max(1, minReplicas); `maxReplicas` is required once
+    autoscaling is enabled (as it is on an HPA). No `autoscaling`, or one
+    without `enabled: true`, gives a disabled spec. Raises ValueError naming
+    the field for wrong types or values.
     """
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"spec must be an object, got {type(spec).__name__}")
+    raw = spec.get("autoscaling")
     if raw is None:
-        return AutoscalingSpec(enabled=False, min_replicas=1, max_replicas=1, metrics=())
+        raw = {}
     if not isinstance(raw, Mapping):
         raise ValueError(f"spec.autoscaling must be an object, got {type(raw).__name__}")
+    enabled = raw.get("enabled", False)
+    min_replicas = spec.get("minReplicas", 0)
+    if not _is_int(min_replicas) or min_replicas < 0:
+        raise ValueError(f"spec.minReplicas must be an integer >= 0, got {min_replicas!r}")
+    min_replicas = max(1, min_replicas)
+    max_replicas = spec.get("maxReplicas")
+    if max_replicas is None:
+        if enabled is True:
+            raise ValueError("spec.maxReplicas is required when spec.autoscaling.enabled is true")
+        max_replicas = min_replicas
+    elif not _is_int(max_replicas) or max_replicas < min_replicas:
+        raise ValueError(f"spec.maxReplicas must be an integer >= max(1, minReplicas), got {max_replicas!r}")
     metrics_raw = raw.get("metrics", [])
     if not isinstance(metrics_raw, list):
         raise ValueError("spec.autoscaling.metrics must be a list")
@@ -202,11 +222,10 @@ def parse_autoscaling_spec(raw: Mapping[str, Any] | None) -> AutoscalingSpec:
     source_raw = raw.get("source") or {}
     if not isinstance(source_raw, Mapping):
         raise ValueError("spec.autoscaling.source must be an object")
-    min_replicas = raw.get("minReplicas", 1)
     return AutoscalingSpec(
-        enabled=raw.get("enabled", False),
+        enabled=enabled,
         min_replicas=min_replicas,
-        max_replicas=raw.get("maxReplicas", min_replicas),
+        max_replicas=max_replicas,
         metrics=metrics,
         interval_seconds=raw.get("intervalSeconds", 15),
         tolerance=raw.get("tolerance", 0.1),

@@ -21,17 +21,14 @@ FAST = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Percent", "value
 
 
 def make_spec(metrics=None, min_replicas=1, max_replicas=10, scale_up=FAST, scale_down=FAST, **extra):
-    return parse_autoscaling_spec(
-        {
-            "enabled": True,
-            "minReplicas": min_replicas,
-            "maxReplicas": max_replicas,
-            "metrics": metrics or [{"name": "kvCacheUsage", "target": 0.5}],
-            "scaleUp": scale_up,
-            "scaleDown": scale_down,
-            **extra,
-        }
-    )
+    autoscaling = {
+        "enabled": True,
+        "metrics": metrics or [{"name": "kvCacheUsage", "target": 0.5}],
+        "scaleUp": scale_up,
+        "scaleDown": scale_down,
+        **extra,
+    }
+    return parse_autoscaling_spec({"minReplicas": min_replicas, "maxReplicas": max_replicas, "autoscaling": autoscaling})
 
 
 def observe(current, ready=None, failed=0, **metrics):

@@ -34,16 +34,15 @@ rules = st.fixed_dictionaries(
 def specs(draw, metric_names=st.sets(st.sampled_from(METRICS), min_size=1)):
     min_replicas = draw(st.integers(1, 4))
     names = sorted(draw(metric_names))
+    autoscaling = {
+        "enabled": True,
+        "tolerance": draw(st.sampled_from([0.0, 0.05, 0.1, 0.3])),
+        "metrics": [{"name": n, "target": draw(_targets(n))} for n in names],
+        "scaleUp": draw(rules),
+        "scaleDown": draw(rules),
+    }
     return parse_autoscaling_spec(
-        {
-            "enabled": True,
-            "minReplicas": min_replicas,
-            "maxReplicas": draw(st.integers(min_replicas, 12)),
-            "tolerance": draw(st.sampled_from([0.0, 0.05, 0.1, 0.3])),
-            "metrics": [{"name": n, "target": draw(_targets(n))} for n in names],
-            "scaleUp": draw(rules),
-            "scaleDown": draw(rules),
-        }
+        {"minReplicas": min_replicas, "maxReplicas": draw(st.integers(min_replicas, 12)), "autoscaling": autoscaling}
     )
 
 
@@ -143,15 +142,14 @@ def test_a_constant_load_converges_to_a_fixed_point(spec, start, load):
 )
 def test_pods_rate_limits_hold_over_every_period(spec, loads, value, period):
     one_policy = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": value, "periodSeconds": period}]}
-    raw = {
+    autoscaling = {
         "enabled": True,
-        "minReplicas": spec.min_replicas,
-        "maxReplicas": spec.max_replicas,
         "tolerance": spec.tolerance,
         "metrics": [{"name": m.name, "target": m.target} for m in spec.metrics],
         "scaleUp": one_policy,
         "scaleDown": one_policy,
     }
+    raw = {"minReplicas": spec.min_replicas, "maxReplicas": spec.max_replicas, "autoscaling": autoscaling}
     trace = _run(parse_autoscaling_spec(raw), spec.min_replicas, loads)
     changes = [(t, d.desired_replicas - d.current_replicas) for t, d in trace]
     for t, _ in changes:

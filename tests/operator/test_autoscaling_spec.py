@@ -14,10 +14,9 @@ from pagedinfer.operator.autoscaling_spec import (
 )
 
 
-def minimal(**overrides):
-    raw = {"enabled": True, "minReplicas": 1, "maxReplicas": 4, "metrics": [{"name": "kvCacheUsage", "target": 0.7}]}
-    raw.update(overrides)
-    return raw
+def minimal(min_replicas=1, max_replicas=4, **overrides):
+    autoscaling = {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.7}], **overrides}
+    return {"replicas": 1, "minReplicas": min_replicas, "maxReplicas": max_replicas, "autoscaling": autoscaling}
 
 
 def test_defaults_follow_hpa():
@@ -33,8 +32,15 @@ def test_defaults_follow_hpa():
 
 
 def test_absent_spec_is_disabled():
-    assert parse_autoscaling_spec(None).enabled is False
-    assert parse_autoscaling_spec({"enabled": False}).enabled is False
+    assert parse_autoscaling_spec({"replicas": 3}).enabled is False
+    assert parse_autoscaling_spec({"autoscaling": {"enabled": False}}).enabled is False
+
+
+def test_bounds_come_from_the_inference_service_spec():
+    spec = parse_autoscaling_spec(minimal(min_replicas=0, max_replicas=3))
+    assert (spec.min_replicas, spec.max_replicas) == (1, 3)
+    with pytest.raises(ValueError, match=r"spec\.maxReplicas is required"):
+        parse_autoscaling_spec({"autoscaling": minimal()["autoscaling"]})
 
 
 def test_full_spec_round_trips():
@@ -71,8 +77,9 @@ def test_full_spec_round_trips():
         ({"metrics": [{"name": "kvCacheUsage"}]}, "metrics[0]"),
         ({"metrics": [{"name": "kvCacheUsage", "target": 0.5}] * 2}, "twice"),
         ({"metrics": []}, "metrics"),
-        ({"minReplicas": 0}, "minReplicas"),
-        ({"maxReplicas": 0}, "maxReplicas"),
+        ({"min_replicas": -1}, "spec.minReplicas"),
+        ({"max_replicas": 0}, "spec.maxReplicas"),
+        ({"min_replicas": 3, "max_replicas": 2}, "spec.maxReplicas"),
         ({"intervalSeconds": 0}, "intervalSeconds"),
         ({"tolerance": 1.0}, "tolerance"),
         ({"tolerance": "0.1"}, "tolerance"),
