@@ -93,8 +93,9 @@ class _Abort:
 class EngineLoop:
     """Builds the engine on its own thread, then steps it while work exists.
 
-    engine_factory() -> (engine, ModelInfo); observer gets `on_outputs(outputs)`
-    and `on_stats(stats)` calls from the engine thread (the metrics).
+    engine_factory() -> (engine, ModelInfo); the observer (the metrics) gets
+    `on_ready(info)`, `on_outputs(outputs)`, `on_abort(request_id)` and
+    `on_stats(stats)` calls, all from the engine thread.
     """
 
     def __init__(self, engine_factory: Callable[[], tuple[Any, ModelInfo]], observer: Any = None) -> None:
@@ -164,6 +165,8 @@ class EngineLoop:
             return
         self.info = info
         self.stats = engine.get_stats()
+        self._notify("on_ready", info)
+        self._notify("on_stats", self.stats)
         self.ready.set()
         logger.info("engine ready: model %s, %d KV blocks of %d tokens", info.served_model_name,
                     info.num_gpu_blocks, info.block_size)

@@ -104,15 +104,14 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self._progress: dict[str, tuple[int, float]] = {}  # request id -> (num tokens seen, time seen)
 
-    def set_cache_config(self, block_size: int, num_gpu_blocks: int, gpu_memory_utilization: float,
-                         enable_prefix_caching: bool) -> None:
+    # ---- observer interface (engine thread) ----
+    def on_ready(self, info: Any) -> None:
         self.cache_config.labels(self.model_name).info({
-            "block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks),
-            "gpu_memory_utilization": str(gpu_memory_utilization),
-            "enable_prefix_caching": str(enable_prefix_caching).lower(),
+            "block_size": str(info.block_size), "num_gpu_blocks": str(info.num_gpu_blocks),
+            "gpu_memory_utilization": str(info.gpu_memory_utilization),
+            "enable_prefix_caching": str(info.enable_prefix_caching).lower(),
         })
 
-    # ---- observer interface (engine thread) ----
     def on_stats(self, stats: Any) -> None:
         self._engine.stats = stats
 

@@ -1,0 +1,71 @@
+"""`pagedinfer serve` (the OpenAI-compatible server) and `pagedinfer bench serve` (its load generator).
+
+Both parsers are built without importing torch, FastAPI or uvicorn; `run`
+functions import what they need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from pagedinfer.engine.engine_args import add_engine_args
+
+    serve = sub.add_parser(
+        "serve", help="run the OpenAI-compatible HTTP server",
+        description="Serve a model over HTTP (OpenAI's /v1/completions and /v1/chat/completions, /v1/models,"
+                    " /health, /metrics, /version). Without --model it serves the small model embedded in the"
+                    " package.")
+    add_engine_args(serve, model_required=False)
+    g = serve.add_argument_group("server")
+    g.add_argument("--served-model-name", default=None,
+                   help="the name clients pass as `model` (default: the model directory's name;"
+                        " 'pagedinfer-default' for the embedded model)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: env PAGEDINFER_API_KEY, else none)")
+    g.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="answer 503 + Retry-After while this many requests wait to be scheduled (default: no limit)")
+    g.add_argument("--max-request-body-bytes", type=int, default=1 << 20,
+                   help="answer 413 to bodies larger than this (default 1 MiB)")
+    g.add_argument("--shutdown-grace-seconds", type=float, default=30.0,
+                   help="on SIGTERM, how long in-flight requests may run before they are aborted (default 30)")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve.set_defaults(func=run_serve)
+
+    bench = sub.add_parser("bench", help="benchmarks", description="Benchmarks against a running server.")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    from pagedinfer.engine.server.bench_args import add_bench_serve_args
+
+    bench_serve = bench_sub.add_parser(
+        "serve", help="load a running server with timed requests; print throughput, TTFT, ITL, cache hit rate")
+    add_bench_serve_args(bench_serve)
+    bench_serve.set_defaults(func=run_bench_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from pagedinfer.engine.engine_args import engine_config_from_args
+    from pagedinfer.engine.server.app import ServerSettings
+    from pagedinfer.engine.server.auth import resolve_api_key
+    from pagedinfer.engine.server.launcher import build_app, default_model_dir, run_server
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.shutdown_grace_seconds < 0:
+        raise ValueError(f"--shutdown-grace-seconds: must be >= 0, got {args.shutdown_grace_seconds}")
+    model = args.model or str(default_model_dir())
+    engine_config = engine_config_from_args(args, model=model)
+    settings = ServerSettings(api_key=resolve_api_key(args.api_key), max_waiting_requests=args.max_waiting_requests,
+                              max_request_body_bytes=args.max_request_body_bytes)
+    app, engine_loop = build_app(engine_config, settings, args.served_model_name)
+    print(f"pagedinfer serve: http://{args.host}:{args.port} (model {model})", file=sys.stderr, flush=True)
+    return run_server(app, engine_loop, args.host, args.port, args.shutdown_grace_seconds, args.log_level)
+
+
+def run_bench_serve(args: argparse.Namespace) -> int:
+    from pagedinfer.engine.server.bench_serve import main
+
+    return main(args)

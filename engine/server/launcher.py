@@ -1,0 +1,98 @@
+"""Build and run one server: engine factory, app, uvicorn, signals.
+
+Shutdown on SIGTERM (or SIGINT): uvicorn stops accepting connections and
+waits up to `shutdown_grace_seconds` for in-flight responses to finish; after
+that it cancels them (each stream's `finally` aborts its engine requests).
+Then the lifespan stops the engine loop, which aborts whatever is left.
+
+uvicorn re-raises the signal it caught once it is done, to let the previous
+handler run. For SIGTERM the previous handler would be the default one,
+which kills the process with status 143; `run_server` installs a no-op
+SIGTERM handler first, so a graceful shutdown exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pagedinfer.engine.server.app import ServerSettings, create_app
+from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
+from pagedinfer.engine.server.metrics import ServerMetrics
+
+logger = logging.getLogger("pagedinfer.server")
+
+DEFAULT_MODEL_NAME = "pagedinfer-default"
+
+
+def default_model_dir() -> Path:
+    """The embedded model shipped inside the package (engine/default_model)."""
+    return Path(str(resources.files("pagedinfer.engine") / "default_model"))
+
+
+def served_name(model: str, served_model_name: str | None) -> str:
+    if served_model_name:
+        return served_model_name
+    if Path(model).resolve() == default_model_dir().resolve():
+        return DEFAULT_MODEL_NAME
+    return Path(model).name or str(model)
+
+
+def engine_factory(engine_config: Any, served_model_name: str):
+    """A callable that loads the engine and the server's own tokenizer (run on the engine thread)."""
+
+    def build() -> tuple[Any, ModelInfo]:
+        from transformers import AutoTokenizer
+
+        from pagedinfer.engine import LLMEngine
+
+        engine = LLMEngine(engine_config)
+        tokenizer = AutoTokenizer.from_pretrained(str(engine_config.tokenizer or engine_config.model))
+        config = engine.config
+        info = ModelInfo(served_model_name=served_model_name, max_model_len=int(engine.max_model_len),
+                         block_size=config.block_size, num_gpu_blocks=int(engine.num_gpu_blocks),
+                         gpu_memory_utilization=config.gpu_memory_utilization,
+                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer)
+        return engine, info
+
+    return build
+
+
+def build_app(engine_config: Any, settings: ServerSettings, served_model_name: str | None = None):
+    """(app, engine_loop) for one model; nothing is loaded until the app's lifespan starts."""
+    name = served_name(str(engine_config.model), served_model_name)
+    metrics = ServerMetrics(name)
+    loop = EngineLoop(engine_factory(engine_config, name), observer=metrics)
+    return create_app(loop, metrics, settings), loop
+
+
+def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float, log_level: str = "info"):
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=shutdown_grace_seconds, timeout_keep_alive=5)
+    return uvicorn.Server(config)
+
+
+def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
+               log_level: str = "info") -> int:
+    """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load."""
+    server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level)
+
+    def exit_if_load_fails() -> None:
+        engine_loop.ready.wait()
+        if engine_loop.load_error is not None:
+            server.should_exit = True
+
+    threading.Thread(target=exit_if_load_fails, name="pagedinfer-load-watch", daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run()
+    if engine_loop.load_error is not None:
+        logger.error("the model could not be loaded: %s", engine_loop.load_error)
+        return 1
+    return 0
