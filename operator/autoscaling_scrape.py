@@ -1,0 +1,161 @@
+"""Reading the engines' metrics over HTTP (the I/O edge of the autoscaler).
+
+Two sources, one result shape (pod name -> what was read, None = failed):
+
+- direct: GET each ready pod's /metrics with aiohttp, at most `concurrency`
+  at a time, each bounded by `timeout_seconds` and by a response size cap,
+  and parse it (autoscaling_metrics.parse_pod_metrics). A timeout, a refused
+  connection, a non-200 answer, an oversized body or garbage text fails that
+  pod only; the error is logged and never raised.
+- prometheus: instant queries against the Prometheus HTTP API
+  (`/api/v1/query`) for the same series, selected by the `namespace` and
+  `pod` labels that the usual Kubernetes scrape configuration attaches; the
+  hit-rate counters come as `increase(...[window])`, so Prometheus does the
+  reset handling. A failed query fails every pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from pagedinfer.operator.autoscaling_metrics import (
+    HITS_SERIES,
+    KV_USAGE_SERIES,
+    QUERIES_SERIES,
+    WAITING_SERIES,
+    MetricsParseError,
+    PodReading,
+    PodScrape,
+    parse_pod_metrics,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_METRICS_BYTES = 4 << 20
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    """A ready pod and the URL of its engine's /metrics."""
+
+    name: str
+    metrics_url: str
+
+    def __post_init__(self) -> None:
+        if not self.metrics_url.startswith(("http://", "https://")):
+            raise ValueError(f"metrics_url must be an http(s) URL, got {self.metrics_url!r}")
+
+
+async def scrape_pods(
+    session: aiohttp.ClientSession,
+    targets: Sequence[PodTarget],
+    timeout_seconds: float,
+    concurrency: int,
+    model_name: str | None = None,
+) -> dict[str, PodScrape | None]:
+    """Scrape every target; a pod whose scrape fails maps to None."""
+    if timeout_seconds <= 0:
+        raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(target: PodTarget) -> PodScrape | None:
+        async with gate:
+            try:
+                text = await asyncio.wait_for(_get_text(session, target.metrics_url), timeout_seconds)
+                return parse_pod_metrics(text, model_name)
+            except (asyncio.TimeoutError, aiohttp.ClientError, MetricsParseError, UnicodeDecodeError, OSError) as e:
+                logger.warning("scrape of pod %s failed: %s", target.name, _describe(e))
+                return None
+
+    results = await asyncio.gather(*(one(t) for t in targets))
+    return {t.name: r for t, r in zip(targets, results)}
+
+
+async def _get_text(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url, allow_redirects=False) as response:
+        if response.status != 200:
+            raise aiohttp.ClientResponseError(
+                response.request_info, (), status=response.status, message=f"HTTP {response.status}"
+            )
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > MAX_METRICS_BYTES:
+                raise MetricsParseError(f"body larger than {MAX_METRICS_BYTES} bytes")
+        return body.decode("utf-8")
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(e).__name__}: {e}"
+
+
+async def query_prometheus(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    namespace: str,
+    pod_names: Sequence[str],
+    window_seconds: float,
+    timeout_seconds: float,
+) -> dict[str, PodReading | None]:
+    """Per-pod readings from a Prometheus server; every pod None if any query fails."""
+    for name in (namespace, *pod_names):
+        if not _DNS_NAME.fullmatch(name):
+            raise ValueError(f"pod and namespace names must be DNS names, got {name!r}")
+    if not pod_names:
+        return {}
+    selector = f'{{namespace="{namespace}",pod=~"{"|".join(re.escape(p) for p in pod_names)}"}}'
+    window = f"[{max(1, round(window_seconds))}s]"
+    queries = {
+        "kv": f"{KV_USAGE_SERIES}{selector}",
+        "waiting": f"{WAITING_SERIES}{selector}",
+        "queries": f"increase({QUERIES_SERIES}{selector}{window})",
+        "hits": f"increase({HITS_SERIES}{selector}{window})",
+    }
+    try:
+        results = {
+            key: await asyncio.wait_for(_instant_query(session, base_url, q), timeout_seconds)
+            for key, q in queries.items()
+        }
+    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError, IndexError, OSError) as e:
+        logger.warning("prometheus query at %s failed: %s", base_url, _describe(e))
+        return {p: None for p in pod_names}
+    readings = {}
+    for pod in pod_names:
+        queried, hit = results["queries"].get(pod), results["hits"].get(pod)
+        if queried is None or hit is None:
+            queried = hit = None
+        readings[pod] = PodReading(results["kv"].get(pod), results["waiting"].get(pod), queried, hit)
+    return readings
+
+
+async def _instant_query(session: aiohttp.ClientSession, base_url: str, query: str) -> Mapping[str, float]:
+    """pod -> value of an instant vector query (series summed per pod)."""
+    url = base_url.rstrip("/") + "/api/v1/query"
+    async with session.get(url, params={"query": query}, allow_redirects=False) as response:
+        if response.status != 200:
+            raise ValueError(f"HTTP {response.status} from {url}")
+        body = await response.json(content_type=None)
+    if not isinstance(body, dict) or body.get("status") != "success":
+        raise ValueError(f"query failed: {str(body)[:200]}")
+    data = body.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
+    per_pod: dict[str, float] = {}
+    for series in data.get("result", []):
+        pod = (series.get("metric") or {}).get("pod")
+        value = float(series["value"][1])
+        if pod is None or not value >= 0 or value == float("inf"):
+            continue
+        per_pod[pod] = per_pod.get(pod, 0.0) + value
+    return per_pod
