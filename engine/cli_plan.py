@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.hf_config import load_hf_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,20 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_config(path: str) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"--model: no config.json at {p}")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--model: {p} is not valid JSON: {exc}") from None
-
-
 def run(args: argparse.Namespace) -> int:
-    shape = sizing.ModelShape.from_hf_config(load_config(args.model), dtype=args.dtype)
+    shape = sizing.ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype)
     result = sizing.plan_kv_cache(sizing.SizingInputs(
         shape=shape,
         gpu_memory_bytes=sizing.parse_bytes(args.gpu_memory, name="--gpu-memory"),

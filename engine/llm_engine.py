@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -49,6 +50,10 @@ class LLMEngine:
         from pagedinfer.engine.sampler import Sampler
 
         self.config = config
+        for name, path in (("model", config.model), ("tokenizer", config.tokenizer)):
+            if path is not None and not Path(path).is_dir():
+                raise ValueError(f"{name}: {path!r} is not a local directory; models load from a directory"
+                                 " holding config.json, safetensors weights and the tokenizer (no downloads)")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.tokenizer or config.model)
         self.runner = ModelRunner(config)
         model_max = self.runner.max_position_embeddings
@@ -130,6 +135,8 @@ class LLMEngine:
                 f"max_tokens: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens}"
                 f" exceeds max_model_len={self.max_model_len}; lower max_tokens to at most"
                 f" {self.max_model_len - n}")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n: {params.n} completions exceed max_num_seqs={self.config.max_num_seqs}")
         if params.logprobs is not None and params.logprobs > self.runner.vocab_size:
             raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
 

@@ -11,15 +11,14 @@ the implementation were not set).
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import torch
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.attention import StepContext, register
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.hf_config import load_hf_config
 from pagedinfer.engine.scheduler import SchedulerOutput
 from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata
@@ -48,16 +47,6 @@ def resolve_dtype(name: str, model_config: dict, device: torch.device) -> torch.
     return dtype
 
 
-def read_model_config(model_dir: str) -> dict:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"model: no config.json in {model_dir!r} (expected a Hugging Face model directory)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"model: {path} is not valid JSON: {exc}") from None
-
-
 def check_rope(model_config: dict) -> None:
     """Reject RoPE variants whose factors depend on the longest position in a batch."""
     cfg = model_config.get("text_config") or model_config
@@ -76,7 +65,7 @@ class ModelRunner:
 
         self.config = config
         self.device = resolve_device(config.device)
-        self.hf_config_dict = read_model_config(config.model)
+        self.hf_config_dict = load_hf_config(config.model)
         check_rope(self.hf_config_dict)
         self.dtype = resolve_dtype(config.dtype, self.hf_config_dict, self.device)
         attn_name = register()

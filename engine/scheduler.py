@@ -122,8 +122,11 @@ class Scheduler:
 
         # 3. admit waiting sequences, FCFS
         if not preempted and not self.swapped:
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            while self.waiting and budget > 0:
                 seq = self.waiting[0]
+                # a request with n > 1 reserves the seats of the children it will fork
+                if len(self.running) + 1 + seq.num_forks_pending > self.config.max_num_seqs:
+                    break
                 hits = self.kv.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
                 num_hit_tokens = len(hits) * self.kv.block_size
                 remaining = seq.num_tokens - seq.num_computed_tokens - num_hit_tokens

@@ -1,0 +1,184 @@
+"""Scheduler + KV cache manager, driven without a model.
+
+The driver plays the model runner: after each step, sequences whose tokens are
+all computed get one new token. A hypothesis state machine runs random
+add/step/abort/fork sequences in both preemption modes and checks the pool's
+invariants after every rule; no block leaks and none is freed twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.kv_cache_manager import KVCacheManager
+from pagedinfer.engine.sampling_params import SamplingParams
+from pagedinfer.engine.scheduler import Scheduler
+from pagedinfer.engine.sequence import Sequence, SequenceStatus
+
+
+def make(num_blocks=16, block_size=4, mode="recompute", budget=16, max_seqs=4, chunked=True, cpu=16):
+    cfg = EngineConfig(model="unused", block_size=8, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
+                       preemption_mode=mode, enable_chunked_prefill=chunked, watermark=0.0)
+    kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=cpu, watermark=0.0)
+    return Scheduler(cfg, kv, max_model_len=num_blocks * block_size), kv
+
+
+def new_seq(tokens, t, rid=None):
+    return Sequence(request_id=rid or f"r{t}", prompt_token_ids=list(tokens), params=SamplingParams(),
+                    arrival_time=float(t))
+
+
+def step(sched):
+    out = sched.schedule()
+    sched.after_step(out)
+    for item in out.scheduled:
+        s = item.seq
+        if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens:
+            s.token_ids.append(7)
+    return out
+
+
+def test_decodes_and_a_chunked_prefill_share_one_step():
+    sched, _ = make(num_blocks=32, budget=8)
+    a = new_seq(range(3), 0)
+    sched.add(a)
+    step(sched)  # a prefilled, now decoding
+    b = new_seq(range(20), 1)
+    sched.add(b)
+    out = step(sched)
+    assert [(i.seq, i.num_new_tokens) for i in out.scheduled] == [(a, 1), (b, 7)]
+    assert out.num_batched_tokens == 8
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget():
+    sched, _ = make(num_blocks=32, budget=16, chunked=False)
+    a, b = new_seq(range(10), 0), new_seq(range(10), 1)
+    sched.add(a)
+    sched.add(b)
+    out = step(sched)
+    assert [i.seq for i in out.scheduled] == [a]  # b (10 tokens) does not fit the remaining 6
+
+
+def test_preemption_takes_the_latest_arrival_and_it_comes_back_first():
+    sched, kv = make(num_blocks=4, block_size=4, budget=64)
+    a, b = new_seq(range(7), 0), new_seq(range(7), 1)
+    sched.add(a)
+    sched.add(b)
+    step(sched)  # both hold 2 blocks: the pool is full
+    out = step(sched)  # a's 8th token fits block 2; b's 8th does too
+    out = step(sched)  # a needs a 3rd block: b (latest) is preempted
+    assert b in out.preempted and a not in out.preempted
+    assert sched.waiting[0] is b and b.num_computed_tokens == 0
+    assert sched.counters.num_preemptions["recompute"] == 1
+    kv.check_invariants()
+
+
+def test_swap_mode_moves_the_victim_to_host_memory():
+    sched, kv = make(num_blocks=4, block_size=4, budget=64, mode="swap")
+    a, b = new_seq(range(7), 0), new_seq(range(7), 1)
+    for s in (a, b):
+        sched.add(s)
+    for _ in range(3):
+        out = step(sched)
+    assert b.status is SequenceStatus.SWAPPED and out.blocks_to_swap_out
+    sched.finish(a, "stop")
+    out = step(sched)
+    assert b.status is SequenceStatus.RUNNING and out.blocks_to_swap_in
+    kv.check_invariants()
+
+
+def test_head_of_line_request_is_not_starved_by_later_small_ones():
+    sched, _ = make(num_blocks=6, block_size=4, budget=64)
+    big = new_seq(range(24), 0)  # needs all 6 blocks
+    filler = new_seq(range(3), -1)
+    sched.add(filler)
+    step(sched)
+    sched.add(big)
+    small = new_seq(range(2), 1)
+    sched.add(small)
+    out = step(sched)
+    assert big not in [i.seq for i in out.scheduled]
+    assert small not in [i.seq for i in out.scheduled], "FCFS: a later request must not jump the queue"
+    assert sched.counters.num_allocation_failures >= 1
+    sched.finish(filler, "stop")
+    out = step(sched)
+    assert [i.seq for i in out.scheduled][0] is big
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.ids = itertools.count()
+        self.live: list[Sequence] = []
+
+    @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]))
+    def configure(self, mode, cpu):
+        if not hasattr(self, "sched"):
+            self.sched, self.kv = make(num_blocks=12, block_size=4, mode=mode, budget=12, cpu=cpu)
+
+    def _ready(self):
+        return hasattr(self, "sched")
+
+    @precondition(_ready)
+    @rule(length=st.integers(1, 20), prefix=st.sampled_from([0, 4, 8]))
+    def add(self, length, prefix):
+        t = next(self.ids)
+        tokens = [1] * prefix + [t % 50 + 2] * length
+        if len(tokens) + 8 > self.sched.max_model_len:
+            return
+        s = new_seq(tokens, t)
+        self.sched.add(s)
+        self.live.append(s)
+
+    @precondition(_ready)
+    @rule()
+    def run_step(self):
+        out = step(self.sched)
+        assert out.num_batched_tokens <= self.sched.config.max_num_batched_tokens
+        assert len(self.sched.running) <= self.sched.config.max_num_seqs
+        for s in list(self.live):
+            if s.num_output_tokens >= 6 and not s.is_finished:
+                self.sched.finish(s, "length")
+                self.live.remove(s)
+
+    @precondition(lambda self: self._ready() and self.live)
+    @rule(data=st.data())
+    def abort(self, data):
+        s = data.draw(st.sampled_from(self.live))
+        self.sched.finish(s, "abort")
+        self.live.remove(s)
+
+    @precondition(lambda self: self._ready() and len(self.sched.running) < self.sched.config.max_num_seqs and any(
+        s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1 for s in self.live))
+    @rule()
+    def fork(self):
+        parent = next(s for s in self.live
+                      if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1)
+        child = new_seq(parent.prompt_token_ids, next(self.ids))
+        child.token_ids = list(parent.token_ids)
+        self.sched.fork(parent, child)
+        self.live.append(child)
+
+    @invariant()
+    def pool_is_consistent(self):
+        if self._ready():
+            self.kv.check_invariants()
+            stats = self.kv.stats()
+            assert stats.num_free_blocks + stats.num_used_blocks == stats.num_total_blocks
+
+    def teardown(self):
+        if self._ready():
+            for s in self.live:
+                self.sched.finish(s, "abort")
+            self.kv.check_invariants()
+            assert self.kv.stats().num_free_blocks == self.kv.stats().num_total_blocks
+            assert self.kv.stats().num_free_cpu_blocks == self.kv.num_cpu_blocks
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
