@@ -172,13 +172,39 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     return out
 
 
+def check_block_mapping(block_mapping: torch.Tensor, num_src_blocks: int, num_dst_blocks: int,
+                        disjoint: bool) -> None:
+    """A `[n, 2]` int64 mapping of `(src, dst)` block ids; ValueError naming what is wrong.
+
+    Destinations must be distinct (and, with `disjoint`, never also a source:
+    copies within one cache run in parallel). Ids are range-checked only when
+    the mapping is on the host: checking a device tensor would stall the GPU.
+    """
+    if block_mapping.dtype != torch.int64 or block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping must be an int64 [n, 2] tensor of (src, dst) block ids, "
+                         f"got {block_mapping.dtype} {tuple(block_mapping.shape)}")
+    if block_mapping.device.type != "cpu" or block_mapping.numel() == 0:
+        return
+    src, dst = block_mapping[:, 0], block_mapping[:, 1]
+    if int(src.min()) < 0 or int(src.max()) >= num_src_blocks:
+        raise ValueError(f"block_mapping: source block ids must be in [0, {num_src_blocks})")
+    if int(dst.min()) < 0 or int(dst.max()) >= num_dst_blocks:
+        raise ValueError(f"block_mapping: destination block ids must be in [0, {num_dst_blocks})")
+    if dst.unique().numel() != dst.numel():
+        raise ValueError("block_mapping: destination block ids must be distinct")
+    if disjoint and torch.isin(dst, src).any():
+        raise ValueError("block_mapping: a destination block is also a source block")
+
+
 def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
                 block_mapping: torch.Tensor) -> None:
     """Copy block `src` to block `dst` for each row `(src, dst)` of `block_mapping`, in every layer.
 
-    All sources are read before any destination is written; destinations must
-    be distinct (copy-on-write hands out fresh blocks).
+    Copy-on-write hands out fresh blocks: destinations are distinct and never sources.
     """
+    if not key_caches:
+        raise ValueError("key_caches is empty")
+    check_block_mapping(block_mapping, key_caches[0].shape[0], key_caches[0].shape[0], disjoint=True)
     if block_mapping.numel() == 0:
         return
     src = block_mapping[:, 0].to(key_caches[0].device)
@@ -196,6 +222,7 @@ def swap_blocks(src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping:
     `block_dim` names the block axis (0 for a per-layer cache, 2 for the whole
     `[2, num_layers, num_blocks, ...]` allocation: all layers in one transfer).
     """
+    check_block_mapping(block_mapping, src_cache.shape[block_dim], dst_cache.shape[block_dim], disjoint=False)
     if block_mapping.numel() == 0:
         return
     src = block_mapping[:, 0].to(src_cache.device)

@@ -42,3 +42,31 @@ def test_torch_backend_attention_matches_dense(monkeypatch):
     out = dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
                                    problem.scale)
     torch.testing.assert_close(out, dense_attention(problem), rtol=1e-5, atol=1e-5)
+
+
+def test_forced_triton_runs_the_triton_kernels(monkeypatch):
+    problem = make_problem([4, 9], [1, 3], 2, 2, head_dim=272, block_size=8)
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
+                             problem.scale)
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    with pytest.raises(ValueError, match="at most 256"):
+        dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
+                                 problem.scale)
+
+
+def test_every_op_agrees_across_backends(monkeypatch):
+    problem = make_problem([6, 19], [1, 11], 4, 2, head_dim=16, block_size=8, dtype=torch.float16)
+    key = torch.randn(problem.metadata.num_tokens, 2, 16).half()
+    results = {}
+    for backend in dispatch.BACKENDS:
+        monkeypatch.setenv(dispatch.ENV_VAR, backend)
+        key_cache, value_cache = problem.key_cache.clone(), problem.value_cache.clone()
+        dispatch.write_kv(key, -key, key_cache, value_cache, problem.metadata.slot_mapping)
+        out = dispatch.paged_attention(problem.query, key_cache, value_cache, problem.metadata, problem.scale)
+        dispatch.copy_blocks([key_cache], [value_cache], torch.tensor([[0, 1]]))
+        host = torch.zeros_like(key_cache)
+        dispatch.swap_blocks(key_cache, host, torch.tensor([[1, 2]]))
+        results[backend] = (out, key_cache, value_cache, host)
+    for torch_result, triton_result in zip(results["torch"], results["triton"]):
+        torch.testing.assert_close(triton_result, torch_result, rtol=3e-3, atol=3e-3, equal_nan=True)

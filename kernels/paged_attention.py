@@ -1,0 +1,185 @@
+"""Launchers of the paged attention kernels: decode, prefill, and the mixed batch of a step.
+
+`paged_attention_triton` runs the decode launcher on the step's first
+`num_decode_seqs` sequences and the prefill launcher on the rest, both
+writing into one output. The kernels are in `attention_kernels.py`, the
+torch reference they are tested against in `reference.py`.
+
+Tile shapes (defaults, overridable for tuning):
+
+- decode: one query token, `BLOCK_M = max(16, group)` rows (`tl.dot` needs
+  16), `TILE_N = 64` keys per iteration (32 for head_dim 256);
+- prefill: `BLOCK_M = 64` rows (32 for head_dim 256) = `BLOCK_Q` query tokens
+  x the group's heads, same key tiles.
+
+Split-K for decodes (`choose_num_splits`): a decode batch of n sequences
+has only `n * num_kv_heads` programs; when that is too few to occupy the GPU
+(fewer than `PROGRAMS_PER_SM` per multiprocessor) and contexts are long, each
+program's keys are split over several programs whose partial results a
+second kernel merges. Splits never go below `MIN_TOKENS_PER_SPLIT` keys or
+above `MAX_SPLITS`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from pagedinfer.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
+from pagedinfer.kernels.metadata import AttentionMetadata
+
+LOG2_E = 1.4426950408889634
+PROGRAMS_PER_SM = 4
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Key splits per decode program: enough programs to fill the GPU, never tiny splits."""
+    programs = num_seqs * num_kv_heads
+    wanted = math.ceil(PROGRAMS_PER_SM * num_sms / max(programs, 1))
+    return max(1, min(wanted, MAX_SPLITS, max_seq_len // MIN_TOKENS_PER_SPLIT))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def check_attention_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           metadata: AttentionMetadata) -> None:
+    """Shapes, dtypes, strides and devices the kernels rely on; ValueError naming the argument."""
+    if query.dim() != 3:
+        raise ValueError(f"query must be [num_tokens, num_heads, head_dim], got shape {tuple(query.shape)}")
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError("key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
+                         f"head_dim], got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}")
+    if key_cache.stride() != value_cache.stride():
+        raise ValueError(f"key_cache and value_cache strides differ: {key_cache.stride()} vs {value_cache.stride()}")
+    if key_cache.dtype not in CACHE_DTYPES or value_cache.dtype != key_cache.dtype:
+        raise ValueError(f"key_cache/value_cache dtype must be one of {CACHE_DTYPES} and equal, "
+                         f"got {key_cache.dtype} and {value_cache.dtype}")
+    if query.dtype not in CACHE_DTYPES:
+        raise ValueError(f"query dtype must be one of {CACHE_DTYPES}, got {query.dtype}")
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[2]
+    if key_cache.shape[3] != head_dim or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim: query has {head_dim}, cache has {key_cache.shape[3]} (at most {MAX_HEAD_DIM})")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads = {num_heads} must be a multiple of num_kv_heads = {num_kv_heads}")
+    if query.stride(-1) != 1 or key_cache.stride(-1) != 1:
+        raise ValueError("query and the caches must have a unit stride along head_dim")
+    if query.shape[0] != metadata.num_tokens:
+        raise ValueError(f"query has {query.shape[0]} tokens, metadata has {metadata.num_tokens}")
+    devices = {t.device for t in (query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens,
+                                  metadata.query_start_loc)}
+    if len(devices) != 1:
+        raise ValueError(f"query, caches and metadata tensors must share one device, got {sorted(map(str, devices))}")
+    if metadata.block_tables.shape[1] and metadata.block_tables.stride(1) != 1:
+        raise ValueError("metadata.block_tables must have a unit stride along its rows")
+
+
+def _launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata,
+            out: torch.Tensor, scale: float, sliding_window: int | None, first_seq: int, num_seqs: int,
+            block_q: int, block_m: int, tile_n: int, num_splits: int, num_q_tiles: int,
+            num_warps: int, num_stages: int) -> None:
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
+    group = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    use_splits = num_splits > 1
+    if use_splits:
+        partial_out = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32,
+                                  device=query.device)
+        partial_max = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=query.device)
+        partial_sum = torch.empty_like(partial_max)
+    else:
+        partial_out = partial_max = partial_sum = out
+    grid = (num_seqs * num_q_tiles, num_kv_heads, num_splits)
+    paged_attention_kernel[grid](
+        out, partial_out, partial_max, partial_sum,
+        query, key_cache, value_cache,
+        metadata.block_tables, metadata.seq_lens, metadata.query_start_loc,
+        scale * LOG2_E, sliding_window or 0, first_seq, num_q_tiles, num_splits, num_heads,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), metadata.block_tables.stride(0),
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_M=block_m,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        HAS_WINDOW=sliding_window is not None, USE_SPLITS=use_splits,
+        DOT_PRECISION="ieee" if key_cache.dtype == torch.float32 else None,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if use_splits:
+        merge_splits_kernel[(num_tokens, num_heads)](
+            out, partial_out, partial_max, partial_sum, num_splits, num_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
+        )
+
+
+def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     metadata: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                     out: torch.Tensor | None = None, *, num_splits: int | None = None, tile_n: int | None = None,
+                     num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """Attention of the step's decodes (its first `num_decode_seqs` sequences, one query token each).
+
+    `query` may hold the whole step; rows past the decodes are left untouched in `out`.
+    """
+    check_attention_inputs(query, key_cache, value_cache, metadata)
+    out = torch.empty_like(query) if out is None else out
+    num_seqs = metadata.num_decode_seqs
+    if num_seqs == 0:
+        return out
+    max_seq_len = max(metadata.seq_lens_cpu[:num_seqs])
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, key_cache.shape[2], max_seq_len, _num_sms(query.device))
+    head_dim = query.shape[2]
+    group_pad = triton.next_power_of_2(query.shape[1] // key_cache.shape[2])
+    tile_n = tile_n or (64 if head_dim <= 128 else 32)
+    _launch(query[:num_seqs], key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=0,
+            num_seqs=num_seqs, block_q=1, block_m=max(16, group_pad), tile_n=tile_n, num_splits=num_splits,
+            num_q_tiles=1, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      metadata: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                      out: torch.Tensor | None = None, *, block_m: int | None = None, tile_n: int | None = None,
+                      num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """Attention of the step's prefill chunks (sequences `num_decode_seqs` onwards), causal over cache + chunk.
+
+    Rows of the decodes are left untouched in `out`.
+    """
+    check_attention_inputs(query, key_cache, value_cache, metadata)
+    out = torch.empty_like(query) if out is None else out
+    first_seq = metadata.num_decode_seqs
+    num_seqs = metadata.num_seqs - first_seq
+    if num_seqs == 0:
+        return out
+    head_dim = query.shape[2]
+    group_pad = triton.next_power_of_2(query.shape[1] // key_cache.shape[2])
+    block_m = block_m or (64 if head_dim <= 128 else 32)
+    block_q = max(1, block_m // group_pad)
+    block_m = max(block_m, group_pad * block_q, 16)
+    tile_n = tile_n or (64 if head_dim <= 128 else 32)
+    num_q_tiles = triton.cdiv(max(metadata.query_lens_cpu[first_seq:]), block_q)
+    _launch(query, key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=first_seq,
+            num_seqs=num_seqs, block_q=block_q, block_m=block_m, tile_n=tile_n, num_splits=1,
+            num_q_tiles=num_q_tiles, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def paged_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           metadata: AttentionMetadata, scale: float,
+                           sliding_window: int | None = None) -> torch.Tensor:
+    """The step's attention: decode kernel for the decodes, prefill kernel for the rest, one output."""
+    out = torch.empty_like(query)
+    decode_attention(query, key_cache, value_cache, metadata, scale, sliding_window, out)
+    prefill_attention(query, key_cache, value_cache, metadata, scale, sliding_window, out)
+    return out
