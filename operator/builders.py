@@ -1,0 +1,311 @@
+"""Pure builders: an InferenceService spec and its KV plan in, child manifests (dicts) out.
+
+No I/O and no kopf here; the reconciler applies what these return. Every
+manifest passes `kubernetes-validate --strict` (a test checks 1.30 and the
+newest schema the library ships).
+
+Rollouts: the pod template carries `serving.pagedinfer.dev/config-hash`, a
+hash of everything that changes the engine process (command line, image,
+env, resources, volumes). A spec change that alters the engine changes the
+hash and so rolls the Deployment; a change of `spec.replicas` does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
+from pagedinfer.operator.planning import KVCachePlan, placement_for
+
+HTTP_PORT = 8000
+CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
+SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
+OWNER_LABEL = f"{API_GROUP}/inferenceservice"
+MANAGED_BY = "pagedinfer-operator"
+MODEL_CACHE_PATH = "/cache"
+PVC_MODEL_ROOT = "/mnt/models"
+RUN_AS_USER = 1000
+# Generous: a 70B model can take many minutes to load from a cold cache.
+STARTUP_PROBE_SECONDS = 1800
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService that owns the children (for ownerReferences and names)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "pagedinfer-engine", "app.kubernetes.io/instance": name}
+
+
+def selector_string(name: str) -> str:
+    """`status.selector` for the scale subresource (what HPA lists pods with)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def common_labels(name: str) -> dict[str, str]:
+    return {
+        **selector_labels(name),
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        OWNER_LABEL: name,
+    }
+
+
+def service_url(owner: Owner) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{HTTP_PORT}"
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _model_arg_and_mounts(spec: InferenceServiceSpec) -> tuple[list[str], list[dict], list[dict], list[dict]]:
+    """(--model args, volumes, volumeMounts, env) for spec.model.uri."""
+    uri = spec.model.uri
+    if uri is None:
+        return [], [], [], []
+    if uri.scheme == "hf":
+        offline = [] if spec.model.allow_download else [{"name": "HF_HUB_OFFLINE", "value": "1"}]
+        revision = [] if spec.model.revision == "main" else ["--revision", spec.model.revision]
+        return ["--model", uri.repo_id or "", *revision], [], [], offline
+    if uri.scheme == "pvc":
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": uri.claim_name, "readOnly": True}}
+        mount = {"name": "model", "mountPath": PVC_MODEL_ROOT, "readOnly": True}
+        path = f"{PVC_MODEL_ROOT}/{uri.path}" if uri.path else PVC_MODEL_ROOT
+        return ["--model", path], [volume], [mount], []
+    if uri.scheme == "file":
+        volume = {"name": "model", "hostPath": {"path": uri.path, "type": "Directory"}}
+        mount = {"name": "model", "mountPath": uri.path, "readOnly": True}
+        return ["--model", uri.path or ""], [volume], [mount], []
+    return ["--model", uri.raw], [], [], []
+
+
+def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
+    """The `pagedinfer serve` command line (after the executable)."""
+    e = spec.engine
+    model_args = _model_arg_and_mounts(spec)[0]
+    args = ["serve", *model_args, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+            "--block-size", str(e.block_size),
+            "--gpu-memory-utilization", repr(e.gpu_memory_utilization)]
+    if plan.num_gpu_blocks is not None:
+        args += ["--num-gpu-blocks-override", str(plan.num_gpu_blocks)]
+    if e.max_model_len is not None:
+        args += ["--max-model-len", str(e.max_model_len)]
+    args += [
+        "--max-num-seqs", str(e.max_num_seqs),
+        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+        "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill",
+        "--swap-space", f"{e.swap_space_gib:g}",
+        "--tensor-parallel-size", str(e.tensor_parallel_size),
+        "--dtype", spec.model.dtype,
+        "--served-model-name", spec.served_model_name,
+        *e.extra_args,
+    ]
+    return args
+
+
+def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    r = spec.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if r.cpu:
+        requests["cpu"] = r.cpu
+    if r.memory:
+        requests["memory"] = limits["memory"] = r.memory
+    if r.gpus:
+        limits["nvidia.com/gpu"] = str(r.gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _env(spec: InferenceServiceSpec, model_env: list[dict]) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+        {"name": "HF_HOME", "value": f"{MODEL_CACHE_PATH}/huggingface"},
+        *model_env,
+    ]
+    ref = spec.engine.api_key_secret_ref
+    if ref is not None:
+        env.append({"name": "PAGEDINFER_API_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env.extend(dict(item) for item in spec.engine.env)
+    return env
+
+
+def _probe(path: str, period_seconds: int, failure_threshold: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_seconds,
+            "timeoutSeconds": 5, "failureThreshold": failure_threshold}
+
+
+def _hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
+    _, model_volumes, model_mounts, model_env = _model_arg_and_mounts(spec)
+    placement = placement_for(spec)
+    cache_volume: dict[str, Any] = (
+        {"name": "model-cache", "persistentVolumeClaim": {"claimName": spec.model.cache_claim_name}}
+        if spec.model.cache_claim_name else {"name": "model-cache", "emptyDir": {}}
+    )
+    container = {
+        "name": "engine",
+        "image": spec.engine.image,
+        "command": ["pagedinfer"],
+        "args": engine_args(spec, plan),
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "env": _env(spec, model_env),
+        "resources": _resources(spec),
+        "volumeMounts": [
+            {"name": "model-cache", "mountPath": MODEL_CACHE_PATH},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+            *model_mounts,
+        ],
+        "startupProbe": _probe("/health", 10, STARTUP_PROBE_SECONDS // 10),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 15, 4),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            cache_volume,
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+            *model_volumes,
+        ],
+    }
+    if placement.node_selector:
+        pod["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod["tolerations"] = [dict(t) for t in placement.tolerations]
+    if placement.affinity:
+        pod["affinity"] = dict(placement.affinity)
+    return pod
+
+
+def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
+    pod_spec = build_pod_spec(spec, plan)
+    config_hash = _hash(pod_spec)
+    labels = common_labels(owner.name)
+    strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+                if spec.resources.gpus else
+                {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "replicas": spec.effective_replicas,
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": STARTUP_PROBE_SECONDS + 600,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "strategy": strategy,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        CONFIG_HASH_ANNOTATION: config_hash,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(HTTP_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+    return with_spec_hash(deployment)
+
+
+def build_service(owner: Owner) -> dict[str, Any]:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "labels": common_labels(owner.name),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name),
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return with_spec_hash(service)
+
+
+def with_spec_hash(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Stamp the hash of the desired spec+labels, so an unchanged child costs one GET and no PATCH."""
+    desired = {"spec": manifest["spec"], "labels": manifest["metadata"].get("labels")}
+    manifest["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _hash(desired)}
+    return manifest
+
+
+def config_hash(deployment: dict[str, Any]) -> str:
+    return deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+
+
+OPTIONAL_POD_FIELDS = ("nodeSelector", "tolerations", "affinity")
+
+
+def patch_for(desired: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch that makes an existing child equal to `desired` in what the operator manages.
+
+    Lists (containers, volumes, ports) are replaced whole by a merge patch;
+    optional pod fields the spec no longer sets are deleted explicitly (null).
+    Server-set fields (clusterIP, status, defaults) are left alone.
+    """
+    patch = {
+        "metadata": {key: desired["metadata"][key] for key in ("labels", "annotations", "ownerReferences")},
+        "spec": copy.deepcopy(desired["spec"]),
+    }
+    pod = patch["spec"].get("template", {}).get("spec")
+    if pod is not None:
+        for key in OPTIONAL_POD_FIELDS:
+            pod.setdefault(key, None)
+    return patch

@@ -1,0 +1,147 @@
+"""The built Deployment and Service are valid Kubernetes objects that run the sized engine safely."""
+
+import kubernetes_validate
+import pytest
+
+from pagedinfer.operator import builders, planning
+from pagedinfer.operator.crd_model import parse_spec
+
+OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
+ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
+KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+
+SPECS = {
+    "hf": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": ARCH},
+           "engine": {"apiKeySecretRef": {"name": "key"}, "env": [{"name": "LOG_LEVEL", "value": "debug"}],
+                      "extraArgs": ["--disable-log-requests"]},
+           "resources": {"gpus": 1, "cpu": "4", "memory": "32Gi", "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+               "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}},
+    "pvc": {"model": {"uri": "pvc://models/llama/8b", "architecture": ARCH, "cacheClaimName": "hf-cache"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
+    "file": {"model": {"uri": "file:///models/llama", "architecture": ARCH}, "engine": {"tensorParallelSize": 2},
+             "resources": {"gpus": 2}},
+    "s3": {"model": {"uri": "s3://bucket/llama", "architecture": ARCH}, "engine": {"numGpuBlocksOverride": 100}},
+    "cpu": {"resources": {"gpus": 0}, "engine": {"enablePrefixCaching": False, "enableChunkedPrefill": False,
+                                                 "maxModelLen": 512}},
+}
+
+
+def plan_of(spec):
+    shape = planning.shape_from_architecture(spec.model.architecture, "auto") if spec.model.architecture else None
+    if spec.resources.gpus == 0 or spec.engine.num_gpu_blocks_override:
+        return planning.plan_for(spec, shape, None, "engine")
+    return planning.plan_for(spec, shape, 81559 * 2**20, "node-labels")
+
+
+def built(key):
+    spec = parse_spec(OWNER.name, SPECS[key])
+    plan = plan_of(spec)
+    return spec, plan, builders.build_deployment(OWNER, spec, plan), builders.build_service(OWNER)
+
+
+def container(deployment):
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("key", sorted(SPECS))
+def test_every_manifest_passes_strict_kubernetes_validation(key, version):
+    _, _, deployment, service = built(key)
+    for manifest in (deployment, service, {**deployment, **builders.patch_for(deployment),
+                                           "apiVersion": "apps/v1", "kind": "Deployment"}):
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_engine_gets_the_sized_block_count_and_every_flag():
+    spec, plan, deployment, _ = built("hf")
+    args = container(deployment)["args"]
+    assert container(deployment)["command"] == ["pagedinfer"] and args[0] == "serve"
+    flags = dict(zip(args[1::2], args[2::2]))
+    assert flags["--num-gpu-blocks-override"] == str(plan.num_gpu_blocks)
+    assert flags["--model"] == "meta-llama/Meta-Llama-3-8B"
+    assert flags["--host"] == "0.0.0.0" and flags["--port"] == "8000"
+    assert flags["--served-model-name"] == "llama" and flags["--dtype"] == "auto"
+    assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
+    assert args[-1] == "--disable-log-requests"
+    cpu_args = container(built("cpu")[2])["args"]
+    assert "--no-enable-prefix-caching" in cpu_args and "--no-enable-chunked-prefill" in cpu_args
+    assert "--num-gpu-blocks-override" not in cpu_args and "--model" not in cpu_args
+
+
+def test_gpu_limits_port_probes_and_security_context():
+    _, _, deployment, service = built("hf")
+    c = container(deployment)
+    pod = deployment["spec"]["template"]["spec"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 1800
+    assert {"readinessProbe", "livenessProbe"} <= set(c)
+    assert c["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_children_are_owned_by_the_inference_service():
+    _, _, deployment, service = built("hf")
+    for child in (deployment, service):
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
+                       "name": "llama", "uid": OWNER.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def test_api_key_comes_from_the_secret_and_hf_models_are_offline_by_default():
+    _, _, deployment, _ = built("hf")
+    env = {e["name"]: e for e in container(deployment)["env"]}
+    assert env["PAGEDINFER_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "key", "key": "api-key"}}
+    assert env["HF_HUB_OFFLINE"]["value"] == "1" and env["LOG_LEVEL"]["value"] == "debug"
+    spec = parse_spec("llama", {"model": {"uri": "hf://a/b", "allowDownload": True, "architecture": ARCH}})
+    names = {e["name"] for e in container(builders.build_deployment(OWNER, spec, plan_of(spec)))["env"]}
+    assert "HF_HUB_OFFLINE" not in names
+
+
+def test_pvc_and_file_models_are_mounted_read_only():
+    _, _, pvc, _ = built("pvc")
+    volumes = {v["name"]: v for v in pvc["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "hf-cache"}
+    args = container(pvc)["args"]
+    assert args[args.index("--model") + 1] == "/mnt/models/llama/8b"
+    _, _, file_, _ = built("file")
+    mounts = {m["name"]: m for m in container(file_)["volumeMounts"]}
+    assert mounts["model"] == {"name": "model", "mountPath": "/models/llama", "readOnly": True}
+    assert container(file_)["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+def test_s3_uris_are_passed_as_is():
+    args = container(built("s3")[2])["args"]
+    assert args[args.index("--model") + 1] == "s3://bucket/llama"
+    assert args[args.index("--num-gpu-blocks-override") + 1] == "100"
+
+
+def test_an_engine_change_rolls_the_pods_and_a_replica_change_does_not():
+    spec = parse_spec("llama", {"model": {"architecture": ARCH}})
+    plan = plan_of(spec)
+    base = builders.build_deployment(OWNER, spec, plan)
+    more = builders.build_deployment(OWNER, parse_spec("llama", {"model": {"architecture": ARCH},
+                                                                 "replicas": 3}), plan)
+    longer = builders.build_deployment(OWNER, parse_spec("llama", {"model": {"architecture": ARCH},
+                                                                   "engine": {"maxNumSeqs": 64}}), plan)
+    assert builders.config_hash(more) == builders.config_hash(base) != builders.config_hash(longer)
+    assert more["spec"]["replicas"] == 3
+    spec_hash = builders.SPEC_HASH_ANNOTATION
+    assert more["metadata"]["annotations"][spec_hash] != base["metadata"]["annotations"][spec_hash]
+
+
+def test_the_update_patch_removes_pod_fields_the_spec_no_longer_sets():
+    spec = parse_spec("llama", {"model": {"architecture": ARCH}, "resources": {"gpus": 0}})
+    patch = builders.patch_for(builders.build_deployment(OWNER, spec, plan_of(spec)))
+    pod = patch["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] is None and pod["tolerations"] is None and pod["affinity"] is None
+
+
+def test_selector_string_matches_the_pod_labels():
+    assert builders.selector_string("x") == "app.kubernetes.io/instance=x,app.kubernetes.io/name=pagedinfer-engine"

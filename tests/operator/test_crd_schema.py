@@ -1,0 +1,111 @@
+"""The CRD is a valid Kubernetes object, its schema admits the examples, and its defaults are parse_spec's."""
+
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from pagedinfer.operator.crd_model import EngineSpec, parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((REPO / "crds" / "inferenceservices.yaml").read_text())
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def validator():
+    return jsonschema.Draft4Validator(SCHEMA)
+
+
+@pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
+def test_the_crd_manifest_validates(version):
+    kubernetes_validate.validate(CRD, version, strict=True)
+
+
+def test_names_scale_subresource_and_printer_columns():
+    names = CRD["spec"]["names"]
+    assert (CRD["spec"]["group"], names["kind"], names["plural"]) == (
+        "serving.pagedinfer.dev", "InferenceService", "inferenceservices")
+    assert "isvc" not in names["shortNames"]
+    assert VERSION["name"] == "v1alpha1"
+    assert VERSION["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas",
+                                                "statusReplicasPath": ".status.replicas",
+                                                "labelSelectorPath": ".status.selector"}
+    columns = [c["name"] for c in VERSION["additionalPrinterColumns"]]
+    assert {"Ready", "Replicas", "KV blocks", "Max tokens", "Age"} <= set(columns)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate_against_the_schema_and_the_operator(path):
+    doc = yaml.safe_load(path.read_text())
+    validator().validate(doc)
+    parse_spec(doc["metadata"]["name"], doc["spec"])
+
+
+def test_the_schema_rejects_what_the_operator_rejects():
+    bad = {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": {"engine": {"blockSize": 24}}}
+    with pytest.raises(jsonschema.ValidationError):
+        validator().validate(bad)
+    bad["spec"] = {"engine": {"gpuMemoryUtilization": 0}}
+    with pytest.raises(jsonschema.ValidationError):
+        validator().validate(bad)
+
+
+def test_schema_defaults_equal_the_operators_defaults():
+    engine = SCHEMA["properties"]["spec"]["properties"]["engine"]["properties"]
+    defaults = EngineSpec()
+    for field, attr in [("blockSize", "block_size"), ("gpuMemoryUtilization", "gpu_memory_utilization"),
+                        ("maxNumSeqs", "max_num_seqs"), ("maxNumBatchedTokens", "max_num_batched_tokens"),
+                        ("enablePrefixCaching", "enable_prefix_caching"),
+                        ("enableChunkedPrefill", "enable_chunked_prefill"), ("swapSpaceGiB", "swap_space_gib"),
+                        ("tensorParallelSize", "tensor_parallel_size"), ("image", "image")]:
+        assert engine[field]["default"] == getattr(defaults, attr), field
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    assert spec["resources"]["properties"]["gpus"]["default"] == parse_spec("x", {}).resources.gpus
+    assert spec["replicas"]["default"] == parse_spec("x", {}).replicas
+
+
+def test_every_cel_rule_has_an_operator_check():
+    rules = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            rules.extend(r["message"] for r in node.get("x-kubernetes-validations", []))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(SCHEMA)
+    violations = {
+        "minReplicas must be <= maxReplicas": {"minReplicas": 2, "maxReplicas": 1},
+        "engine.tensorParallelSize must be 1 when resources.gpus is 0 (CPU engine)":
+            {"resources": {"gpus": 0}, "engine": {"tensorParallelSize": 2}},
+        "engine.tensorParallelSize must be <= resources.gpus": {"resources": {"gpus": 1},
+                                                                "engine": {"tensorParallelSize": 2}},
+        "engine.tensorParallelSize must divide model.architecture.numKVHeads": {
+            "resources": {"gpus": 3}, "engine": {"tensorParallelSize": 3},
+            "model": {"architecture": {"numLayers": 1, "numKVHeads": 8, "headDim": 8, "numParameters": 1}}},
+        "set at most one of architecture and configMapRef": {"model": {
+            "architecture": {"numLayers": 1, "numKVHeads": 8, "headDim": 8, "numParameters": 1},
+            "configMapRef": {"name": "c"}}},
+        "maxNumBatchedTokens must be >= maxNumSeqs": {"engine": {"maxNumSeqs": 300, "maxNumBatchedTokens": 200}},
+        "maxNumBatchedTokens must be >= maxModelLen when enableChunkedPrefill is false": {
+            "engine": {"enableChunkedPrefill": False, "maxModelLen": 4096}},
+        "extraArgs may not repeat a flag the operator sets from the spec": {"engine": {"extraArgs": ["--port=1"]}},
+        "this variable is set by the operator": {"engine": {"env": [{"name": "HF_HOME", "value": "/x"}]}},
+        "source.url is required when source.type is prometheus": None,  # the autoscaler parses spec.autoscaling
+    }
+    name_rule = "metadata.name must be at most 47 characters (the engine pods' names derive from it)"
+    assert set(rules) == set(violations) | {name_rule}
+    for message, spec in violations.items():
+        if spec is not None:
+            with pytest.raises(ValueError):
+                parse_spec("x", spec)
+    with pytest.raises(ValueError):
+        parse_spec("x" * 48, {})

@@ -1,0 +1,101 @@
+"""The operator's KV plan is pagedinfer.engine.sizing's, with inputs chosen from the spec."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pagedinfer.engine import sizing
+from pagedinfer.operator import planning
+from pagedinfer.operator.crd_model import parse_spec
+
+LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
+             "hiddenSize": 4096, "maxPositionEmbeddings": 8192}
+LLAMA3_8B_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+                    "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+H100_BYTES = 81559 * 2**20
+
+
+def spec(**engine):
+    return parse_spec("llama", {"model": {"architecture": LLAMA3_8B}, "engine": engine})
+
+
+def test_llama3_8b_is_128_kib_per_token_and_2_mib_per_block():
+    s = spec()
+    plan = planning.plan_for(s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES,
+                             planning.SOURCE_NODE_LABELS)
+    assert plan.bytes_per_token == 128 * 1024
+    assert plan.bytes_per_block == 2 * 2**20
+    assert plan.max_tokens == plan.num_gpu_blocks * 16
+
+
+def test_the_formula_holds_exactly():
+    s = spec(gpuMemoryUtilization=0.85, maxNumBatchedTokens=4096)
+    shape = planning.shape_from_architecture(s.model.architecture, "auto")
+    plan = planning.plan_for(s, shape, H100_BYTES, planning.SOURCE_SPEC)
+    usable = int(H100_BYTES * 0.85) - 8_030_261_248 * 2 - sizing.estimate_activation_reserve_bytes(shape, 4096)
+    assert plan.num_gpu_blocks == usable // (2 * 2**20)
+    assert plan.weight_bytes_per_gpu == 8_030_261_248 * 2
+
+
+def test_tensor_parallelism_splits_weights_and_kv_heads():
+    one = spec()
+    four = parse_spec("llama", {"model": {"architecture": LLAMA3_8B}, "engine": {"tensorParallelSize": 4},
+                                "resources": {"gpus": 4}})
+    shape = planning.shape_from_architecture(one.model.architecture, "auto")
+    p1 = planning.plan_for(one, shape, H100_BYTES, "spec")
+    p4 = planning.plan_for(four, shape, H100_BYTES, "spec")
+    assert p4.bytes_per_block * 4 == p1.bytes_per_block
+    assert p4.weight_bytes_per_gpu * 4 == p1.weight_bytes_per_gpu
+    assert p4.num_gpu_blocks > 4 * p1.num_gpu_blocks
+
+
+def test_a_model_that_does_not_fit_raises_with_the_numbers():
+    s = spec()
+    shape = planning.shape_from_architecture(s.model.architecture, "auto")
+    with pytest.raises(sizing.InsufficientMemoryError, match=r"GiB"):
+        planning.plan_for(s, shape, 16 * 2**30, "node-labels")
+
+
+def test_one_max_model_len_sequence_must_fit():
+    s = parse_spec("llama", {"model": {"architecture": {**LLAMA3_8B, "maxPositionEmbeddings": 10_000_000}}})
+    shape = planning.shape_from_architecture(s.model.architecture, "auto")
+    with pytest.raises(sizing.InsufficientMemoryError, match="max_model_len"):
+        planning.plan_for(s, shape, H100_BYTES, "node-labels")
+
+
+def test_override_skips_sizing_and_cpu_engines_size_themselves():
+    s = parse_spec("x", {"engine": {"numGpuBlocksOverride": 1234, "blockSize": 32}})
+    plan = planning.plan_for(s, None, None, "ignored")
+    assert (plan.source, plan.num_gpu_blocks, plan.max_tokens) == ("override", 1234, 1234 * 32)
+    cpu = planning.plan_for(parse_spec("x", {"resources": {"gpus": 0}}), None, None, "ignored")
+    assert cpu.source == "engine" and cpu.num_gpu_blocks is None
+    assert cpu.to_status() == {"source": "engine", "blockSize": 16}
+
+
+def test_status_fields_are_camel_case_and_complete():
+    s = spec()
+    plan = planning.plan_for(s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES,
+                             "node-labels")
+    assert set(plan.to_status()) == {"source", "blockSize", "numGpuBlocks", "maxTokens", "gpuMemoryBytes",
+                                     "weightBytesPerGpu", "bytesPerToken", "bytesPerBlock"}
+
+
+def test_gpu_pods_tolerate_the_gpu_taint_and_select_the_product():
+    s = parse_spec("x", {"resources": {"gpuProduct": "NVIDIA-L4"}, "nodeSelector": {"pool": "gpu"}})
+    placement = planning.placement_for(s)
+    assert placement.node_selector == {"pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert planning.GPU_TOLERATION in placement.tolerations
+    assert planning.placement_for(parse_spec("x", {"resources": {"gpus": 0}})).tolerations == ()
+
+
+def test_pagedinfer_plan_gives_the_same_number(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG))
+    s = parse_spec("llama", {"engine": {"maxModelLen": 8192}})
+    plan = planning.plan_for(s, planning.shape_from_config(LLAMA3_8B_CONFIG, "auto"), H100_BYTES, "spec")
+    out = subprocess.run([sys.executable, "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
+                          "--gpu-memory", "81559Mi", "--max-model-len", "8192", "--json"],
+                         check=True, capture_output=True, text=True, cwd="/").stdout
+    assert json.loads(out)["num_gpu_blocks"] == plan.num_gpu_blocks

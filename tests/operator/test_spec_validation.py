@@ -1,0 +1,92 @@
+"""parse_spec accepts what the CRD accepts, applies the CRD's defaults, and names every bad field."""
+
+import pytest
+
+from pagedinfer.operator.crd_model import SpecError, parse_model_uri, parse_spec
+
+ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
+
+
+def test_an_empty_spec_gets_the_defaults():
+    spec = parse_spec("tiny", {})
+    assert spec.model.uri is None and spec.model.dtype == "auto"
+    assert spec.engine.block_size == 16 and spec.engine.gpu_memory_utilization == 0.9
+    assert spec.engine.max_num_seqs == 256 and spec.engine.max_num_batched_tokens == 2048
+    assert spec.engine.enable_prefix_caching and spec.engine.enable_chunked_prefill
+    assert spec.resources.gpus == 1 and spec.replicas == 1 and spec.engine.num_gpu_blocks_override is None
+
+
+@pytest.mark.parametrize("uri, field, value", [
+    ("hf://meta-llama/Meta-Llama-3-8B", "repo_id", "meta-llama/Meta-Llama-3-8B"),
+    ("pvc://models/llama/8b", "claim_name", "models"),
+    ("pvc://models/llama/8b", "path", "llama/8b"),
+    ("file:///data/llama", "path", "/data/llama"),
+    ("s3://bucket/llama", "raw", "s3://bucket/llama"),
+])
+def test_model_uris_are_split_into_what_the_pod_needs(uri, field, value):
+    assert getattr(parse_model_uri(uri), field) == value
+
+
+@pytest.mark.parametrize("uri", ["http://x/y", "hf://only-one-part", "pvc://Bad_Claim/x", "file://relative",
+                                 "file:///a/../etc", "s3://", "llama"])
+def test_bad_model_uris_are_rejected_with_the_expected_form(uri):
+    with pytest.raises(SpecError, match=r"spec\.model\.uri"):
+        parse_spec("x", {"model": {"uri": uri}})
+
+
+@pytest.mark.parametrize("spec, path", [
+    ({"engine": {"blockSize": 24}}, "spec.engine.blockSize"),
+    ({"engine": {"gpuMemoryUtilization": 0}}, "spec.engine.gpuMemoryUtilization"),
+    ({"engine": {"gpuMemoryUtilization": 1.5}}, "spec.engine.gpuMemoryUtilization"),
+    ({"engine": {"maxNumSeqs": 0}}, "spec.engine.maxNumSeqs"),
+    ({"engine": {"maxNumSeqs": 512, "maxNumBatchedTokens": 256}}, "spec.engine.maxNumBatchedTokens"),
+    ({"engine": {"enableChunkedPrefill": False, "maxModelLen": 8192}}, "spec.engine.maxNumBatchedTokens"),
+    ({"engine": {"enablePrefixCaching": "yes"}}, "spec.engine.enablePrefixCaching"),
+    ({"engine": {"swapSpaceGiB": -1}}, "spec.engine.swapSpaceGiB"),
+    ({"engine": {"numGpuBlocksOverride": 0}}, "spec.engine.numGpuBlocksOverride"),
+    ({"engine": {"extraArgs": ["--port=9000"]}}, "spec.engine.extraArgs"),
+    ({"engine": {"extraArgs": ["--num-gpu-blocks-override", "5"]}}, "spec.engine.extraArgs"),
+    ({"engine": {"env": [{"name": "PAGEDINFER_API_KEY", "value": "leak"}]}}, "spec.engine.env[0].name"),
+    ({"engine": {"apiKeySecretRef": {"key": "k"}}}, "spec.engine.apiKeySecretRef.name"),
+    ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 0}}, "spec.engine.tensorParallelSize"),
+    ({"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
+    ({"engine": {"tensorParallelSize": 3}, "resources": {"gpus": 3}, "model": {"architecture": ARCH}},
+     "spec.engine.tensorParallelSize"),
+    ({"resources": {"gpus": -1}}, "spec.resources.gpus"),
+    ({"resources": {"gpuMemory": "lots"}}, "spec.resources.gpuMemory"),
+    ({"resources": {"cpu": "two"}}, "spec.resources.cpu"),
+    ({"model": {"dtype": "int4"}}, "spec.model.dtype"),
+    ({"model": {"architecture": {"numLayers": 32}}}, "spec.model.architecture.numKVHeads"),
+    ({"model": {"architecture": ARCH, "configMapRef": {"name": "c"}}}, "spec.model"),
+    ({"minReplicas": 3, "maxReplicas": 2}, "spec.minReplicas"),
+    ({"replicas": -1}, "spec.replicas"),
+    ({"nodeSelector": {"a": 1}}, "spec.nodeSelector"),
+    ({"tolerations": "all"}, "spec.tolerations"),
+])
+def test_each_invalid_field_is_named(spec, path):
+    with pytest.raises(SpecError) as info:
+        parse_spec("svc", spec)
+    assert any(p.startswith(path) for p in info.value.problems), info.value.problems
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(SpecError) as info:
+        parse_spec("svc", {"engine": {"blockSize": 7, "maxNumSeqs": "many"}, "resources": {"gpus": "one"}})
+    assert len(info.value.problems) == 3
+
+
+@pytest.mark.parametrize("name", ["Upper", "1abc", "a" * 48, "has_underscore"])
+def test_names_that_cannot_name_a_service_are_rejected(name):
+    with pytest.raises(SpecError, match="metadata.name"):
+        parse_spec(name, {})
+
+
+def test_replicas_are_clamped_into_min_max_for_the_deployment():
+    assert parse_spec("s", {"replicas": 9, "maxReplicas": 4}).effective_replicas == 4
+    assert parse_spec("s", {"replicas": 0, "minReplicas": 1}).effective_replicas == 1
+    assert parse_spec("s", {"replicas": 3}).effective_replicas == 3
+
+
+def test_gpu_memory_accepts_kubernetes_and_byte_sizes():
+    assert parse_spec("s", {"resources": {"gpuMemory": "80GiB"}}).resources.gpu_memory_bytes == 80 * 2**30
+    assert parse_spec("s", {"resources": {"gpuMemory": "81559Mi"}}).resources.gpu_memory_bytes == 81559 * 2**20
