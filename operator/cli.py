@@ -1,0 +1,73 @@
+"""`pagedinfer operator`: run the kopf operator with the package's handlers.
+
+    pagedinfer operator --namespace team-a --namespace team-b
+    pagedinfer operator --all-namespaces --liveness 0.0.0.0:8080 --metrics-port 9090
+
+Heavy imports (kopf, aiohttp, prometheus-client) happen inside `run`, so
+`pagedinfer --help` stays fast and works without the operator extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (InferenceService -> sized engine Deployments)",
+        description="Watch InferenceServices, size each engine's KV cache from node GPU memory, and "
+                    "reconcile them into Deployments and Services.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                       help="watch this namespace (repeatable; globs allowed, e.g. 'team-*')")
+    scope.add_argument("--all-namespaces", "-A", action="store_true",
+                       help="watch every namespace (cluster-wide RBAC needed)")
+    p.add_argument("--liveness", metavar="HOST:PORT", default=None,
+                   help="serve kopf's liveness probe at http://HOST:PORT/healthz")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve the operator's Prometheus metrics on this port")
+    peering = p.add_mutually_exclusive_group()
+    peering.add_argument("--standalone", dest="standalone", action="store_true", default=True,
+                         help="run without kopf peering (default; run one replica)")
+    peering.add_argument("--peering", dest="standalone", action="store_false",
+                         help="coordinate with other replicas through kopf peering objects")
+    p.add_argument("--hf-endpoint", default=None,
+                   help="Hub endpoint for hf:// config.json (default $PAGEDINFER_HF_ENDPOINT, $HF_ENDPOINT or "
+                        "https://huggingface.co)")
+    p.add_argument("--no-fetch-hf-config", action="store_true",
+                   help="never fetch config.json from the Hub (hf:// models then need architecture/configMapRef)")
+    p.add_argument("--retry-seconds", type=float, default=None,
+                   help="delay before retrying after an API error (default 15)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import kopf
+
+    from pagedinfer.operator import handlers  # noqa: F401  (registers the handlers)
+    from pagedinfer.operator.registry import REGISTRY
+    from pagedinfer.operator.settings import OperatorConfig, Runtime
+
+    if not args.all_namespaces and not args.namespace:
+        raise ValueError("--namespace: give at least one namespace, or --all-namespaces")
+    if args.liveness is not None and ":" not in args.liveness:
+        raise ValueError(f"--liveness: expected HOST:PORT, got {args.liveness!r}")
+    config = OperatorConfig.from_env(hf_endpoint=args.hf_endpoint, retry_delay_seconds=args.retry_seconds,
+                                     **({"fetch_hf_config": False} if args.no_fetch_hf_config else {}))
+    runtime = Runtime(config=config)
+    if args.metrics_port is not None:
+        runtime.metrics.serve(args.metrics_port)
+    kopf.configure(verbose=False)
+    asyncio.run(kopf.operator(
+        registry=REGISTRY,
+        memo=kopf.Memo(pagedinfer=runtime),
+        standalone=args.standalone,
+        clusterwide=args.all_namespaces,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://{args.liveness}/healthz" if args.liveness else None,
+    ))
+    return 0

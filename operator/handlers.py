@@ -1,0 +1,41 @@
+"""kopf handlers: thin wrappers that hand the body to the reconciler.
+
+- create / update / resume of an InferenceService -> reconciler.reconcile
+  (update fires on spec, label and annotation changes, including
+  `spec.replicas` written through the scale subresource; status writes do
+  not fire it);
+- every event of a Deployment the operator manages -> report_rollout
+  (readyReplicas into the owner's status; a deleted Deployment is recreated).
+
+All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
+startup and login handlers live in `settings`. Other handler modules register
+into the same registry and are imported below so `pagedinfer operator` runs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from pagedinfer.operator import reconciler, settings  # noqa: F401  (settings registers startup/login)
+from pagedinfer.operator.builders import MANAGED_BY
+from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.registry import REGISTRY
+
+
+@kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
+@kopf.on.create(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
+@kopf.on.update(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
+async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, **_: Any) -> None:
+    await reconciler.reconcile(settings.runtime_of(memo), body, logger)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGED_BY},
+               registry=REGISTRY)
+async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, **_: Any) -> None:
+    await reconciler.report_rollout(settings.runtime_of(memo), body, type, logger)
+
+
+# The autoscaler's handlers (GitHub issue: autoscaling); enable once operator/autoscaling_handlers.py exists:
+# from pagedinfer.operator import autoscaling_handlers  # noqa: F401,E402

@@ -1,0 +1,113 @@
+"""Gather the sizing inputs from the cluster (nodes, ConfigMap, Hub) and plan the KV cache.
+
+The only I/O around the pure `planning` module. Failures come back as
+`SizingFailure(reason, message, retry_seconds)`: retry_seconds is None when
+waiting will not help (the spec must change), else the reconcile is retried
+after that long (new nodes may join, a ConfigMap may appear).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from typing import Any
+
+from pagedinfer.engine import sizing
+from pagedinfer.operator import planning, status
+from pagedinfer.operator.crd_model import InferenceServiceSpec
+from pagedinfer.operator.hf_config import ModelConfigError
+from pagedinfer.operator.kube_api import CONFIGMAPS, NODES
+from pagedinfer.operator.node_memory import discover_gpu_memory
+from pagedinfer.operator.settings import Runtime
+
+
+class SizingFailure(Exception):
+    def __init__(self, reason: str, message: str, retry_seconds: float | None) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.retry_seconds = reason, message, retry_seconds
+
+
+def _embedded_default_config() -> dict[str, Any] | None:
+    try:
+        path = importlib.resources.files("pagedinfer.engine") / "default_model" / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (ModuleNotFoundError, OSError, json.JSONDecodeError):
+        return None
+
+
+async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> sizing.ModelShape:
+    """Architecture inline, else the ConfigMap's config.json, else the Hub's, else the embedded model's."""
+    model = spec.model
+    retry = runtime.config.no_nodes_retry_seconds
+    unavailable = status.REASON_MODEL_CONFIG_UNAVAILABLE
+    if model.architecture is not None:
+        return planning.shape_from_architecture(model.architecture, model.dtype)
+    config: dict[str, Any] | None
+    if model.config_map_ref is not None:
+        ref = model.config_map_ref
+        cm = await runtime.kube.get(CONFIGMAPS, namespace, ref.name)
+        text = ((cm or {}).get("data") or {}).get(ref.key)
+        if text is None:
+            what = "does not exist" if cm is None else f"has no key {ref.key!r}"
+            raise SizingFailure(unavailable, f"ConfigMap {ref.name} (spec.model.configMapRef) {what}.", retry)
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SizingFailure(unavailable, f"ConfigMap {ref.name} key {ref.key} is not JSON: {exc}", retry) from None
+        source = f"ConfigMap {ref.name}"
+    elif model.uri is not None and model.uri.scheme == "hf" and runtime.config.fetch_hf_config:
+        assert runtime.fetcher is not None and model.uri.repo_id is not None
+        try:
+            config = await runtime.fetcher.get(model.uri.repo_id, model.revision)
+        except ModelConfigError as exc:
+            raise SizingFailure(unavailable, f"Cannot read config.json of {model.uri.raw}: {exc}. Set "
+                                             f"spec.model.architecture or spec.model.configMapRef.", retry) from None
+        source = model.uri.raw
+    elif model.uri is None and (config := _embedded_default_config()) is not None:
+        source = "the embedded default model"
+    else:
+        where = model.uri.raw if model.uri else "the embedded default model"
+        raise SizingFailure(unavailable, f"The operator cannot read the config of {where}: set "
+                                         f"spec.model.architecture or spec.model.configMapRef (or "
+                                         f"spec.engine.numGpuBlocksOverride, or spec.resources.gpus: 0).", None)
+    try:
+        return planning.shape_from_config(config, model.dtype)
+    except (ValueError, TypeError) as exc:
+        raise SizingFailure(unavailable, f"config.json from {source} is not usable: {exc}", None) from None
+
+
+async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> tuple[planning.KVCachePlan, str]:
+    """The KV plan and a sentence saying where its numbers come from; SizingFailure when it cannot be made (yet)."""
+    if not planning.needs_model_shape(spec):
+        shape = None
+        if spec.model.architecture is not None:
+            shape = planning.shape_from_architecture(spec.model.architecture, spec.model.dtype)
+        result = planning.plan_for(spec, shape, None, planning.SOURCE_ENGINE)
+        return result, sized_message(result)
+    shape = await model_shape(runtime, spec, namespace)
+    where = ""
+    if spec.resources.gpu_memory_bytes is not None:
+        memory, source = spec.resources.gpu_memory_bytes, planning.SOURCE_SPEC
+    else:
+        discovery = discover_gpu_memory(await runtime.kube.list(NODES), planning.placement_for(spec))
+        if discovery.gpu_memory_bytes is None:
+            raise SizingFailure(status.REASON_NO_MATCHING_NODES,
+                                f"No node to size the KV cache for: {discovery.message} Retrying in "
+                                f"{runtime.config.no_nodes_retry_seconds:g}s.", runtime.config.no_nodes_retry_seconds)
+        memory, source, where = discovery.gpu_memory_bytes, planning.SOURCE_NODE_LABELS, " " + discovery.message
+    try:
+        result = planning.plan_for(spec, shape, memory, source)
+    except sizing.InsufficientMemoryError as exc:
+        raise SizingFailure(status.REASON_INSUFFICIENT_GPU_MEMORY, f"{exc}{where}", None) from None
+    except ValueError as exc:
+        raise SizingFailure(status.REASON_INSUFFICIENT_GPU_MEMORY, f"Cannot size: {exc}", None) from None
+    return result, sized_message(result) + where
+
+
+def sized_message(plan_: planning.KVCachePlan) -> str:
+    if plan_.num_gpu_blocks is None:
+        return "CPU engine: the engine sizes its own KV cache at start-up."
+    per_token = f", {plan_.bytes_per_token} bytes per token" if plan_.bytes_per_token else ""
+    memory = f" on {plan_.gpu_memory_bytes / 2**30:.1f} GiB GPUs" if plan_.gpu_memory_bytes else ""
+    return (f"{plan_.num_gpu_blocks} KV blocks of {plan_.block_size} tokens ({plan_.max_tokens} tokens)"
+            f"{memory}{per_token}; source {plan_.source}.")

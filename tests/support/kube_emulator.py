@@ -1,0 +1,458 @@
+"""kmock's KubernetesEmulator with the API-server semantics kopf and the operator rely on.
+
+Stock kmock 0.8 stores objects as merged dicts. This subclass adds, for the
+resources registered with `register()`:
+
+- server-set `uid`, `resourceVersion` (one global counter, like etcd),
+  `generation` (bumped when anything but metadata/status changes) and
+  `creationTimestamp`; `generateName`; 409 AlreadyExists on create;
+- merge, strategic-merge (treated as merge) and JSON patches, a failed
+  JSON-patch `test` answered with 422 (kopf's finalizer patches start with a
+  `test` on `metadata.resourceVersion`); a stale `metadata.resourceVersion`
+  in a patch or PUT answered with 409 Conflict; no-op writes change nothing;
+- PUT; a real `/status` subresource (writes to the main resource ignore
+  `status`, writes to `/status` change only `status`); the `scale`
+  subresource (autoscaling/v1 Scale) for resources registered with one;
+- deletion with finalizers (deletionTimestamp, then gone when the last
+  finalizer is removed);
+- list and watch with `labelSelector` and `fieldSelector`, list
+  `metadata.resourceVersion`, watch from a `resourceVersion` (replaying the
+  event log), watch `timeoutSeconds`;
+- hooks for tests: `authorizer(Access) -> bool` answers 403 per request
+  (verb, group, resource, namespace, name, subresource), and `faults`
+  inject errors or delays; `calls` records every API request.
+
+It has no controllers and no garbage collector: tests play those parts
+(`set_status`, `collect_garbage`) and say so. Discovery (/api, /apis, ...)
+is kmock's, from `resources`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import copy
+import dataclasses
+import datetime
+import json
+import time
+import uuid
+from typing import Any, Callable
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import rendering
+
+from kube_emulator_rules import (PatchError, SelectorError, field_selector, json_patch, label_selector,
+                                 merge_patch, selector_from_match_labels, spec_changed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """One API request in RBAC terms."""
+
+    verb: str  # get list watch create update patch delete deletecollection
+    group: str  # "" for the core group
+    resource: str  # plural
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+@dataclasses.dataclass
+class Fault:
+    """Answer matching requests with `status` (after `delay_seconds`), `times` times (None: forever)."""
+
+    verb: str | None = None
+    resource: str | None = None
+    subresource: str | None = None
+    status: int | None = 500  # None: only delay, then serve normally
+    delay_seconds: float = 0.0
+    times: int | None = 1
+
+    def matches(self, access: Access) -> bool:
+        return ((self.verb is None or self.verb == access.verb)
+                and (self.resource is None or self.resource == access.resource)
+                and (self.subresource is None or self.subresource == access.subresource))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    namespaced: bool
+    subresources: frozenset[str]
+    # Scale subresource: paths of spec replicas, status replicas, and the selector (or matchLabels).
+    scale_paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None = None
+
+
+_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
+            415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
+            503: "ServiceUnavailable"}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason = code, message, reason or _REASONS.get(code, "Unknown")
+
+    def status(self) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                "message": self.message, "reason": self.reason, "code": self.code}
+
+
+def _dig(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesEmulator):
+    authorizer: Callable[[Access], bool] | None = None
+    faults: list[Fault] = attrs.field(factory=list)
+    calls: list[tuple[Access, int]] = attrs.field(factory=list, init=False)
+    _kinds: dict[kmock.resource, Kind] = attrs.field(factory=dict, init=False)
+    _revision: int = attrs.field(default=0, init=False)
+    _log: list[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(factory=list, init=False)
+    _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
+
+    def register(self, api_version: str, kind: str, plural: str, *, namespaced: bool = True,
+                 subresources: tuple[str, ...] = (), scale_paths: Any = None) -> kmock.resource:
+        group, _, version = api_version.rpartition("/")
+        res = kmock.resource(group, version, plural)
+        self.resources[res] = kmock.ResourceInfo(
+            kind=kind, namespaced=namespaced, singular=kind.lower(), subresources=set(subresources),
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
+        self._kinds[res] = Kind(api_version, kind, namespaced, frozenset(subresources), scale_paths)
+        return res
+
+    # ----------------------------------------------------------------- test helpers (no HTTP)
+    def read(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        key = (res, namespace, name)
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        return copy.deepcopy(self._objects[key].raw)
+
+    def read_all(self, res: kmock.resource, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o.raw) for (r, ns, _), o in self._objects.items()
+                if r == res and not o.deleted and (namespace is None or ns == namespace)]
+
+    async def create(self, res: kmock.resource, body: dict[str, Any]) -> dict[str, Any]:
+        async with self._changed:
+            return self._create(res, body.get("metadata", {}).get("namespace"), copy.deepcopy(body))
+
+    async def set_status(self, res: kmock.resource, namespace: str | None, name: str,
+                         status: dict[str, Any]) -> dict[str, Any]:
+        """Play a controller: merge `status` into the object's status."""
+        async with self._changed:
+            return self._write(res, namespace, name, "status", lambda cur: merge_patch(cur, {"status": status}))
+
+    async def remove(self, res: kmock.resource, namespace: str | None, name: str) -> None:
+        async with self._changed:
+            self._delete(res, namespace, name)
+
+    async def collect_garbage(self) -> list[tuple[str, str]]:
+        """Play the garbage collector: delete objects whose owners (by uid) no longer exist."""
+        async with self._changed:
+            uids = {o.raw["metadata"]["uid"] for o in self._objects.values() if not o.deleted}
+            collected = []
+            for (res, ns, name), obj in list(self._objects.items()):
+                refs = [] if obj.deleted else obj.raw["metadata"].get("ownerReferences") or []
+                if refs and not any(ref.get("uid") in uids for ref in refs):
+                    self._delete(res, ns, name)
+                    collected.append((self._kinds[res].kind, name))
+            return collected
+
+    def count(self, verb: str | None = None, resource: str | None = None) -> int:
+        return sum(1 for a, _ in self.calls if (verb is None or a.verb == verb)
+                   and (resource is None or a.resource == resource))
+
+    # ----------------------------------------------------------------- HTTP entry point
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is None or res.plural is None:
+            return await kmock.RawHandler._handle(self, request)
+        res = kmock.resource(res.group, res.version, res.plural)
+        access = self._access(request, res)
+        try:
+            if res not in self._kinds:
+                raise ApiError(404, f"the server could not find the requested resource ({res.plural})")
+            if self.authorizer is not None and not self.authorizer(access):
+                scope = f' in the namespace "{access.namespace}"' if access.namespace else " at the cluster scope"
+                raise ApiError(403, f'{access.resource}{"." + access.group if access.group else ""} is forbidden: '
+                                    f'cannot {access.verb} resource "{access.resource}"'
+                                    f'{"/" + access.subresource if access.subresource else ""}'
+                                    f' in API group "{access.group}"{scope}')
+            await self._inject_fault(access)
+            if access.verb == "watch":
+                self.calls.append((access, 200))
+                return await self._watch(request, res)
+            code, body = await self._serve(request, res, access)
+        except ApiError as exc:
+            self.calls.append((access, exc.code))
+            return aiohttp.web.json_response(exc.status(), status=exc.code)
+        self.calls.append((access, code))
+        return aiohttp.web.json_response(body, status=code)
+
+    def _access(self, request: rendering.Request, res: kmock.resource) -> Access:
+        method, name = str(request.method.value).upper(), request.name
+        if method == "GET":
+            verb = "watch" if request.params.get("watch") in ("true", "1") else ("get" if name else "list")
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                    "DELETE": "delete" if name else "deletecollection"}.get(method, method.lower())
+        return Access(verb, res.group or "", res.plural or "", request.namespace, name, request.subresource)
+
+    async def _inject_fault(self, access: Access) -> None:
+        for fault in list(self.faults):
+            if fault.matches(access):
+                if fault.times is not None:
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self.faults.remove(fault)
+                if fault.delay_seconds:
+                    await asyncio.sleep(fault.delay_seconds)
+                if fault.status is not None:
+                    raise ApiError(fault.status, f"injected fault: {fault.status} for {access.verb} {access.resource}")
+                return
+
+    async def _serve(self, request: rendering.Request, res: kmock.resource, access: Access) -> tuple[int, Any]:
+        kind = self._kinds[res]
+        sub = request.subresource
+        if sub is not None and sub not in kind.subresources:
+            raise ApiError(404, f"{res.plural} has no subresource {sub!r}")
+        async with self._changed:
+            if access.verb == "list":
+                return 200, self._list(request, res)
+            if access.verb == "get":
+                obj = self._current(res, request.namespace, request.name)
+                return 200, self._as_scale(kind, obj) if sub == "scale" else obj
+            if access.verb == "create":
+                if not isinstance(request.data, dict):
+                    raise ApiError(400, "the request body must be a JSON object")
+                return 201, self._create(res, request.namespace, request.data)
+            if access.verb in ("update", "patch"):
+                transform = self._transform(request, access.verb, kind)
+                obj = self._write(res, request.namespace, request.name, sub, transform)
+                return 200, self._as_scale(kind, obj) if sub == "scale" else obj
+            if access.verb == "delete":
+                return 200, self._delete(res, request.namespace, request.name)
+        raise ApiError(405, f"{access.verb} is not supported on {res.plural}")
+
+    # ----------------------------------------------------------------- state changes (hold _changed)
+    def _current(self, res: kmock.resource, namespace: str | None, name: str | None) -> dict[str, Any]:
+        key = (res, namespace, name)
+        if name is None or key not in self._objects or self._objects[key].deleted:
+            raise ApiError(404, f'{res.plural} "{name}" not found', "NotFound")
+        return copy.deepcopy(self._objects[key].raw)
+
+    def _commit(self, res: kmock.resource, event_type: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self._revision += 1
+        obj["metadata"]["resourceVersion"] = str(self._revision)
+        meta = obj["metadata"]
+        key = (res, meta.get("namespace"), meta["name"])
+        if event_type == "DELETED":
+            self._objects[key].delete()
+        elif key in self._objects:
+            self._objects[key].history.append(copy.deepcopy(obj))
+        else:
+            self._objects[key] = copy.deepcopy(obj)
+        self._log.append((self._revision, res, {"type": event_type, "object": copy.deepcopy(obj)}))
+        self._changed.notify_all()
+        return obj
+
+    def _create(self, res: kmock.resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        kind = self._kinds[res]
+        meta = body.setdefault("metadata", {})
+        if kind.namespaced:
+            namespace = namespace or meta.get("namespace")
+            if not namespace or meta.get("namespace", namespace) != namespace:
+                raise ApiError(400, "the namespace of the object does not match the namespace of the request")
+            meta["namespace"] = namespace
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(422, "metadata.name or metadata.generateName is required")
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        key = (res, meta.get("namespace"), meta["name"])
+        if key in self._objects and not self._objects[key].deleted:
+            raise ApiError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
+        body["apiVersion"], body["kind"] = kind.api_version, kind.kind
+        meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
+        meta.pop("deletionTimestamp", None)
+        if "status" in kind.subresources:
+            body.pop("status", None)
+        return self._commit(res, "ADDED", body)
+
+    def _transform(self, request: rendering.Request, verb: str, kind: Kind) -> Callable[[dict], dict]:
+        data = request.data
+        if verb == "update":
+            if not isinstance(data, dict):
+                raise ApiError(400, "the request body must be a JSON object")
+            return lambda current: copy.deepcopy(data)
+        content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if content_type == "application/json-patch+json":
+            return lambda current: json_patch(current, data)
+        if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if not isinstance(data, dict):
+                raise ApiError(400, "a merge patch must be a JSON object")
+            return lambda current: merge_patch(current, data)
+        raise ApiError(415, f"the body of the request was in an unknown format - accepted media types include: "
+                            f"application/json-patch+json, application/merge-patch+json, "
+                            f"application/strategic-merge-patch+json (got {content_type!r})")
+
+    def _write(self, res: kmock.resource, namespace: str | None, name: str | None, sub: str | None,
+               transform: Callable[[dict], dict]) -> dict[str, Any]:
+        kind = self._kinds[res]
+        current = self._current(res, namespace, name)
+        base = self._as_scale(kind, current) if sub == "scale" else current
+        try:
+            wanted = transform(copy.deepcopy(base))
+        except PatchError as exc:
+            raise ApiError(422, f"the server rejected our request due to an error in our request: {exc}") from None
+        if not isinstance(wanted, dict):
+            raise ApiError(422, "the patched object is not a JSON object")
+        sent_version = (wanted.get("metadata") or {}).get("resourceVersion")
+        if sent_version is not None and sent_version != current["metadata"]["resourceVersion"]:
+            raise ApiError(409, f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                                f'modified; please apply your changes to the latest version and try again')
+        if sub == "scale":
+            replicas = _dig(wanted, ("spec", "replicas"))
+            if not isinstance(replicas, int) or replicas < 0:
+                raise ApiError(422, f"spec.replicas must be a non-negative integer, got {replicas!r}")
+            new = copy.deepcopy(current)
+            assert kind.scale_paths is not None
+            *parents, leaf = kind.scale_paths[0]
+            node = new
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = replicas
+        elif sub == "status":
+            new = copy.deepcopy(current)
+            new["status"] = wanted.get("status")
+            if new["status"] is None:
+                new.pop("status")
+        else:
+            new = wanted
+            if "status" in kind.subresources:
+                new.pop("status", None)
+                if "status" in current:
+                    new["status"] = current["status"]
+        meta = new.setdefault("metadata", {})
+        for field in ("uid", "creationTimestamp", "name", "namespace", "generation", "resourceVersion"):
+            if field in current["metadata"]:
+                meta[field] = current["metadata"][field]
+        if "deletionTimestamp" in current["metadata"]:
+            meta["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
+        new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+        if new == current:
+            return current
+        if spec_changed(current, new):
+            meta["generation"] = int(current["metadata"].get("generation", 1)) + 1
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return self._commit(res, "DELETED", new)
+        return self._commit(res, "MODIFIED", new)
+
+    def _delete(self, res: kmock.resource, namespace: str | None, name: str | None) -> dict[str, Any]:
+        current = self._current(res, namespace, name)
+        meta = current["metadata"]
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = _now()
+                meta["deletionGracePeriodSeconds"] = 0
+                return self._commit(res, "MODIFIED", current)
+            return current
+        return self._commit(res, "DELETED", current)
+
+    # ----------------------------------------------------------------- reads
+    def _as_scale(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        if kind.scale_paths is None:
+            raise ApiError(404, f"{kind.kind} has no scale subresource")
+        spec_path, status_path, selector_path = kind.scale_paths
+        selector = _dig(obj, selector_path)
+        if isinstance(selector, dict):
+            selector = selector_from_match_labels(selector)
+        meta = obj["metadata"]
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
+                                                  "creationTimestamp") if k in meta},
+                "spec": {"replicas": _dig(obj, spec_path) or 0},
+                "status": {"replicas": _dig(obj, status_path) or 0, **({"selector": selector} if selector else {})}}
+
+    def _matcher(self, request: rendering.Request) -> Callable[[dict[str, Any]], bool]:
+        try:
+            labels = label_selector(request.params.get("labelSelector"))
+            fields = field_selector(request.params.get("fieldSelector"))
+        except SelectorError as exc:
+            raise ApiError(400, str(exc)) from None
+        namespace = request.namespace
+        return lambda obj: ((namespace is None or obj["metadata"].get("namespace") == namespace)
+                            and labels(obj["metadata"].get("labels") or {}) and fields(obj))
+
+    def _list(self, request: rendering.Request, res: kmock.resource) -> dict[str, Any]:
+        kind = self._kinds[res]
+        match = self._matcher(request)
+        items = [copy.deepcopy(o.raw) for (r, _, _), o in self._objects.items() if r == res and not o.deleted]
+        return {"apiVersion": kind.api_version, "kind": f"{kind.kind}List",
+                "metadata": {"resourceVersion": str(self._revision)},
+                "items": [obj for obj in items if match(obj)]}
+
+    async def _watch(self, request: rendering.Request, res: kmock.resource) -> aiohttp.web.StreamResponse:
+        match = self._matcher(request)
+        timeout = float(request.params.get("timeoutSeconds") or 1800)
+        since = request.params.get("resourceVersion")
+        async with self._changed:
+            if since in (None, "", "0"):
+                backlog = [{"type": "ADDED", "object": obj} for obj in self._list(request, res)["items"]]
+                position = self._revision
+            else:
+                position = int(since)
+                backlog = []
+        assert request._raw_request is not None
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+        deadline = time.monotonic() + timeout
+        try:
+            for event in backlog:
+                await response.write(json.dumps(event).encode() + b"\n")
+            while (left := deadline - time.monotonic()) > 0:
+                async with self._changed:
+                    start = bisect.bisect_right(self._log, position, key=lambda entry: entry[0])
+                    events = [(rv, e) for rv, r, e in self._log[start:] if r == res]
+                    if not events:
+                        try:
+                            await asyncio.wait_for(self._changed.wait(), timeout=left)
+                        except asyncio.TimeoutError:
+                            break
+                        continue
+                for rv, event in events:
+                    position = rv
+                    if match(event["object"]):
+                        await response.write(json.dumps(event).encode() + b"\n")
+        except (ConnectionResetError, RuntimeError):
+            return response
+        await response.write_eof()
+        return response
+
+
+def default_emulator(**kwargs: Any) -> KubeEmulator:
+    """An emulator serving the core, apps and InferenceService resources the operator uses."""
+    emulator = KubeEmulator(**kwargs)
+    emulator.register("v1", "Node", "nodes", namespaced=False, subresources=("status",))
+    emulator.register("v1", "Namespace", "namespaces", namespaced=False, subresources=("status",))
+    emulator.register("v1", "ConfigMap", "configmaps")
+    emulator.register("v1", "Secret", "secrets")
+    emulator.register("v1", "Service", "services", subresources=("status",))
+    emulator.register("v1", "Event", "events")
+    emulator.register("v1", "Pod", "pods", subresources=("status",))
+    emulator.register("apps/v1", "Deployment", "deployments", subresources=("status", "scale"),
+                      scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")))
+    emulator.register("serving.pagedinfer.dev/v1alpha1", "InferenceService", "inferenceservices",
+                      subresources=("status", "scale"),
+                      scale_paths=(("spec", "replicas"), ("status", "replicas"), ("status", "selector")))
+    return emulator

@@ -1,0 +1,205 @@
+"""Pure API-server rules the emulator applies: patches, selectors, server-set fields.
+
+- merge patch (RFC 7386): objects merge recursively, null deletes, anything
+  else replaces (lists included). Strategic merge patches are treated as merge
+  patches; that is exact for everything the operator sends (it never relies
+  on list merge keys).
+- JSON patch (RFC 6902): add, remove, replace, move, copy, test. A failed
+  `test` or a bad path raises PatchError, which the emulator answers with 422
+  as kube-apiserver does.
+- label selectors (`a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`,
+  `a notin (x,y)`, comma = AND) and field selectors on `metadata.name` and
+  `metadata.namespace` (`=`, `==`, `!=`).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any, Callable, Mapping
+
+_MISSING = object()
+
+
+class PatchError(ValueError):
+    """A patch that cannot be applied (answered with 422)."""
+
+
+class SelectorError(ValueError):
+    """A selector that cannot be parsed (answered with 400)."""
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise PatchError(f"JSON pointer {path!r} must start with '/'")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str]) -> tuple[Any, str]:
+    node = doc
+    for part in parts[:-1]:
+        node = _child(node, part)
+    return node, parts[-1]
+
+
+def _child(node: Any, part: str) -> Any:
+    if isinstance(node, dict):
+        if part not in node:
+            raise PatchError(f"path segment {part!r} does not exist")
+        return node[part]
+    if isinstance(node, list):
+        try:
+            return node[int(part)]
+        except (ValueError, IndexError):
+            raise PatchError(f"list index {part!r} is out of range") from None
+    raise PatchError(f"cannot descend into a {type(node).__name__} at {part!r}")
+
+
+def _get(doc: Any, path: str) -> Any:
+    node = doc
+    for part in _pointer(path):
+        node = _child(node, part)
+    return node
+
+
+def _add(doc: Any, path: str, value: Any) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return value
+    parent, last = _parent(doc, parts)
+    if isinstance(parent, dict):
+        parent[last] = value
+    elif isinstance(parent, list):
+        index = len(parent) if last == "-" else int(last)
+        if not 0 <= index <= len(parent):
+            raise PatchError(f"list index {last!r} is out of range")
+        parent.insert(index, value)
+    else:
+        raise PatchError(f"cannot add into a {type(parent).__name__}")
+    return doc
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        raise PatchError("cannot remove the whole document")
+    parent, last = _parent(doc, parts)
+    _child(parent, last)
+    if isinstance(parent, dict):
+        del parent[last]
+    else:
+        del parent[int(last)]
+    return doc
+
+
+def json_patch(target: Any, ops: Any) -> Any:
+    if not isinstance(ops, list):
+        raise PatchError("a JSON patch must be a list of operations")
+    doc = copy.deepcopy(target)
+    for op in ops:
+        if not isinstance(op, Mapping) or "op" not in op or "path" not in op:
+            raise PatchError(f"malformed operation {op!r}")
+        kind, path = op["op"], op["path"]
+        if kind == "test":
+            if _get(doc, path) != op.get("value"):
+                raise PatchError(f"test operation failed at {path}: expected {op.get('value')!r}")
+        elif kind == "add":
+            doc = _add(doc, path, copy.deepcopy(op.get("value")))
+        elif kind == "remove":
+            doc = _remove(doc, path)
+        elif kind == "replace":
+            _get(doc, path)
+            doc = _add(_remove(doc, path), path, copy.deepcopy(op.get("value")))
+        elif kind in ("move", "copy"):
+            value = copy.deepcopy(_get(doc, op.get("from", "")))
+            if kind == "move":
+                doc = _remove(doc, op["from"])
+            doc = _add(doc, path, value)
+        else:
+            raise PatchError(f"unknown operation {kind!r}")
+    return doc
+
+
+_REQUIREMENT = re.compile(r"\s*(!?)\s*([-A-Za-z0-9_./]+)\s*(?:(==|=|!=)\s*([-A-Za-z0-9_.]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*")
+
+
+def _split_selector(selector: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in selector:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p for p in parts if p.strip()]
+
+
+def label_selector(selector: str | None) -> Callable[[Mapping[str, str]], bool]:
+    """A predicate over labels; SelectorError when the selector is malformed."""
+    checks: list[Callable[[Mapping[str, str]], bool]] = []
+    for requirement in _split_selector(selector or ""):
+        m = _REQUIREMENT.fullmatch(requirement)
+        if m is None:
+            raise SelectorError(f"unable to parse requirement {requirement!r}")
+        negated, key, op, value, set_op, values = m.groups()
+        if negated and (op or set_op):
+            raise SelectorError(f"unable to parse requirement {requirement!r}")
+        if negated:
+            checks.append(lambda labels, k=key: k not in labels)
+        elif op in ("=", "=="):
+            checks.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif op == "!=":
+            checks.append(lambda labels, k=key, v=value: labels.get(k) != v)
+        elif set_op:
+            options = {v.strip() for v in values.split(",") if v.strip()}
+            if set_op == "in":
+                checks.append(lambda labels, k=key, o=options: labels.get(k) in o)
+            else:
+                checks.append(lambda labels, k=key, o=options: labels.get(k) not in o)
+        else:
+            checks.append(lambda labels, k=key: k in labels)
+    return lambda labels: all(check(labels) for check in checks)
+
+
+_FIELDS = {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")}
+
+
+def field_selector(selector: str | None) -> Callable[[Mapping[str, Any]], bool]:
+    checks: list[Callable[[Mapping[str, Any]], bool]] = []
+    for requirement in _split_selector(selector or ""):
+        m = re.fullmatch(r"\s*([A-Za-z.]+)\s*(==|=|!=)\s*(\S*)\s*", requirement)
+        if m is None or m.group(1) not in _FIELDS:
+            raise SelectorError(f"field selector {requirement!r} is not supported "
+                                f"(only {', '.join(_FIELDS)} with =, ==, !=)")
+        outer, inner = _FIELDS[m.group(1)]
+        equal = m.group(2) != "!="
+        checks.append(lambda obj, o=outer, i=inner, v=m.group(3), eq=equal:
+                      ((obj.get(o) or {}).get(i) or "") == v if eq else ((obj.get(o) or {}).get(i) or "") != v)
+    return lambda obj: all(check(obj) for check in checks)
+
+
+def spec_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether anything besides metadata and status changed (what bumps metadata.generation)."""
+    strip = lambda obj: {k: v for k, v in obj.items() if k not in ("metadata", "status")}  # noqa: E731
+    return strip(before) != strip(after)
+
+
+def selector_from_match_labels(match_labels: Mapping[str, str] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((match_labels or {}).items()))

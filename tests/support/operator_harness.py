@@ -1,0 +1,126 @@
+"""Run the real pagedinfer operator (kopf.operator with the package's handlers) against a KubeEmulator.
+
+The operator reaches the emulator only over HTTP: its login handler reads a
+kubeconfig (written here, pointing at http://127.0.0.1:<random port>), exactly
+as it would outside a cluster. Timeouts and retry delays are shortened through
+OperatorConfig, the operator's own settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import kmock
+import kopf
+import yaml
+
+from kube_emulator import KubeEmulator, default_emulator
+from pagedinfer.operator import handlers  # noqa: F401  (registers the handlers)
+from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.settings import OperatorConfig, Runtime
+
+FAST_CONFIG = OperatorConfig(
+    fetch_hf_config=False,
+    api_timeout_seconds=2.0,
+    retry_delay_seconds=0.3,
+    no_nodes_retry_seconds=0.5,
+    watch_timeout_seconds=5.0,
+    error_backoffs=(0.05, 0.1, 0.2),
+)
+ISVC = kmock.resource("serving.pagedinfer.dev", "v1alpha1", "inferenceservices")
+DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
+SERVICES = kmock.resource("", "v1", "services")
+NODES = kmock.resource("", "v1", "nodes")
+CONFIGMAPS = kmock.resource("", "v1", "configmaps")
+EVENTS = kmock.resource("", "v1", "events")
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+        "users": [{"name": "operator", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "operator",
+                                                       "namespace": "default"}}],
+    }))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def serving_emulator(**kwargs: Any) -> AsyncIterator[tuple[KubeEmulator, str]]:
+    """A KubeEmulator on a random free port of 127.0.0.1; yields (emulator, base URL)."""
+    emulator = default_emulator(**kwargs)
+    async with emulator, kmock.Server(emulator) as server:
+        yield emulator, str(server.url).rstrip("/")
+
+
+@contextlib.asynccontextmanager
+async def running_operator(config: OperatorConfig = FAST_CONFIG, *, namespaces: tuple[str, ...] = ("default",),
+                           startup_timeout_seconds: float = 20.0) -> AsyncIterator[Runtime]:
+    """kopf.operator in this event loop; $KUBECONFIG must point at the emulator."""
+    runtime = Runtime(config=config)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(kopf.operator(
+        registry=REGISTRY, memo=kopf.Memo(pagedinfer=runtime), standalone=True,
+        namespaces=list(namespaces), stop_flag=stop, ready_flag=ready,
+    ))
+    try:
+        await asyncio.wait_for(ready.wait(), startup_timeout_seconds)
+        yield runtime
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 20)
+
+
+async def eventually(check: Callable[[], Any], timeout_seconds: float = 20.0, interval_seconds: float = 0.05) -> Any:
+    """Poll `check` until it returns a truthy value (returned) or raises nothing; fail after the timeout."""
+    deadline = time.monotonic() + timeout_seconds
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+            last_error = None
+        except (AssertionError, KeyError, TypeError, IndexError) as exc:
+            last_error = exc
+        await asyncio.sleep(interval_seconds)
+    if last_error is not None:
+        raise AssertionError(f"not true within {timeout_seconds}s: {last_error!r}") from last_error
+    raise AssertionError(f"not true within {timeout_seconds}s")
+
+
+def gpu_node(name: str, memory_mib: int | None, *, product: str = "NVIDIA-H100-80GB-HBM3", gpus: int = 8,
+             taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """A node as NVIDIA GPU Feature Discovery labels it."""
+    labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus)}
+    if memory_mib is not None:
+        labels["nvidia.com/gpu.memory"] = str(memory_mib)
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": taints or []},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti"}}}
+
+
+async def add_gpu_node(emulator: KubeEmulator, name: str, memory_mib: int | None, **kwargs: Any) -> None:
+    """Register a node the way kubelet does: create it, then write its status (allocatable GPUs)."""
+    node = gpu_node(name, memory_mib, **kwargs)
+    status = node.pop("status")
+    await emulator.create(NODES, node)
+    await emulator.set_status(NODES, None, name, status)
+
+
+def inference_service(name: str, spec: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+    return {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    raise KeyError(type_)
