@@ -2,7 +2,7 @@
 # The engine image: `pagedinfer serve` (engine, Triton kernels, OpenAI-compatible
 # server) on a CUDA PyTorch base. The operator runs it in every engine pod.
 #
-#   docker build -f images/engine.Dockerfile -t pagedinfer/engine:0.1.0 .
+#   docker build -f images/engine.Dockerfile -t ghcr.io/pagedinfer/pagedinfer:0.1.0 .
 #
 # The base is pinned to an exact tag (PyTorch, CUDA and cuDNN versions all
 # named); pin it further by digest in your registry mirror if you can.
@@ -17,7 +17,6 @@ COPY operator ./operator
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
-ARG UID=10001
 # The base image's torch (built for its CUDA) is kept: the constraint stops pip
 # from replacing it with a different multi-GB build while resolving the extra.
 COPY --from=wheel /wheels /wheels
@@ -25,13 +24,13 @@ RUN python -c "import torch; print('torch==' + torch.__version__)" > /tmp/constr
     && python -m pip install --no-cache-dir -c /tmp/constraints.txt \
         "$(ls /wheels/pagedinfer-*.whl)[engine]" \
     && rm -rf /wheels /tmp/constraints.txt \
-    && useradd --uid "${UID}" --user-group --create-home --home-dir /home/pagedinfer --shell /usr/sbin/nologin pagedinfer
+    && useradd --uid 1000 --user-group --create-home --home-dir /home/pagedinfer --shell /usr/sbin/nologin pagedinfer
 ENV HOME=/home/pagedinfer \
     HF_HOME=/home/pagedinfer/.cache/huggingface \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 WORKDIR /home/pagedinfer
-USER 10001:10001
+USER 1000:1000
 EXPOSE 8000
 ENTRYPOINT ["pagedinfer"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

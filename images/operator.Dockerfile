@@ -2,7 +2,7 @@
 # The operator image: `pagedinfer operator` (kopf) on slim Python, with
 # pagedinfer[operator] only: no torch, transformers or triton.
 #
-#   docker build -f images/operator.Dockerfile -t pagedinfer/operator:0.1.0 .
+#   docker build -f images/operator.Dockerfile -t ghcr.io/pagedinfer/pagedinfer-operator:0.1.0 .
 #
 # The base is pinned to an exact patch release and Debian suite.
 ARG BASE_IMAGE=python:3.12.11-slim-bookworm
@@ -16,11 +16,10 @@ COPY operator ./operator
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
-ARG UID=10001
 COPY --from=wheel /wheels /wheels
 RUN python -m pip install --no-cache-dir "$(ls /wheels/pagedinfer-*.whl)[operator]" \
     && rm -rf /wheels \
-    && useradd --uid "${UID}" --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin pagedinfer
+    && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin pagedinfer
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 USER 10001:10001

@@ -51,13 +51,13 @@ spec:
         {{- else }}
         - --standalone
         {{- end }}
-        - --liveness=http://0.0.0.0:{{ .Values.operator.healthPort }}/healthz
+        - --liveness=0.0.0.0:{{ .Values.operator.healthPort }}
         - --metrics-port={{ .Values.operator.metricsPort }}
-        - --default-engine-image={{ include "pagedinfer.image" (list .Values.engine.image .Chart.AppVersion) }}
-        {{- if eq .Values.operator.logLevel "debug" }}
-        - --verbose
-        {{- else if eq .Values.operator.logLevel "warning" }}
-        - --quiet
+        {{- with .Values.operator.huggingFace.endpoint }}
+        - --hf-endpoint={{ . }}
+        {{- end }}
+        {{- if not .Values.operator.huggingFace.fetchConfig }}
+        - --no-fetch-hf-config
         {{- end }}
         {{- range .Values.operator.extraArgs }}
         - {{ . | quote }}
@@ -73,6 +73,13 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+        {{- end }}
+        {{- with .Values.operator.huggingFace.tokenSecretRef.name }}
+        - name: HF_TOKEN
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $.Values.operator.huggingFace.tokenSecretRef.key }}
         {{- end }}
         {{- with .Values.operator.extraEnv }}
         {{- toYaml . | nindent 8 }}

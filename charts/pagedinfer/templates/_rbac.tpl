@@ -19,6 +19,11 @@ always in a ClusterRole.
 - apiGroups: ["serving.pagedinfer.dev"]
   resources: ["inferenceservices/status"]
   verbs: ["get", "patch"]
+# The autoscaler writes spec.replicas through the scale subresource (the
+# field an HPA would drive).
+- apiGroups: ["serving.pagedinfer.dev"]
+  resources: ["inferenceservices/scale"]
+  verbs: ["patch"]
 # The engine Deployment and Service of each InferenceService (owned by it,
 # so Kubernetes' garbage collector deletes them; the operator never does).
 - apiGroups: ["apps"]
@@ -35,7 +40,7 @@ always in a ClusterRole.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get"]
-# kopf posts an Event for every handler outcome and scaling decision.
+# kopf posts warnings as Events; the reconciler and autoscaler post their own.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
@@ -52,10 +57,6 @@ always in a ClusterRole.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get", "list", "watch"]
-# kopf notices CRDs appearing and going (its own resource discovery).
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["list", "watch"]
 {{- if and (include "pagedinfer.peering.enabled" .) (eq .Values.rbac.scope "cluster") }}
 # kopf peering between the operator replicas (cluster-wide operator).
 - apiGroups: ["kopf.dev"]

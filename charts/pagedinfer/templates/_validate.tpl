@@ -17,8 +17,8 @@ message naming the value to change. Included once, by the operator workload.
 {{- end -}}
 {{- range .Values.operator.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" (toString .) "" -}}
-{{- if has $flag (list "--namespace" "-n" "--all-namespaces" "-A" "--standalone" "--peering" "--priority" "--liveness" "--metrics-port") -}}
-{{- fail (printf "operator.extraArgs must not set %s: the chart derives it from rbac.scope, operator.replicas, operator.healthPort and operator.metricsPort" $flag) -}}
+{{- if has $flag (list "--namespace" "-n" "--all-namespaces" "-A" "--standalone" "--peering" "--priority" "--liveness" "--metrics-port" "--hf-endpoint" "--no-fetch-hf-config") -}}
+{{- fail (printf "operator.extraArgs must not set %s: the chart derives it from rbac.scope, operator.replicas, operator.healthPort, operator.metricsPort or operator.huggingFace" $flag) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (include "pagedinfer.monitoring.enabled" .) (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) -}}

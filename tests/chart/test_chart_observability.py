@@ -1,0 +1,120 @@
+"""Alerts and dashboard queries parse as PromQL and use only metrics that exist.
+
+Engine metric names come from docs/design.md ("Metrics"), the contract the
+server implements; the operator's from its real registry
+(pagedinfer.operator.metrics.OperatorMetrics). A renamed metric breaks these
+tests instead of silently blanking a panel or muting an alert.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import promql_parser
+from helm_chart import CHART, MONITORING_API, REPO, helm_template
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$namespace": ".*", "$model": ".*"}
+ALERTS = {"PagedInferKVCacheNearlyFull", "PagedInferPrefixCacheHitRateLow", "PagedInferKVBlockAllocationFailures",
+          "PagedInferPreemptionsRising", "PagedInferOperatorReconcileErrors"}
+
+
+def engine_metrics() -> set[str]:
+    design = (REPO / "docs" / "design.md").read_text()
+    section = design[design.index("## Metrics"):]
+    section = section[:section.index("\n## ", 1)]
+    return set(re.findall(r"`(pagedinfer_[a-z_]+)", section))
+
+
+def operator_metrics() -> set[str]:
+    from pagedinfer.operator.metrics import OperatorMetrics
+
+    names = set()
+    for family in OperatorMetrics().registry.collect():
+        names.add(family.name + ("_total" if family.type == "counter" else ""))
+    return names
+
+
+@functools.cache
+def known_metrics() -> frozenset[str]:
+    return frozenset(engine_metrics() | operator_metrics())
+
+
+def selectors(node) -> list[str]:
+    """Metric names of every vector selector in a parsed PromQL expression."""
+    if type(node).__name__ == "VectorSelector":
+        return [node.name]
+    out = []
+    for attr in ("lhs", "rhs", "expr", "args", "vector_selector", "param"):
+        child = getattr(node, attr, None)
+        for item in child if isinstance(child, (list, tuple)) else [child]:
+            if item is not None and not isinstance(item, (str, int, float)):
+                out += selectors(item)
+    return out
+
+
+def assert_uses_known_metrics(expr: str, where: str) -> None:
+    try:
+        names = selectors(promql_parser.parse(expr))
+    except ValueError as exc:
+        raise AssertionError(f"{where}: not valid PromQL ({exc}): {expr}") from exc
+    assert names, f"{where}: selects no metric"
+    for name in names:
+        base = next((name[:-len(s)] for s in HISTOGRAM_SUFFIXES if name.endswith(s) and name[:-len(s)] in
+                     known_metrics()), name)
+        assert base in known_metrics(), f"{where}: unknown metric {name}"
+
+
+def test_the_metric_contract_is_readable():
+    assert {"pagedinfer_kv_cache_usage_ratio", "pagedinfer_time_to_first_token_seconds"} <= engine_metrics()
+    assert "pagedinfer_operator_reconcile_errors_total" in operator_metrics()
+
+
+def rules(helm, **values):
+    rendered = helm_template(helm, set_values={"monitoring.prometheusRule.enabled": True, **values},
+                             api_versions=(MONITORING_API,))
+    return [r for group in rendered.one("PrometheusRule")["spec"]["groups"] for r in group["rules"]]
+
+
+def test_every_alert_is_valid_promql_over_real_metrics(helm):
+    alerts = rules(helm)
+    assert {r["alert"] for r in alerts} == ALERTS
+    for rule in alerts:
+        assert_uses_known_metrics(rule["expr"], rule["alert"])
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_alert_thresholds_follow_the_values(helm):
+    by_name = {r["alert"]: r for r in rules(helm, **{
+        "monitoring.prometheusRule.kvCacheUsageRatioThreshold": 0.8,
+        "monitoring.prometheusRule.kvCacheUsageFor": "15m",
+        "monitoring.prometheusRule.prefixCacheHitRatioThreshold": 0.5,
+        "monitoring.prometheusRule.alertLabels": {"team": "ml"},
+    })}
+    kv = by_name["PagedInferKVCacheNearlyFull"]
+    assert kv["expr"].endswith("> 0.8") and kv["for"] == "15m"
+    assert by_name["PagedInferPrefixCacheHitRateLow"]["expr"].endswith("< 0.5")
+    assert all(r["labels"]["team"] == "ml" for r in by_name.values())
+
+
+def test_the_dashboard_queries_parse_and_cover_the_promised_panels():
+    dashboard = json.loads((CHART / "files" / "pagedinfer-dashboard.json").read_text())
+    titles = " | ".join(p["title"] for p in dashboard["panels"])
+    for needed in ("KV cache usage", "used / free / cached", "hit rate", "Time to first token",
+                   "Inter-token latency", "Replicas"):
+        assert needed in titles
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            assert "$" not in expr, f"{panel['title']}: unknown Grafana variable in {target['expr']}"
+            assert_uses_known_metrics(expr, panel["title"])
+
+
+def test_the_dashboard_configmap_carries_the_json_unchanged(helm):
+    rendered = helm_template(helm, set_values={"monitoring.grafanaDashboard.enabled": True})
+    data = rendered.one("ConfigMap")["data"]["pagedinfer-dashboard.json"]
+    assert json.loads(data) == json.loads((CHART / "files" / "pagedinfer-dashboard.json").read_text())
