@@ -63,33 +63,26 @@ def _resource(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _monitor_spec(endpoints_key: str, labels_key: str, required: list[str]) -> dict[str, Any]:
+    """PodMonitorSpec (podMetricsEndpoints, podTargetLabels) or ServiceMonitorSpec (endpoints, targetLabels)."""
+    return {
+        "type": "object",
+        "required": required,
+        "properties": {
+            "selector": LABEL_SELECTOR,
+            "namespaceSelector": NAMESPACE_SELECTOR,
+            "jobLabel": {"type": "string"},
+            labels_key: {"type": "array", "items": {"type": "string"}},
+            endpoints_key: {"type": "array", "minItems": 1, "items": {
+                "type": "object", "properties": ENDPOINT_PROPERTIES, "additionalProperties": False}},
+        },
+        "additionalProperties": False,
+    }
+
+
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "PodMonitor": _resource("PodMonitor", {
-        "type": "object",
-        "required": ["selector"],
-        "properties": {
-            "selector": LABEL_SELECTOR,
-            "namespaceSelector": NAMESPACE_SELECTOR,
-            "jobLabel": {"type": "string"},
-            "podTargetLabels": {"type": "array", "items": {"type": "string"}},
-            "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "properties": ENDPOINT_PROPERTIES, "additionalProperties": False}},
-        },
-        "additionalProperties": False,
-    }),
-    "ServiceMonitor": _resource("ServiceMonitor", {
-        "type": "object",
-        "required": ["selector", "endpoints"],
-        "properties": {
-            "selector": LABEL_SELECTOR,
-            "namespaceSelector": NAMESPACE_SELECTOR,
-            "jobLabel": {"type": "string"},
-            "targetLabels": {"type": "array", "items": {"type": "string"}},
-            "endpoints": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "properties": ENDPOINT_PROPERTIES, "additionalProperties": False}},
-        },
-        "additionalProperties": False,
-    }),
+    "PodMonitor": _resource("PodMonitor", _monitor_spec("podMetricsEndpoints", "podTargetLabels", ["selector"])),
+    "ServiceMonitor": _resource("ServiceMonitor", _monitor_spec("endpoints", "targetLabels", ["selector", "endpoints"])),
     "PrometheusRule": _resource("PrometheusRule", {
         "type": "object",
         "properties": {"groups": {"type": "array", "items": {
