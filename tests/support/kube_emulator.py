@@ -147,6 +147,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         async with self._changed:
             return self._create(res, body.get("metadata", {}).get("namespace"), copy.deepcopy(body))
 
+    async def merge(self, res: kmock.resource, namespace: str | None, name: str, patch: dict[str, Any],
+                    subresource: str | None = None) -> dict[str, Any]:
+        """What `kubectl patch --type=merge [--subresource=...]` does, without HTTP."""
+        async with self._changed:
+            return self._write(res, namespace, name, subresource, lambda cur: merge_patch(cur, patch))
+
     async def set_status(self, res: kmock.resource, namespace: str | None, name: str,
                          status: dict[str, Any]) -> dict[str, Any]:
         """Play a controller: merge `status` into the object's status."""

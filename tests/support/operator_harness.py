@@ -61,7 +61,7 @@ async def serving_emulator(**kwargs: Any) -> AsyncIterator[tuple[KubeEmulator, s
 @contextlib.asynccontextmanager
 async def running_operator(config: OperatorConfig = FAST_CONFIG, *, namespaces: tuple[str, ...] = ("default",),
                            startup_timeout_seconds: float = 20.0) -> AsyncIterator[Runtime]:
-    """kopf.operator in this event loop; $KUBECONFIG must point at the emulator."""
+    """kopf.operator in this event loop; $KUBECONFIG must point at the emulator. Stopped as on SIGTERM."""
     runtime = Runtime(config=config)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(kopf.operator(
