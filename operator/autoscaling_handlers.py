@@ -1,0 +1,203 @@
+"""The autoscaler's kopf daemon: one loop per InferenceService with
+`spec.autoscaling.enabled: true` (kopf stops it when that turns false, and
+then `spec.replicas` is left to the user, an HPA or KEDA).
+
+Every `intervalSeconds` (read afresh from the live body each round) it:
+1. lists the InferenceService's pods by its selector labels and keeps the
+   ready ones (Ready condition True, a podIP, not terminating);
+2. reads their metrics: scrapes each one's /metrics (port `http`, else 8000)
+   or asks Prometheus (`source.type: prometheus`);
+3. turns them into per-metric samples (counter deltas against the pod's
+   previous scrape, kept per pod uid) and calls the pure policy
+   (autoscaling_policy.decide);
+4. when the decision changes the count, patches `spec.replicas` through the
+   InferenceService's scale subresource (the field an HPA would drive; the
+   reconciler carries it to the Deployment) and records a Kubernetes Event
+   with the reason;
+5. writes `status.autoscaling` {currentMetrics, desiredReplicas,
+   lastScaleTime, lastScaleReason} when it differs from what it last wrote.
+
+Per-object state (the policy's history, the last scrapes, the last status)
+lives in kopf's per-object memo, never in module globals. The history moves
+forward only after the scale patch succeeded. API errors and bad specs are
+logged (a bad spec also as a Warning Event, once per distinct error) and the
+loop carries on at the next interval: the autoscaler never crashes the
+operator and never scales on a failed read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import time
+from typing import Any, Mapping
+
+import aiohttp
+import kopf
+
+from pagedinfer.operator.autoscaling_metrics import PodReading, PodScrape, aggregate, pod_reading
+from pagedinfer.operator.autoscaling_policy import AutoscalerState, Observation, ScalingDecision, decide
+from pagedinfer.operator.autoscaling_scrape import PodTarget, query_prometheus, scrape_pods
+from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, parse_autoscaling_spec
+from pagedinfer.operator.builders import HTTP_PORT, selector_string
+from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError, ResourceRef
+from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.settings import runtime_of
+
+PODS = ResourceRef("v1", "pods")
+INVALID_SPEC_RETRY_SECONDS = 15.0
+
+
+@dataclasses.dataclass
+class AutoscalingMemory:
+    """What one InferenceService's autoscaler carries between rounds."""
+
+    state: AutoscalerState = dataclasses.field(default_factory=AutoscalerState)
+    scrapes: dict[str, PodScrape] = dataclasses.field(default_factory=dict)  # pod uid -> last good scrape
+    written_status: dict[str, Any] | None = None
+    spec_error: str | None = None
+
+
+def memory_of(memo: Any) -> AutoscalingMemory:
+    memory = getattr(memo, "autoscaling", None)
+    if not isinstance(memory, AutoscalingMemory):
+        memory = AutoscalingMemory()
+        memo.autoscaling = memory
+    return memory
+
+
+def _enabled(spec: Mapping[str, Any], **_: Any) -> bool:
+    autoscaling = spec.get("autoscaling")
+    return isinstance(autoscaling, Mapping) and autoscaling.get("enabled") is True
+
+
+@kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY, when=_enabled, cancellation_timeout=10.0)
+async def autoscale(stopped: kopf.DaemonStopped, body: kopf.Body, name: str, namespace: str, memo: Any,
+                    logger: logging.Logger, **_: Any) -> None:
+    runtime = runtime_of(memo)
+    memory = memory_of(memo)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        while not stopped:
+            interval = await autoscale_once(runtime.kube, session, body, name, namespace, memory, logger)
+            await stopped.wait(interval)
+
+
+async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.Body, name: str, namespace: str,
+                         memory: AutoscalingMemory, logger: logging.Logger) -> float:
+    """One round; returns the seconds until the next."""
+    raw_spec = dict(body.get("spec") or {})
+    try:
+        spec = parse_autoscaling_spec(raw_spec)
+    except ValueError as e:
+        if str(e) != memory.spec_error:
+            memory.spec_error = str(e)
+            kopf.event(body, type="Warning", reason="InvalidAutoscaling", message=str(e))
+        logger.warning("autoscaling spec is invalid: %s", e)
+        return INVALID_SPEC_RETRY_SECONDS
+    memory.spec_error = None
+    if not spec.enabled:
+        return spec.interval_seconds
+    try:
+        pods = await kube.list(PODS, namespace, label_selector=selector_string(name))
+    except ApiError as e:
+        logger.warning("autoscaling: cannot list pods: %s", e)
+        return spec.interval_seconds
+    ready = [p for p in pods if is_ready(p)]
+    readings = await _read_metrics(session, spec, namespace, ready, memory)
+    samples, num_failed = aggregate(readings, tuple(m.name for m in spec.metrics))
+    current = raw_spec.get("replicas", 1)
+    if not isinstance(current, int) or isinstance(current, bool) or current < 0:
+        logger.warning("autoscaling: spec.replicas is not a count: %r", current)
+        return spec.interval_seconds
+    observation = Observation(current, len(ready), num_failed, samples)
+    decision = decide(spec, observation, memory.state, time.monotonic())
+    now = _now_iso()
+    if decision.changed:
+        try:
+            await kube.patch(INFERENCESERVICES, namespace, name, {"spec": {"replicas": decision.desired_replicas}},
+                             subresource="scale")
+        except ApiError as e:
+            logger.warning("autoscaling: cannot scale to %d: %s", decision.desired_replicas, e)
+            return spec.interval_seconds
+        reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
+        kopf.event(body, type="Normal", reason=reason, message=decision.reason)
+        logger.info("autoscaling: %s", decision.reason)
+    memory.state = decision.state
+    status = build_status(decision, (body.get("status") or {}).get("autoscaling"), now)
+    if status != memory.written_status:
+        try:
+            await kube.patch(INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}},
+                             subresource="status")
+            memory.written_status = status
+        except ApiError as e:
+            logger.warning("autoscaling: cannot write status: %s", e)
+    return spec.interval_seconds
+
+
+async def _read_metrics(session: aiohttp.ClientSession, spec: AutoscalingSpec, namespace: str,
+                        ready: list[dict[str, Any]], memory: AutoscalingMemory) -> dict[str, PodReading | None]:
+    names = [p["metadata"]["name"] for p in ready]
+    if spec.source.type == "prometheus":
+        return await query_prometheus(session, spec.source.url or "", namespace, names,
+                                      max(spec.interval_seconds, 30.0), spec.scrape_timeout_seconds)
+    targets = [PodTarget(p["metadata"]["name"], metrics_url(p)) for p in ready]
+    scrapes = await scrape_pods(session, targets, spec.scrape_timeout_seconds, spec.scrape_concurrency)
+    readings: dict[str, PodReading | None] = {}
+    kept: dict[str, PodScrape] = {}
+    for pod in ready:
+        uid, pod_name = pod["metadata"].get("uid") or pod["metadata"]["name"], pod["metadata"]["name"]
+        scrape = scrapes.get(pod_name)
+        if scrape is None:
+            readings[pod_name] = None
+            if uid in memory.scrapes:
+                kept[uid] = memory.scrapes[uid]
+            continue
+        readings[pod_name] = pod_reading(memory.scrapes.get(uid), scrape)
+        kept[uid] = scrape
+    memory.scrapes = kept
+    return readings
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    """Running, Ready condition True, an IP, and not being deleted."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def metrics_url(pod: Mapping[str, Any]) -> str:
+    """http://<podIP>:<port named http, else 8000>/metrics."""
+    port = HTTP_PORT
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == "http" and isinstance(p.get("containerPort"), int):
+                port = p["containerPort"]
+    ip = pod["status"]["podIP"]
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/metrics"
+
+
+def build_status(decision: ScalingDecision, previous: Mapping[str, Any] | None, now_iso: str) -> dict[str, Any]:
+    """status.autoscaling for this round; lastScale* carry over until the next change."""
+    previous = previous or {}
+    current_metrics = []
+    for m in decision.metrics:
+        entry: dict[str, Any] = {"name": m.name, "target": m.target}
+        if m.value is not None:
+            entry["value"] = round(m.value, 4)
+        current_metrics.append(entry)
+    status: dict[str, Any] = {"currentMetrics": current_metrics, "desiredReplicas": decision.desired_replicas}
+    if decision.changed:
+        status["lastScaleTime"], status["lastScaleReason"] = now_iso, decision.reason
+    else:
+        for key in ("lastScaleTime", "lastScaleReason"):
+            if key in previous:
+                status[key] = previous[key]
+    return status
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,247 @@
+"""The kubelet's part in the autoscaling end-to-end tests (there is no cluster here).
+
+- `emulated_cluster(dir)`: the kmock-based API server (kube_emulator) on
+  127.0.0.1 and a kubeconfig pointing at it.
+- `running_operator(...)`: the real kopf runtime with the pagedinfer registry
+  (settings' startup/login handlers plus the autoscaler), in this event loop.
+- `KubeletHarness`: watches (polls) an InferenceService's desired replica
+  count - its Deployment's `spec.replicas` when the reconciler made one,
+  else the InferenceService's own `spec.replicas` - and for N replicas keeps
+  N real `pagedinfer serve` processes running, each on its own loopback
+  address (127.0.0.2, 127.0.0.3, ...) port 8000, with a ready Pod object
+  (selector labels, podIP, Ready condition) in the emulated API server;
+  on scale-down it deletes the Pod object first (as endpoints drop a
+  terminating pod) and then stops the process. At most `max_engines` run.
+- `loopback_ip()`: a free 127.0.0.x address for port 8000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import kmock
+import kopf
+
+from kube_emulator import KubeEmulator, default_emulator
+
+ENGINE_PORT = 8000
+IS_PATH = "/apis/serving.pagedinfer.dev/v1alpha1/namespaces/{ns}/inferenceservices"
+
+
+@dataclass
+class Cluster:
+    emulator: KubeEmulator
+    url: str
+    kubeconfig: Path
+    session: aiohttp.ClientSession
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        async with self.session.request(method, self.url + path, json=body, headers=headers) as response:
+            payload = await response.json(content_type=None)
+            if response.status >= 400:
+                raise RuntimeError(f"{method} {path}: {response.status} {payload}")
+            return payload
+
+    async def create_inference_service(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", IS_PATH.format(ns=namespace), body)
+
+    async def inference_service(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self.request("GET", IS_PATH.format(ns=namespace) + f"/{name}")
+
+    async def patch_inference_service(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("PATCH", IS_PATH.format(ns=namespace) + f"/{name}", patch,
+                                  "application/merge-patch+json")
+
+    async def events(self, namespace: str) -> list[dict[str, Any]]:
+        return (await self.request("GET", f"/api/v1/namespaces/{namespace}/events")).get("items", [])
+
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create the pod, then write its status through /status (as the kubelet does)."""
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
+        name = body["metadata"]["name"]
+        await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                           {"status": body["status"]}, "application/merge-patch+json")
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+
+@contextlib.asynccontextmanager
+async def emulated_cluster(directory: Path) -> AsyncIterator[Cluster]:
+    emulator = default_emulator()
+    async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
+        url = f"http://127.0.0.1:{server.port}"
+        kubeconfig = directory / "kubeconfig.json"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+            "users": [{"name": "tester", "user": {}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
+        }))
+        async with aiohttp.ClientSession() as session:
+            yield Cluster(emulator, url, kubeconfig, session)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(cluster: Cluster, namespace: str) -> AsyncIterator[None]:
+    """kopf for real, logging in through the kubeconfig (the settings' login handler)."""
+    from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
+    from pagedinfer.operator.registry import REGISTRY
+    from pagedinfer.operator.settings import OperatorConfig, Runtime
+
+    previous = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    stop = asyncio.Event()
+    runtime = Runtime(config=OperatorConfig(fetch_hf_config=False, retry_delay_seconds=1.0))
+    task = asyncio.create_task(kopf.operator(registry=REGISTRY, memo=kopf.Memo(pagedinfer=runtime),
+                                             standalone=True, namespaces=[namespace], stop_flag=stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(task, 30)
+        finally:
+            if previous is None:
+                os.environ.pop("KUBECONFIG", None)
+            else:
+                os.environ["KUBECONFIG"] = previous
+
+
+def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT) -> str:
+    """The first 127.0.0.x (x >= 2) where `port` is free and not in `taken`."""
+    for last in range(2, 255):
+        ip = f"127.0.0.{last}"
+        if ip in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((ip, port))
+            except OSError:
+                continue
+            return ip
+    raise RuntimeError(f"no free loopback address for port {port}")
+
+
+def pod_manifest(name: str, instance: str, ip: str, ready: bool = True) -> dict[str, Any]:
+    """A Running pod of `instance` (selector labels of pagedinfer.operator.builders) at `ip`."""
+    from pagedinfer.operator.builders import selector_labels
+
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": selector_labels(instance)},
+        "spec": {"containers": [{"name": "engine", "image": "pagedinfer-engine",
+                                 "ports": [{"name": "http", "containerPort": ENGINE_PORT}]}]},
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+@dataclass
+class Engine:
+    pod_name: str
+    ip: str
+    process: subprocess.Popen
+    log_path: Path
+
+
+@dataclass
+class KubeletHarness:
+    """Plays the kubelet for one InferenceService with real engine processes."""
+
+    cluster: Cluster
+    namespace: str
+    instance: str
+    model_dir: Path
+    log_dir: Path
+    engine_args: tuple[str, ...] = ()
+    max_engines: int = 3
+    poll_seconds: float = 0.3
+    engines: list[Engine] = field(default_factory=list)
+    history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, desired replicas)
+    _counter: int = 0
+
+    async def desired_replicas(self) -> int:
+        deployment = self.cluster.emulator.read(_DEPLOYMENTS, self.namespace, self.instance)
+        if deployment is not None:
+            return int((deployment.get("spec") or {}).get("replicas", 1))
+        body = await self.cluster.inference_service(self.namespace, self.instance)
+        return int(body["spec"].get("replicas", 1))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Converge engines to the desired count until `stop` is set; then stop every engine."""
+        try:
+            while not stop.is_set():
+                desired = min(await self.desired_replicas(), self.max_engines)
+                if not self.history or self.history[-1][1] != desired:
+                    self.history.append((time.monotonic(), desired))
+                while len(self.engines) > desired:
+                    await self._stop(self.engines.pop())
+                while len(self.engines) < desired:
+                    await self._start()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_seconds)
+        finally:
+            while self.engines:
+                await self._stop(self.engines.pop())
+
+    @property
+    def ips(self) -> list[str]:
+        return [e.ip for e in self.engines]
+
+    async def _start(self) -> None:
+        ip = loopback_ip(set(self.ips))
+        self._counter += 1
+        pod_name = f"{self.instance}-engine-{self._counter}"
+        log_path = self.log_dir / f"{pod_name}.log"
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env.pop("PAGEDINFER_API_KEY", None)
+        command = [str(Path(sys.executable).parent / "pagedinfer"), "serve", "--model", str(self.model_dir),
+                   "--served-model-name", self.instance, "--host", ip, "--port", str(ENGINE_PORT),
+                   "--log-level", "warning", "--shutdown-grace-seconds", "0", *self.engine_args]
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        engine = Engine(pod_name, ip, process, log_path)
+        await self._wait_healthy(engine)
+        self.engines.append(engine)
+        await self.cluster.create_pod(self.namespace, pod_manifest(pod_name, self.instance, ip))
+
+    async def _wait_healthy(self, engine: Engine, timeout_seconds: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_seconds
+        url = f"http://{engine.ip}:{ENGINE_PORT}/health"
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if engine.process.poll() is not None:
+                    raise RuntimeError(f"engine {engine.pod_name} exited: {engine.log_path.read_text()[-2000:]}")
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(0.3)
+        engine.process.kill()
+        raise RuntimeError(f"engine {engine.pod_name} not healthy after {timeout_seconds} s")
+
+    async def _stop(self, engine: Engine) -> None:
+        await self.cluster.delete_pod(self.namespace, engine.pod_name)
+        engine.process.terminate()
+        try:
+            await asyncio.to_thread(engine.process.wait, 20)
+        except subprocess.TimeoutExpired:
+            engine.process.kill()
+            await asyncio.to_thread(engine.process.wait)
+
+
+_DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
