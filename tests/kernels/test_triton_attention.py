@@ -49,6 +49,15 @@ def test_mixed_decode_and_prefill_step(block_size, group, dtype):
     run_and_compare(problem, out)
 
 
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_large_blocks(block_size):
+    problem = make_problem([130, 64, 200], [1, 1, 70], num_heads=4, num_kv_heads=2, head_dim=16,
+                           block_size=block_size, dtype=torch.float16, seed=block_size)
+    out = paged_attention_triton(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
+                                 problem.scale)
+    run_and_compare(problem, out)
+
+
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 def test_head_dims_including_non_powers_of_two(head_dim):
     problem = make_problem([21, 8, 19], [1, 8, 5], num_heads=4, num_kv_heads=2, head_dim=head_dim,
