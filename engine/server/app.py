@@ -119,9 +119,27 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         return JSONResponse(chat_response(plan, finals, engine_loop.info.tokenizer))
 
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _openapi_with_model_name(app, metrics.model_name)
+        return app.openapi_schema
+
+    app.openapi = openapi
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     return app
+
+
+def _openapi_with_model_name(app: FastAPI, model_name: str) -> dict:
+    """The generated schema, with `model` restricted to the one name this server answers to."""
+    from fastapi.openapi.utils import get_openapi
+
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        properties = schema.get("components", {}).get("schemas", {}).get(name, {}).get("properties", {})
+        if "model" in properties:
+            properties["model"] = {"type": "string", "enum": [model_name], "title": "Model"}
+    return schema
 
 
 async def _finals(serving: Serving, plan: Plan, request: Request) -> list[Any] | None:

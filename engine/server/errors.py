@@ -60,26 +60,67 @@ def from_value_error(exc: ValueError) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_parameter")
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_tag(part: object) -> bool:
+    """pydantic names union members in error locations ('str', 'list[int]', 'function-after[...]')."""
+    return isinstance(part, str) and ("[" in part or "-" in part or part in _TYPE_TAGS)
+
+
+def _split_loc(loc: tuple) -> tuple[str | None, str | None]:
+    """(parameter path before any union tag, full parameter path without tags)."""
+    parts = [p for p in loc if p != "body"]
+    head: list[str] = []
+    for p in parts:
+        if _is_tag(p):
+            break
+        head.append(str(p))
+    full = [str(p) for p in parts if not _is_tag(p)]
+    return ".".join(head) or None, ".".join(full) or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None, "invalid_request"
     first = errors[0]
-    if first.get("type") == "json_invalid":
+    kind = first.get("type")
+    if kind == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None, "invalid_json"
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "extra_forbidden":
-        msg = "unknown field"
-    if first.get("type") == "missing" and not loc:
+    union_param, param = _split_loc(tuple(first.get("loc", ())))
+    if kind == "missing" and param is None:
         return "request body is required", None, "invalid_request"
-    if first.get("type") == "missing":
+    if kind in ("model_type", "model_attributes_type", "dict_type") and param is None:
+        return "request body: must be a JSON object", None, "invalid_request"
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is None:
+        head, sep, _ = msg.partition(":")
+        if sep and head.isidentifier():
+            return msg, head, "invalid_parameter"
+        return msg, None, "invalid_parameter"
+    related = [e for e in errors if _split_loc(tuple(e.get("loc", ())))[0] == union_param]
+    if kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind == "missing":
         msg = "field required"
-    message = f"{param}: {msg}" if param else msg
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    elif any(_is_tag(p) for p in first.get("loc", ())) and len(related) > 1:
+        param = union_param
+        # Constraint violations (a negative token id) say more than type mismatches of other union members.
+        ranked = sorted(related, key=lambda e: str(e.get("type", "")).endswith("_type"))
+        alternatives = list(dict.fromkeys(f"{e.get('msg', '')} at {_split_loc(tuple(e.get('loc', ())))[1]}"
+                                          for e in ranked))
+        msg = "matches none of the accepted forms: " + "; ".join(alternatives[:3])
+    else:
+        related = [first]
+    message = f"{param}: {msg}"
+    others = len(errors) - len(related)
+    if others > 0:
+        message += f" (and {others} more problem{'s' if others > 1 else ''})"
     return message, param, "invalid_parameter"
+
+
+_UNPARSABLE_BODY = "There was an error parsing the body"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -94,6 +135,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _UNPARSABLE_BODY:
+            return error_response(400, "malformed JSON body: not valid UTF-8 JSON", None, "invalid_json")
         return error_response(exc.status_code, str(exc.detail), None, None, getattr(exc, "headers", None))
 
     @app.exception_handler(json.JSONDecodeError)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 
+Number = Annotated[float, AllowInfNan(False)]
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 
@@ -31,19 +32,19 @@ class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
     n: StrictInt = Field(default=1, ge=1, le=MAX_N)
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: StrictInt | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: Number | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Number | None = Field(default=None, ge=-2.0, le=2.0)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     top_k: StrictInt | None = Field(default=None, ge=1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    min_p: Number | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: Number | None = Field(default=None, gt=0.0, le=2.0)
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = Field(default=0, ge=0)
 
