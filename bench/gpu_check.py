@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -347,6 +348,21 @@ def compare_prefill(report: Report, device, shapes: dict) -> None:
 
 # ----- section 3: end to end ------------------------------------------------------------------------
 def end_to_end(report: Report, device, shapes: dict, num_requests: int) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if report.seconds_left() < shapes["e2e_seconds"]:
+        report.line(f"skipped: {report.seconds_left():.0f} s left, section 3 needs about {shapes['e2e_seconds']}")
+        return
+    model_dir = Path(tempfile.mkdtemp(prefix="pagedinfer_e2e_"))
+    try:
+        compare_engine_with_generate(report, device, shapes, num_requests, model_dir)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+
+def compare_engine_with_generate(report: Report, device, shapes: dict, num_requests: int, model_dir: Path) -> None:
     import gc
 
     import torch
@@ -355,10 +371,6 @@ def end_to_end(report: Report, device, shapes: dict, num_requests: int) -> None:
     from pagedinfer.engine import LLM, SamplingParams
     from pagedinfer.engine.tiny_model import train_tokenizer
 
-    if report.seconds_left() < shapes["e2e_seconds"]:
-        report.line(f"skipped: {report.seconds_left():.0f} s left, section 3 needs about {shapes['e2e_seconds']}")
-        return
-    model_dir = Path(tempfile.mkdtemp(prefix="pagedinfer_e2e_"))
     tokenizer = train_tokenizer(model_dir)
     config = transformers.LlamaConfig(vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=3,
                                       tie_word_embeddings=False, **shapes["e2e_model"])
@@ -391,6 +403,9 @@ def end_to_end(report: Report, device, shapes: dict, num_requests: int) -> None:
     engine_tokens = [o.outputs[0].token_ids for o in outputs]
     report.line(f"pagedinfer LLM: {produced} output tokens in {engine_seconds:.2f} s = "
                 f"{produced / engine_seconds:.0f} tokens/s")
+    report.add("e2e", {"system": "pagedinfer", "num_params": num_params, "num_requests": num_requests,
+                       "output_tokens": produced, "requested_tokens": useful_tokens, "seconds": engine_seconds,
+                       "tokens_per_s": produced / engine_seconds})
     del llm, outputs
     gc.collect()
     if device.type == "cuda":
@@ -420,12 +435,12 @@ def end_to_end(report: Report, device, shapes: dict, num_requests: int) -> None:
     report.line(f"transformers generate (one static batch of {num_requests}, {max_new} new tokens each): "
                 f"{hf_seconds:.2f} s = {useful_tokens / hf_seconds:.0f} requested tokens/s "
                 f"({num_requests * max_new / hf_seconds:.0f} incl. padding)")
-    report.line(f"speed-up pagedinfer / transformers: {(produced / engine_seconds) / (useful_tokens / hf_seconds):.2f}"
-                f"; greedy outputs identical for {same}/{num_requests} requests")
-    report.add("e2e", {"num_params": num_params, "num_requests": num_requests, "output_tokens": produced,
-                       "requested_tokens": useful_tokens, "engine_seconds": engine_seconds,
-                       "engine_tokens_per_s": produced / engine_seconds, "hf_seconds": hf_seconds,
-                       "hf_tokens_per_s": useful_tokens / hf_seconds, "identical_outputs": same})
+    speedup = (produced / engine_seconds) / (useful_tokens / hf_seconds)
+    report.line(f"speed-up pagedinfer / transformers: {speedup:.2f}; "
+                f"greedy outputs identical for {same}/{num_requests} requests")
+    report.add("e2e", {"system": "transformers", "num_requests": num_requests, "requested_tokens": useful_tokens,
+                       "seconds": hf_seconds, "tokens_per_s": useful_tokens / hf_seconds,
+                       "identical_outputs": same, "speedup": speedup})
 
 
 def shapes_for(smoke: bool) -> dict:

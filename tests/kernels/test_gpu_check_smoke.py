@@ -24,7 +24,7 @@ def test_gpu_check_smoke_mode_passes_and_writes_json(tmp_path):
     sections = report["sections"]
     assert sections["correctness"] and all(case["ok"] for case in sections["correctness"])
     assert {r["case"] for r in sections["bandwidth"]} >= {"copy", "decode", "decode_no_split"}
-    e2e = sections["e2e"][0]
-    assert e2e["output_tokens"] == e2e["requested_tokens"]
-    assert e2e["identical_outputs"] == e2e["num_requests"]  # float32: greedy equals generate
+    engine, baseline = sections["e2e"]
+    assert engine["output_tokens"] == engine["requested_tokens"]
+    assert baseline["identical_outputs"] == baseline["num_requests"]  # float32: greedy equals generate
     assert "failed_sections" not in report
