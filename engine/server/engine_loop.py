@@ -20,9 +20,11 @@ nothing. Aborts free the request's KV blocks at once (`engine.abort_request`).
 The latest `EngineStats` snapshot is swapped in after every pass, so readers
 (/metrics, admission control) never touch the engine.
 
-Shutdown: `begin_drain()` refuses new work while in-flight requests run on;
-`stop()` aborts whatever is left, answers those requests with
-`RequestFailed`, and joins the thread.
+Shutdown: `begin_drain(grace_seconds)` refuses new work while in-flight
+requests run on; once the grace period is over the thread aborts whatever
+is left and answers each with `RequestFailed` (503), so their responses end
+cleanly instead of being cancelled mid-write. `stop()` does the same at once
+and joins the thread.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -107,6 +110,7 @@ class EngineLoop:
         self._sinks: dict[str, RequestSink] = {}
         self._stop_requested = False
         self._draining = False
+        self._drain_deadline: float | None = None
         self._pending_adds = 0
         self._pending_lock = threading.Lock()
         self.ready = threading.Event()
@@ -143,8 +147,12 @@ class EngineLoop:
         self._inbox.put(_Abort(request_id))
         self._wake.set()
 
-    def begin_drain(self) -> None:
+    def begin_drain(self, grace_seconds: float | None = None) -> None:
+        """Refuse new requests; abort the in-flight ones after grace_seconds (None: let them finish)."""
         self._draining = True
+        if grace_seconds is not None and self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + grace_seconds
+        self._wake.set()
 
     def stop(self, timeout_seconds: float = 30.0) -> None:
         """Abort everything still in flight and join the thread."""
@@ -173,6 +181,8 @@ class EngineLoop:
         while not self._stop_requested:
             self._wake.clear()
             self._apply_inbox(engine)
+            if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline and self._sinks:
+                self._abort_all(engine, "the server is shutting down: the grace period ended")
             if self.engine_error is None and engine.has_unfinished_requests():
                 self._step(engine)
             else:
@@ -198,7 +208,7 @@ class EngineLoop:
             self._add(engine, command)
 
     def _add(self, engine: Any, command: _Add) -> None:
-        if self.engine_error is not None or self._stop_requested:
+        if self.engine_error is not None or self._stop_requested or self._draining:
             command.sink.push(RequestFailed(503, "the server is shutting down or unhealthy"))
             return
         try:

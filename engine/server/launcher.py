@@ -1,9 +1,12 @@
 """Build and run one server: engine factory, app, uvicorn, signals.
 
 Shutdown on SIGTERM (or SIGINT): uvicorn stops accepting connections and
-waits up to `shutdown_grace_seconds` for in-flight responses to finish; after
-that it cancels them (each stream's `finally` aborts its engine requests).
-Then the lifespan stops the engine loop, which aborts whatever is left.
+waits for in-flight responses; at the same moment the engine loop starts
+draining: it refuses new requests, lets running ones finish, and once
+`shutdown_grace_seconds` have passed aborts the rest, whose responses then end
+with a 503 error (streams: an error event and [DONE]). uvicorn's own
+graceful timeout, a few seconds later, is only a backstop that cancels
+responses still stuck. Then the lifespan stops the engine loop.
 
 uvicorn re-raises the signal it caught once it is done, to let the previous
 handler run. For SIGTERM the previous handler would be the default one,
@@ -27,6 +30,7 @@ from pagedinfer.engine.server.metrics import ServerMetrics
 logger = logging.getLogger("pagedinfer.server")
 
 DEFAULT_MODEL_NAME = "pagedinfer-default"
+SHUTDOWN_BACKSTOP_SECONDS = 5.0
 
 
 def default_model_dir() -> Path:
@@ -70,18 +74,27 @@ def build_app(engine_config: Any, settings: ServerSettings, served_model_name: s
     return create_app(loop, metrics, settings), loop
 
 
-def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float, log_level: str = "info"):
+def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float, log_level: str = "info",
+                   engine_loop: EngineLoop | None = None):
+    """A uvicorn server whose exit signal also starts draining the engine loop."""
     import uvicorn
 
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if engine_loop is not None:
+                engine_loop.begin_drain(shutdown_grace_seconds)
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=shutdown_grace_seconds, timeout_keep_alive=5)
-    return uvicorn.Server(config)
+                            timeout_graceful_shutdown=shutdown_grace_seconds + SHUTDOWN_BACKSTOP_SECONDS,
+                            timeout_keep_alive=5)
+    return DrainingServer(config)
 
 
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
                log_level: str = "info") -> int:
     """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load."""
-    server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level)
+    server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop)
 
     def exit_if_load_fails() -> None:
         engine_loop.ready.wait()

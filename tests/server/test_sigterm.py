@@ -1,0 +1,106 @@
+"""`pagedinfer serve` as a real process: SIGTERM during load ends it cleanly within the grace period."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+GRACE_SECONDS = 2.0
+KEY = "sk-sigterm-4d2f8a"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "server exited before becoming healthy"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("server did not become healthy")
+
+
+@pytest.mark.slow
+def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cli = Path(sys.executable).with_name("pagedinfer")
+    env = {**os.environ, "PAGEDINFER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
+    log = (tmp_path / "server.log").open("w+")
+    proc = subprocess.Popen(
+        [str(cli), "serve", "--model", str(tiny_llama), "--served-model-name", "tiny", "--port", str(port),
+         "--device", "cpu", "--max-model-len", "1024", "--num-gpu-blocks-override", "256",
+         "--shutdown-grace-seconds", str(GRACE_SECONDS)],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_healthy(url, proc)
+        outcomes: list[str] = []
+        body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+
+        def client() -> None:
+            try:
+                with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60,
+                                  headers={"Authorization": f"Bearer {KEY}"}) as r:
+                    if r.status_code != 200:
+                        outcomes.append(f"refused {r.status_code}")
+                        return
+                    lines = [line for line in r.iter_lines() if line]
+                if lines[-1] != "data: [DONE]":
+                    outcomes.append("cut")
+                elif '"finish_reason":"length"' in lines[-2]:
+                    outcomes.append("finished")
+                elif '"error"' in lines[-2] and "shutting down" in lines[-2]:
+                    outcomes.append("aborted")
+                else:
+                    outcomes.append("unexpected: " + lines[-2][:200])
+            except httpx.TransportError:
+                outcomes.append("refused")
+
+        clients = [threading.Thread(target=client) for _ in range(16)]
+        for c in clients:
+            c.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            text = httpx.get(url + "/metrics").text
+            running = [ln for ln in text.splitlines() if ln.startswith("pagedinfer_num_requests_running{")]
+            if running and float(running[0].split()[-1]) >= 1:
+                break
+            time.sleep(0.05)
+        signaled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=GRACE_SECONDS + 30)
+        exited_after = time.monotonic() - signaled
+        for c in clients:
+            c.join(30)
+        assert code == 0
+        assert len(outcomes) == 16  # every client got an answer: none hangs
+        assert set(outcomes) <= {"finished", "aborted", "refused", "refused 503"}, outcomes
+        assert "aborted" in outcomes  # 1000 tokens each cannot all finish within the grace period
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=2)
+        log.seek(0)
+        output = log.read()
+        assert KEY not in output
+        assert "Traceback" not in output, output
+        print(f"exited {exited_after:.2f}s after SIGTERM (grace {GRACE_SECONDS}s); clients: {sorted(outcomes)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
