@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -86,14 +87,44 @@ def check_attention_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_c
         raise ValueError("metadata.block_tables must have a unit stride along its rows")
 
 
+@dataclass(frozen=True)
+class TileShape:
+    block_q: int    # query tokens per program
+    block_m: int    # rows per program: block_q x the group's heads (padded to a power of two), >= 16
+    tile_n: int     # key positions per loop iteration
+
+
+def decode_tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, tile_n: int | None = None) -> TileShape:
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    return TileShape(block_q=1, block_m=max(16, group_pad), tile_n=tile_n or (64 if head_dim <= 128 else 32))
+
+
+def prefill_tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_m: int | None = None,
+                       tile_n: int | None = None) -> TileShape:
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    block_m = block_m or (64 if head_dim <= 128 else 32)
+    block_q = max(1, block_m // group_pad)
+    return TileShape(block_q=block_q, block_m=max(block_m, group_pad * block_q, 16),
+                     tile_n=tile_n or (64 if head_dim <= 128 else 32))
+
+
+def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, cache_dtype: torch.dtype,
+                     tiles: TileShape, has_window: bool, use_splits: bool) -> dict:
+    """The compile-time constants of `paged_attention_kernel` for one launch."""
+    group = num_heads // num_kv_heads
+    return dict(
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=tiles.block_q, BLOCK_M=tiles.block_m,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
+        HAS_WINDOW=has_window, USE_SPLITS=use_splits,
+        DOT_PRECISION="ieee" if cache_dtype == torch.float32 else None,
+    )
+
+
 def _launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata,
             out: torch.Tensor, scale: float, sliding_window: int | None, first_seq: int, num_seqs: int,
-            block_q: int, block_m: int, tile_n: int, num_splits: int, num_q_tiles: int,
-            num_warps: int, num_stages: int) -> None:
+            tiles: TileShape, num_splits: int, num_q_tiles: int, num_warps: int, num_stages: int) -> None:
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
-    group = num_heads // num_kv_heads
-    block_d = triton.next_power_of_2(head_dim)
     use_splits = num_splits > 1
     if use_splits:
         partial_out = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32,
@@ -110,16 +141,14 @@ def _launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Ten
         scale * LOG2_E, sliding_window or 0, first_seq, num_q_tiles, num_splits, num_heads,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), metadata.block_tables.stride(0),
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_M=block_m,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HAS_WINDOW=sliding_window is not None, USE_SPLITS=use_splits,
-        DOT_PRECISION="ieee" if key_cache.dtype == torch.float32 else None,
+        **kernel_constants(num_heads, num_kv_heads, head_dim, block_size, key_cache.dtype, tiles,
+                           sliding_window is not None, use_splits),
         num_warps=num_warps, num_stages=num_stages,
     )
     if use_splits:
         merge_splits_kernel[(num_tokens, num_heads)](
             out, partial_out, partial_max, partial_sum, num_splits, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
         )
 
 
@@ -139,12 +168,10 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     max_seq_len = max(metadata.seq_lens_cpu[:num_seqs])
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, key_cache.shape[2], max_seq_len, _num_sms(query.device))
-    head_dim = query.shape[2]
-    group_pad = triton.next_power_of_2(query.shape[1] // key_cache.shape[2])
-    tile_n = tile_n or (64 if head_dim <= 128 else 32)
+    tiles = decode_tile_shape(query.shape[1], key_cache.shape[2], query.shape[2], tile_n)
     _launch(query[:num_seqs], key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=0,
-            num_seqs=num_seqs, block_q=1, block_m=max(16, group_pad), tile_n=tile_n, num_splits=num_splits,
-            num_q_tiles=1, num_warps=num_warps, num_stages=num_stages)
+            num_seqs=num_seqs, tiles=tiles, num_splits=num_splits, num_q_tiles=1, num_warps=num_warps,
+            num_stages=num_stages)
     return out
 
 
@@ -162,16 +189,11 @@ def prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     num_seqs = metadata.num_seqs - first_seq
     if num_seqs == 0:
         return out
-    head_dim = query.shape[2]
-    group_pad = triton.next_power_of_2(query.shape[1] // key_cache.shape[2])
-    block_m = block_m or (64 if head_dim <= 128 else 32)
-    block_q = max(1, block_m // group_pad)
-    block_m = max(block_m, group_pad * block_q, 16)
-    tile_n = tile_n or (64 if head_dim <= 128 else 32)
-    num_q_tiles = triton.cdiv(max(metadata.query_lens_cpu[first_seq:]), block_q)
+    tiles = prefill_tile_shape(query.shape[1], key_cache.shape[2], query.shape[2], block_m, tile_n)
+    num_q_tiles = triton.cdiv(max(metadata.query_lens_cpu[first_seq:]), tiles.block_q)
     _launch(query, key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=first_seq,
-            num_seqs=num_seqs, block_q=block_q, block_m=block_m, tile_n=tile_n, num_splits=1,
-            num_q_tiles=num_q_tiles, num_warps=num_warps, num_stages=num_stages)
+            num_seqs=num_seqs, tiles=tiles, num_splits=1, num_q_tiles=num_q_tiles, num_warps=num_warps,
+            num_stages=num_stages)
     return out
 
 
