@@ -27,6 +27,7 @@ operator and never scales on a failed read.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import logging
@@ -48,6 +49,7 @@ from pagedinfer.operator.settings import runtime_of
 
 PODS = ResourceRef("v1", "pods")
 INVALID_SPEC_RETRY_SECONDS = 15.0
+STOP_POLL_SECONDS = 0.2
 
 
 @dataclasses.dataclass
@@ -81,7 +83,15 @@ async def autoscale(stopped: kopf.DaemonStopped, body: kopf.Body, name: str, nam
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         while not stopped:
             interval = await autoscale_once(runtime.kube, session, body, name, namespace, memory, logger)
-            await stopped.wait(interval)
+            await _sleep_unless_stopped(stopped, interval)
+
+
+async def _sleep_unless_stopped(stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Sleep in short steps, checking the flag. (kopf's `stopped.wait(timeout)` runs a side
+    task that, timing out while the operator exits, surfaces as a TimeoutError at shutdown.)"""
+    deadline = time.monotonic() + seconds
+    while not stopped and (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, STOP_POLL_SECONDS))
 
 
 async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.Body, name: str, namespace: str,

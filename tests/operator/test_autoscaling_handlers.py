@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import threading
 from dataclasses import dataclass
 
 import pytest
 from aiohttp import web
 
-from kubelet_harness import ENGINE_PORT, emulated_cluster, loopback_ip, pod_manifest, running_operator
+from kubelet_harness import ENGINE_PORT, add_ready_pod, loopback_ip, pod_manifest
+from operator_harness import DEPLOYMENTS, EVENTS, ISVC, eventually, running_operator
+from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
 from pagedinfer.operator.autoscaling_handlers import build_status, is_ready, metrics_url
 from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide
 from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec
@@ -41,21 +43,43 @@ class FakeEngine:
 
 @contextlib.asynccontextmanager
 async def fake_engines(count: int):
-    engines, runners = [], []
-    try:
-        for _ in range(count):
-            engine = FakeEngine(loopback_ip({e.ip for e in engines}))
+    """`count` FakeEngines, each an HTTP server on its own loopback address, served
+    from a thread of their own (as separate pods are): kopf, stopping, cancels
+    every task of its own event loop."""
+    engines = []
+    for _ in range(count):
+        engines.append(FakeEngine(loopback_ip({e.ip for e in engines})))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def serve():
+        runners = []
+        for engine in engines:
             app = web.Application()
             app.router.add_get("/metrics", engine.metrics)
             runner = web.AppRunner(app, shutdown_timeout=0.1)
             await runner.setup()
             await web.TCPSite(runner, engine.ip, ENGINE_PORT).start()
-            engines.append(engine)
             runners.append(runner)
+        return runners
+
+    runners = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+    try:
         yield engines
     finally:
-        for runner in runners:
-            await runner.cleanup()
+        async def cleanup():
+            for runner in runners:
+                await runner.cleanup()
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def inference_service(name: str, replicas: int, enabled: bool = True, **autoscaling):
@@ -63,7 +87,7 @@ def inference_service(name: str, replicas: int, enabled: bool = True, **autoscal
         "apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "model": {"uri": "hf://tiny/model"}, "replicas": replicas, "minReplicas": 1, "maxReplicas": 3,
+            "resources": {"gpus": 0}, "replicas": replicas, "minReplicas": 1, "maxReplicas": 3,
             "autoscaling": {
                 "enabled": enabled, "intervalSeconds": 0.5, "scrapeTimeoutSeconds": 0.5,
                 "metrics": [{"name": "kvCacheUsage", "target": 0.5}],
@@ -73,115 +97,91 @@ def inference_service(name: str, replicas: int, enabled: bool = True, **autoscal
     }
 
 
-async def wait_for(predicate, timeout_seconds=20.0):
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        result = await predicate()
-        if result:
-            return result
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"condition not met within {timeout_seconds} s")
+def replicas_of(emulator, name="svc"):
+    return emulator.read(ISVC, NS, name)["spec"]["replicas"]
 
 
-async def replicas_of(cluster, name):
-    return (await cluster.inference_service(NS, name))["spec"]["replicas"]
+def autoscaling_status(emulator, name="svc"):
+    return ((emulator.read(ISVC, NS, name) or {}).get("status") or {}).get("autoscaling")
+
+
+def events_with_reason(emulator, reason):
+    return [e for e in emulator.read_all(EVENTS, NS) if e.get("reason") == reason]
 
 
 @pytest.mark.timeout(120)
-async def test_scales_up_on_kv_usage_then_down_after_the_window(tmp_path):
-    async with emulated_cluster(tmp_path) as cluster, fake_engines(3) as engines, running_operator(cluster, NS):
-        await cluster.create_inference_service(NS, inference_service("svc", replicas=1))
+async def test_scales_up_on_kv_usage_then_down_after_the_window(emulator):
+    async with fake_engines(3) as engines, running_operator():
+        await emulator.create(ISVC, inference_service("svc", replicas=1))
         engines[0].kv_usage = 0.9
-        await cluster.create_pod(NS, pod_manifest("svc-0", "svc", engines[0].ip))
+        await add_ready_pod(emulator, NS, pod_manifest("svc-0", "svc", engines[0].ip))
 
-        async def scaled_to_two():
-            return await replicas_of(cluster, "svc") == 2
-
-        await wait_for(scaled_to_two)
-        body = await cluster.inference_service(NS, "svc")
-        status = body["status"]["autoscaling"]
+        await eventually(lambda: replicas_of(emulator) == 2)
+        status = autoscaling_status(emulator)
         assert status["desiredReplicas"] == 2
         assert status["lastScaleReason"].startswith("kvCacheUsage 0.9 above target 0.5: 1 -> 2 replicas")
         assert status["currentMetrics"] == [{"name": "kvCacheUsage", "target": 0.5, "value": 0.9}]
         assert status["lastScaleTime"].endswith("Z")
-        events = await wait_for(lambda: _events_with_reason(cluster, "ScaledUp"))
+        events = await eventually(lambda: events_with_reason(emulator, "ScaledUp"))
         assert "kvCacheUsage 0.9 above target 0.5" in events[0]["message"]
         assert events[0]["involvedObject"]["name"] == "svc"
+        # the reconciler carries spec.replicas to the Deployment
+        await eventually(lambda: emulator.read(DEPLOYMENTS, NS, "svc")["spec"]["replicas"] == 2)
 
         for engine in engines[:2]:
             engine.kv_usage = 0.05
-        await cluster.create_pod(NS, pod_manifest("svc-1", "svc", engines[1].ip))
+        await add_ready_pod(emulator, NS, pod_manifest("svc-1", "svc", engines[1].ip))
 
-        async def scaled_to_one():
-            return await replicas_of(cluster, "svc") == 1
-
-        await wait_for(scaled_to_one)
-        status = (await cluster.inference_service(NS, "svc"))["status"]["autoscaling"]
+        await eventually(lambda: replicas_of(emulator) == 1)
+        status = autoscaling_status(emulator)
         assert status["lastScaleReason"].startswith("kvCacheUsage 0.05 below target 0.5: 2 -> 1 replicas")
 
 
 @pytest.mark.timeout(120)
-async def test_garbage_and_silent_pods_never_cause_a_scale_down(tmp_path):
-    async with emulated_cluster(tmp_path) as cluster, fake_engines(3) as engines, running_operator(cluster, NS):
-        await cluster.create_inference_service(NS, inference_service("svc", replicas=3))
+async def test_garbage_and_silent_pods_never_cause_a_scale_down(emulator):
+    async with fake_engines(3) as engines, running_operator():
+        await emulator.create(ISVC, inference_service("svc", replicas=3))
         engines[0].kv_usage = 0.05
         engines[1].mode = "garbage"
         engines[2].mode = "silent"
         for i, engine in enumerate(engines):
-            await cluster.create_pod(NS, pod_manifest(f"svc-{i}", "svc", engine.ip))
+            await add_ready_pod(emulator, NS, pod_manifest(f"svc-{i}", "svc", engine.ip))
 
-        async def status_written():
-            body = await cluster.inference_service(NS, "svc")
-            return (body.get("status") or {}).get("autoscaling")
-
-        await wait_for(status_written)
+        await eventually(lambda: autoscaling_status(emulator))
         await asyncio.sleep(4)  # two scale-down windows of rounds: the loop keeps running, holding at 3
-        assert await replicas_of(cluster, "svc") == 3
-        assert not await _events_with_reason(cluster, "ScaledDown")
+        assert replicas_of(emulator) == 3
+        assert not events_with_reason(emulator, "ScaledDown")
 
         engines[1].mode = engines[2].mode = "ok"
         engines[1].kv_usage = engines[2].kv_usage = 0.05
-
-        async def scaled_down():
-            return await replicas_of(cluster, "svc") == 1
-
-        await wait_for(scaled_down)
+        await eventually(lambda: replicas_of(emulator) == 1)
 
 
 @pytest.mark.timeout(120)
-async def test_disabled_autoscaling_leaves_replicas_to_the_user(tmp_path):
-    async with emulated_cluster(tmp_path) as cluster, fake_engines(1) as engines, running_operator(cluster, NS):
-        await cluster.create_inference_service(NS, inference_service("svc", replicas=1, enabled=False))
+async def test_disabled_autoscaling_leaves_replicas_to_the_user(emulator):
+    async with fake_engines(1) as engines, running_operator():
+        await emulator.create(ISVC, inference_service("svc", replicas=1, enabled=False))
         engines[0].kv_usage = 1.0
-        await cluster.create_pod(NS, pod_manifest("svc-0", "svc", engines[0].ip))
+        await add_ready_pod(emulator, NS, pod_manifest("svc-0", "svc", engines[0].ip))
         await asyncio.sleep(2)
-        body = await cluster.inference_service(NS, "svc")
-        assert body["spec"]["replicas"] == 1
-        assert "autoscaling" not in (body.get("status") or {})
+        assert replicas_of(emulator) == 1
+        assert autoscaling_status(emulator) is None
 
-        await cluster.patch_inference_service(NS, "svc", {"spec": {"autoscaling": {"enabled": True}}})
-
-        async def scaled_up():
-            return await replicas_of(cluster, "svc") == 2
-
-        await wait_for(scaled_up)
+        await emulator.merge(ISVC, NS, "svc", {"spec": {"autoscaling": {"enabled": True}}})
+        await eventually(lambda: replicas_of(emulator) == 2)
 
 
 @pytest.mark.timeout(60)
-async def test_an_invalid_autoscaling_spec_is_reported_not_acted_on(tmp_path):
-    async with emulated_cluster(tmp_path) as cluster, fake_engines(1) as engines, running_operator(cluster, NS):
+async def test_an_invalid_autoscaling_spec_is_reported_not_acted_on(emulator):
+    async with fake_engines(1) as engines, running_operator():
         body = inference_service("svc", replicas=1)
         del body["spec"]["maxReplicas"]
-        await cluster.create_inference_service(NS, body)
+        await emulator.create(ISVC, body)
         engines[0].kv_usage = 1.0
-        await cluster.create_pod(NS, pod_manifest("svc-0", "svc", engines[0].ip))
-        events = await wait_for(lambda: _events_with_reason(cluster, "InvalidAutoscaling"))
+        await add_ready_pod(emulator, NS, pod_manifest("svc-0", "svc", engines[0].ip))
+        events = await eventually(lambda: events_with_reason(emulator, "InvalidAutoscaling"))
         assert "spec.maxReplicas is required" in events[0]["message"]
-        assert await replicas_of(cluster, "svc") == 1
-
-
-async def _events_with_reason(cluster, reason):
-    return [e for e in await cluster.events(NS) if e.get("reason") == reason]
+        assert replicas_of(emulator) == 1
 
 
 def test_only_running_ready_pods_with_an_ip_are_scraped():

@@ -1,9 +1,11 @@
 """The kubelet's part in the autoscaling end-to-end tests (there is no cluster here).
 
-- `emulated_cluster(dir)`: the kmock-based API server (kube_emulator) on
-  127.0.0.1 and a kubeconfig pointing at it.
-- `running_operator(...)`: the real kopf runtime with the pagedinfer registry
-  (settings' startup/login handlers plus the autoscaler), in this event loop.
+The API server is the emulator of tests/support/kube_emulator.py and the
+operator runs through tests/support/operator_harness.py; this module adds
+what a kubelet would do:
+
+- `add_ready_pod(...)` / `pod_manifest(...)`: a Running, Ready pod of an
+  InferenceService (its selector labels) at a given podIP.
 - `KubeletHarness`: watches (polls) an InferenceService's desired replica
   count - its Deployment's `spec.replicas` when the reconciler made one,
   else the InferenceService's own `spec.replicas` - and for N replicas keeps
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import subprocess
@@ -27,98 +28,25 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import kmock
-import kopf
 
-from kube_emulator import KubeEmulator, default_emulator
+from kube_emulator import KubeEmulator
 
 ENGINE_PORT = 8000
-IS_PATH = "/apis/serving.pagedinfer.dev/v1alpha1/namespaces/{ns}/inferenceservices"
+PODS = kmock.resource("", "v1", "pods")
+DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
+ISVC = kmock.resource("serving.pagedinfer.dev", "v1alpha1", "inferenceservices")
 
 
-@dataclass
-class Cluster:
-    emulator: KubeEmulator
-    url: str
-    kubeconfig: Path
-    session: aiohttp.ClientSession
-
-    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        headers = {"Content-Type": content_type} if body is not None else {}
-        async with self.session.request(method, self.url + path, json=body, headers=headers) as response:
-            payload = await response.json(content_type=None)
-            if response.status >= 400:
-                raise RuntimeError(f"{method} {path}: {response.status} {payload}")
-            return payload
-
-    async def create_inference_service(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.request("POST", IS_PATH.format(ns=namespace), body)
-
-    async def inference_service(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self.request("GET", IS_PATH.format(ns=namespace) + f"/{name}")
-
-    async def patch_inference_service(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return await self.request("PATCH", IS_PATH.format(ns=namespace) + f"/{name}", patch,
-                                  "application/merge-patch+json")
-
-    async def events(self, namespace: str) -> list[dict[str, Any]]:
-        return (await self.request("GET", f"/api/v1/namespaces/{namespace}/events")).get("items", [])
-
-    async def create_pod(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create the pod, then write its status through /status (as the kubelet does)."""
-        await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
-        name = body["metadata"]["name"]
-        await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-                           {"status": body["status"]}, "application/merge-patch+json")
-
-    async def delete_pod(self, namespace: str, name: str) -> None:
-        with contextlib.suppress(RuntimeError):
-            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
-
-
-@contextlib.asynccontextmanager
-async def emulated_cluster(directory: Path) -> AsyncIterator[Cluster]:
-    emulator = default_emulator()
-    async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
-        url = f"http://127.0.0.1:{server.port}"
-        kubeconfig = directory / "kubeconfig.json"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-            "users": [{"name": "tester", "user": {}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
-        }))
-        async with aiohttp.ClientSession() as session:
-            yield Cluster(emulator, url, kubeconfig, session)
-
-
-@contextlib.asynccontextmanager
-async def running_operator(cluster: Cluster, namespace: str) -> AsyncIterator[None]:
-    """kopf for real, logging in through the kubeconfig (the settings' login handler)."""
-    from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
-    from pagedinfer.operator.registry import REGISTRY
-    from pagedinfer.operator.settings import OperatorConfig, Runtime
-
-    previous = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
-    stop = asyncio.Event()
-    runtime = Runtime(config=OperatorConfig(fetch_hf_config=False, retry_delay_seconds=1.0))
-    task = asyncio.create_task(kopf.operator(registry=REGISTRY, memo=kopf.Memo(pagedinfer=runtime),
-                                             standalone=True, namespaces=[namespace], stop_flag=stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        try:
-            await asyncio.wait_for(task, 30)
-        finally:
-            if previous is None:
-                os.environ.pop("KUBECONFIG", None)
-            else:
-                os.environ["KUBECONFIG"] = previous
+async def add_ready_pod(emulator: KubeEmulator, namespace: str, manifest: dict[str, Any]) -> None:
+    """Create the pod, then write its status (as the scheduler and kubelet do)."""
+    manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+    status = manifest.pop("status")
+    await emulator.create(PODS, manifest)
+    await emulator.set_status(PODS, namespace, manifest["metadata"]["name"], status)
 
 
 def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT) -> str:
@@ -162,7 +90,7 @@ class Engine:
 class KubeletHarness:
     """Plays the kubelet for one InferenceService with real engine processes."""
 
-    cluster: Cluster
+    emulator: KubeEmulator
     namespace: str
     instance: str
     model_dir: Path
@@ -174,18 +102,18 @@ class KubeletHarness:
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, desired replicas)
     _counter: int = 0
 
-    async def desired_replicas(self) -> int:
-        deployment = self.cluster.emulator.read(_DEPLOYMENTS, self.namespace, self.instance)
+    def desired_replicas(self) -> int:
+        deployment = self.emulator.read(DEPLOYMENTS, self.namespace, self.instance)
         if deployment is not None:
             return int((deployment.get("spec") or {}).get("replicas", 1))
-        body = await self.cluster.inference_service(self.namespace, self.instance)
-        return int(body["spec"].get("replicas", 1))
+        body = self.emulator.read(ISVC, self.namespace, self.instance) or {}
+        return int((body.get("spec") or {}).get("replicas", 0))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Converge engines to the desired count until `stop` is set; then stop every engine."""
         try:
             while not stop.is_set():
-                desired = min(await self.desired_replicas(), self.max_engines)
+                desired = min(self.desired_replicas(), self.max_engines)
                 if not self.history or self.history[-1][1] != desired:
                     self.history.append((time.monotonic(), desired))
                 while len(self.engines) > desired:
@@ -217,7 +145,7 @@ class KubeletHarness:
         engine = Engine(pod_name, ip, process, log_path)
         await self._wait_healthy(engine)
         self.engines.append(engine)
-        await self.cluster.create_pod(self.namespace, pod_manifest(pod_name, self.instance, ip))
+        await add_ready_pod(self.emulator, self.namespace, pod_manifest(pod_name, self.instance, ip))
 
     async def _wait_healthy(self, engine: Engine, timeout_seconds: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_seconds
@@ -235,7 +163,8 @@ class KubeletHarness:
         raise RuntimeError(f"engine {engine.pod_name} not healthy after {timeout_seconds} s")
 
     async def _stop(self, engine: Engine) -> None:
-        await self.cluster.delete_pod(self.namespace, engine.pod_name)
+        with contextlib.suppress(Exception):
+            await self.emulator.remove(PODS, self.namespace, engine.pod_name)
         engine.process.terminate()
         try:
             await asyncio.to_thread(engine.process.wait, 20)
@@ -243,5 +172,3 @@ class KubeletHarness:
             engine.process.kill()
             await asyncio.to_thread(engine.process.wait)
 
-
-_DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
