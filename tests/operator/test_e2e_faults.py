@@ -3,8 +3,7 @@
 import pytest
 
 from kube_emulator import Fault
-from operator_harness import (DEPLOYMENTS, ISVC, SERVICES, add_gpu_node, condition, eventually, inference_service,
-                              running_operator)
+from operator_harness import DEPLOYMENTS, ISVC, SERVICES, add_gpu_node, eventually, inference_service, running_operator
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -19,7 +18,8 @@ def created(emulator, resource):
 def converged(emulator, names):
     for name in names:
         isvc = emulator.read(ISVC, "default", name)
-        if condition(isvc, "Sized")["status"] != "True" or isvc["status"].get("observedGeneration") != 1:
+        sized = [c for c in (isvc.get("status") or {}).get("conditions") or [] if c["type"] == "Sized"]
+        if not sized or sized[0]["status"] != "True" or isvc["status"].get("observedGeneration") != 1:
             return False
         if emulator.read(DEPLOYMENTS, "default", name) is None or emulator.read(SERVICES, "default", name) is None:
             return False
