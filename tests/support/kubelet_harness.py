@@ -172,3 +172,46 @@ class KubeletHarness:
             engine.process.kill()
             await asyncio.to_thread(engine.process.wait)
 
+
+
+@dataclass
+class LoadGenerator:
+    """Closed-loop clients of the InferenceService's pods (the Service's part):
+    `concurrency` workers, each sending one completion at a time while `active`
+    is set, round-robin over the engines that are up. Request i's prompt is
+    `prompt_of(i)`; `max_tokens` with ignore_eos makes outputs long."""
+
+    harness: KubeletHarness
+    prompt_of: Any  # Callable[[int], str]
+    concurrency: int = 4
+    max_tokens: int = 160
+    active: asyncio.Event = field(default_factory=asyncio.Event)
+    num_completed: int = 0
+    num_failed: int = 0
+    _next: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            await asyncio.gather(*(self._worker(session, stop) for _ in range(self.concurrency)))
+
+    async def _worker(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ips = self.harness.ips
+            if not self.active.is_set() or not ips:
+                await asyncio.sleep(0.1)
+                continue
+            index, self._next = self._next, self._next + 1
+            body = {"model": self.harness.instance, "prompt": self.prompt_of(index), "max_tokens": self.max_tokens,
+                    "ignore_eos": True, "temperature": 0.0}
+            try:
+                async with session.post(f"http://{ips[index % len(ips)]}:{ENGINE_PORT}/v1/completions",
+                                        json=body) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            if ok:
+                self.num_completed += 1
+            else:
+                self.num_failed += 1
+                await asyncio.sleep(0.1)
