@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
+from chart_rbac import RbacPolicy
 from helm_chart import NAMESPACE, helm_template
+
+
+@dataclass(frozen=True)
+class PeeringAccess:
+    verb: str
+    group: str
+    resource: str
+    namespace: str | None
+    name: str | None
+    subresource: str | None = None
 
 
 def operator_pod(rendered):
@@ -77,6 +90,11 @@ def test_replicas_above_one_peer_through_kopf_with_a_distinct_priority_per_pod(h
         assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
         crd = next(c for c in rendered.of_kind("CustomResourceDefinition") if c["spec"]["group"] == "kopf.dev")
         assert crd["spec"]["names"]["plural"] == plural
+        # kopf lists and watches the peering objects and patches its keep-alive into them.
+        policy = RbacPolicy.for_service_account(rendered.documents, NAMESPACE, pod["serviceAccountName"])
+        where = None if scope == "cluster" else NAMESPACE
+        for verb in ("list", "watch", "patch"):
+            assert policy.allows(PeeringAccess(verb, "kopf.dev", plural, where, peering["metadata"]["name"]))
 
 
 def test_the_peering_crd_can_be_left_to_another_kopf_operator(helm):

@@ -18,7 +18,7 @@ always in a ClusterRole.
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["serving.pagedinfer.dev"]
   resources: ["inferenceservices/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # The autoscaler writes spec.replicas through the scale subresource (the
 # field an HPA would drive).
 - apiGroups: ["serving.pagedinfer.dev"]
@@ -26,16 +26,17 @@ always in a ClusterRole.
   verbs: ["patch"]
 # The engine Deployment and Service of each InferenceService (owned by it,
 # so Kubernetes' garbage collector deletes them; the operator never does).
+# Deployments are watched too: their readiness goes into the owner's status.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-# Engine pods: readiness for status, and their /metrics for the autoscaler.
+  verbs: ["get", "create", "patch"]
+# The autoscaler lists an InferenceService's ready engine pods to scrape them.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
 # A model's config.json referenced by spec.model.configMapRef.
 - apiGroups: [""]
   resources: ["configmaps"]
@@ -53,10 +54,11 @@ always in a ClusterRole.
 {{- end -}}
 
 {{- define "pagedinfer.rbac.clusterRules" -}}
-# Sizing reads each node's GPU count and memory (GPU Feature Discovery labels).
+# Sizing lists the nodes to read their GPU memory and product (GPU Feature
+# Discovery labels).
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
 {{- if and (include "pagedinfer.peering.enabled" .) (eq .Values.rbac.scope "cluster") }}
 # kopf peering between the operator replicas (cluster-wide operator).
 - apiGroups: ["kopf.dev"]

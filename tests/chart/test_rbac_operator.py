@@ -1,0 +1,229 @@
+"""The real operator, run with the chart's command line, needs exactly the chart's RBAC rules.
+
+The chart is rendered; the rules its Roles/ClusterRoles grant the operator's
+ServiceAccount become the emulated API server's authorizer (anything else is
+answered 403, as RBAC would). Then `pagedinfer operator` is started as a
+process with the container's own arguments (only the liveness and metrics
+ports are moved to free ports on 127.0.0.1) and drives every path it has:
+sizing from node labels, a model read from a ConfigMap, an unsized model that
+raises a Warning Event, a Deployment becoming ready, a spec change and a
+hand-edited Service patched back, and (once handlers.py wires it in) the
+autoscaler scaling up to minReplicas through the scale subresource.
+
+- With the chart's rules: everything reconciles and no request is refused.
+- Every rule the chart grants is used at least once (nothing is granted that
+  the operator does not call).
+- With one verb taken away, the operator's request is refused with 403.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from chart_rbac import RbacPolicy
+from helm_chart import NAMESPACE, helm_template
+from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition, eventually,
+                              inference_service, serving_emulator, write_kubeconfig)
+
+SPEC_HASH = "serving.pagedinfer.dev/spec-hash"
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+PAGEDINFER = Path(sys.executable).parent / "pagedinfer"
+TENANT = "team-a"  # where InferenceServices live when the operator is cluster-wide
+LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
+LLAMA3_8B_CONFIG = ('{"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, '
+                    '"num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336, '
+                    '"vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}')
+LLAMA3_405B = {"numLayers": 126, "numKVHeads": 8, "headDim": 128, "numParameters": 405_000_000_000}
+
+
+def autoscaler_is_wired() -> bool:
+    """Whether `pagedinfer operator` runs the autoscaler (handlers.py imports its module), asked of a fresh process."""
+    code = "import sys, pagedinfer.operator.handlers; print('pagedinfer.operator.autoscaling_handlers' in sys.modules)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd="/").stdout.strip() == "True"
+
+
+# Rules only the autoscaler calls: listing engine pods, and spec.replicas through the scale subresource.
+AUTOSCALER_ONLY = {"list pods.core", "patch inferenceservices/scale.serving.pagedinfer.dev"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chart(helm: str, scope: str):
+    rendered = helm_template(helm, set_values={"rbac.scope": scope})
+    workload = rendered.one("Deployment")
+    pod = workload["spec"]["template"]["spec"]
+    policy = RbacPolicy.for_service_account(rendered.documents, NAMESPACE, pod["serviceAccountName"])
+    return pod["containers"][0], policy
+
+
+def local_args(container: dict, liveness_port: int, metrics_port: int) -> list[str]:
+    """The container's command line, with its two listening ports moved to free local ones."""
+    args = []
+    for arg in container["args"]:
+        if arg.startswith("--liveness="):
+            arg = f"--liveness=127.0.0.1:{liveness_port}"
+        elif arg.startswith("--metrics-port="):
+            arg = f"--metrics-port={metrics_port}"
+        args.append(arg)
+    assert container["command"] == ["pagedinfer", "operator"]
+    return [str(PAGEDINFER), "operator", *args]
+
+
+@contextlib.asynccontextmanager
+async def operator_process(argv: list[str], kubeconfig: Path, log: Path):
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+    env["KUBECONFIG"] = str(kubeconfig)
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(*argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                       cwd=str(log.parent))
+        try:
+            yield process
+        finally:
+            if process.returncode is None:
+                process.terminate()
+                try:
+                    await asyncio.wait_for(process.wait(), 20)
+                except asyncio.TimeoutError:
+                    process.kill()
+                    await process.wait()
+
+
+async def seed(emulator, namespace: str) -> None:
+    """Nodes as GPU Feature Discovery labels them, a model config in a ConfigMap, four InferenceServices."""
+    await add_gpu_node(emulator, "gpu-a", 81559)
+    await add_gpu_node(emulator, "gpu-b", 81559)
+    await emulator.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                       "metadata": {"name": "llama3-8b-config", "namespace": namespace},
+                                       "data": {"config.json": LLAMA3_8B_CONFIG}})
+    gpu = {"gpus": 1}
+    for name, spec in (
+        ("inline", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": LLAMA3_8B},
+                    "resources": gpu}),
+        ("from-configmap", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B",
+                                      "configMapRef": {"name": "llama3-8b-config"}}, "resources": gpu}),
+        ("too-big", {"model": {"uri": "hf://meta-llama/Meta-Llama-3.1-405B", "architecture": LLAMA3_405B},
+                     "resources": gpu}),
+        ("autoscaled", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": LLAMA3_8B},
+                        "resources": gpu, "replicas": 1, "minReplicas": 2, "maxReplicas": 3,
+                        "autoscaling": {"enabled": True, "intervalSeconds": 1,
+                                        "metrics": [{"name": "kvCacheUsage", "target": 0.8}]}}),
+    ):
+        await emulator.create(ISVC, inference_service(name, spec, namespace))
+
+
+def sized(emulator, namespace: str, name: str) -> bool:
+    return condition(emulator.read(ISVC, namespace, name), "Sized")["status"] == "True"
+
+
+async def run_until_reconciled(emulator, namespace: str) -> None:
+    await eventually(lambda: sized(emulator, namespace, "inline") and sized(emulator, namespace, "from-configmap"),
+                     timeout_seconds=60)
+    await eventually(lambda: condition(emulator.read(ISVC, namespace, "too-big"), "Sized")["status"] == "False")
+    await eventually(lambda: [e for e in emulator.read_all(EVENTS, namespace)
+                              if e.get("reason") == "InsufficientGPUMemory"])
+    # Playing the Deployment controller: the "inline" engine's pod became ready.
+    deployment = emulator.read(DEPLOYMENTS, namespace, "inline")
+    await emulator.set_status(DEPLOYMENTS, namespace, "inline", {
+        "observedGeneration": deployment["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1,
+        "readyReplicas": 1, "availableReplicas": 1})
+    await eventually(lambda: condition(emulator.read(ISVC, namespace, "inline"), "Ready")["status"] == "True",
+                     timeout_seconds=30)
+    # Someone edits the Service by hand, then the spec changes: the operator patches both children back.
+    await emulator.merge(SERVICES, namespace, "inline", {"metadata": {"annotations": {SPEC_HASH: "edited"}}})
+    await emulator.merge(ISVC, namespace, "inline", {"spec": {"engine": {"maxNumSeqs": 128}}})
+    await eventually(lambda: "128" in emulator.read(DEPLOYMENTS, namespace, "inline")["spec"]["template"]["spec"]
+                     ["containers"][0]["args"]
+                     and emulator.read(SERVICES, namespace, "inline")["metadata"]["annotations"][SPEC_HASH] != "edited",
+                     timeout_seconds=30)
+    if autoscaler_is_wired():
+        await eventually(lambda: emulator.read(ISVC, namespace, "autoscaled")["spec"]["replicas"] == 2
+                         and (emulator.read(ISVC, namespace, "autoscaled").get("status") or {}).get("autoscaling"),
+                         timeout_seconds=60)
+
+
+async def release_watches(emulator, namespace: str) -> None:
+    """Give each kind the operator watched one last event, after the operator is gone.
+
+    The emulator's watch streams notice a departed client only when they next
+    write; without an event they stay open and the HTTP server's shutdown
+    waits out aiohttp's 60 s grace period.
+    """
+    labels = {"app.kubernetes.io/managed-by": "pagedinfer-operator"}
+    await emulator.create(DEPLOYMENTS, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {
+        "name": "teardown", "namespace": namespace, "labels": labels}, "spec": {}})
+    await emulator.merge(ISVC, namespace, "inline", {"metadata": {"annotations": {"teardown": "true"}}})
+
+
+def refused(emulator) -> list:
+    return [access for access, code in emulator.calls if code == 403]
+
+
+def unused_rules(policy: RbacPolicy, emulator) -> list[str]:
+    allowed = [access for access, code in emulator.calls if code != 403]
+    unused = []
+    for rule in policy.rules:
+        for verb in sorted(rule.verbs):
+            for resource in sorted(rule.resources):
+                res, _, sub = resource.partition("/")
+                if not any(a.verb == verb and a.group in rule.api_groups and a.resource == res
+                           and (a.subresource or "") == sub and rule.matches(a) for a in allowed):
+                    unused.append(f"{verb} {resource}.{next(iter(rule.api_groups)) or 'core'}")
+    return unused
+
+
+@pytest.mark.parametrize(("scope", "namespace"), [("cluster", TENANT), ("namespace", NAMESPACE)])
+async def test_the_operator_works_within_the_charts_rbac_and_uses_all_of_it(helm, tmp_path, scope, namespace):
+    container, policy = chart(helm, scope)
+    liveness, metrics = free_port(), free_port()
+    async with serving_emulator(authorizer=policy.allows) as (emulator, url):
+        await seed(emulator, namespace)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
+        async with operator_process(local_args(container, liveness, metrics), kubeconfig, tmp_path / "operator.log"):
+            await run_until_reconciled(emulator, namespace)
+            async with aiohttp.ClientSession() as session:  # the chart's liveness probe path answers
+                async with session.get(f"http://127.0.0.1:{liveness}/healthz") as response:
+                    assert response.status == 200
+                async with session.get(f"http://127.0.0.1:{metrics}/metrics") as response:
+                    assert "pagedinfer_operator_reconciles_total" in await response.text()
+        await release_watches(emulator, namespace)
+        log = (tmp_path / "operator.log").read_text()
+        assert emulator.read(SERVICES, namespace, "inline") and emulator.read(SERVICES, namespace, "from-configmap")
+        assert not refused(emulator), f"requests outside the chart's RBAC: {refused(emulator)}\n{log[-3000:]}"
+        unused = set(unused_rules(policy, emulator))
+        if not autoscaler_is_wired():  # then nothing calls the autoscaler's rules yet
+            unused -= AUTOSCALER_ONLY
+        assert not unused, f"granted but never used: {sorted(unused)}"
+
+
+@pytest.mark.parametrize(("group", "resource", "verb"), [
+    ("apps", "deployments", "create"),
+    ("", "configmaps", "get"),
+])
+async def test_taking_one_verb_away_gets_the_operator_a_403(helm, tmp_path, group, resource, verb):
+    container, policy = chart(helm, "cluster")
+    reduced = policy.without_verb(group, resource, verb)
+    async with serving_emulator(authorizer=reduced.allows) as (emulator, url):
+        await seed(emulator, TENANT)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
+        async with operator_process(local_args(container, free_port(), free_port()), kubeconfig,
+                                    tmp_path / "operator.log"):
+            denied = await eventually(lambda: [a for a in refused(emulator)
+                                               if (a.group, a.resource, a.verb) == (group, resource, verb)],
+                                      timeout_seconds=60)
+        await release_watches(emulator, TENANT)
+    assert denied[0].namespace == TENANT
+    assert {(a.group, a.resource, a.verb) for a in refused(emulator)} == {(group, resource, verb)}
