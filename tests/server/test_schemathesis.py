@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 
 def test_openapi_schema_lists_every_endpoint(server):
@@ -16,6 +17,7 @@ def test_openapi_schema_lists_every_endpoint(server):
             "/version"} <= set(schema["paths"])
 
 
+@pytest.mark.slow
 def test_generated_requests_never_get_a_server_error(server, tmp_path):
     cli = Path(sys.executable).with_name("schemathesis")
     env = {**os.environ, "SCHEMATHESIS_HOOKS": ""}
