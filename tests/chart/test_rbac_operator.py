@@ -7,8 +7,8 @@ process with the container's own arguments (only the liveness and metrics
 ports are moved to free ports on 127.0.0.1) and drives every path it has:
 sizing from node labels, a model read from a ConfigMap, an unsized model that
 raises a Warning Event, a Deployment becoming ready, a spec change and a
-hand-edited Service patched back, and (once handlers.py wires it in) the
-autoscaler scaling up to minReplicas through the scale subresource.
+hand-edited Service patched back, and the autoscaler scaling up to
+minReplicas through the scale subresource.
 
 - With the chart's rules: everything reconciles and no request is refused.
 - Every rule the chart grants is used at least once (nothing is granted that
@@ -43,17 +43,6 @@ LLAMA3_8B_CONFIG = ('{"model_type": "llama", "num_hidden_layers": 32, "num_atten
                     '"num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336, '
                     '"vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}')
 LLAMA3_405B = {"numLayers": 126, "numKVHeads": 8, "headDim": 128, "numParameters": 405_000_000_000}
-
-
-def autoscaler_is_wired() -> bool:
-    """Whether `pagedinfer operator` runs the autoscaler (handlers.py imports its module), asked of a fresh process."""
-    code = "import sys, pagedinfer.operator.handlers; print('pagedinfer.operator.autoscaling_handlers' in sys.modules)"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd="/").stdout.strip() == "True"
-
-
-# Rules only the autoscaler calls: listing engine pods, and spec.replicas through the scale subresource.
-AUTOSCALER_ONLY = {"list pods.core", "patch inferenceservices/scale.serving.pagedinfer.dev"}
 
 
 def free_port() -> int:
@@ -149,10 +138,11 @@ async def run_until_reconciled(emulator, namespace: str) -> None:
                      ["containers"][0]["args"]
                      and emulator.read(SERVICES, namespace, "inline")["metadata"]["annotations"][SPEC_HASH] != "edited",
                      timeout_seconds=30)
-    if autoscaler_is_wired():
-        await eventually(lambda: emulator.read(ISVC, namespace, "autoscaled")["spec"]["replicas"] == 2
-                         and (emulator.read(ISVC, namespace, "autoscaled").get("status") or {}).get("autoscaling"),
-                         timeout_seconds=60)
+    # The autoscaler lists the pods and lifts spec.replicas to minReplicas through the scale subresource.
+    await eventually(lambda: emulator.read(ISVC, namespace, "autoscaled")["spec"]["replicas"] == 2
+                     and (emulator.read(ISVC, namespace, "autoscaled").get("status") or {}).get("autoscaling"),
+                     timeout_seconds=60)
+    assert [e for e in emulator.read_all(EVENTS, namespace) if e.get("reason") == "ScaledUp"]
 
 
 async def release_watches(emulator, namespace: str) -> None:
@@ -166,6 +156,10 @@ async def release_watches(emulator, namespace: str) -> None:
     await emulator.create(DEPLOYMENTS, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {
         "name": "teardown", "namespace": namespace, "labels": labels}, "spec": {}})
     await emulator.merge(ISVC, namespace, "inline", {"metadata": {"annotations": {"teardown": "true"}}})
+
+
+def rbac_resource(access) -> str:
+    return f"{access.resource}/{access.subresource}" if access.subresource else access.resource
 
 
 def refused(emulator) -> list:
@@ -203,15 +197,13 @@ async def test_the_operator_works_within_the_charts_rbac_and_uses_all_of_it(helm
         log = (tmp_path / "operator.log").read_text()
         assert emulator.read(SERVICES, namespace, "inline") and emulator.read(SERVICES, namespace, "from-configmap")
         assert not refused(emulator), f"requests outside the chart's RBAC: {refused(emulator)}\n{log[-3000:]}"
-        unused = set(unused_rules(policy, emulator))
-        if not autoscaler_is_wired():  # then nothing calls the autoscaler's rules yet
-            unused -= AUTOSCALER_ONLY
-        assert not unused, f"granted but never used: {sorted(unused)}"
+        assert not unused_rules(policy, emulator), f"granted but never used: {unused_rules(policy, emulator)}"
 
 
 @pytest.mark.parametrize(("group", "resource", "verb"), [
     ("apps", "deployments", "create"),
     ("", "configmaps", "get"),
+    ("serving.pagedinfer.dev", "inferenceservices/scale", "patch"),
 ])
 async def test_taking_one_verb_away_gets_the_operator_a_403(helm, tmp_path, group, resource, verb):
     container, policy = chart(helm, "cluster")
@@ -222,8 +214,8 @@ async def test_taking_one_verb_away_gets_the_operator_a_403(helm, tmp_path, grou
         async with operator_process(local_args(container, free_port(), free_port()), kubeconfig,
                                     tmp_path / "operator.log"):
             denied = await eventually(lambda: [a for a in refused(emulator)
-                                               if (a.group, a.resource, a.verb) == (group, resource, verb)],
+                                               if (a.group, rbac_resource(a), a.verb) == (group, resource, verb)],
                                       timeout_seconds=60)
         await release_watches(emulator, TENANT)
     assert denied[0].namespace == TENANT
-    assert {(a.group, a.resource, a.verb) for a in refused(emulator)} == {(group, resource, verb)}
+    assert {(a.group, rbac_resource(a), a.verb) for a in refused(emulator)} == {(group, resource, verb)}
