@@ -8,8 +8,8 @@
   (readyReplicas into the owner's status; a deleted Deployment is recreated).
 
 All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
-startup and login handlers live in `settings`. Other handler modules register
-into the same registry and are imported below so `pagedinfer operator` runs them.
+startup and login handlers live in `settings`, the autoscaler's daemon in
+`autoscaling_handlers`; importing this module registers them all.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import kopf
 
+from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the autoscaler's daemon)
 from pagedinfer.operator import reconciler, settings  # noqa: F401  (settings registers startup/login)
 from pagedinfer.operator.builders import MANAGED_BY
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
@@ -36,6 +37,3 @@ async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, *
 async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, **_: Any) -> None:
     await reconciler.report_rollout(settings.runtime_of(memo), body, type, logger)
 
-
-# The autoscaler's handlers (GitHub issue: autoscaling); enable once operator/autoscaling_handlers.py exists:
-# from pagedinfer.operator import autoscaling_handlers  # noqa: F401,E402
