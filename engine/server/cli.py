@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +58,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.shutdown_grace_seconds < 0:
         raise ValueError(f"--shutdown-grace-seconds: must be >= 0, got {args.shutdown_grace_seconds}")
     model = args.model or str(default_model_dir())
+    if not (Path(model) / "config.json").is_file():
+        raise ValueError(f"--model: {model!r} is not a model directory (no config.json there)")
     engine_config = engine_config_from_args(args, model=model)
     settings = ServerSettings(api_key=resolve_api_key(args.api_key), max_waiting_requests=args.max_waiting_requests,
                               max_request_body_bytes=args.max_request_body_bytes)

@@ -167,7 +167,10 @@ class EngineLoop:
         try:
             engine, info = self._factory()
         except BaseException as exc:  # noqa: BLE001 - reported by the server, which then exits
-            logger.exception("loading the engine failed")
+            if isinstance(exc, ValueError):
+                logger.error("loading the engine failed: %s", exc)
+            else:
+                logger.exception("loading the engine failed")
             self.load_error = exc
             self.ready.set()
             return
