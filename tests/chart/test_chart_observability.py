@@ -118,3 +118,21 @@ def test_the_dashboard_configmap_carries_the_json_unchanged(helm):
     rendered = helm_template(helm, set_values={"monitoring.grafanaDashboard.enabled": True})
     data = rendered.one("ConfigMap")["data"]["pagedinfer-dashboard.json"]
     assert json.loads(data) == json.loads((CHART / "files" / "pagedinfer-dashboard.json").read_text())
+
+
+def test_the_engine_podmonitor_selects_the_pods_the_operator_builds(helm):
+    from pagedinfer.operator import builders
+    from pagedinfer.operator.crd_model import parse_spec
+    from pagedinfer.operator.planning import KVCachePlan
+
+    monitor = helm_template(helm, set_values={"monitoring.engine.podMonitor.enabled": True},
+                            api_versions=(MONITORING_API,)).one("PodMonitor")
+    owner = builders.Owner(name="llama", namespace="team-a", uid="uid-1")
+    plan = KVCachePlan(source="engine", block_size=16, num_gpu_blocks=None)
+    spec = parse_spec("llama", {"resources": {"gpus": 0}})
+    template = builders.build_deployment(owner, spec, plan)["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in template["spec"]["containers"][0]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}  # cluster scope: engines in every namespace

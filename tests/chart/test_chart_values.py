@@ -125,3 +125,9 @@ def test_an_existing_service_account_is_used_as_named(helm):
 def test_rbac_can_be_left_to_the_cluster_admin(helm):
     kinds = helm_template(helm, set_values={"rbac.create": False}).kinds()
     assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+def test_clusters_older_than_the_charts_kube_version_are_refused(helm):
+    with pytest.raises(RenderError, match="incompatible with Kubernetes v1.27"):
+        helm_template(helm, extra_args=("--kube-version", "1.27.0"))
+    assert helm_template(helm, extra_args=("--kube-version", "1.28.0")).one("Deployment")

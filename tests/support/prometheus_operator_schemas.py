@@ -82,7 +82,8 @@ def _monitor_spec(endpoints_key: str, labels_key: str, required: list[str]) -> d
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "PodMonitor": _resource("PodMonitor", _monitor_spec("podMetricsEndpoints", "podTargetLabels", ["selector"])),
-    "ServiceMonitor": _resource("ServiceMonitor", _monitor_spec("endpoints", "targetLabels", ["selector", "endpoints"])),
+    "ServiceMonitor": _resource("ServiceMonitor",
+                                _monitor_spec("endpoints", "targetLabels", ["selector", "endpoints"])),
     "PrometheusRule": _resource("PrometheusRule", {
         "type": "object",
         "properties": {"groups": {"type": "array", "items": {
