@@ -5,8 +5,9 @@
 #   docker build -f images/engine.Dockerfile -t ghcr.io/pagedinfer/pagedinfer:0.1.0 .
 #
 # The base is pinned to an exact tag (PyTorch, CUDA and cuDNN versions all
-# named); pin it further by digest in your registry mirror if you can.
-ARG BASE_IMAGE=pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime
+# named): torch 2.13.0, the release the engine is tested with, on CUDA 12.6
+# (NVIDIA driver >= 560). Pin it further by digest in your registry mirror.
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime
 
 FROM ${BASE_IMAGE} AS wheel
 WORKDIR /src

@@ -25,9 +25,16 @@ from helm_chart import REPO
 
 IMAGES = {"engine": REPO / "images" / "engine.Dockerfile", "operator": REPO / "images" / "operator.Dockerfile"}
 PIP = Path(sys.executable).parent / "pip"
-# What the engine dry run may resolve torch and triton to: the releases these
-# machines hold locally (a CPU torch), never a multi-GB CUDA build.
-ENGINE_CONSTRAINTS = "torch==2.13.0\ntriton==3.8.0\n"
+# The engine dry run holds torch to the base image's release (as the image's own
+# constraint does), which these machines hold locally as a CPU wheel, so no
+# multi-GB CUDA build is fetched; triton to the release installed beside it.
+TRITON_CONSTRAINT = "triton==3.8.0"
+
+
+def base_torch_version() -> str:
+    """The torch release of the engine base image, from its tag (pytorch/pytorch:<torch>-cuda...)."""
+    tag = Dockerfile.read(IMAGES["engine"]).bases[-1].partition(":")[2]
+    return tag.split("-", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,13 @@ def test_the_install_keeps_no_pip_cache(image):
     assert installs and all("--no-cache-dir" in line for line in installs)
 
 
-def test_the_engine_image_keeps_its_bases_torch():
-    text = Dockerfile.read(IMAGES["engine"]).text
-    assert "pytorch/pytorch:" in text and "cuda" in Dockerfile.read(IMAGES["engine"]).bases[-1]
-    assert "-c /tmp/constraints.txt" in text
+def test_the_engine_image_keeps_its_bases_torch_which_is_the_tested_release():
+    import torch
+
+    dockerfile = Dockerfile.read(IMAGES["engine"])
+    assert dockerfile.bases[-1].startswith("pytorch/pytorch:") and "-cuda" in dockerfile.bases[-1]
+    assert "-c /tmp/constraints.txt" in dockerfile.text
+    assert base_torch_version() == torch.__version__.split("+")[0]
 
 
 def test_the_build_context_holds_exactly_what_the_images_copy():
@@ -118,7 +128,7 @@ def dry_run(image: str, tmp: Path) -> dict[str, str]:
     command = [str(PIP), "install", "--dry-run", "--quiet", "--ignore-installed", "--no-build-isolation",
                "--report", "-", f".[{dockerfile.install_extra}]"]
     if image == "engine":
-        (tmp / "constraints.txt").write_text(ENGINE_CONSTRAINTS)
+        (tmp / "constraints.txt").write_text(f"torch=={base_torch_version()}\n{TRITON_CONSTRAINT}\n")
         command[2:2] = ["-c", str(tmp / "constraints.txt")]
     result = subprocess.run(command, cwd=context, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{image}: pip could not resolve .[{dockerfile.install_extra}]:\n{result.stderr}"
@@ -147,5 +157,5 @@ def test_the_operator_image_resolves_kopf_and_no_torch(resolved):
 def test_the_engine_image_resolves_torch_transformers_and_no_cuda_wheels(resolved):
     packages = resolved["engine"]
     assert {"pagedinfer", "torch", "transformers", "fastapi", "uvicorn", "prometheus-client"} <= packages.keys()
-    assert packages["torch"].startswith("2.13.0")
+    assert packages["torch"].split("+")[0] == base_torch_version()
     assert not [name for name in packages if name.startswith("nvidia-")], "the dry run pulled CUDA wheels"
