@@ -84,8 +84,8 @@ async def test_kv_usage_scales_up_under_load_and_back_down_when_idle(emulator, m
         started = time.monotonic()
         await eventually(lambda: replicas(emulator) >= 2, timeout_seconds=60)
         print(f"scale-up decision {time.monotonic() - started:.1f} s after the load started")
-        assert scale_reason(emulator).startswith("kvCacheUsage")
-        assert "above target 0.5: 1 -> 2 replicas" in scale_reason(emulator)
+        reason = await eventually(lambda: scale_reason(emulator))  # written just after the scale patch
+        assert reason.startswith("kvCacheUsage") and "above target 0.5: 1 -> 2 replicas" in reason, reason
         await eventually(lambda: emulator.read(DEPLOYMENTS, NS, "tiny")["spec"]["replicas"] >= 2)
         await eventually(lambda: len(harness.engines) >= 2, timeout_seconds=120)
         assert load.num_completed > 0
@@ -95,7 +95,7 @@ async def test_kv_usage_scales_up_under_load_and_back_down_when_idle(emulator, m
         await eventually(lambda: replicas(emulator) == 1, timeout_seconds=90)
         idle_seconds = time.monotonic() - idle_since
         print(f"scale-down to 1 replica {idle_seconds:.1f} s after the load stopped")
-        assert "below target 0.5" in scale_reason(emulator)
+        await eventually(lambda: "below target 0.5" in scale_reason(emulator))
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=60)
 
 
@@ -110,6 +110,6 @@ async def test_a_hit_rate_below_target_scales_up(emulator, make_model, tmp_path)
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=120)
         load.active.set()
         await eventually(lambda: replicas(emulator) >= 2, timeout_seconds=60)
-        reason = scale_reason(emulator)
+        reason = await eventually(lambda: scale_reason(emulator))
         assert reason.startswith("prefixCacheHitRate") and "below target 0.5" in reason, reason
         load.active.clear()
