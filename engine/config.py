@@ -47,6 +47,7 @@ class EngineConfig:
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
     tokenizer: str | None = None
     served_model_name: str | None = None
+    revision: str | None = None  # of a Hub model id; None: main
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not str(self.model):

@@ -12,6 +12,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = True) -> 
     g = p.add_argument_group("engine")
     g.add_argument("--model", required=model_required, default=None,
                    help="Hugging Face model directory (config.json + safetensors + tokenizer)")
+    g.add_argument("--revision", default=None,
+                   help="revision of a Hugging Face model id (--model org/name), resolved from the local"
+                        " cache when HF_HUB_OFFLINE=1")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     g.add_argument("--block-size", type=int, default=16, choices=sizing.VALID_BLOCK_SIZES,
                    help="tokens per KV-cache block (default 16)")
@@ -46,6 +49,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
     return EngineConfig(
         model=model or args.model,
         tokenizer=args.tokenizer,
+        revision=args.revision,
         block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks_override=args.num_gpu_blocks_override,

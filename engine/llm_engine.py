@@ -10,14 +10,15 @@ free finished sequences at once.
 from __future__ import annotations
 
 import logging
+import dataclasses
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
+from pagedinfer.engine.model_source import resolve_model_dir
 from pagedinfer.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
@@ -49,11 +50,11 @@ class LLMEngine:
         from pagedinfer.engine.model_runner import ModelRunner
         from pagedinfer.engine.sampler import Sampler
 
+        model_dir = resolve_model_dir(str(config.model), config.revision)
+        tokenizer_dir = resolve_model_dir(str(config.tokenizer), config.revision, "tokenizer") \
+            if config.tokenizer else model_dir
+        config = dataclasses.replace(config, model=model_dir, tokenizer=tokenizer_dir)
         self.config = config
-        for name, path in (("model", config.model), ("tokenizer", config.tokenizer)):
-            if path is not None and not Path(path).is_dir():
-                raise ValueError(f"{name}: {path!r} is not a local directory; models load from a directory"
-                                 " holding config.json, safetensors weights and the tokenizer (no downloads)")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.tokenizer or config.model)
         self.runner = ModelRunner(config)
         model_max = self.runner.max_position_embeddings
@@ -263,35 +264,25 @@ class LLMEngine:
         elif p.stop_token_ids and token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
             finish, stop_reason = "stop", token
         if finish is None or not p.skip_special_tokens:
-            new_text = seq.detok.add(token)
+            emitted = len(seq.output_text)
+            seq.output_text += seq.detok.add(token)
             if finish is None and p.stop_strings and seq.num_output_tokens >= p.min_tokens:
-                finish, stop_reason, new_text = self._check_stop_strings(seq, new_text)
-            seq.output_text += new_text
+                hit = _find_stop(seq.output_text, emitted, p.stop_strings)
+                if hit is not None:
+                    at, stop = hit
+                    seq.output_text = seq.output_text[:at + len(stop) if p.include_stop_str_in_output else at]
+                    finish, stop_reason = "stop", stop
         if finish is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
             finish = "length"
-        out.text = seq.output_text
+        if finish is None and p.stop_strings:
+            out.text = _hold_back_stop_prefix(seq.output_text, p.stop_strings)
+        else:
+            out.text = seq.output_text
         if finish is not None:
             out.finish_reason = finish
             out.stop_reason = stop_reason
             self.scheduler.finish(seq, finish)
             self.sampler.forget(seq.seq_id)
-
-    @staticmethod
-    def _check_stop_strings(seq: Sequence, new_text: str) -> tuple[str | None, str | None, str]:
-        """Look for a stop string in the text emitted so far; cut the text at it."""
-        text = seq.output_text + new_text
-        longest = max(len(s) for s in seq.params.stop_strings)
-        search_from = max(0, len(seq.output_text) - longest + 1)
-        best: tuple[int, str] | None = None
-        for stop in seq.params.stop_strings:
-            i = text.find(stop, search_from)
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, stop)
-        if best is None:
-            return None, None, new_text
-        i, stop = best
-        end = i + len(stop) if seq.params.include_stop_str_in_output else i
-        return "stop", stop, text[len(seq.output_text):end] if end >= len(seq.output_text) else ""
 
     def _output(self, req: _Request, finished: bool) -> RequestOutput:
         first = req.seqs[0]
@@ -315,3 +306,28 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_swapped=len(self.scheduler.swapped),
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)
+
+
+def _find_stop(text: str, emitted: int, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """The earliest stop string in text that ends after position `emitted` (where new text began)."""
+    longest = max(len(stop) for stop in stops)
+    search_from = max(0, emitted - longest + 1)
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        at = text.find(stop, search_from)
+        if at != -1 and (best is None or at < best[0]):
+            best = (at, stop)
+    return best
+
+
+def _hold_back_stop_prefix(text: str, stops: tuple[str, ...]) -> str:
+    """text without its longest suffix that could still grow into a stop string.
+
+    What a client sees only ever grows: held-back characters are released when
+    the next token rules the stop out, and dropped when the stop matches.
+    """
+    for keep in range(max(0, len(text) - max(len(s) for s in stops) + 1), len(text)):
+        tail = text[keep:]
+        if any(s.startswith(tail) for s in stops):
+            return text[:keep]
+    return text

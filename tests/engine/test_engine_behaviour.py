@@ -140,3 +140,20 @@ def test_abort_frees_blocks_at_once(llm):
     engine.abort_request("a")
     assert not engine.has_unfinished_requests()
     assert_pool_free(llm)
+
+
+def test_streamed_text_never_shows_the_start_of_a_stop_string(llm):
+    engine = llm.llm_engine
+    probe = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    full = probe.outputs[0].text
+    assert len(full) >= 6
+    stop = full[3:6] + "\x00never"  # its first characters appear, the whole never does
+    engine.add_request("hold", "Hello", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                        stop=[stop, full[4:6]]))
+    seen = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            seen.append(out.outputs[0].text)
+    assert all(b.startswith(a) for a, b in zip(seen, seen[1:])), "visible text must only grow"
+    assert seen[-1] == full[:full.find(full[4:6])]  # cut at the second stop; the first's prefix never leaked
+    assert_pool_free(llm)

@@ -1,0 +1,33 @@
+"""Where a model's files come from: a local directory, or a Hugging Face Hub id.
+
+A local directory is used as is. An id such as `org/name` is resolved with
+huggingface_hub's `snapshot_download`, which honours HF_HUB_OFFLINE (the
+operator sets it unless downloads are allowed): offline, only the local cache
+(HF_HOME) is looked at. Nothing is ever downloaded at import or in tests.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model_dir(model: str, revision: str | None = None, name: str = "model") -> str:
+    """A local directory holding the model, or ValueError naming what is wrong."""
+    path = Path(model)
+    if path.is_dir():
+        return str(path)
+    if model.startswith(("/", ".", "~")) or not _REPO_ID.match(model):
+        raise ValueError(f"{name}: {model!r} is not a local directory (expected config.json, safetensors weights"
+                         " and a tokenizer) nor a Hugging Face id like 'org/name'")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - transformers depends on it
+        raise ValueError(f"{name}: {model!r} looks like a Hub id but huggingface_hub is not installed") from None
+    try:
+        return snapshot_download(repo_id=model, revision=revision)
+    except Exception as exc:  # offline cache miss, unknown repo, network error
+        raise ValueError(f"{name}: could not resolve Hub model {model!r} (revision {revision or 'main'}):"
+                         f" {exc}. Mount the model directory instead, or allow downloads") from None

@@ -1,0 +1,44 @@
+"""Every command line the operator builds is one `pagedinfer serve` accepts.
+
+The operator (no torch) and the engine's CLI meet only through these flags; a
+renamed or missing flag would crash-loop every pod, so the built args are
+parsed by the real `pagedinfer` parser here.
+"""
+
+import pytest
+
+from pagedinfer.engine.cli import build_parser
+from pagedinfer.operator import builders, planning
+from pagedinfer.operator.crd_model import parse_spec
+
+OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
+ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
+
+SPECS = [
+    {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "revision": "v1.0", "architecture": ARCH},
+     "engine": {"blockSize": 32, "gpuMemoryUtilization": 0.85, "maxModelLen": 4096, "maxNumSeqs": 64,
+                "maxNumBatchedTokens": 4096, "enablePrefixCaching": False, "enableChunkedPrefill": False,
+                "swapSpaceGiB": 2},
+     "resources": {"gpus": 1}},
+    {"model": {"uri": "pvc://models/llama/8b", "architecture": ARCH}, "resources": {"gpus": 1}},
+    {"resources": {"gpus": 0}, "engine": {"maxModelLen": 512}},
+]
+
+
+@pytest.mark.parametrize("raw", SPECS)
+def test_the_engine_cli_parses_every_built_command_line(raw):
+    spec = parse_spec(OWNER.name, raw)
+    shape = planning.shape_from_architecture(spec.model.architecture, "auto") if spec.model.architecture else None
+    memory = None if spec.resources.gpus == 0 else 81559 * 2**20
+    plan = planning.plan_for(spec, shape, memory, "engine" if memory is None else "node-labels")
+    container = builders.build_deployment(OWNER, spec, plan)["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["pagedinfer"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "serve"
+    assert args.block_size == spec.engine.block_size
+    assert args.enable_prefix_caching is spec.engine.enable_prefix_caching
+    assert args.enable_chunked_prefill is spec.engine.enable_chunked_prefill
+    assert args.num_gpu_blocks_override == plan.num_gpu_blocks
+    assert args.served_model_name == spec.served_model_name
+    if spec.model.revision != "main":
+        assert args.revision == spec.model.revision
