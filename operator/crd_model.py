@@ -45,6 +45,12 @@ _HF_REPO = re.compile(r"[A-Za-z0-9][-._A-Za-z0-9]*/[A-Za-z0-9][-._A-Za-z0-9]*")
 MAX_NAME_LENGTH = 47
 
 
+# The CRD reserves tensorParallelSize (and sizing splits weights and KV heads
+# by it), but the engine runs one GPU per replica: a larger value would start
+# pods that fail, so it is refused up front.
+ENGINE_MAX_TENSOR_PARALLEL_SIZE = 1
+
+
 class SpecError(ValueError):
     """An invalid InferenceService; `problems` lists each one as 'path: what is wrong'."""
 
@@ -408,6 +414,10 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None) -> InferenceServiceSpe
     autoscaling = raw.get("autoscaling")
     if autoscaling is not None and not isinstance(autoscaling, Mapping):
         r.fail("spec.autoscaling", "must be an object")
+    if engine.tensor_parallel_size > ENGINE_MAX_TENSOR_PARALLEL_SIZE:
+        r.fail("spec.engine.tensorParallelSize",
+               f"the pagedinfer engine runs one GPU per replica for now; must be"
+               f" <= {ENGINE_MAX_TENSOR_PARALLEL_SIZE}, got {engine.tensor_parallel_size}")
     if resources.gpus == 0 and engine.tensor_parallel_size != 1:
         r.fail("spec.engine.tensorParallelSize", "must be 1 when spec.resources.gpus is 0 (CPU engine)")
     if resources.gpus and engine.tensor_parallel_size > resources.gpus:

@@ -13,13 +13,13 @@ KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 SPECS = {
     "hf": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": ARCH},
            "engine": {"apiKeySecretRef": {"name": "key"}, "env": [{"name": "LOG_LEVEL", "value": "debug"}],
-                      "extraArgs": ["--disable-log-requests"]},
+                      "extraArgs": ["--seed=7"]},
            "resources": {"gpus": 1, "cpu": "4", "memory": "32Gi", "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}},
     "pvc": {"model": {"uri": "pvc://models/llama/8b", "architecture": ARCH, "cacheClaimName": "hf-cache"},
             "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
-    "file": {"model": {"uri": "file:///models/llama", "architecture": ARCH}, "engine": {"tensorParallelSize": 2},
+    "file": {"model": {"uri": "file:///models/llama", "architecture": ARCH},
              "resources": {"gpus": 2}},
     "s3": {"model": {"uri": "s3://bucket/llama", "architecture": ARCH}, "engine": {"numGpuBlocksOverride": 100}},
     "cpu": {"resources": {"gpus": 0}, "engine": {"enablePrefixCaching": False, "enableChunkedPrefill": False,
@@ -63,7 +63,7 @@ def test_the_engine_gets_the_sized_block_count_and_every_flag():
     assert flags["--host"] == "0.0.0.0" and flags["--port"] == "8000"
     assert flags["--served-model-name"] == "llama" and flags["--dtype"] == "auto"
     assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
-    assert args[-1] == "--disable-log-requests"
+    assert args[-1] == "--seed=7"
     cpu_args = container(built("cpu")[2])["args"]
     assert "--no-enable-prefix-caching" in cpu_args and "--no-enable-chunked-prefill" in cpu_args
     assert "--num-gpu-blocks-override" not in cpu_args and "--model" not in cpu_args

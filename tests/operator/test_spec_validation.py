@@ -50,6 +50,7 @@ def test_bad_model_uris_are_rejected_with_the_expected_form(uri):
     ({"engine": {"apiKeySecretRef": {"key": "k"}}}, "spec.engine.apiKeySecretRef.name"),
     ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 0}}, "spec.engine.tensorParallelSize"),
     ({"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
+    ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
     ({"engine": {"tensorParallelSize": 3}, "resources": {"gpus": 3}, "model": {"architecture": ARCH}},
      "spec.engine.tensorParallelSize"),
     ({"resources": {"gpus": -1}}, "spec.resources.gpus"),
@@ -90,3 +91,8 @@ def test_replicas_are_clamped_into_min_max_for_the_deployment():
 def test_gpu_memory_accepts_kubernetes_and_byte_sizes():
     assert parse_spec("s", {"resources": {"gpuMemory": "80GiB"}}).resources.gpu_memory_bytes == 80 * 2**30
     assert parse_spec("s", {"resources": {"gpuMemory": "81559Mi"}}).resources.gpu_memory_bytes == 81559 * 2**20
+
+
+def test_tensor_parallelism_beyond_what_the_engine_runs_is_refused_with_the_reason():
+    with pytest.raises(SpecError, match="one GPU per replica"):
+        parse_spec("svc", {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}})
