@@ -29,10 +29,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the operator's Prometheus metrics on this port")
     peering = p.add_mutually_exclusive_group()
-    peering.add_argument("--standalone", dest="standalone", action="store_true", default=True,
-                         help="run without kopf peering (default; run one replica)")
-    peering.add_argument("--peering", dest="standalone", action="store_false",
-                         help="coordinate with other replicas through kopf peering objects")
+    peering.add_argument("--standalone", action="store_true",
+                         help="run without kopf peering (the default without --peering; run one replica)")
+    peering.add_argument("--peering", metavar="NAME", default=None,
+                         help="coordinate replicas through this kopf (Cluster)KopfPeering object: only the"
+                              " live replica of highest --priority handles resources, the others wait")
+    p.add_argument("--priority", type=int, default=0,
+                   help="this replica's peering priority; give each replica its own (kopf freezes operators"
+                        " that share a priority) (default 0)")
     p.add_argument("--hf-endpoint", default=None,
                    help="Hub endpoint for hf:// config.json (default $PAGEDINFER_HF_ENDPOINT, $HF_ENDPOINT or "
                         "https://huggingface.co)")
@@ -54,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.all_namespaces and not args.namespace:
         raise ValueError("--namespace: give at least one namespace, or --all-namespaces")
+    if args.peering is None and args.priority:
+        raise ValueError("--priority: only meaningful with --peering NAME")
     if args.liveness is not None and ":" not in args.liveness:
         raise ValueError(f"--liveness: expected HOST:PORT, got {args.liveness!r}")
     config = OperatorConfig.from_env(hf_endpoint=args.hf_endpoint, retry_delay_seconds=args.retry_seconds,
@@ -65,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(kopf.operator(
         registry=REGISTRY,
         memo=kopf.Memo(pagedinfer=runtime),
-        standalone=args.standalone,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        priority=args.priority,
         clusterwide=args.all_namespaces,
         namespaces=args.namespace,
         liveness_endpoint=f"http://{args.liveness}/healthz" if args.liveness else None,

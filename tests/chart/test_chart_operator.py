@@ -141,10 +141,6 @@ def test_the_operator_cli_accepts_every_flag_the_standalone_chart_passes(helm, v
     assert parsed.metrics_port == values.get("operator.metricsPort", 9090)
 
 
-@pytest.mark.xfail(strict=True, reason="contract change pending in operator/cli.py: kopf peering needs "
-                                       "`--peering NAME` and `--priority N` (today --peering is a bare flag, so "
-                                       "every replica would get peering 'default' and priority 0, and kopf "
-                                       "freezes operators of equal priority)")
 def test_the_operator_cli_accepts_the_peering_name_and_priority_the_ha_chart_passes(helm):
     rendered = helm_template(helm, set_values={"operator.replicas": 3})
     _, pod = operator_pod(rendered)

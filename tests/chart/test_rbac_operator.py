@@ -234,9 +234,6 @@ async def test_taking_one_verb_away_gets_the_operator_a_403(helm, tmp_path, grou
     assert {(a.group, rbac_resource(a), a.verb) for a in refused(emulator)} == {(group, resource, verb)}
 
 
-@pytest.mark.xfail(strict=True, raises=OperatorExited,
-                   reason="contract change pending in operator/cli.py: `--peering NAME` and `--priority N` "
-                          "(today the processes exit on the chart's arguments)")
 async def test_two_peered_operators_work_within_the_charts_ha_rbac(helm, tmp_path):
     rendered = helm_template(helm, set_values={"operator.replicas": 2})
     pod = rendered.one("StatefulSet")["spec"]["template"]["spec"]
