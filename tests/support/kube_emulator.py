@@ -426,15 +426,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
         try:
             for event in backlog:
                 await response.write(json.dumps(event).encode() + b"\n")
+            raw = request._raw_request
             while (left := deadline - time.monotonic()) > 0:
+                # A client that went away is noticed within a second, not at the next
+                # write: an idle stream must not hold the server's shutdown.
+                if raw.transport is None or raw.transport.is_closing():
+                    return response
                 async with self._changed:
                     start = bisect.bisect_right(self._log, position, key=lambda entry: entry[0])
                     events = [(rv, e) for rv, r, e in self._log[start:] if r == res]
                     if not events:
                         try:
-                            await asyncio.wait_for(self._changed.wait(), timeout=left)
+                            await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
                         except asyncio.TimeoutError:
-                            break
+                            pass
                         continue
                 for rv, event in events:
                     position = rv
