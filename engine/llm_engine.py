@@ -55,8 +55,12 @@ class LLMEngine:
             if config.tokenizer else model_dir
         config = dataclasses.replace(config, model=model_dir, tokenizer=tokenizer_dir)
         self.config = config
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-        self.runner = ModelRunner(config)
+        self.runner = ModelRunner(config)  # first: a bad model is named as the model
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        except Exception as exc:  # a missing or corrupt tokenizer: report it, never a traceback
+            raise ValueError(f"tokenizer: cannot load from {config.tokenizer or config.model!r}:"
+                             f" {type(exc).__name__}: {exc}") from None
         model_max = self.runner.max_position_embeddings
         max_model_len = config.max_model_len or model_max or 2048
         if model_max and max_model_len > model_max:
@@ -67,13 +71,17 @@ class LLMEngine:
                 f"max_num_batched_tokens: without chunked prefill it must be >= max_model_len ({max_model_len}),"
                 f" got {config.max_num_batched_tokens}; enable chunked prefill or lower max_model_len")
         self.max_model_len = max_model_len
-        plan = self.runner.plan_kv_cache(max_model_len) if config.num_gpu_blocks_override is None or \
-            self.runner.device.type == "cuda" else None
-        num_blocks = plan.num_gpu_blocks if plan else config.num_gpu_blocks_override
+        # The plan (profiled on a GPU, estimated within --cpu-memory-budget on a CPU)
+        # bounds any override: an override that does not fit is lowered, with a warning.
+        plan = self.runner.plan_kv_cache(max_model_len)
+        num_blocks = plan.num_gpu_blocks
         if config.num_gpu_blocks_override is not None:
-            if plan and config.num_gpu_blocks_override > plan.num_gpu_blocks:
-                logger.warning("num_gpu_blocks_override=%d does not fit after profiling; using %d blocks",
-                               config.num_gpu_blocks_override, plan.num_gpu_blocks)
+            if config.num_gpu_blocks_override > plan.num_gpu_blocks:
+                logger.warning("num_gpu_blocks_override=%d does not fit (%s); using %d blocks",
+                               config.num_gpu_blocks_override,
+                               "after profiling" if self.runner.device.type == "cuda"
+                               else f"within cpu_memory_budget_bytes={config.cpu_memory_budget_bytes}",
+                               plan.num_gpu_blocks)
             else:
                 num_blocks = config.num_gpu_blocks_override
         needed = -(-max_model_len // config.block_size)

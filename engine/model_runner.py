@@ -47,13 +47,23 @@ def resolve_dtype(name: str, model_config: dict, device: torch.device) -> torch.
     return dtype
 
 
+def _rope_types(rope: object) -> list[str]:
+    """rope_type values of a rope_scaling/rope_parameters entry, flat or nested per layer type."""
+    if not isinstance(rope, dict):
+        return []
+    kind = rope.get("rope_type") or rope.get("type")
+    if kind is not None:
+        return [str(kind)]
+    return [t for value in rope.values() for t in _rope_types(value)]
+
+
 def check_rope(model_config: dict) -> None:
     """Reject RoPE variants whose factors depend on the longest position in a batch."""
     cfg = model_config.get("text_config") or model_config
     for key in ("rope_scaling", "rope_parameters"):
-        rope = cfg.get(key) or {}
-        kind = rope.get("rope_type") or rope.get("type") if isinstance(rope, dict) else None
-        if kind in _UNSUPPORTED_ROPE:
+        for kind in _rope_types(cfg.get(key)):
+            if kind not in _UNSUPPORTED_ROPE:
+                continue
             raise ValueError(
                 f"model: rope type {kind!r} picks its scaling from the longest sequence in a batch, which"
                 " packed batches break; use a model with default/linear/llama3/yarn RoPE")
@@ -69,8 +79,14 @@ class ModelRunner:
         check_rope(self.hf_config_dict)
         self.dtype = resolve_dtype(config.dtype, self.hf_config_dict, self.device)
         attn_name = register()
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            config.model, dtype=self.dtype, attn_implementation=attn_name)
+        try:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                config.model, dtype=self.dtype, attn_implementation=attn_name)
+        except (OSError, ValueError, TypeError, KeyError, RuntimeError) as exc:
+            raise ValueError(f"model: cannot load {config.model!r} with transformers:"
+                             f" {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # e.g. safetensors' or huggingface_hub's own error types
+            raise ValueError(f"model: cannot load {config.model!r}: {type(exc).__name__}: {exc}") from None
         self.model.to(self.device).eval()
         if self.model.config._attn_implementation != attn_name:
             raise RuntimeError(f"transformers did not set attention implementation {attn_name!r}")

@@ -253,7 +253,11 @@ class SizingResult:
 
 
 def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB"
+    """A human-readable size: GiB, MiB, KiB or bytes, whichever reads best."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(num_bytes) >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes} bytes"
 
 
 def plan_kv_cache(inputs: SizingInputs) -> SizingResult:

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed
@@ -33,7 +34,7 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in a
 @dataclass(frozen=True)
 class ServerSettings:
     api_key: str | None = None
-    max_waiting_requests: int | None = None
+    max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS  # None: no limit
     max_request_body_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:

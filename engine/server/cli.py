@@ -11,6 +11,9 @@ import logging
 import sys
 from pathlib import Path
 
+from pagedinfer.engine.server import cli_types
+from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from pagedinfer.engine.engine_args import add_engine_args
@@ -26,14 +29,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the name clients pass as `model` (default: the model directory's name;"
                         " 'pagedinfer-default' for the embedded model)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    g.add_argument("--port", type=cli_types.port, default=8000, help="port to listen on, 1-65535 (default 8000)")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: env PAGEDINFER_API_KEY, else none)")
-    g.add_argument("--max-waiting-requests", type=int, default=None,
-                   help="answer 503 + Retry-After while this many requests wait to be scheduled (default: no limit)")
-    g.add_argument("--max-request-body-bytes", type=int, default=1 << 20,
+    g.add_argument("--max-waiting-requests", type=cli_types.positive_int, default=DEFAULT_MAX_WAITING_REQUESTS,
+                   help="most sequences (prompts x n) waiting to be scheduled; a request that would go over it gets"
+                        " 503 + Retry-After, one that alone exceeds it a 400"
+                        f" (default {DEFAULT_MAX_WAITING_REQUESTS})")
+    g.add_argument("--max-request-body-bytes", type=cli_types.positive_int, default=1 << 20,
                    help="answer 413 to bodies larger than this (default 1 MiB)")
-    g.add_argument("--shutdown-grace-seconds", type=float, default=30.0,
+    g.add_argument("--shutdown-grace-seconds", type=cli_types.non_negative_seconds, default=30.0,
                    help="on SIGTERM, how long in-flight requests may run before they are aborted (default 30)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve.set_defaults(func=run_serve)
@@ -55,8 +60,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from pagedinfer.engine.server.launcher import build_app, default_model_dir, run_server
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.shutdown_grace_seconds < 0:
-        raise ValueError(f"--shutdown-grace-seconds: must be >= 0, got {args.shutdown_grace_seconds}")
     model = args.model or str(default_model_dir())
     if not (Path(model) / "config.json").is_file():
         raise ValueError(f"--model: {model!r} is not a model directory (no config.json there)")

@@ -24,8 +24,12 @@ def hf_greedy(model_dir, prompts, max_new_tokens):
 
 
 def mixed_prompts(vocab, seed=0, lengths=(1, 5, 16, 17, 40, 75)):
+    """Prompts of 1 token to several blocks; the last two share a 40-token prefix."""
     rng = random.Random(seed)
-    return [[rng.randrange(8, vocab) for _ in range(n)] for n in lengths]
+    prompts = [[rng.randrange(8, vocab) for _ in range(n)] for n in lengths]
+    shared = prompts[-2]
+    prompts.append(shared + [rng.randrange(8, vocab) for _ in range(9)])
+    return prompts
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +49,21 @@ def expected(make_model):
 
 
 def run_engine(model_dir, prompts, max_tokens, **kwargs):
+    """Greedy token ids of every prompt; with prefix caching, a second pass must hit and agree."""
     llm = LLM(model=str(model_dir), dtype="float32", **kwargs)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    got = [o.outputs[0].token_ids for o in outs]
+    if kwargs.get("enable_prefix_caching", True):
+        again = llm.generate(prompts, params)
+        assert sum(o.num_cached_tokens for o in again) > 0, "the second pass should hit the prefix cache"
+        assert [o.outputs[0].token_ids for o in again] == got, "a prefix-cache hit changed the output"
     stats = llm.get_stats()
     assert stats.num_used_blocks == 0, "blocks leaked after every request finished"
-    return [o.outputs[0].token_ids for o in outs], stats
+    return got, stats
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
 def test_greedy_equals_generate_per_architecture(expected, arch):
     model_dir, prompts, want = expected(arch)
     got, _ = run_engine(model_dir, prompts, 12, block_size=16)

@@ -1,0 +1,89 @@
+"""The sampler on hand-made logits: each option does what it says."""
+
+import math
+
+import pytest
+import torch
+
+from pagedinfer.engine.sampler import Sampler
+from pagedinfer.engine.sampling_params import SamplingParams
+from pagedinfer.engine.sequence import Sequence
+
+EOS = 0
+
+
+def seq(prompt=(5, 6), output=(), **params):
+    s = Sequence(request_id="r", prompt_token_ids=list(prompt), params=SamplingParams(**params), arrival_time=0.0)
+    s.token_ids.extend(output)
+    return s
+
+
+def draws(logits, s, num=400, seed=0):
+    sampler = Sampler(seed=seed, eos_token_ids={EOS}, device=torch.device("cpu"))
+    return [sampler.sample(logits.unsqueeze(0), [s])[0].token_id for _ in range(num)]
+
+
+LOGITS = torch.tensor([0.0, 3.0, 2.9, 2.8, 0.5, -1.0, 1.0, 0.2])
+
+
+def test_greedy_takes_the_argmax():
+    assert set(draws(LOGITS, seq(temperature=0.0), num=5)) == {1}
+
+
+def test_top_k_one_is_the_argmax_and_top_k_three_stays_in_the_top_three():
+    assert set(draws(LOGITS, seq(temperature=1.0, top_k=1))) == {1}
+    assert set(draws(LOGITS, seq(temperature=1.0, top_k=3))) == {1, 2, 3}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.softmax(LOGITS, -1)
+    order = torch.argsort(probs, descending=True).tolist()
+    p = float(probs[order[0]] + probs[order[1]]) - 1e-3  # the top two just reach it
+    assert set(draws(LOGITS, seq(temperature=1.0, top_p=p))) == set(order[:2])
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():
+    probs = torch.softmax(LOGITS, -1)
+    kept = {i for i, q in enumerate(probs.tolist()) if q >= 0.5 * float(probs.max())}
+    assert set(draws(LOGITS, seq(temperature=1.0, min_p=0.5))) == kept
+
+
+def test_temperature_flattens_the_distribution():
+    cold = draws(LOGITS, seq(temperature=0.2))
+    hot = draws(LOGITS, seq(temperature=5.0))
+    assert len(set(hot)) > len(set(cold))
+
+
+def test_repetition_penalty_discourages_prompt_and_output_tokens():
+    logits = torch.tensor([0.0, 2.0, 1.9, 0.0])
+    assert draws(logits, seq(prompt=(1,), temperature=0.0), num=1) == [1]
+    assert draws(logits, seq(prompt=(1,), temperature=0.0, repetition_penalty=1.5), num=1) == [2]
+
+
+def test_presence_and_frequency_penalties_act_on_generated_tokens_only():
+    logits = torch.tensor([0.0, 2.0, 1.5, 0.0])
+    assert draws(logits, seq(prompt=(1, 1), temperature=0.0, presence_penalty=1.0), num=1) == [1]
+    assert draws(logits, seq(output=(1,), temperature=0.0, presence_penalty=1.0), num=1) == [2]
+    assert draws(logits, seq(output=(1,), temperature=0.0, frequency_penalty=0.4), num=1) == [1]
+    assert draws(logits, seq(output=(1, 1), temperature=0.0, frequency_penalty=0.4), num=1) == [2]
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
+    logits = torch.tensor([5.0, 1.0, 4.0, 0.0])
+    assert draws(logits, seq(temperature=0.0, min_tokens=2, max_tokens=4), num=1) == [2]
+    assert draws(logits, seq(temperature=0.0, min_tokens=2, max_tokens=4, stop_token_ids=[2]), num=1) == [1]
+    assert draws(logits, seq(output=(3, 3), temperature=0.0, min_tokens=2, max_tokens=4), num=1) == [EOS]
+
+
+def test_a_seed_makes_draws_reproducible_and_independent_of_the_engine_seed():
+    a = draws(LOGITS, seq(temperature=1.0, seed=42), num=30, seed=0)
+    b = draws(LOGITS, seq(temperature=1.0, seed=42), num=30, seed=123)
+    assert a == b
+
+
+def test_logprobs_are_the_raw_distribution_with_ranks():
+    sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
+    res = sampler.sample(LOGITS.unsqueeze(0), [seq(temperature=0.0, logprobs=3)])[0]
+    raw = torch.log_softmax(LOGITS, -1)
+    assert res.logprobs[1].rank == 1 and math.isclose(res.logprobs[1].logprob, float(raw[1]), rel_tol=1e-6)
+    assert sorted(lp.rank for lp in res.logprobs.values()) == [1, 2, 3]
