@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "https://huggingface.co)")
     p.add_argument("--no-fetch-hf-config", action="store_true",
                    help="never fetch config.json from the Hub (hf:// models then need architecture/configMapRef)")
+    p.add_argument("--allow-host-path-models", action="store_true",
+                   help="accept file:// model URIs, mounted as hostPath volumes (off: anyone who may create an"
+                        " InferenceService could then read any node directory)")
     p.add_argument("--retry-seconds", type=float, default=None,
                    help="delay before retrying after an API error (default 15)")
     p.set_defaults(func=run)
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.liveness is not None and ":" not in args.liveness:
         raise ValueError(f"--liveness: expected HOST:PORT, got {args.liveness!r}")
     config = OperatorConfig.from_env(hf_endpoint=args.hf_endpoint, retry_delay_seconds=args.retry_seconds,
-                                     **({"fetch_hf_config": False} if args.no_fetch_hf_config else {}))
+                                     **({"fetch_hf_config": False} if args.no_fetch_hf_config else {}),
+                                     **({"allow_host_path_models": True} if args.allow_host_path_models else {}))
     runtime = Runtime(config=config)
     if args.metrics_port is not None:
         runtime.metrics.serve(args.metrics_port)

@@ -391,14 +391,26 @@ def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
     )
 
 
-def parse_spec(name: str, spec: Mapping[str, Any] | None) -> InferenceServiceSpec:
-    """Validate a whole `spec`; raise SpecError listing every problem found."""
+def parse_spec(name: str, spec: Mapping[str, Any] | None,
+               allow_host_path_models: bool = False) -> InferenceServiceSpec:
+    """Validate a whole `spec`; raise SpecError listing every problem found.
+
+    `file://` models become hostPath volumes, which let whoever may create an
+    InferenceService read any node directory: refused unless the operator runs
+    with --allow-host-path-models.
+    """
     r = _Reader()
     if not isinstance(name, str) or not _DNS_1035.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
         r.fail("metadata.name", f"must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
                                 f"(lowercase letters, digits, '-', starting with a letter), got {name!r}")
     raw = r.mapping(spec, "spec")
     model = _parse_model(r, raw.get("model"))
+    if model.uri is not None and model.uri.scheme == "s3":
+        r.fail("spec.model.uri", "s3:// is reserved: the engine cannot read object storage yet; copy the model"
+                                 " into a PersistentVolumeClaim and use pvc://<claim>/<path>")
+    if model.uri is not None and model.uri.scheme == "file" and not allow_host_path_models:
+        r.fail("spec.model.uri", "file:// mounts a node directory (hostPath), which this operator refuses"
+                                 " unless started with --allow-host-path-models; use pvc://<claim>/<path>")
     engine = _parse_engine(r, raw.get("engine"))
     resources = _parse_resources(r, raw.get("resources"))
     node_selector = r.mapping(raw.get("nodeSelector"), "spec.nodeSelector")

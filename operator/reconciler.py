@@ -145,7 +145,8 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any) -> N
 async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], name: str, namespace: str,
                      uid: str, generation: int | None, logger: Any) -> str:
     try:
-        spec = parse_spec(name, body.get("spec"))
+        spec = parse_spec(name, body.get("spec"),
+                          allow_host_path_models=runtime.config.allow_host_path_models)
     except SpecError as exc:
         message = f"Invalid spec: {exc}"
         if _is_news(body, status.VALID, status.REASON_INVALID_SPEC, message):

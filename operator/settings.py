@@ -33,6 +33,7 @@ class OperatorConfig:
     no_nodes_retry_seconds: float = 60.0  # NoMatchingNodes / ModelConfigUnavailable
     watch_timeout_seconds: float = 300.0
     error_backoffs: tuple[float, ...] = (1, 2, 4, 8, 16)
+    allow_host_path_models: bool = False  # file:// models as hostPath volumes (a privilege: off by default)
 
     def __post_init__(self) -> None:
         for name in ("hf_timeout_seconds", "api_timeout_seconds", "retry_delay_seconds",

@@ -4,7 +4,7 @@ import kubernetes_validate
 import pytest
 
 from pagedinfer.operator import builders, planning
-from pagedinfer.operator.crd_model import parse_spec
+from pagedinfer.operator.crd_model import SpecError, parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
@@ -21,7 +21,7 @@ SPECS = {
             "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
     "file": {"model": {"uri": "file:///models/llama", "architecture": ARCH},
              "resources": {"gpus": 2}},
-    "s3": {"model": {"uri": "s3://bucket/llama", "architecture": ARCH}, "engine": {"numGpuBlocksOverride": 100}},
+    "override": {"model": {"uri": "pvc://models/llama", "architecture": ARCH}, "engine": {"numGpuBlocksOverride": 100}},
     "cpu": {"resources": {"gpus": 0}, "engine": {"enablePrefixCaching": False, "enableChunkedPrefill": False,
                                                  "maxModelLen": 512}},
 }
@@ -35,7 +35,7 @@ def plan_of(spec):
 
 
 def built(key):
-    spec = parse_spec(OWNER.name, SPECS[key])
+    spec = parse_spec(OWNER.name, SPECS[key], allow_host_path_models=True)
     plan = plan_of(spec)
     return spec, plan, builders.build_deployment(OWNER, spec, plan), builders.build_service(OWNER)
 
@@ -116,10 +116,14 @@ def test_pvc_and_file_models_are_mounted_read_only():
     assert container(file_)["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
 
-def test_s3_uris_are_passed_as_is():
-    args = container(built("s3")[2])["args"]
-    assert args[args.index("--model") + 1] == "s3://bucket/llama"
-    assert args[args.index("--num-gpu-blocks-override") + 1] == "100"
+def test_s3_uris_are_refused_until_the_engine_can_read_them():
+    with pytest.raises(SpecError, match="s3:// is reserved"):
+        parse_spec(OWNER.name, {"model": {"uri": "s3://bucket/llama", "architecture": ARCH}})
+
+
+def test_file_uris_need_the_operator_to_allow_host_paths():
+    with pytest.raises(SpecError, match="--allow-host-path-models"):
+        parse_spec(OWNER.name, SPECS["file"])
 
 
 def test_an_engine_change_rolls_the_pods_and_a_replica_change_does_not():

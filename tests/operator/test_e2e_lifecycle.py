@@ -129,7 +129,7 @@ async def test_config_from_a_configmap_and_cpu_engines(emulator):
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", {
-            "model": {"uri": "s3://models/llama", "configMapRef": {"name": "llama-config"}},
+            "model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
             "resources": {"gpuMemory": "80GiB"}}))
         await emulator.create(ISVC, inference_service("tiny", {"resources": {"gpus": 0}}))
         llama = await eventually(lambda: isvc_of(emulator)["status"]["kvCache"])
