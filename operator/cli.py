@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.all_namespaces and not args.namespace:
         raise ValueError("--namespace: give at least one namespace, or --all-namespaces")
+    if not _has_kubernetes_credentials():
+        raise ValueError("no Kubernetes credentials: run in a pod with a service account, or set KUBECONFIG"
+                         " (or create ~/.kube/config)")
     if args.peering is None and args.priority:
         raise ValueError("--priority: only meaningful with --peering NAME")
     if args.liveness is not None and ":" not in args.liveness:
@@ -83,3 +86,16 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=f"http://{args.liveness}/healthz" if args.liveness else None,
     ))
     return 0
+
+
+def _has_kubernetes_credentials() -> bool:
+    """In a pod (service account) or with a kubeconfig file, as kopf's login handlers look for them."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and \
+            Path("/var/run/secrets/kubernetes.io/serviceaccount/token").is_file():
+        return True
+    paths = os.environ.get("KUBECONFIG", "").split(os.pathsep) if os.environ.get("KUBECONFIG") else []
+    paths = paths or [str(Path.home() / ".kube" / "config")]
+    return any(Path(p).expanduser().is_file() for p in paths if p)

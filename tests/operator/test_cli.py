@@ -57,3 +57,11 @@ async def test_the_operator_process_reconciles_and_serves_liveness_and_metrics(e
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr.decode()[-2000:]
     assert b"test-token" not in stderr
+
+
+def test_no_credentials_is_a_clear_error_not_a_retry_loop(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env.update(KUBECONFIG=str(tmp_path / "missing"), HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "pagedinfer.engine.cli", "operator", "-A"], capture_output=True,
+                         text=True, cwd="/", env=env, timeout=60)
+    assert out.returncode == 2 and "no Kubernetes credentials" in out.stderr and "Traceback" not in out.stderr
