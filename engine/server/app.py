@@ -26,7 +26,7 @@ from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                CompletionResponse, ErrorResponse, ModelList)
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
-from pagedinfer.engine.server.serving import ClientDisconnected, Plan, Serving
+from pagedinfer.engine.server.serving import ClientDisconnected, Serving, Submission
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in access logs
 
@@ -45,18 +45,23 @@ class ServerSettings:
 
 
 class AbortingStreamingResponse(StreamingResponse):
-    """Closes its generator however the response ends (done, client gone, cancelled at shutdown).
+    """Aborts its submission's unfinished prompts however the response ends (done, client gone, shutdown).
 
     starlette leaves an abandoned generator suspended until garbage
-    collection; closing it runs its `finally`, which aborts the engine
-    requests and frees their KV blocks at once.
+    collection; closing it runs its `finally`, and `abort_unfinished` covers a
+    generator that never started. The engine frees their KV blocks at once.
     """
+
+    def __init__(self, content: Any, submission: Submission) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.submission = submission
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            self.submission.abort_unfinished()
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
@@ -103,9 +108,10 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         plan = serving.prepare_completion(body)
+        submission = serving.submit(plan)
         if plan.stream:
-            return AbortingStreamingResponse(_stream(serving, plan, chat=False), media_type="text/event-stream")
-        finals = await _finals(serving, plan, request)
+            return AbortingStreamingResponse(_stream(serving, submission, chat=False), submission)
+        finals = await _finals(serving, submission, request)
         if finals is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         return JSONResponse(completion_response(plan, finals, engine_loop.info.tokenizer))
@@ -113,9 +119,10 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         plan = serving.prepare_chat(body)
+        submission = serving.submit(plan)
         if plan.stream:
-            return AbortingStreamingResponse(_stream(serving, plan, chat=True), media_type="text/event-stream")
-        finals = await _finals(serving, plan, request)
+            return AbortingStreamingResponse(_stream(serving, submission, chat=True), submission)
+        finals = await _finals(serving, submission, request)
         if finals is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         return JSONResponse(chat_response(plan, finals, engine_loop.info.tokenizer))
@@ -143,21 +150,22 @@ def _openapi_with_model_name(app: FastAPI, model_name: str) -> dict:
     return schema
 
 
-async def _finals(serving: Serving, plan: Plan, request: Request) -> list[Any] | None:
+async def _finals(serving: Serving, submission: Submission, request: Request) -> list[Any] | None:
     try:
-        return await serving.final_outputs(plan, request)
+        return await serving.final_outputs(submission, request)
     except RequestFailed as exc:
         raise ApiError(exc.status_code, exc.message, exc.param) from None
     except ClientDisconnected:
         return None
 
 
-async def _stream(serving: Serving, plan: Plan, chat: bool):
+async def _stream(serving: Serving, submission: Submission, chat: bool):
+    plan = submission.plan
     tracker = DeltaTracker(plan, serving.engine_loop.info.tokenizer, chat)
     for chunk in tracker.opening_chunks():
         yield chunk
     try:
-        async for index, output in serving.outputs(plan):
+        async for index, output in serving.outputs(submission):
             for chunk in tracker.chunks(index, output):
                 yield chunk
     except RequestFailed as exc:

@@ -6,6 +6,11 @@ ITL the gaps between later content chunks, E2E the time to [DONE]. The
 prefix-cache hit rate comes from the server's own counters
 (`pagedinfer_prefix_cache_hits_total / pagedinfer_prefix_cache_queries_total`),
 scraped before and after the run, so only this run's traffic counts.
+
+Before any load, one GET /v1/models checks that the server answers; when it
+does not (nothing listening, not HTTP, a refused key) the run stops with a
+ValueError naming the flag to fix (`--url`, `--api-key`), which the CLI
+prints as one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 from pagedinfer.engine.server.bench_workload import (BenchRequest, RequestResult, build_workload, format_summary,
                                                      summarize)
 
+PROBE_TIMEOUT_SECONDS = 10.0
+
 
 def _counter(metrics_text: str, name: str) -> float | None:
     total = None
@@ -37,6 +44,26 @@ async def _scrape(http: Any, url: str) -> tuple[float | None, float | None]:
     except Exception:  # noqa: BLE001 - a server without /metrics still gets benchmarked
         return None, None
     return _counter(text, "pagedinfer_prefix_cache_queries_total"), _counter(text, "pagedinfer_prefix_cache_hits_total")
+
+
+async def _served_models(http: Any, url: str, headers: dict[str, str]) -> list[str]:
+    """The ids /v1/models lists; ValueError naming the flag to fix when the server cannot be used."""
+    import httpx
+
+    try:
+        r = await http.get(url + "/v1/models", headers=headers, timeout=PROBE_TIMEOUT_SECONDS)
+    except httpx.HTTPError as exc:
+        raise ValueError(f"--url: no server answers at {url} ({type(exc).__name__}: {exc})") from None
+    if r.status_code == 401:
+        raise ValueError(f"--api-key: the server at {url} refused the key (HTTP 401); pass --api-key or set "
+                         f"PAGEDINFER_API_KEY")
+    if r.status_code != 200:
+        raise ValueError(f"--url: GET {url}/v1/models answered HTTP {r.status_code}; is this an OpenAI-compatible "
+                         f"server's base URL?")
+    try:
+        return [card["id"] for card in r.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--url: {url}/v1/models did not answer with an OpenAI model list") from None
 
 
 async def _one(http: Any, url: str, model: str, req: BenchRequest, headers: dict[str, str]) -> RequestResult:
@@ -88,10 +115,10 @@ async def run_bench(args: argparse.Namespace) -> tuple[Any, list[RequestResult]]
                               args.output_tokens, args.shared_prefix_tokens, args.seed)
     limits = httpx.Limits(max_connections=args.max_concurrency or args.num_prompts + 8, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=args.timeout_seconds, limits=limits) as http:
-        model = args.model
-        if model is None:
-            models = (await http.get(url + "/v1/models", headers=headers)).json()
-            model = models["data"][0]["id"]
+        served = await _served_models(http, url, headers)
+        if args.model is None and not served:
+            raise ValueError(f"--model: the server at {url} lists no models; name one with --model")
+        model = args.model or served[0]
         queries_before, hits_before = await _scrape(http, url)
         gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
         bar = tqdm(total=len(workload), desc="requests", unit="req", disable=args.no_progress, file=sys.stderr)

@@ -111,7 +111,7 @@ class EngineLoop:
         self._stop_requested = False
         self._draining = False
         self._drain_deadline: float | None = None
-        self._pending_adds = 0
+        self._num_pending_seqs = 0
         self._pending_lock = threading.Lock()
         self.ready = threading.Event()
         self.info: ModelInfo | None = None
@@ -131,15 +131,19 @@ class EngineLoop:
     def accepting(self) -> bool:
         return self.healthy and not self._stop_requested
 
-    def num_waiting_requests(self) -> int:
-        """Requests not yet running: the engine's waiting queue plus adds still in the inbox."""
+    def num_waiting_sequences(self) -> int:
+        """Sequences not yet running: the engine's waiting queue plus adds (n sequences each) not yet in it.
+
+        An add stays pending until the stats published after it was applied
+        include it, so between the two it is counted twice, never zero times.
+        """
         waiting = self.stats.num_waiting if self.stats is not None else 0
-        return waiting + self._pending_adds
+        return waiting + self._num_pending_seqs
 
     def add(self, request_id: str, prompt: str | list[int], params: Any, arrival_time: float,
             sink: RequestSink) -> None:
         with self._pending_lock:
-            self._pending_adds += 1
+            self._num_pending_seqs += params.n
         self._inbox.put(_Add(request_id, prompt, params, arrival_time, sink))
         self._wake.set()
 
@@ -183,32 +187,41 @@ class EngineLoop:
                     info.num_gpu_blocks, info.block_size)
         while not self._stop_requested:
             self._wake.clear()
-            self._apply_inbox(engine)
+            num_applied_seqs = self._apply_inbox(engine)
             if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline and self._sinks:
                 self._abort_all(engine, "the server is shutting down: the grace period ended")
             if self.engine_error is None and engine.has_unfinished_requests():
                 self._step(engine)
+                self._settle_pending(num_applied_seqs)
             else:
                 self._publish_stats(engine)
+                self._settle_pending(num_applied_seqs)
                 self._wake.wait(IDLE_WAIT_SECONDS)
-        self._apply_inbox(engine)
+        num_applied_seqs = self._apply_inbox(engine)
         self._abort_all(engine, "the server is shutting down")
         self._publish_stats(engine)
+        self._settle_pending(num_applied_seqs)
 
-    def _apply_inbox(self, engine: Any) -> None:
+    def _apply_inbox(self, engine: Any) -> int:
+        """Apply every queued command in order; the number of sequences the adds among them asked for."""
+        num_applied_seqs = 0
         while True:
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return num_applied_seqs
             if isinstance(command, _Abort):
                 if self._sinks.pop(command.request_id, None) is not None:
                     engine.abort_request(command.request_id)
                     self._notify("on_abort", command.request_id)
                 continue
-            with self._pending_lock:
-                self._pending_adds -= 1
+            num_applied_seqs += command.params.n
             self._add(engine, command)
+
+    def _settle_pending(self, num_seqs: int) -> None:
+        """Stop counting applied adds as pending, once the published stats include them."""
+        with self._pending_lock:
+            self._num_pending_seqs -= num_seqs
 
     def _add(self, engine: Any, command: _Add) -> None:
         if self.engine_error is not None or self._stop_requested or self._draining:

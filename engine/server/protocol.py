@@ -16,6 +16,7 @@ from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, Stri
 MAX_N = 16
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+MAX_PROMPTS = 256  # prompts in one completions request (each is its own engine request)
 
 Number = Annotated[float, AllowInfNan(False)]
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
@@ -63,6 +64,13 @@ class CompletionRequest(_SamplingFields):
         | Annotated[list[TokenIds], Field(min_length=1)]
     max_tokens: StrictInt | None = Field(default=16, ge=1)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _check_num_prompts(self):
+        num_prompts = len(self.prompts())
+        if num_prompts > MAX_PROMPTS:
+            raise ValueError(f"prompt: at most {MAX_PROMPTS} prompts per request, got {num_prompts}")
+        return self
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of single prompts (text or token ids)."""

@@ -5,17 +5,23 @@ prompts as token ids (tokenized here, on the event loop, with the server's
 own tokenizer), one `SamplingParams`, and the bookkeeping the response needs.
 Everything a client can get wrong is checked here, before the engine sees
 it, so the answer is a 4xx naming the parameter:
-- the model name (404), admission (503 + Retry-After while loading, draining
-  or over --max-waiting-requests);
+- the model name (404), admission (503 + Retry-After while loading or
+  draining, and a first look at the waiting-queue limit, so an overloaded
+  server refuses before tokenizing);
 - empty prompts, token ids outside the vocabulary, prompt + max_tokens over
   max_model_len (400).
 
-`Serving.outputs(plan)` adds the plan's prompts to the engine loop and yields
-`(prompt_index, RequestOutput)` as the engine produces them. Its `finally`
-aborts every prompt that has not finished: whether the consumer stopped
-because the client went away (streaming: starlette cancels the generator;
-non-streaming: `watch_disconnect`), an error, or shutdown, the engine frees
-those blocks at once.
+`Serving.submit(plan)` checks the waiting-queue limit (`admission.py`: 503
+to retry later, 400 when the request alone exceeds it) and adds the plan's
+prompts to the engine loop, all without awaiting, so concurrent requests on
+the event loop are counted one after another and cannot all pass the check
+before any of them is queued. It returns a `Submission`.
+
+`Serving.outputs(submission)` yields `(prompt_index, RequestOutput)` as the
+engine produces them. Whatever ends the consumer (the client went away:
+starlette cancels the stream, or `watch_disconnect` for non-streaming; an
+error; shutdown), `Submission.abort_unfinished` runs and the engine frees
+the blocks of every prompt that has not finished at once.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
+from pagedinfer.engine.server.admission import check_waiting_limit
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
 from pagedinfer.engine.server.errors import ApiError, from_value_error
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -48,6 +55,27 @@ class Plan:
     stream: bool
     include_usage: bool
     arrival_time: float
+
+
+class Submission:
+    """A plan whose prompts were added to the engine loop, and which of them are still unfinished.
+
+    Invariant: every id in `unfinished` was added and has neither finished
+    nor been aborted. `abort_unfinished` is idempotent.
+    """
+
+    def __init__(self, plan: Plan, engine_loop: EngineLoop, sink: RequestSink) -> None:
+        self.plan = plan
+        self.sink = sink
+        self._engine_loop = engine_loop
+        self.request_ids = [f"{plan.request_id}-{i}" for i in range(len(plan.prompts))]
+        self.index_of = {request_id: i for i, request_id in enumerate(self.request_ids)}
+        self.unfinished = set(self.request_ids)
+
+    def abort_unfinished(self) -> None:
+        for request_id in self.unfinished:
+            self._engine_loop.abort(request_id)
+        self.unfinished.clear()
 
 
 class ClientDisconnected(Exception):
@@ -75,10 +103,6 @@ class Serving:
         if model != info.served_model_name:
             raise ApiError(404, f"model: '{model}' does not exist; this server serves '{info.served_model_name}'",
                            param="model", code="model_not_found")
-        limit = self.max_waiting_requests
-        if limit is not None and loop.num_waiting_requests() >= limit:
-            raise ApiError(503, f"too many waiting requests (limit {limit}); retry later", code="server_overloaded",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         return info
 
     def _check_lengths(self, info: Any, prompts: list[list[int]], max_tokens: int | None, param: str) -> int:
@@ -128,6 +152,7 @@ class Serving:
 
     def prepare_completion(self, req: CompletionRequest) -> Plan:
         info = self._admit(req.model)
+        self._check_waiting_limit(len(req.prompts()), req.n)  # shed load before tokenizing; submit decides
         prompts = [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()]
         max_tokens = self._check_lengths(info, prompts, req.max_tokens, "prompt")
         params = self._sampling_params(req, max_tokens, req.logprobs)
@@ -135,6 +160,7 @@ class Serving:
 
     def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
         info = self._admit(req.model)
+        self._check_waiting_limit(1, req.n)  # shed load before rendering and tokenizing; submit decides
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
             text = info.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -156,30 +182,40 @@ class Serving:
                     stream=req.stream, include_usage=include_usage, arrival_time=time.monotonic())
 
     # ---- running ----
-    async def outputs(self, plan: Plan) -> AsyncIterator[tuple[int, Any]]:
+    def _check_waiting_limit(self, num_prompts: int, n: int) -> None:
+        refusal = check_waiting_limit(self.engine_loop.num_waiting_sequences(), num_prompts, n,
+                                      self.max_waiting_requests)
+        if refusal is not None and refusal.status_code == 503:
+            raise ApiError(503, refusal.message, code="server_overloaded",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        if refusal is not None:
+            raise ApiError(refusal.status_code, refusal.message, param=refusal.param, code="invalid_parameter")
+
+    def submit(self, plan: Plan) -> Submission:
+        """Admit the plan under the waiting-queue limit and add its prompts to the engine loop (no await)."""
+        self._check_waiting_limit(len(plan.prompts), plan.params.n)
+        submission = Submission(plan, self.engine_loop, RequestSink(asyncio.get_running_loop()))
+        for request_id, prompt in zip(submission.request_ids, plan.prompts):
+            self.engine_loop.add(request_id, prompt, plan.params, plan.arrival_time, submission.sink)
+        return submission
+
+    async def outputs(self, submission: Submission) -> AsyncIterator[tuple[int, Any]]:
         """Yield (prompt index, RequestOutput) until every prompt finished; abort the rest on exit."""
-        sink = RequestSink(asyncio.get_running_loop())
-        ids = [f"{plan.request_id}-{i}" for i in range(len(plan.prompts))]
-        index_of = {request_id: i for i, request_id in enumerate(ids)}
-        unfinished = set(ids)
         try:
-            for request_id, prompt in zip(ids, plan.prompts):
-                self.engine_loop.add(request_id, prompt, plan.params, plan.arrival_time, sink)
-            while unfinished:
-                item = await sink.queue.get()
+            while submission.unfinished:
+                item = await submission.sink.queue.get()
                 if isinstance(item, RequestFailed):
                     raise item
                 if item.finished:
-                    unfinished.discard(item.request_id)
-                yield index_of[item.request_id], item
+                    submission.unfinished.discard(item.request_id)
+                yield submission.index_of[item.request_id], item
         finally:
-            for request_id in unfinished:
-                self.engine_loop.abort(request_id)
+            submission.abort_unfinished()
 
-    async def final_outputs(self, plan: Plan, request: Request) -> list[Any]:
+    async def final_outputs(self, submission: Submission, request: Request) -> list[Any]:
         """The finished output of every prompt; aborts them if the client disconnects first."""
-        finals: list[Any] = [None] * len(plan.prompts)
-        stream = self.outputs(plan)
+        finals: list[Any] = [None] * len(submission.plan.prompts)
+        stream = self.outputs(submission)
         disconnect = asyncio.ensure_future(watch_disconnect(request))
         try:
             while True:
@@ -198,6 +234,7 @@ class Serving:
         finally:
             disconnect.cancel()
             await stream.aclose()
+            submission.abort_unfinished()  # also when the stream never started
 
 
 async def watch_disconnect(request: Request) -> None:

@@ -90,32 +90,90 @@ def test_chunked_body_over_the_limit_is_a_413(keyed_server):
     assert httpx.get(keyed_server.url + "/health").status_code == 200
 
 
-def test_waiting_queue_over_the_limit_is_a_503_with_retry_after(tiny_llama):
-    running = start_server(tiny_llama, max_waiting_requests=1, max_num_seqs=1)
+def _wait_for(running, name: str, value: float, timeout_seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while running.metrics().get(name, 0) < value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.02)
+
+
+def test_waiting_limit_counts_every_prompt_times_n(tiny_llama):
+    """Limit 3, one sequence at a time: a long stream runs, a 2-prompt stream waits (2 of 3 used)."""
+    running = start_server(tiny_llama, max_waiting_requests=3, max_num_seqs=1, max_model_len=1024)
+    hang_up = threading.Event()
+    statuses: list[int] = []
+
+    def hold_stream(body: dict) -> None:
+        with httpx.stream("POST", running.url + "/v1/completions", json=body, timeout=60) as r:
+            statuses.append(r.status_code)
+            hang_up.wait(60)
+
+    def post(**fields) -> httpx.Response:
+        return httpx.post(running.url + "/v1/completions", json=completion(**fields), timeout=30)
+
+    long = dict(max_tokens=1000, ignore_eos=True, stream=True)
+    holders = [threading.Thread(target=hold_stream, args=(completion(**long),)),
+               threading.Thread(target=hold_stream, args=(completion(prompt=["a", "b"], **long),))]
     try:
-        long = completion(max_tokens=200, ignore_eos=True, stream=True)
-        results: list[int] = []
+        holders[0].start()
+        _wait_for(running, "pagedinfer_num_requests_running", 1)
+        holders[1].start()
+        _wait_for(running, "pagedinfer_num_requests_waiting", 2)
 
-        def stream_one() -> None:
-            with httpx.stream("POST", running.url + "/v1/completions", json=long, timeout=60) as r:
-                results.append(r.status_code)
-                for _ in r.iter_lines():
-                    pass
+        two_more = post(prompt=["c", "d"])
+        assert two_more.status_code == 503, two_more.text  # 2 waiting + 2 > 3, though 2 < 3
+        assert two_more.headers["retry-after"] == "1"
+        assert two_more.json()["error"]["code"] == "server_overloaded"
 
-        threads = [threading.Thread(target=stream_one) for _ in range(2)]
-        for t in threads:
-            t.start()
-            time.sleep(0.2)
-        deadline = time.monotonic() + 30
-        while running.metrics().get("pagedinfer_num_requests_waiting", 0) < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        r = httpx.post(running.url + "/v1/completions", json=completion())
-        assert r.status_code == 503
-        assert r.headers["retry-after"] == "1"
-        assert r.json()["error"]["code"] == "server_overloaded"
-        for t in threads:
+        too_many_prompts = post(prompt=["c", "d", "e", "f"])
+        assert too_many_prompts.status_code == 400  # alone over the limit: retrying cannot help
+        assert too_many_prompts.json()["error"]["param"] == "prompt"
+        too_large_n = post(n=4)
+        assert too_large_n.status_code == 400
+        assert too_large_n.json()["error"]["param"] == "n"
+        assert "limit of 3" in too_large_n.json()["error"]["message"]
+    finally:
+        hang_up.set()
+        for t in holders:
             t.join(60)
-        assert results == [200, 200]
+    try:
+        assert statuses == [200, 200]
+        assert running.wait_idle()["pagedinfer_kv_cache_used_blocks"] == 0
+    finally:
+        stop_server(running)
+
+
+def test_a_burst_of_concurrent_requests_admits_exactly_the_free_waiting_slots(tiny_llama):
+    """Limit 4, one sequence running: of 10 simultaneous chat streams exactly 4 are queued, 6 get 503."""
+    running = start_server(tiny_llama, max_waiting_requests=4, max_num_seqs=1, max_model_len=1024)
+    hang_up = threading.Event()
+    statuses: list[int] = []
+    lock = threading.Lock()
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
+            "ignore_eos": True, "stream": True}
+
+    def hold_chat() -> None:
+        with httpx.stream("POST", running.url + "/v1/chat/completions", json=chat, timeout=60) as r:
+            with lock:
+                statuses.append(r.status_code)  # chat streams send their role chunk (and headers) on admission
+            hang_up.wait(60)
+
+    first = threading.Thread(target=hold_chat)
+    burst = [threading.Thread(target=hold_chat) for _ in range(10)]
+    try:
+        first.start()
+        _wait_for(running, "pagedinfer_num_requests_running", 1)
+        for t in burst:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(statuses) < 11 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(statuses) == [200] * 5 + [503] * 6
+    finally:
+        hang_up.set()
+        for t in [first, *burst]:
+            t.join(60)
+    try:
         assert running.wait_idle()["pagedinfer_kv_cache_used_blocks"] == 0
     finally:
         stop_server(running)
@@ -158,3 +216,14 @@ def test_health_is_503_until_the_engine_is_loaded(tiny_llama):
     finally:
         gate.set()
         stop_server(running)
+
+
+def test_bench_serve_without_the_key_names_api_key(keyed_server, monkeypatch):
+    from pagedinfer.engine.cli import build_parser
+
+    monkeypatch.delenv("PAGEDINFER_API_KEY", raising=False)
+    args = build_parser().parse_args(["bench", "serve", "--url", keyed_server.url, "--num-prompts", "1",
+                                      "--no-progress"])
+    with pytest.raises(ValueError, match="--api-key") as refused:
+        args.func(args)
+    assert KEY not in str(refused.value)

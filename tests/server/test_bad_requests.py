@@ -55,6 +55,8 @@ CASES = [
     ("negative-token-id", COMPLETIONS, ok_completion(prompt=[1, -5]), 400, "prompt", ""),
     ("prompt-over-max-model-len", COMPLETIONS, ok_completion(prompt=list(range(5, 305))), 400, "prompt",
      "max_model_len"),
+    ("5000-prompts", COMPLETIONS, ok_completion(prompt=["hi"] * 5000), 400, "prompt", "at most 256 prompts"),
+    ("257-token-id-prompts", COMPLETIONS, ok_completion(prompt=[[1, 2]] * 257), 400, "prompt", "at most 256"),
     ("unknown-field", COMPLETIONS, ok_completion(best_of_all=3), 400, "best_of_all", "unknown field"),
     ("empty-stop", COMPLETIONS, ok_completion(stop=[""]), 400, None, "stop"),
     ("stream-options-without-stream", COMPLETIONS, ok_completion(stream_options={"include_usage": True}), 400,

@@ -1,0 +1,83 @@
+"""Bad flags of `pagedinfer serve` / `bench serve`: one clear line naming the flag, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagedinfer.engine.server import cli_types
+
+CLI = Path(sys.executable).with_name("pagedinfer")
+
+# (id, arguments, the flag the error must name)
+BAD_INVOCATIONS = [
+    ("serve-port-too-large", ["serve", "--port", "70000"], "--port"),
+    ("serve-port-zero", ["serve", "--port", "0"], "--port"),
+    ("serve-port-not-a-number", ["serve", "--port", "http"], "--port"),
+    ("serve-zero-waiting-limit", ["serve", "--max-waiting-requests", "0"], "--max-waiting-requests"),
+    ("serve-negative-body-limit", ["serve", "--max-request-body-bytes", "-1"], "--max-request-body-bytes"),
+    ("serve-negative-grace", ["serve", "--shutdown-grace-seconds", "-1"], "--shutdown-grace-seconds"),
+    ("serve-nan-grace", ["serve", "--shutdown-grace-seconds", "nan"], "--shutdown-grace-seconds"),
+    ("bench-nothing-listening", ["bench", "serve", "--url", "http://127.0.0.1:1", "--no-progress"], "--url"),
+    ("bench-not-a-url", ["bench", "serve", "--url", "notaurl", "--no-progress"], "--url"),
+    ("bench-url-bad-port", ["bench", "serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "--url"),
+    ("bench-zero-concurrency", ["bench", "serve", "--max-concurrency", "0"], "--max-concurrency"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", [c[1:] for c in BAD_INVOCATIONS], ids=[c[0] for c in BAD_INVOCATIONS])
+def test_bad_flag_exits_2_naming_it_without_a_traceback(argv, flag):
+    """Each fails at argument parsing or at the first connection: no model is loaded (timeout 60 s)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PAGEDINFER_API_KEY", None)
+    proc = subprocess.run([str(CLI), *argv], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert flag in last_line and "error" in last_line, proc.stderr
+
+
+def test_serve_limits_the_waiting_queue_by_default():
+    from pagedinfer.engine.cli import build_parser
+    from pagedinfer.engine.server.app import ServerSettings
+
+    assert build_parser().parse_args(["serve"]).max_waiting_requests == 1024
+    assert ServerSettings().max_waiting_requests == 1024
+
+
+@pytest.mark.parametrize("text, expected", [("1", 1), ("8000", 8000), ("65535", 65535)])
+def test_port_accepts_1_to_65535(text, expected):
+    assert cli_types.port(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "65536", "-80", "8000.5", ""])
+def test_port_refuses_everything_else(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli_types.port(text)
+
+
+def test_seconds_may_be_zero_but_not_negative_or_infinite():
+    assert cli_types.non_negative_seconds("0") == 0.0
+    assert cli_types.non_negative_seconds("2.5") == 2.5
+    for text in ("-0.1", "inf", "nan", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli_types.non_negative_seconds(text)
+
+
+@pytest.mark.parametrize("text, expected", [("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+                                            ("https://llm.example:443/api", "https://llm.example:443/api"),
+                                            ("http://[::1]:8000", "http://[::1]:8000")])
+def test_url_keeps_http_base_urls(text, expected):
+    assert cli_types.http_url(text) == expected
+
+
+@pytest.mark.parametrize("text", ["notaurl", "127.0.0.1:8000", "ftp://host", "http://", "http://h:99999",
+                                  "http://h/v1?x=1"])
+def test_url_refuses_what_httpx_cannot_use(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli_types.http_url(text)
