@@ -311,7 +311,8 @@ class LLMEngine:
             prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens,
             num_allocation_failures=self.scheduler.counters.num_allocation_failures,
             num_preemptions=dict(self.scheduler.counters.num_preemptions),
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            num_waiting=sum(1 + s.num_forks_pending for s in self.scheduler.waiting),  # sequences, n > 1 included
             num_swapped=len(self.scheduler.swapped),
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)
 

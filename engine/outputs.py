@@ -62,7 +62,7 @@ class EngineStats:
     num_allocation_failures: int
     num_preemptions: dict[str, int]
     num_running: int
-    num_waiting: int
+    num_waiting: int  # waiting sequences: a request with n > 1 not yet forked counts n
     num_swapped: int
     num_prompt_tokens: int
     num_generation_tokens: int
