@@ -2,8 +2,9 @@
 
 The full operator (reconciler + autoscaler) runs under kopf against the
 emulated API server; the kubelet harness (tests/support/kubelet_harness.py)
-runs one real `pagedinfer serve` per replica (tiny random model, 32-block KV
-pool) on 127.0.0.x:8000; a closed-loop load generator plays the trace
+runs one real engine per replica (the Deployment's own command line: the
+engine's embedded model, a 32-block KV pool and max_model_len 256 from the
+spec) on 127.0.0.x:8000; a closed-loop load generator plays the trace
 (phases of `--burst-concurrency` clients, then none).
 
 Every `--sample-seconds` it records the InferenceService's replicas, the
@@ -67,7 +68,7 @@ def parse_trace(text: str) -> list[tuple[float, bool]]:
     return phases
 
 
-async def replay(args: argparse.Namespace, model_dir: Path, work_dir: Path) -> list[Sample]:
+async def replay(args: argparse.Namespace, work_dir: Path) -> list[Sample]:
     from kubelet_harness import KubeletHarness, LoadGenerator
     from operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
     from pagedinfer.operator import autoscaling_handlers  # noqa: F401
@@ -77,7 +78,8 @@ async def replay(args: argparse.Namespace, model_dir: Path, work_dir: Path) -> l
     cpu_hpa = parse_autoscaling_spec({"minReplicas": 1, "maxReplicas": 3, "autoscaling": {
         "enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.8}]}})  # same formula as CPU utilization
     spec = {
-        "resources": {"gpus": 0}, "replicas": 1, "minReplicas": 1, "maxReplicas": 3,
+        "resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
+        "replicas": 1, "minReplicas": 1, "maxReplicas": 3,
         "autoscaling": {
             "enabled": True, "intervalSeconds": args.interval_seconds, "scrapeTimeoutSeconds": 2,
             "metrics": [{"name": "kvCacheUsage", "target": 0.5}],
@@ -92,8 +94,7 @@ async def replay(args: argparse.Namespace, model_dir: Path, work_dir: Path) -> l
         os.environ["KUBECONFIG"] = str(write_kubeconfig(work_dir / "kubeconfig", url))
         await emulator.create(ISVC, {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
                                      "metadata": {"name": "tiny", "namespace": "default"}, "spec": spec})
-        harness = KubeletHarness(emulator, "default", "tiny", model_dir, work_dir, max_engines=3,
-                                 engine_args=("--num-gpu-blocks-override", "32", "--max-model-len", "256"))
+        harness = KubeletHarness(emulator, "default", "tiny", work_dir, max_engines=3)
         load = LoadGenerator(harness, lambda i: f"request {i}: a long story about block {i * 7919 % 1000}",
                              concurrency=args.burst_concurrency, max_tokens=160)
         stop = asyncio.Event()
@@ -178,11 +179,8 @@ def main() -> int:
     args = p.parse_args()
     parse_trace(args.trace)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from pagedinfer.engine.tiny_model import make_tiny_model
-
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny_model(Path(tmp) / "model", "llama")
-        samples = asyncio.run(replay(args, model_dir, Path(tmp)))
+        samples = asyncio.run(replay(args, Path(tmp)))
     print("time_s  load  replicas  engines  kv_usage  engine_cpu_cores  cpu_hpa_replicas")
     for s in samples[:: max(1, round(1 / args.sample_seconds))]:
         kv = "-" if s.kv_usage is None else f"{s.kv_usage:.2f}"

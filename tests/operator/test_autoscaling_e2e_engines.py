@@ -1,10 +1,12 @@
 """End to end with REAL engines: the full operator (reconciler + autoscaler) under
-kopf against the emulated API server; the kubelet harness runs one real
-`pagedinfer serve` process (tiny model, a 32-block KV pool) per replica of the
-Deployment, on 127.0.0.2, 127.0.0.3, ... port 8000; a load generator plays the
-clients. KV usage climbing scales up, idling scales down after the window, and
-a prefix working set larger than one pod's cache (hit rate below target)
-scales up."""
+kopf against the emulated API server; the kubelet harness runs, per replica
+of the Deployment the operator made, one process of the Deployment's own
+container command line (`pagedinfer serve` with the operator's flags: no
+--model, so the engine's embedded default model; a 32-block KV pool and a
+256-token max_model_len from the spec) on 127.0.0.2, 127.0.0.3, ... port
+8000; a load generator plays the clients. KV usage climbing scales up within
+two autoscaler intervals, idling scales down after the window, and a prefix
+working set larger than one pod's cache (hit rate below target) scales up."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ import asyncio
 import contextlib
 import time
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from autoscaler_rounds import AutoscalerRounds
 from kubelet_harness import KubeletHarness, LoadGenerator
 from operator_harness import DEPLOYMENTS, ISVC, eventually, running_operator
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
@@ -22,18 +27,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 NS = "default"
 INTERVAL_SECONDS = 1.0
-ENGINE_ARGS = ("--num-gpu-blocks-override", "32", "--max-model-len", "256", "--block-size", "16")
+NUM_GPU_BLOCKS = 32
+MAX_MODEL_LEN = 256
+KV_TARGET = 0.5
+TOLERANCE = 0.1
 
 
 def inference_service(metrics, scale_down_window_seconds=6):
+    """A CPU engine (gpus: 0) with the engine's embedded model (no model.uri) and a small KV pool."""
     return {
         "apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
         "metadata": {"name": "tiny", "namespace": NS},
         "spec": {
-            "resources": {"gpus": 0}, "replicas": 1, "minReplicas": 1, "maxReplicas": 3,
+            "resources": {"gpus": 0},
+            "engine": {"numGpuBlocksOverride": NUM_GPU_BLOCKS, "maxModelLen": MAX_MODEL_LEN, "blockSize": 16},
+            "replicas": 1, "minReplicas": 1, "maxReplicas": 3,
             "autoscaling": {
-                "enabled": True, "intervalSeconds": INTERVAL_SECONDS, "scrapeTimeoutSeconds": 2,
-                "metrics": metrics,
+                "enabled": True, "intervalSeconds": INTERVAL_SECONDS, "tolerance": TOLERANCE,
+                "scrapeTimeoutSeconds": 2, "metrics": metrics,
                 "scaleUp": {"stabilizationWindowSeconds": 0,
                             "policies": [{"type": "Pods", "value": 1, "periodSeconds": 2}]},
                 "scaleDown": {"stabilizationWindowSeconds": scale_down_window_seconds,
@@ -44,10 +55,10 @@ def inference_service(metrics, scale_down_window_seconds=6):
 
 
 @contextlib.asynccontextmanager
-async def cluster_with_engines(emulator, model_dir, tmp_path, prompt_of, **load):
+async def cluster_with_engines(emulator, tmp_path, prompt_of, **load):
     """Harness and load generator start before kopf (which, exiting, cancels the
     tasks it finds were created after it) and stop before it exits."""
-    harness = KubeletHarness(emulator, NS, "tiny", model_dir, tmp_path, engine_args=ENGINE_ARGS, max_engines=3)
+    harness = KubeletHarness(emulator, NS, "tiny", tmp_path, max_engines=3)
     generator = LoadGenerator(harness, prompt_of, **load)
     stop = asyncio.Event()
     tasks = [asyncio.create_task(harness.run(stop)), asyncio.create_task(generator.run(stop))]
@@ -71,42 +82,63 @@ def scale_reason(emulator):
     return ((emulator.read(ISVC, NS, "tiny").get("status") or {}).get("autoscaling") or {}).get("lastScaleReason")
 
 
-async def test_kv_usage_scales_up_under_load_and_back_down_when_idle(emulator, make_model, tmp_path):
-    await emulator.create(ISVC, inference_service([{"name": "kvCacheUsage", "target": 0.5}]))
+async def engine_facts(url):
+    """(KV blocks in the pool from /metrics, served model id and max_model_len from /v1/models)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with session.get(f"{url}/metrics") as response:
+            text = await response.text()
+        async with session.get(f"{url}/v1/models") as response:
+            model = (await response.json())["data"][0]
+    blocks = next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                  if s.name == "pagedinfer_kv_cache_num_blocks")
+    return blocks, model["id"], model["max_model_len"]
+
+
+async def test_kv_usage_scales_up_within_two_intervals_and_back_down_when_idle(emulator, tmp_path):
+    await emulator.create(ISVC, inference_service([{"name": "kvCacheUsage", "target": KV_TARGET}]))
+    rounds = AutoscalerRounds(emulator, NS, "tiny").install()
     distinct = lambda i: f"request {i}: tell a long story about block {i * 7919 % 1000}"  # noqa: E731
-    async with cluster_with_engines(emulator, make_model("llama"), tmp_path, distinct, concurrency=4,
-                                    max_tokens=160) as (harness, load):
+    async with cluster_with_engines(emulator, tmp_path, distinct, concurrency=4, max_tokens=160) as (harness, load):
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=120)
-        await asyncio.sleep(3 * INTERVAL_SECONDS)
-        assert replicas(emulator) == 1  # idle engine: no reason to scale
+        args = emulator.read(DEPLOYMENTS, NS, "tiny")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--model" not in args
+        assert list(harness.engines[0].process.args[1:]) == [harness.ips[0] if a == "0.0.0.0" else a for a in args]
+        assert await engine_facts(harness.urls[0]) == (NUM_GPU_BLOCKS, "tiny", MAX_MODEL_LEN)
+        idle_rounds = len(rounds.rounds)
+        await eventually(lambda: len(rounds.rounds) >= idle_rounds + 3, timeout_seconds=30)
+        assert replicas(emulator) == 1  # an idle engine: no reason to scale
 
         load.active.set()
-        started = time.monotonic()
-        await eventually(lambda: replicas(emulator) >= 2, timeout_seconds=60)
-        print(f"scale-up decision {time.monotonic() - started:.1f} s after the load started")
-        reason = await eventually(lambda: scale_reason(emulator))  # written just after the scale patch
-        assert reason.startswith("kvCacheUsage") and "above target 0.5: 1 -> 2 replicas" in reason, reason
+        await eventually(lambda: rounds.first(lambda r: r.desired_replicas >= 2) is not None, timeout_seconds=60)
+        # Usage within the tolerance of the target (0.5 < usage <= 0.55) calls for no change, by the spec.
+        above = rounds.first(lambda r: (r.metrics.get("kvCacheUsage") or 0.0) > KV_TARGET * (1 + TOLERANCE))
+        scaled = rounds.first(lambda r: r.desired_replicas >= 2)
+        trace = [(r.metrics.get("kvCacheUsage"), r.desired_replicas) for r in rounds.rounds]
+        print(f"(KV usage, desired replicas) per autoscaler round: {trace}")
+        assert above is not None and above <= scaled <= above + 2, \
+            f"no scale-up within two intervals of KV usage first above target; (usage, desired) per round: {trace}"
+        reason = await eventually(lambda: scale_reason(emulator))
+        assert reason.startswith("kvCacheUsage") and f"above target {KV_TARGET}: 1 -> 2 replicas" in reason, reason
         await eventually(lambda: emulator.read(DEPLOYMENTS, NS, "tiny")["spec"]["replicas"] >= 2)
         await eventually(lambda: len(harness.engines) >= 2, timeout_seconds=120)
+        assert await engine_facts(harness.urls[1]) == (NUM_GPU_BLOCKS, "tiny", MAX_MODEL_LEN)
         assert load.num_completed > 0
 
         load.active.clear()
         idle_since = time.monotonic()
         await eventually(lambda: replicas(emulator) == 1, timeout_seconds=90)
-        idle_seconds = time.monotonic() - idle_since
-        print(f"scale-down to 1 replica {idle_seconds:.1f} s after the load stopped")
-        await eventually(lambda: "below target 0.5" in scale_reason(emulator))
+        print(f"scale-down to 1 replica {time.monotonic() - idle_since:.1f} s after the load stopped")
+        await eventually(lambda: f"below target {KV_TARGET}" in scale_reason(emulator))
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=60)
 
 
-async def test_a_hit_rate_below_target_scales_up(emulator, make_model, tmp_path):
-    """24 prefixes of ~5 blocks each (about 120 blocks) cycle through a 32-block
+async def test_a_hit_rate_below_target_scales_up(emulator, tmp_path):
+    """24 prefixes of ~4 blocks each (about 100 blocks) cycle through a 32-block
     pool: least-recently-used eviction keeps none of them long enough to hit."""
     await emulator.create(ISVC, inference_service([{"name": "prefixCacheHitRate", "target": 0.5}]))
     prefixes = [" ".join(f"doc{p}-word{w}" for w in range(12)) for p in range(24)]
     cycling = lambda i: f"{prefixes[i % len(prefixes)]} question {i}"  # noqa: E731
-    async with cluster_with_engines(emulator, make_model("llama"), tmp_path, cycling, concurrency=2,
-                                    max_tokens=4) as (harness, load):
+    async with cluster_with_engines(emulator, tmp_path, cycling, concurrency=2, max_tokens=4) as (harness, load):
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=120)
         load.active.set()
         await eventually(lambda: replicas(emulator) >= 2, timeout_seconds=60)

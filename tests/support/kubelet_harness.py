@@ -6,14 +6,15 @@ what a kubelet would do:
 
 - `add_ready_pod(...)` / `pod_manifest(...)`: a Running, Ready pod of an
   InferenceService (its selector labels) at a given podIP.
-- `KubeletHarness`: watches (polls) an InferenceService's desired replica
-  count - its Deployment's `spec.replicas` when the reconciler made one,
-  else the InferenceService's own `spec.replicas` - and for N replicas keeps
-  N real `pagedinfer serve` processes running, each on its own loopback
-  address (127.0.0.2, 127.0.0.3, ...) port 8000, with a ready Pod object
-  (selector labels, podIP, Ready condition) in the emulated API server;
-  on scale-down it deletes the Pod object first (as endpoints drop a
-  terminating pod) and then stops the process. At most `max_engines` run.
+- `KubeletHarness`: watches (polls) the Deployment the reconciler made for
+  an InferenceService and for its N `spec.replicas` keeps N real engine
+  processes running the Deployment's container command and args (only
+  `--host` and volume paths changed, tests/support/pod_process.py), each
+  on its own loopback address (127.0.0.2, 127.0.0.3, ...) at the
+  container's port, with a Pod object made from the pod template (labels,
+  spec) plus a Running, Ready status and that podIP in the emulated API
+  server; on scale-down it deletes the Pod object first (as endpoints drop
+  a terminating pod) and then stops the process. At most `max_engines` run.
 - `loopback_ip()`: a free 127.0.0.x address for port 8000.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import socket
 import subprocess
@@ -34,6 +36,7 @@ import aiohttp
 import kmock
 
 from kube_emulator import KubeEmulator
+from pod_process import http_port, local_process
 
 ENGINE_PORT = 8000
 PODS = kmock.resource("", "v1", "pods")
@@ -78,36 +81,55 @@ def pod_manifest(name: str, instance: str, ip: str, ready: bool = True) -> dict[
     }
 
 
+def pod_from_template(name: str, template: dict[str, Any], ip: str) -> dict[str, Any]:
+    """A Running, Ready pod as a ReplicaSet would create it from `template`, at `ip`."""
+    metadata = template.get("metadata") or {}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(metadata.get("labels") or {}),
+                     "annotations": dict(metadata.get("annotations") or {})},
+        "spec": copy.deepcopy(template["spec"]),
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
 @dataclass
 class Engine:
     pod_name: str
     ip: str
+    port: int
     process: subprocess.Popen
     log_path: Path
 
 
 @dataclass
 class KubeletHarness:
-    """Plays the kubelet for one InferenceService with real engine processes."""
+    """Plays the kubelet for one InferenceService's Deployment with real engine processes.
+
+    Each process runs the Deployment's container command line (see
+    tests/support/pod_process.py for the only changes a local process
+    needs); its Pod object is the Deployment's pod template plus a Running,
+    Ready status. The template is read when a pod starts: a later change does
+    not roll running pods."""
 
     emulator: KubeEmulator
     namespace: str
     instance: str
-    model_dir: Path
     log_dir: Path
-    engine_args: tuple[str, ...] = ()
     max_engines: int = 3
     poll_seconds: float = 0.3
+    bin_dir: Path = Path(sys.executable).parent
     engines: list[Engine] = field(default_factory=list)
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, desired replicas)
     _counter: int = 0
 
+    def deployment(self) -> dict[str, Any] | None:
+        return self.emulator.read(DEPLOYMENTS, self.namespace, self.instance)
+
     def desired_replicas(self) -> int:
-        deployment = self.emulator.read(DEPLOYMENTS, self.namespace, self.instance)
-        if deployment is not None:
-            return int((deployment.get("spec") or {}).get("replicas", 1))
-        body = self.emulator.read(ISVC, self.namespace, self.instance) or {}
-        return int((body.get("spec") or {}).get("replicas", 0))
+        """The Deployment's spec.replicas; 0 until the reconciler made the Deployment."""
+        deployment = self.deployment()
+        return 0 if deployment is None else int((deployment.get("spec") or {}).get("replicas", 1))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Converge engines to the desired count until `stop` is set; then stop every engine."""
@@ -130,26 +152,37 @@ class KubeletHarness:
     def ips(self) -> list[str]:
         return [e.ip for e in self.engines]
 
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://{e.ip}:{e.port}" for e in self.engines]
+
     async def _start(self) -> None:
-        ip = loopback_ip(set(self.ips))
+        template = copy.deepcopy(self.deployment()["spec"]["template"])
+        container = template["spec"]["containers"][0]
+        port = http_port(container)
+        ip = loopback_ip(set(self.ips), port)
         self._counter += 1
         pod_name = f"{self.instance}-engine-{self._counter}"
-        log_path = self.log_dir / f"{pod_name}.log"
+        pod_dir = self.log_dir / pod_name
+        local = local_process(template["spec"], ip, pod_dir, self.bin_dir)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env.pop("PAGEDINFER_API_KEY", None)
-        command = [str(Path(sys.executable).parent / "pagedinfer"), "serve", "--model", str(self.model_dir),
-                   "--served-model-name", self.instance, "--host", ip, "--port", str(ENGINE_PORT),
-                   "--log-level", "warning", "--shutdown-grace-seconds", "0", *self.engine_args]
+        env.update(local.env)
+        for value in local.env.values():
+            if value.startswith(str(pod_dir)):
+                Path(value).mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{pod_name}.log"
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        engine = Engine(pod_name, ip, process, log_path)
-        await self._wait_healthy(engine)
+            process = subprocess.Popen(local.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        engine = Engine(pod_name, ip, port, process, log_path)
+        await self._wait_ready(engine, container["readinessProbe"]["httpGet"]["path"])
         self.engines.append(engine)
-        await add_ready_pod(self.emulator, self.namespace, pod_manifest(pod_name, self.instance, ip))
+        await add_ready_pod(self.emulator, self.namespace, pod_from_template(pod_name, template, ip))
 
-    async def _wait_healthy(self, engine: Engine, timeout_seconds: float = 120.0) -> None:
+    async def _wait_ready(self, engine: Engine, probe_path: str, timeout_seconds: float = 120.0) -> None:
+        """Poll the readiness probe's path, as the kubelet does before marking the pod Ready."""
         deadline = time.monotonic() + timeout_seconds
-        url = f"http://{engine.ip}:{ENGINE_PORT}/health"
+        url = f"http://{engine.ip}:{engine.port}{probe_path}"
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
                 if engine.process.poll() is not None:
@@ -160,18 +193,20 @@ class KubeletHarness:
                             return
                 await asyncio.sleep(0.3)
         engine.process.kill()
-        raise RuntimeError(f"engine {engine.pod_name} not healthy after {timeout_seconds} s")
+        raise RuntimeError(f"engine {engine.pod_name} not ready after {timeout_seconds} s")
 
     async def _stop(self, engine: Engine) -> None:
+        """Delete the Pod object (endpoints drop a terminating pod), SIGTERM, SIGKILL after the grace period."""
         with contextlib.suppress(Exception):
             await self.emulator.remove(PODS, self.namespace, engine.pod_name)
+        grace_seconds = ((self.deployment() or {}).get("spec", {}).get("template", {}).get("spec", {})
+                         .get("terminationGracePeriodSeconds", 30))
         engine.process.terminate()
         try:
-            await asyncio.to_thread(engine.process.wait, 20)
+            await asyncio.to_thread(engine.process.wait, grace_seconds)
         except subprocess.TimeoutExpired:
             engine.process.kill()
             await asyncio.to_thread(engine.process.wait)
-
 
 
 @dataclass
@@ -196,15 +231,15 @@ class LoadGenerator:
 
     async def _worker(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            ips = self.harness.ips
-            if not self.active.is_set() or not ips:
+            urls = self.harness.urls
+            if not self.active.is_set() or not urls:
                 await asyncio.sleep(0.1)
                 continue
             index, self._next = self._next, self._next + 1
             body = {"model": self.harness.instance, "prompt": self.prompt_of(index), "max_tokens": self.max_tokens,
                     "ignore_eos": True, "temperature": 0.0}
             try:
-                async with session.post(f"http://{ips[index % len(ips)]}:{ENGINE_PORT}/v1/completions",
+                async with session.post(f"{urls[index % len(urls)]}/v1/completions",
                                         json=body) as response:
                     await response.read()
                     ok = response.status == 200
