@@ -1,0 +1,227 @@
+"""In-process runners of the throughput benchmark: HF static batches, HF continuous batching, pagedinfer.
+
+Each runner loads the model, warms up on two short requests, then times the
+whole workload (model load and warm-up excluded) and returns a `RunResult`
+with every request's generated ids, greedy, EOS ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from workload import BenchRequest, RunResult
+
+_WARMUP = [BenchRequest((10, 11, 12, 13), 4), BenchRequest(tuple(range(20, 60)), 8)]
+
+
+def _load_hf_model(model_dir: str, attn_implementation: str = "sdpa"):
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                              attn_implementation=attn_implementation)
+    return model.eval()
+
+
+# ----- (a) transformers generate, padded static batches --------------------------------------
+def _generate_static_batch(model, batch: list[BenchRequest], pad_token_id: int) -> list[tuple[int, ...]]:
+    import torch
+    from transformers import GenerationConfig
+
+    width = max(len(r.prompt_token_ids) for r in batch)
+    num_new = max(r.max_tokens for r in batch)
+    ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, r in enumerate(batch):
+        n = len(r.prompt_token_ids)
+        ids[i, width - n:] = torch.tensor(r.prompt_token_ids)
+        mask[i, width - n:] = 1
+    # eos_token_id=-1 (no such token): None would fall back to the model's EOS and stop rows early
+    config = GenerationConfig(do_sample=False, max_new_tokens=num_new, eos_token_id=-1, pad_token_id=pad_token_id)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    if out.shape[1] != width + num_new:
+        raise RuntimeError(f"generate stopped after {out.shape[1] - width} of {num_new} tokens")
+    return [tuple(out[i, width:width + r.max_tokens].tolist()) for i, r in enumerate(batch)]
+
+
+def run_hf_static(model_dir: str, requests: list[BenchRequest], batch_size: int, num_threads: int,
+                  pad_token_id: int, repeats: int = 1) -> RunResult:
+    """Batches of batch_size in arrival order, left-padded; a batch runs until its longest output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # else every batch warns that eos_token_id=-1 never stops generation
+    model = _load_hf_model(model_dir)
+    _generate_static_batch(model, _WARMUP, pad_token_id)
+    batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = [o for batch in batches for o in _generate_static_batch(model, batch, pad_token_id)]
+        runs.append((time.perf_counter() - start, outputs))
+    allocated_slots = sum(len(b) * (max(len(r.prompt_token_ids) for r in b) + max(r.max_tokens for r in b))
+                          for b in batches)
+    waste = 1 - sum(len(r.prompt_token_ids) + r.max_tokens for r in requests) / allocated_slots
+    return _result("hf-static", runs, num_threads, f"batch_size={batch_size}; padded KV waste {waste:.1%}")
+
+
+def _result(system: str, runs: list[tuple[float, list[tuple[int, ...]]]], num_threads: int, notes: str
+            ) -> RunResult:
+    outputs = runs[0][1]
+    return RunResult(system, len(outputs), sum(len(o) for o in outputs), tuple(t for t, _ in runs), num_threads,
+                     tuple(outputs), notes)
+
+
+# ----- (b) transformers continuous batching ----------------------------------------------------
+def run_hf_continuous(model_dir: str, requests: list[BenchRequest], budget_tokens: int, page_size: int,
+                      max_batch_tokens: int, max_requests_per_batch: int, num_threads: int,
+                      pad_token_id: int, repeats: int = 1) -> RunResult:
+    """transformers' ContinuousBatchingManager (sdpa on CPU, float32), same KV token budget as ours.
+
+    A fresh manager (so an empty prefix cache) for every repeat.
+    """
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    model = _load_hf_model(model_dir)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=16, eos_token_id=-1, pad_token_id=pad_token_id)
+    cb = ContinuousBatchingConfig(page_size=page_size, num_blocks=budget_tokens // page_size,
+                                  max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests_per_batch)
+    runs = []
+    for _ in range(repeats):
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        manager.start()
+        try:
+            _collect_hf(manager, _WARMUP, "warmup")
+            start = time.perf_counter()
+            outputs = _collect_hf(manager, requests, "req")
+            runs.append((time.perf_counter() - start, outputs))
+        finally:
+            manager.stop(block=True)
+    return _result("hf-continuous", runs, num_threads,
+                   f"page_size={page_size}; num_blocks={budget_tokens // page_size}")
+
+
+def _collect_hf(manager, requests: list[BenchRequest], prefix: str) -> list[tuple[int, ...]]:
+    ids = [f"{prefix}-{i}" for i in range(len(requests))]
+    for rid, r in zip(ids, requests):
+        manager.add_request(list(r.prompt_token_ids), request_id=rid, max_new_tokens=r.max_tokens,
+                            eos_token_id=-1)
+    done: dict[str, tuple[int, ...]] = {}
+    while len(done) < len(ids):
+        result = manager.get_result(timeout=1)
+        if result is None:
+            if not manager.is_running():
+                raise RuntimeError("transformers' continuous batching thread stopped")
+            continue
+        if result.error is not None:
+            raise RuntimeError(f"transformers' continuous batching: {result.error}")
+        if result.is_finished():
+            done[result.request_id] = tuple(result.generated_tokens)
+    return [done[rid] for rid in ids]
+
+
+# ----- (d) pagedinfer ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KVSnapshot:
+    """KV occupancy after one step: slots of allocated blocks vs slots holding a computed token."""
+
+    num_allocated_slots: int
+    num_held_slots: int
+    num_running_seqs: int
+
+    @property
+    def waste(self) -> float:
+        return 1 - self.num_held_slots / self.num_allocated_slots if self.num_allocated_slots else 0.0
+
+
+def kv_snapshot(engine) -> KVSnapshot:
+    """Count each allocated block once (shared prefix/forked blocks too); a slot is held if any
+    sequence using the block has computed the token at that offset."""
+    kv = engine.kv
+    block_size = kv.block_size
+    filled: dict[int, int] = {}
+    for seq in engine.scheduler.running:
+        for j, block in enumerate(kv.tables.get(seq.seq_id, ())):
+            n = min(block_size, max(0, seq.num_computed_tokens - j * block_size))
+            if n > filled.get(block.block_id, -1):
+                filled[block.block_id] = n
+    if len(filled) != kv.pool.num_used_blocks:
+        raise RuntimeError(f"{kv.pool.num_used_blocks} blocks in use but {len(filled)} in running tables")
+    return KVSnapshot(len(filled) * block_size, sum(filled.values()), len(engine.scheduler.running))
+
+
+@dataclass(frozen=True)
+class PagedRun:
+    result: RunResult
+    peak: KVSnapshot            # the step with the most allocated slots
+    mean_waste: float           # slot-weighted over all steps: sum(allocated - held) / sum(allocated)
+    max_running_seqs: int
+    num_gpu_blocks: int
+    block_size: int
+    max_model_len: int
+    num_preemptions: dict[str, int]
+
+
+def run_pagedinfer(model_dir: str, requests: list[BenchRequest], block_size: int, num_gpu_blocks: int,
+                   max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_threads: int,
+                   repeats: int = 1, profile_path: str | None = None) -> PagedRun:
+    """Step LLMEngine by hand; KV accounting after every step is kept out of the timed span.
+
+    The prefix cache is emptied before every repeat (a repeat must not hit the
+    previous one's prompts); KV figures are those of the first repeat, the
+    profile that of the last.
+    """
+    from pagedinfer.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=model_dir, block_size=block_size, num_gpu_blocks_override=num_gpu_blocks,
+                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                    max_model_len=max_model_len, dtype="float32", device="cpu"))
+    _drain(engine, _WARMUP, "warmup", None)
+    runs = []
+    snapshots: list[KVSnapshot] = []
+    for repeat in range(repeats):
+        engine.kv.pool.reset_prefix_cache()
+        profiler = None
+        if profile_path and repeat == repeats - 1:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        start = time.perf_counter()
+        outputs, accounting_seconds = _drain(engine, requests, f"req{repeat}", snapshots if not repeat else [])
+        runs.append((time.perf_counter() - start - accounting_seconds, outputs))
+        if profiler:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+        stats = engine.get_stats()
+        if stats.num_used_blocks or engine.has_unfinished_requests():
+            raise RuntimeError(f"pagedinfer leaked KV blocks after the run: {stats}")
+    peak = max(snapshots, key=lambda s: s.num_allocated_slots)
+    allocated = sum(s.num_allocated_slots for s in snapshots)
+    mean_waste = 1 - sum(s.num_held_slots for s in snapshots) / allocated
+    result = _result("pagedinfer", runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}")
+    return PagedRun(result, peak, mean_waste, max(s.num_running_seqs for s in snapshots), engine.num_gpu_blocks,
+                    block_size, engine.max_model_len, dict(stats.num_preemptions))
+
+
+def _drain(engine, requests: list[BenchRequest], prefix: str, snapshots: list[KVSnapshot] | None
+           ) -> tuple[list[tuple[int, ...]], float]:
+    from pagedinfer.engine import SamplingParams
+
+    ids = [f"{prefix}-{i}" for i in range(len(requests))]
+    for rid, r in zip(ids, requests):
+        engine.add_request(rid, list(r.prompt_token_ids),
+                           SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True))
+    done: dict[str, tuple[int, ...]] = {}
+    accounting_seconds = 0.0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = tuple(out.outputs[0].token_ids)
+        if snapshots is not None:
+            t = time.perf_counter()
+            snapshots.append(kv_snapshot(engine))
+            accounting_seconds += time.perf_counter() - t
+    return [done[rid] for rid in ids], accounting_seconds

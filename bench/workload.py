@@ -1,0 +1,125 @@
+"""The benchmark's workload and result records (standard library only).
+
+Shared by `throughput.py` (pagedinfer's venv) and `vllm_runner.py` (vLLM's
+own venv), so both read the same requests from the same JSON file.
+
+A workload is a seeded list of requests. Prompt and output lengths are drawn
+from log-normal distributions (a few long requests, many short ones, as in
+chat traffic), clipped to [min, max] and so that prompt + output fits
+max_model_len. Prompt tokens are uniform random ids outside the special
+tokens. Every system must generate exactly `max_tokens` tokens for every
+request (EOS ignored), so all of them do the same work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("prompt_token_ids: must not be empty")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Log-normal lengths: median exp(mu), spread sigma, clipped to [min_tokens, max_tokens]."""
+
+    median_tokens: int
+    sigma: float
+    min_tokens: int
+    max_tokens: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_tokens <= self.median_tokens <= self.max_tokens:
+            raise ValueError(f"median_tokens: need 1 <= min_tokens <= median_tokens <= max_tokens, got {self}")
+        if self.sigma < 0:
+            raise ValueError(f"sigma: must be >= 0, got {self.sigma}")
+
+    def draw(self, rng: random.Random) -> int:
+        value = round(rng.lognormvariate(math.log(self.median_tokens), self.sigma))
+        return max(self.min_tokens, min(self.max_tokens, value))
+
+
+def make_workload(num_requests: int, seed: int, vocab_size: int, first_regular_token_id: int,
+                  prompt_lengths: LengthDistribution, output_lengths: LengthDistribution,
+                  max_model_len: int) -> list[BenchRequest]:
+    """Seeded requests; prompt + output never exceeds max_model_len."""
+    if num_requests < 1:
+        raise ValueError(f"num_requests: must be >= 1, got {num_requests}")
+    if not 0 <= first_regular_token_id < vocab_size:
+        raise ValueError(f"first_regular_token_id: must be in [0, {vocab_size}), got {first_regular_token_id}")
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num_requests):
+        prompt_len = prompt_lengths.draw(rng)
+        output_len = min(output_lengths.draw(rng), max_model_len - prompt_len)
+        ids = tuple(rng.randrange(first_regular_token_id, vocab_size) for _ in range(prompt_len))
+        requests.append(BenchRequest(ids, output_len))
+    return requests
+
+
+def save_workload(requests: list[BenchRequest], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([{"prompt_token_ids": list(r.prompt_token_ids), "max_tokens": r.max_tokens}
+                                      for r in requests]))
+
+
+def load_workload(path: str | Path) -> list[BenchRequest]:
+    data = json.loads(Path(path).read_text())
+    return [BenchRequest(tuple(r["prompt_token_ids"]), int(r["max_tokens"])) for r in data]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One system's timed runs over the whole workload (model load and warm-up excluded).
+
+    elapsed_seconds is the median of all_elapsed_seconds (one per repeat);
+    outputs are those of the first repeat.
+    """
+
+    system: str
+    num_requests: int
+    num_output_tokens: int   # each request's own tokens only (padding never counts)
+    all_elapsed_seconds: tuple[float, ...]
+    num_threads: int
+    outputs: tuple[tuple[int, ...], ...]  # generated ids per request, workload order
+    notes: str = ""
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return statistics.median(self.all_elapsed_seconds)
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self.num_output_tokens / self.elapsed_seconds
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunResult":
+        data = json.loads(text)
+        data["outputs"] = tuple(tuple(o) for o in data["outputs"])
+        data["all_elapsed_seconds"] = tuple(data["all_elapsed_seconds"])
+        return cls(**data)
+
+
+def check_lengths(result: RunResult, requests: list[BenchRequest]) -> None:
+    """ValueError unless the system generated exactly max_tokens tokens for every request."""
+    if len(result.outputs) != len(requests):
+        raise ValueError(f"{result.system}: {len(result.outputs)} outputs for {len(requests)} requests")
+    for i, (out, req) in enumerate(zip(result.outputs, requests)):
+        if len(out) != req.max_tokens:
+            raise ValueError(f"{result.system}: request {i} generated {len(out)} tokens, expected {req.max_tokens}")
