@@ -4,12 +4,16 @@ These are the oracles the Triton kernels are tested against, and what the
 engine runs on a CPU. They share the layout of `docs/design.md`: per layer a
 `[num_blocks, block_size, num_kv_heads, head_dim]` key and value cache.
 
-Paged attention, vectorised (no Python loop over sequences):
+Paged attention, vectorised (one pass per group of sequences, never per sequence):
 
-1. The batch splits in two groups: the decodes (the first `num_decode_seqs`
-   sequences, one query each) and the prefill chunks (the rest). Each group is
-   handled by the same code below; splitting keeps a long prefill from padding
-   every decode's queries to its chunk length.
+1. The batch splits into groups: decodes (the first `num_decode_seqs`
+   sequences, one query each) and prefill chunks (the rest) never share a
+   group, so a long prefill never pads every decode's queries to its chunk
+   length; within each kind, sequences of similar length are grouped
+   (`split_by_length`: greedy over the lengths sorted, by a cost model of
+   padded work plus a fixed cost per group), so a few long contexts do not
+   pad every short one to their length. A group's tokens are a slice of the
+   packed batch when its sequences are adjacent, else an index tensor.
 2. For a group of n sequences with longest context L, ONE gather through the
    block tables reads K and V as `[n, L, num_kv_heads, head_dim]` (padded).
 3. Queries are scattered into `[n, max_q, num_heads, head_dim]` (padded) and
@@ -57,11 +61,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
 
 @dataclass
 class _GroupPlan:
-    """Index tensors of one group (decodes or prefills) of a step."""
+    """Index tensors of one group of sequences (all decodes, or all prefill chunks) of a step."""
 
-    first_seq: int
-    first_token: int
-    num_tokens: int
+    rows: slice | torch.Tensor          # the group's packed tokens: a slice, or int64 [num_tokens] when scattered
     max_query_len: int
     max_seq_len: int
     min_seq_len: int                    # keys before it are valid in every sequence of the group
@@ -86,46 +88,85 @@ class _GroupPlan:
 
 _PLANS: "weakref.WeakKeyDictionary[AttentionMetadata, dict[int, list[_GroupPlan]]]" = weakref.WeakKeyDictionary()
 
+# Relative costs of a group, in units of one (query, key) score on this path:
+# gathering (and zeroing) one padded key position per sequence, and the fixed
+# cost of one more group (a dozen small torch calls).
+_GATHER_COST_PER_KEY = 16
+_COST_PER_GROUP = 2048
+
+
+def _group_cost(num_seqs: int, max_query_len: int, max_seq_len: int) -> int:
+    return num_seqs * max_seq_len * (max_query_len + _GATHER_COST_PER_KEY) + _COST_PER_GROUP
+
+
+def split_by_length(seq_lens: list[int], query_lens: list[int]) -> list[list[int]]:
+    """Partition sequences into groups that each pad little (keys and queries are padded per group).
+
+    Greedy over the sequences sorted by length: the next one joins the current
+    group when that costs no more (by `_group_cost`) than opening a group of
+    its own. Decodes and prefill chunks are split separately by the caller.
+    """
+    order = sorted(range(len(seq_lens)), key=seq_lens.__getitem__)
+    groups: list[list[int]] = []
+    max_q = max_len = 0
+    for i in order:
+        q, length = query_lens[i], seq_lens[i]
+        if groups:
+            n = len(groups[-1])
+            merged = _group_cost(n + 1, max(max_q, q), length)
+            if merged <= _group_cost(n, max_q, max_len) + _group_cost(1, q, length):
+                groups[-1].append(i)
+                max_q, max_len = max(max_q, q), length
+                continue
+        groups.append([i])
+        max_q, max_len = q, length
+    return groups
+
 
 def _group_plans(metadata: AttentionMetadata, block_size: int) -> list[_GroupPlan]:
     by_block_size = _PLANS.setdefault(metadata, {})
     plans = by_block_size.get(block_size)
     if plans is None:
-        plans = []
         num_decodes = metadata.num_decode_seqs
-        num_decode_tokens = metadata.num_decode_tokens
-        if num_decodes:
-            plans.append(_build_group(metadata, 0, num_decodes, 0, block_size))
-        if num_decodes < metadata.num_seqs:
-            plans.append(_build_group(metadata, num_decodes, metadata.num_seqs, num_decode_tokens, block_size))
+        seq_lens, query_lens = metadata.seq_lens_cpu, metadata.query_lens_cpu
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+        plans = []
+        for first, end in ((0, num_decodes), (num_decodes, metadata.num_seqs)):
+            for group in split_by_length(seq_lens[first:end], query_lens[first:end]):
+                plans.append(_build_group(metadata, sorted(first + i for i in group), starts, block_size))
         by_block_size[block_size] = plans
     return plans
 
 
-def _build_group(metadata: AttentionMetadata, first_seq: int, end_seq: int, first_token: int,
-                 block_size: int) -> _GroupPlan:
+def _build_group(metadata: AttentionMetadata, seqs: list[int], starts: list[int], block_size: int) -> _GroupPlan:
     device = metadata.block_tables.device
-    seq_lens = metadata.seq_lens_cpu[first_seq:end_seq]
-    query_lens = metadata.query_lens_cpu[first_seq:end_seq]
+    seq_lens = [metadata.seq_lens_cpu[i] for i in seqs]
+    query_lens = [metadata.query_lens_cpu[i] for i in seqs]
     max_seq_len, max_query_len = max(seq_lens), max(query_lens)
     num_blocks = -(-max_seq_len // block_size)
+    if seqs[-1] - seqs[0] == len(seqs) - 1:
+        rows: slice | torch.Tensor = slice(starts[seqs[0]], starts[seqs[-1] + 1])
+        block_ids = metadata.block_tables[seqs[0]:seqs[-1] + 1, :num_blocks]
+    else:
+        rows = torch.tensor([t for i in seqs for t in range(starts[i], starts[i + 1])], device=device)
+        block_ids = metadata.block_tables.index_select(0, torch.tensor(seqs, device=device))[:, :num_blocks]
     offsets = torch.arange(max_query_len)
     seq_lens_t = torch.tensor(seq_lens).unsqueeze(1)
     query_lens_t = torch.tensor(query_lens).unsqueeze(1)
     query_valid = offsets < query_lens_t
     query_pos = torch.where(query_valid, seq_lens_t - query_lens_t + offsets, 0)
     token_index = None
-    if max_query_len > 1:
+    if min(query_lens) < max_query_len:
         token_index = (torch.arange(len(seq_lens)).unsqueeze(1) * max_query_len + offsets)[query_valid]
         token_index = token_index.to(device)
     return _GroupPlan(
-        first_seq=first_seq,
-        first_token=first_token,
-        num_tokens=sum(query_lens),
+        rows=rows,
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
         min_seq_len=min(seq_lens),
-        block_ids=metadata.block_tables[first_seq:end_seq, :num_blocks].long(),
+        block_ids=block_ids.long(),
         query_pos=query_pos.unsqueeze(-1).to(device),
         query_valid=query_valid.unsqueeze(-1).to(device),
         key_valid=(torch.arange(max_seq_len) < seq_lens_t)[:, :, None, None].to(device),
@@ -148,14 +189,15 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     for plan in _group_plans(metadata, block_size):
         n = plan.block_ids.shape[0]
         q_max, seq_max = plan.max_query_len, plan.max_seq_len
-        tokens = slice(plan.first_token, plan.first_token + plan.num_tokens)
-        q = query[tokens].float()
+        scattered = isinstance(plan.rows, torch.Tensor)
+        q = (query.index_select(0, plan.rows) if scattered else query[plan.rows]).float()
         if plan.token_index is not None:
             q = q.new_zeros(n * q_max, num_heads, head_dim).index_copy_(0, plan.token_index, q)
         q = q.view(n, q_max, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(n, num_kv_heads, group * q_max, head_dim)
-        k = key_cache[plan.block_ids].view(n, -1, num_kv_heads, head_dim)[:, :seq_max]
-        v = value_cache[plan.block_ids].view(n, -1, num_kv_heads, value_cache.shape[3])[:, :seq_max]
+        flat_ids = plan.block_ids.reshape(-1)
+        k = key_cache.index_select(0, flat_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_max]
+        v = value_cache.index_select(0, flat_ids).view(n, -1, num_kv_heads, value_cache.shape[3])[:, :seq_max]
         tail = slice(plan.min_seq_len, seq_max)
         k[:, tail].masked_fill_(~plan.key_valid[:, tail], 0)
         v[:, tail].masked_fill_(~plan.key_valid[:, tail], 0)
@@ -168,7 +210,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         o = o.reshape(n * q_max, num_heads, -1)
         if plan.token_index is not None:
             o = o.index_select(0, plan.token_index)
-        out[tokens] = o.to(out.dtype)
+        if scattered:
+            out.index_copy_(0, plan.rows, o.to(out.dtype))
+        else:
+            out[plan.rows] = o.to(out.dtype)
     return out
 
 
