@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping
 import kopf
 
 from pagedinfer.operator import builders, sizer, status
-from pagedinfer.operator.crd_model import InferenceServiceSpec, SpecError, parse_spec
+from pagedinfer.operator.crd_model import InferenceServiceSpec, SpecError
+from pagedinfer.operator.spec_parser import parse_spec
 from pagedinfer.operator.kube_api import DEPLOYMENTS, INFERENCESERVICES, SERVICES, ApiError, KubeApi, ResourceRef
 from pagedinfer.operator.settings import Runtime
 

@@ -122,7 +122,7 @@ def test_the_dashboard_configmap_carries_the_json_unchanged(helm):
 
 def test_the_engine_podmonitor_selects_the_pods_the_operator_builds(helm):
     from pagedinfer.operator import builders
-    from pagedinfer.operator.crd_model import parse_spec
+    from pagedinfer.operator.spec_parser import parse_spec
     from pagedinfer.operator.planning import KVCachePlan
 
     monitor = helm_template(helm, set_values={"monitoring.engine.podMonitor.enabled": True},

@@ -7,7 +7,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pagedinfer.operator.crd_model import EngineSpec, parse_spec
+from pagedinfer.operator.crd_model import EngineSpec
+from pagedinfer.operator.spec_parser import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((REPO / "crds" / "inferenceservices.yaml").read_text())

@@ -10,7 +10,7 @@ import pytest
 from operator_harness import (DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition, eventually,
                               inference_service, running_operator)
 from pagedinfer.operator import builders, planning
-from pagedinfer.operator.crd_model import parse_spec
+from pagedinfer.operator.spec_parser import parse_spec
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ import pytest
 
 from pagedinfer.engine.cli import build_parser
 from pagedinfer.operator import builders, planning
-from pagedinfer.operator.crd_model import parse_spec
+from pagedinfer.operator.spec_parser import parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}

@@ -9,7 +9,7 @@ import pytest
 
 from pagedinfer.engine import sizing
 from pagedinfer.operator import planning
-from pagedinfer.operator.crd_model import parse_spec
+from pagedinfer.operator.spec_parser import parse_spec
 
 LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
              "hiddenSize": 4096, "maxPositionEmbeddings": 8192}

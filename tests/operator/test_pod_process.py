@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from pagedinfer.operator import builders, planning
-from pagedinfer.operator.crd_model import parse_spec
+from pagedinfer.operator.spec_parser import parse_spec
 from pod_process import http_port, local_process
 
 POD_DIR = Path("/work/pods/tiny-engine-1")

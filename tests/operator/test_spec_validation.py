@@ -2,7 +2,8 @@
 
 import pytest
 
-from pagedinfer.operator.crd_model import SpecError, parse_model_uri, parse_spec
+from pagedinfer.operator.crd_model import SpecError
+from pagedinfer.operator.spec_parser import parse_model_uri, parse_spec
 
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 

@@ -1,0 +1,331 @@
+"""Parsing and validation of an InferenceService spec into `crd_model`'s dataclasses.
+
+`parse_spec(name, spec)` is the one gate between what a user applied and what
+the operator acts on. It checks everything the CRD's OpenAPI schema and CEL
+rules check (not every cluster enforces them: validation webhooks can be
+off, `kubectl apply --validate=false` exists, old API servers skip CEL), and
+raises `SpecError` (a ValueError) listing every problem, each prefixed by
+the dotted path of the field (`spec.engine.blockSize: ...`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+from pagedinfer.engine import sizing
+from pagedinfer.operator.crd_model import (
+    Architecture,
+    ConfigMapRef,
+    DEFAULT_IMAGE,
+    DTYPES,
+    ENGINE_MAX_TENSOR_PARALLEL_SIZE,
+    EngineSpec,
+    InferenceServiceSpec,
+    MANAGED_FLAGS,
+    MAX_NAME_LENGTH,
+    MODEL_SCHEMES,
+    ModelSpec,
+    ModelUri,
+    RESERVED_ENV,
+    ResourcesSpec,
+    SecretKeyRef,
+    SpecError,
+    _DNS_1035,
+    _DNS_1123_SUBDOMAIN,
+    _ENV_NAME,
+    _HF_REPO,
+    _QUANTITY,
+)
+
+
+class _Reader:
+    """Typed field access that records problems instead of stopping at the first one."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def mapping(self, raw: Any, path: str) -> Mapping[str, Any]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, Mapping):
+            self.fail(path, f"must be an object, got {type(raw).__name__}")
+            return {}
+        return raw
+
+    def integer(self, raw: Mapping[str, Any], key: str, path: str, default: int | None, *,
+                minimum: int | None = None, maximum: int | None = None) -> int | None:
+        value = raw.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"{path}.{key}", f"must be an integer, got {value!r}")
+            return default
+        if minimum is not None and value < minimum:
+            self.fail(f"{path}.{key}", f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            self.fail(f"{path}.{key}", f"must be <= {maximum}, got {value}")
+        return value
+
+    def number(self, raw: Mapping[str, Any], key: str, path: str, default: float) -> float:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(f"{path}.{key}", f"must be a number, got {value!r}")
+            return default
+        return float(value)
+
+    def boolean(self, raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+        value = raw.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(f"{path}.{key}", f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def string(self, raw: Mapping[str, Any], key: str, path: str, default: str | None, *,
+               choices: tuple[str, ...] | None = None, pattern: re.Pattern[str] | None = None,
+               max_length: int | None = None) -> str | None:
+        value = raw.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.fail(f"{path}.{key}", f"must be a non-empty string, got {value!r}")
+            return default
+        if choices is not None and value not in choices:
+            self.fail(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {value!r}")
+        if pattern is not None and not pattern.fullmatch(value):
+            self.fail(f"{path}.{key}", f"{value!r} does not match {pattern.pattern}")
+        if max_length is not None and len(value) > max_length:
+            self.fail(f"{path}.{key}", f"must be at most {max_length} characters, got {len(value)}")
+        return value
+
+    def objects(self, raw: Mapping[str, Any], key: str, path: str) -> tuple[Mapping[str, Any], ...]:
+        value = raw.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+            self.fail(f"{path}.{key}", "must be a list of objects")
+            return ()
+        return tuple(value)
+
+
+def parse_model_uri(uri: str) -> ModelUri:
+    """Split a model URI; ValueError says which form was expected."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme not in MODEL_SCHEMES:
+        raise ValueError(f"{uri!r} must start with one of {', '.join(s + '://' for s in MODEL_SCHEMES)}")
+    if scheme == "hf":
+        if not _HF_REPO.fullmatch(rest):
+            raise ValueError(f"{uri!r}: expected hf://<org>/<name>")
+        return ModelUri(raw=uri, scheme=scheme, repo_id=rest)
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        if not _DNS_1123_SUBDOMAIN.fullmatch(claim) or ".." in path.split("/"):
+            raise ValueError(f"{uri!r}: expected pvc://<claim-name>/<path inside the claim>")
+        return ModelUri(raw=uri, scheme=scheme, claim_name=claim, path=path.strip("/"))
+    if scheme == "file":
+        if not rest.startswith("/") or rest == "/" or ".." in rest.split("/"):
+            raise ValueError(f"{uri!r}: expected file:///<absolute directory on the node>")
+        return ModelUri(raw=uri, scheme=scheme, path=rest.rstrip("/"))
+    if not rest or rest.startswith("/"):
+        raise ValueError(f"{uri!r}: expected s3://<bucket>/<key>")
+    return ModelUri(raw=uri, scheme=scheme)
+
+
+def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
+    path = "spec.model"
+    model = r.mapping(raw, path)
+    uri = None
+    uri_text = r.string(model, "uri", path, None)
+    if uri_text is not None:
+        try:
+            uri = parse_model_uri(uri_text)
+        except ValueError as exc:
+            r.fail(f"{path}.uri", str(exc))
+    architecture = None
+    if "architecture" in model:
+        arch = r.mapping(model["architecture"], f"{path}.architecture")
+        apath = f"{path}.architecture"
+        for key in ("numLayers", "numKVHeads", "headDim", "numParameters"):
+            if key not in arch:
+                r.fail(f"{apath}.{key}", "is required")
+        values = {key: r.integer(arch, key, apath, None, minimum=1)
+                  for key in ("numLayers", "numKVHeads", "headDim", "numParameters", "hiddenSize",
+                              "maxPositionEmbeddings")}
+        if all(values[k] is not None for k in ("numLayers", "numKVHeads", "headDim", "numParameters")):
+            architecture = Architecture(
+                num_layers=values["numLayers"], num_kv_heads=values["numKVHeads"], head_dim=values["headDim"],
+                num_parameters=values["numParameters"], hidden_size=values["hiddenSize"],
+                max_position_embeddings=values["maxPositionEmbeddings"],
+            )
+    config_map_ref = None
+    if "configMapRef" in model:
+        ref = r.mapping(model["configMapRef"], f"{path}.configMapRef")
+        name = r.string(ref, "name", f"{path}.configMapRef", None, pattern=_DNS_1123_SUBDOMAIN)
+        key = r.string(ref, "key", f"{path}.configMapRef", "config.json")
+        if name is None:
+            r.fail(f"{path}.configMapRef.name", "is required")
+        else:
+            config_map_ref = ConfigMapRef(name=name, key=key or "config.json")
+    if "architecture" in model and "configMapRef" in model:
+        r.fail(path, "set at most one of architecture and configMapRef")
+    cache_claim = r.string(model, "cacheClaimName", path, None, pattern=_DNS_1123_SUBDOMAIN)
+    return ModelSpec(
+        uri=uri,
+        dtype=r.string(model, "dtype", path, "auto", choices=DTYPES) or "auto",
+        architecture=architecture,
+        config_map_ref=config_map_ref,
+        revision=r.string(model, "revision", path, "main", max_length=255) or "main",
+        allow_download=r.boolean(model, "allowDownload", path, False),
+        cache_claim_name=cache_claim,
+    )
+
+
+def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
+    path = "spec.engine"
+    engine = r.mapping(raw, path)
+    block_size = r.integer(engine, "blockSize", path, 16)
+    if block_size not in sizing.VALID_BLOCK_SIZES:
+        r.fail(f"{path}.blockSize", f"must be one of {', '.join(map(str, sizing.VALID_BLOCK_SIZES))}, "
+                                    f"got {block_size!r}")
+    util = r.number(engine, "gpuMemoryUtilization", path, 0.9)
+    if not 0.0 < util <= 1.0:
+        r.fail(f"{path}.gpuMemoryUtilization", f"must be in (0, 1], got {util}")
+    swap = r.number(engine, "swapSpaceGiB", path, 4.0)
+    if swap < 0:
+        r.fail(f"{path}.swapSpaceGiB", f"must be >= 0, got {swap}")
+    extra = engine.get("extraArgs") or []
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        r.fail(f"{path}.extraArgs", "must be a list of strings")
+        extra = []
+    for arg in extra:
+        if arg.split("=", 1)[0] in MANAGED_FLAGS:
+            r.fail(f"{path}.extraArgs", f"{arg!r} is set by the operator from the spec; use the spec field")
+    env = r.objects(engine, "env", path)
+    for i, item in enumerate(env):
+        name = item.get("name")
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            r.fail(f"{path}.env[{i}].name", f"must be a valid environment variable name, got {name!r}")
+        elif name in RESERVED_ENV:
+            r.fail(f"{path}.env[{i}].name", f"{name} is set by the operator")
+    api_key = None
+    if "apiKeySecretRef" in engine:
+        ref = r.mapping(engine["apiKeySecretRef"], f"{path}.apiKeySecretRef")
+        name = r.string(ref, "name", f"{path}.apiKeySecretRef", None, pattern=_DNS_1123_SUBDOMAIN)
+        key = r.string(ref, "key", f"{path}.apiKeySecretRef", "api-key")
+        if name is None:
+            r.fail(f"{path}.apiKeySecretRef.name", "is required")
+        else:
+            api_key = SecretKeyRef(name=name, key=key or "api-key")
+    spec = EngineSpec(
+        image=r.string(engine, "image", path, DEFAULT_IMAGE) or DEFAULT_IMAGE,
+        block_size=block_size if block_size in sizing.VALID_BLOCK_SIZES else 16,
+        gpu_memory_utilization=util,
+        max_model_len=r.integer(engine, "maxModelLen", path, None, minimum=1),
+        max_num_seqs=r.integer(engine, "maxNumSeqs", path, 256, minimum=1) or 256,
+        max_num_batched_tokens=r.integer(engine, "maxNumBatchedTokens", path, 2048, minimum=1) or 2048,
+        enable_prefix_caching=r.boolean(engine, "enablePrefixCaching", path, True),
+        enable_chunked_prefill=r.boolean(engine, "enableChunkedPrefill", path, True),
+        swap_space_gib=swap,
+        tensor_parallel_size=r.integer(engine, "tensorParallelSize", path, 1, minimum=1) or 1,
+        num_gpu_blocks_override=r.integer(engine, "numGpuBlocksOverride", path, None, minimum=1),
+        extra_args=tuple(extra),
+        env=env,
+        api_key_secret_ref=api_key,
+    )
+    if spec.max_num_batched_tokens < spec.max_num_seqs:
+        r.fail(f"{path}.maxNumBatchedTokens", f"must be >= maxNumSeqs ({spec.max_num_seqs}), "
+                                              f"got {spec.max_num_batched_tokens}")
+    if (not spec.enable_chunked_prefill and spec.max_model_len is not None
+            and spec.max_num_batched_tokens < spec.max_model_len):
+        r.fail(f"{path}.maxNumBatchedTokens", f"must be >= maxModelLen ({spec.max_model_len}) when "
+                                              f"enableChunkedPrefill is false, got {spec.max_num_batched_tokens}")
+    return spec
+
+
+def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
+    path = "spec.resources"
+    res = r.mapping(raw, path)
+    gpu_memory = None
+    if res.get("gpuMemory") is not None:
+        try:
+            gpu_memory = sizing.parse_bytes(res["gpuMemory"], name=f"{path}.gpuMemory")
+            if gpu_memory < 1:
+                r.fail(f"{path}.gpuMemory", "must be > 0")
+        except ValueError as exc:
+            r.problems.append(str(exc))
+    cpu = r.string(res, "cpu", path, None, pattern=_QUANTITY)
+    memory = r.string(res, "memory", path, None, pattern=_QUANTITY)
+    return ResourcesSpec(
+        gpus=r.integer(res, "gpus", path, 1, minimum=0, maximum=16) or 0,
+        gpu_product=r.string(res, "gpuProduct", path, None, max_length=63),
+        gpu_memory_bytes=gpu_memory,
+        cpu=cpu,
+        memory=memory,
+    )
+
+
+def parse_spec(name: str, spec: Mapping[str, Any] | None,
+               allow_host_path_models: bool = False) -> InferenceServiceSpec:
+    """Validate a whole `spec`; raise SpecError listing every problem found.
+
+    `file://` models become hostPath volumes, which let whoever may create an
+    InferenceService read any node directory: refused unless the operator runs
+    with --allow-host-path-models.
+    """
+    r = _Reader()
+    if not isinstance(name, str) or not _DNS_1035.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
+        r.fail("metadata.name", f"must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
+                                f"(lowercase letters, digits, '-', starting with a letter), got {name!r}")
+    raw = r.mapping(spec, "spec")
+    model = _parse_model(r, raw.get("model"))
+    if model.uri is not None and model.uri.scheme == "s3":
+        r.fail("spec.model.uri", "s3:// is reserved: the engine cannot read object storage yet; copy the model"
+                                 " into a PersistentVolumeClaim and use pvc://<claim>/<path>")
+    if model.uri is not None and model.uri.scheme == "file" and not allow_host_path_models:
+        r.fail("spec.model.uri", "file:// mounts a node directory (hostPath), which this operator refuses"
+                                 " unless started with --allow-host-path-models; use pvc://<claim>/<path>")
+    engine = _parse_engine(r, raw.get("engine"))
+    resources = _parse_resources(r, raw.get("resources"))
+    node_selector = r.mapping(raw.get("nodeSelector"), "spec.nodeSelector")
+    if not all(isinstance(v, str) for v in node_selector.values()):
+        r.fail("spec.nodeSelector", "values must be strings")
+    tolerations = r.objects(raw, "tolerations", "spec")
+    affinity = r.mapping(raw.get("affinity"), "spec.affinity") or None
+    replicas = r.integer(raw, "replicas", "spec", 1, minimum=0)
+    min_replicas = r.integer(raw, "minReplicas", "spec", 0, minimum=0)
+    max_replicas = r.integer(raw, "maxReplicas", "spec", None, minimum=1)
+    if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
+        r.fail("spec.minReplicas", f"must be <= maxReplicas ({max_replicas}), got {min_replicas}")
+    autoscaling = raw.get("autoscaling")
+    if autoscaling is not None and not isinstance(autoscaling, Mapping):
+        r.fail("spec.autoscaling", "must be an object")
+    if engine.tensor_parallel_size > ENGINE_MAX_TENSOR_PARALLEL_SIZE:
+        r.fail("spec.engine.tensorParallelSize",
+               f"the pagedinfer engine runs one GPU per replica for now; must be"
+               f" <= {ENGINE_MAX_TENSOR_PARALLEL_SIZE}, got {engine.tensor_parallel_size}")
+    if resources.gpus == 0 and engine.tensor_parallel_size != 1:
+        r.fail("spec.engine.tensorParallelSize", "must be 1 when spec.resources.gpus is 0 (CPU engine)")
+    if resources.gpus and engine.tensor_parallel_size > resources.gpus:
+        r.fail("spec.engine.tensorParallelSize", f"must be <= spec.resources.gpus ({resources.gpus}), "
+                                                 f"got {engine.tensor_parallel_size}")
+    if model.architecture and model.architecture.num_kv_heads % engine.tensor_parallel_size:
+        r.fail("spec.engine.tensorParallelSize", f"{engine.tensor_parallel_size} does not divide "
+                                                 f"spec.model.architecture.numKVHeads "
+                                                 f"({model.architecture.num_kv_heads})")
+    if r.problems:
+        raise SpecError(r.problems)
+    return InferenceServiceSpec(
+        name=name,
+        model=model,
+        engine=engine,
+        resources=resources,
+        node_selector=dict(node_selector),
+        tolerations=tolerations,
+        affinity=affinity,
+        replicas=replicas if replicas is not None else 1,
+        min_replicas=min_replicas or 0,
+        max_replicas=max_replicas,
+        autoscaling=autoscaling,
+    )
