@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from pagedinfer.engine import LLM, SamplingParams
 
     prompts = args.prompt or ["The quick brown fox", "A paged KV cache stores"]
+    if any(not p for p in prompts):
+        raise ValueError("--prompt: must not be empty")
     model = args.model
     tmp = None
     if model is None:
