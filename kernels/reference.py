@@ -14,8 +14,13 @@ Paged attention, vectorised (one pass per group of sequences, never per sequence
    padded work plus a fixed cost per group), so a few long contexts do not
    pad every short one to their length. A group's tokens are a slice of the
    packed batch when its sequences are adjacent, else an index tensor.
-2. For a group of n sequences with longest context L, ONE gather through the
-   block tables reads K and V as `[n, L, num_kv_heads, head_dim]` (padded).
+2. For a group of n sequences with longest context L, ONE gather per cache
+   reads K and V as `[n, L, num_kv_heads, head_dim]` (padded), slot by slot
+   through the block tables (`[n * L]` slot ids built once per step). A
+   padded key position (past its sequence's end) reads the sequence's own
+   position 0, written before any attention over it: the gather never reads
+   a slot the sequence has not written, so the padding holds finite values
+   (never cache garbage, never NaN) and needs no zeroing.
 3. Queries are scattered into `[n, max_q, num_heads, head_dim]` (padded) and
    viewed as `[n, num_kv_heads, group * max_q, head_dim]`: a query head h uses
    KV head `h // group` (transformers' `repeat_kv` order), so grouped-query
@@ -25,10 +30,9 @@ Paged attention, vectorised (one pass per group of sequences, never per sequence
    position k is visible from query position p iff `k <= p` and, with a
    sliding window W, `k > p - W` (the mask is repeated over the group).
    Padded query rows see key 0 only (never a fully masked row, so no NaN) and
-   are dropped when the outputs are packed back. Keys and values past a
-   sequence's end are zeroed in the gathered copy: a cache slot never
-   written (garbage, even NaN) cannot leak into the output through a masked
-   score or a zero probability.
+   are dropped when the outputs are packed back. Padded keys are masked and
+   finite (step 2), so their zero probability times their value adds
+   exactly 0: a cache slot never written (garbage, even NaN) is never read.
 
 Index tensors and masks depend only on the step's metadata, so they are
 built once per `AttentionMetadata` (cached weakly by instance) and reused by
@@ -66,11 +70,10 @@ class _GroupPlan:
     rows: slice | torch.Tensor          # the group's packed tokens: a slice, or int64 [num_tokens] when scattered
     max_query_len: int
     max_seq_len: int
-    min_seq_len: int                    # keys before it are valid in every sequence of the group
-    block_ids: torch.Tensor             # int64 [n, ceil(max_seq_len / block_size)]
+    num_seqs: int
+    slot_ids: torch.Tensor              # int64 [n * max_seq_len]: cache slot of each key; padding -> position 0
     query_pos: torch.Tensor             # int64 [n, max_query_len, 1]; padded rows point at position 0
     query_valid: torch.Tensor           # bool [n, max_query_len, 1]
-    key_valid: torch.Tensor             # bool [n, max_seq_len, 1, 1]: position < seq_len
     token_index: torch.Tensor | None    # int64 [num_tokens]: row of each packed token in [n * max_query_len]
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict)   # sliding window -> bool [n, q, L]
 
@@ -89,7 +92,7 @@ class _GroupPlan:
 _PLANS: "weakref.WeakKeyDictionary[AttentionMetadata, dict[int, list[_GroupPlan]]]" = weakref.WeakKeyDictionary()
 
 # Relative costs of a group, in units of one (query, key) score on this path:
-# gathering (and zeroing) one padded key position per sequence, and the fixed
+# gathering one padded key position per sequence, and the fixed
 # cost of one more group (a dozen small torch calls).
 _GATHER_COST_PER_KEY = 16
 _COST_PER_GROUP = 2048
@@ -152,8 +155,11 @@ def _build_group(metadata: AttentionMetadata, seqs: list[int], starts: list[int]
     else:
         rows = torch.tensor([t for i in seqs for t in range(starts[i], starts[i + 1])], device=device)
         block_ids = metadata.block_tables.index_select(0, torch.tensor(seqs, device=device))[:, :num_blocks]
-    offsets = torch.arange(max_query_len)
     seq_lens_t = torch.tensor(seq_lens).unsqueeze(1)
+    key_pos = torch.arange(max_seq_len)
+    key_pos = torch.where(key_pos < seq_lens_t.to(device), key_pos.to(device), 0)
+    slot_ids = block_ids.long().gather(1, key_pos // block_size) * block_size + key_pos % block_size
+    offsets = torch.arange(max_query_len)
     query_lens_t = torch.tensor(query_lens).unsqueeze(1)
     query_valid = offsets < query_lens_t
     query_pos = torch.where(query_valid, seq_lens_t - query_lens_t + offsets, 0)
@@ -165,11 +171,10 @@ def _build_group(metadata: AttentionMetadata, seqs: list[int], starts: list[int]
         rows=rows,
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
-        min_seq_len=min(seq_lens),
-        block_ids=block_ids.long(),
+        num_seqs=len(seqs),
+        slot_ids=slot_ids.reshape(-1),
         query_pos=query_pos.unsqueeze(-1).to(device),
         query_valid=query_valid.unsqueeze(-1).to(device),
-        key_valid=(torch.arange(max_seq_len) < seq_lens_t)[:, :, None, None].to(device),
         token_index=token_index,
     )
 
@@ -187,7 +192,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     group = num_heads // num_kv_heads
     out = torch.empty(query.shape[0], num_heads, value_cache.shape[3], dtype=query.dtype, device=query.device)
     for plan in _group_plans(metadata, block_size):
-        n = plan.block_ids.shape[0]
+        n = plan.num_seqs
         q_max, seq_max = plan.max_query_len, plan.max_seq_len
         scattered = isinstance(plan.rows, torch.Tensor)
         q = (query.index_select(0, plan.rows) if scattered else query[plan.rows]).float()
@@ -195,14 +200,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             q = q.new_zeros(n * q_max, num_heads, head_dim).index_copy_(0, plan.token_index, q)
         q = q.view(n, q_max, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(n, num_kv_heads, group * q_max, head_dim)
-        flat_ids = plan.block_ids.reshape(-1)
-        k = key_cache.index_select(0, flat_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_max]
-        v = value_cache.index_select(0, flat_ids).view(n, -1, num_kv_heads, value_cache.shape[3])[:, :seq_max]
-        tail = slice(plan.min_seq_len, seq_max)
-        k[:, tail].masked_fill_(~plan.key_valid[:, tail], 0)
-        v[:, tail].masked_fill_(~plan.key_valid[:, tail], 0)
-        k = k.transpose(1, 2).float()
-        v = v.transpose(1, 2).float()
+        k = key_cache.view(-1, num_kv_heads, head_dim).index_select(0, plan.slot_ids)
+        v = value_cache.view(-1, num_kv_heads, value_cache.shape[3]).index_select(0, plan.slot_ids)
+        k = k.view(n, seq_max, num_kv_heads, head_dim).transpose(1, 2).float()
+        v = v.view(n, seq_max, num_kv_heads, -1).transpose(1, 2).float()
         mask = plan.mask(sliding_window)[:, None, None].expand(n, 1, group, q_max, seq_max)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.reshape(n, 1, group * q_max, seq_max),
                                            scale=scale)
