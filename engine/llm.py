@@ -53,7 +53,7 @@ class LLM:
         request_ids = []
         for prompt, ids, p in zip(prompts, tokenized, params):
             rid = f"llm-{next(self._ids)}"
-            engine.add_request(rid, prompt if isinstance(prompt, str) else ids, p)
+            engine.add_request(rid, prompt, p, prompt_token_ids=ids)
             request_ids.append(rid)
         finished: dict[str, RequestOutput] = {}
         bar = None

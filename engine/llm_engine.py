@@ -90,8 +90,7 @@ class LLMEngine:
                 f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed} blocks of"
                 f" {config.block_size} tokens but the pool has {num_blocks}. Lower max_model_len to at most"
                 f" {num_blocks * config.block_size} or give the pool more blocks.")
-        bytes_per_block = self.runner.model_shape().dtype_bytes * 2 * self.runner.num_layers * \
-            self.runner.num_kv_heads * self.runner.head_dim * config.block_size
+        bytes_per_block = plan.bytes_per_block
         num_cpu_blocks = int(config.swap_space * 2**30) // bytes_per_block
         if config.preemption_mode != "swap":
             num_cpu_blocks = min(num_cpu_blocks, num_blocks)
@@ -150,12 +149,13 @@ class LLMEngine:
             raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, prompt_token_ids: list[int] | None = None) -> None:
+        """Queue a request. `prompt_token_ids`, when given, are `tokenize(prompt)` already computed."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id: must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already running")
-        ids = self.tokenize(prompt)
+        ids = self.tokenize(prompt if prompt_token_ids is None else prompt_token_ids)
         self.check_request(ids, params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = _Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, RequestMetrics(now))

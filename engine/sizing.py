@@ -252,7 +252,7 @@ class SizingResult:
         return self.num_gpu_blocks // -(-self.max_model_len // self.block_size)
 
 
-def _gib(num_bytes: int) -> str:
+def _human_bytes(num_bytes: int) -> str:
     """A human-readable size: GiB, MiB, KiB or bytes, whichever reads best."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(num_bytes) >= scale:
@@ -274,13 +274,13 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
     usable = budget - weights - reserve
     max_model_len = inputs.max_model_len or shape.max_position_embeddings
     numbers = (
-        f"{_gib(inputs.gpu_memory_bytes)} per GPU x gpu_memory_utilization {inputs.gpu_memory_utilization}"
-        f" = {_gib(budget)}; weights {_gib(weights)} per GPU (tensor_parallel_size={tp});"
-        f" activation reserve {_gib(reserve)} (max_num_batched_tokens={inputs.max_num_batched_tokens})"
+        f"{_human_bytes(inputs.gpu_memory_bytes)} per GPU x gpu_memory_utilization {inputs.gpu_memory_utilization}"
+        f" = {_human_bytes(budget)}; weights {_human_bytes(weights)} per GPU (tensor_parallel_size={tp});"
+        f" activation reserve {_human_bytes(reserve)} (max_num_batched_tokens={inputs.max_num_batched_tokens})"
     )
     if usable < per_block:
         raise InsufficientMemoryError(
-            f"No room for the KV cache: {numbers} leaves {_gib(max(usable, 0))}, less than one"
+            f"No room for the KV cache: {numbers} leaves {_human_bytes(max(usable, 0))}, less than one"
             f" {per_block}-byte block. Use GPUs with more memory, raise gpu_memory_utilization,"
             f" raise tensor_parallel_size, or lower max_num_batched_tokens."
         )
@@ -290,8 +290,8 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
         if needed > num_blocks:
             raise InsufficientMemoryError(
                 f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed}"
-                f" blocks ({_gib(needed * per_block)}) but only {num_blocks} fit ({numbers}, leaving"
-                f" {_gib(usable)}). Lower max_model_len to at most {num_blocks * inputs.block_size},"
+                f" blocks ({_human_bytes(needed * per_block)}) but only {num_blocks} fit ({numbers}, leaving"
+                f" {_human_bytes(usable)}). Lower max_model_len to at most {num_blocks * inputs.block_size},"
                 f" raise gpu_memory_utilization, or use more or larger GPUs."
             )
     return SizingResult(
