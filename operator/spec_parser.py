@@ -133,6 +133,17 @@ def parse_model_uri(uri: str) -> ModelUri:
     return ModelUri(raw=uri, scheme=scheme)
 
 
+def _name_and_key(r: _Reader, raw: Any, path: str, default_key: str) -> tuple[str, str] | None:
+    """(name, key) of a reference to a ConfigMap or Secret key; None (a problem recorded) without a name."""
+    ref = r.mapping(raw, path)
+    name = r.string(ref, "name", path, None, pattern=_DNS_1123_SUBDOMAIN)
+    key = r.string(ref, "key", path, default_key)
+    if name is None:
+        r.fail(f"{path}.name", "is required")
+        return None
+    return name, key or default_key
+
+
 def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
     path = "spec.model"
     model = r.mapping(raw, path)
@@ -161,13 +172,8 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
             )
     config_map_ref = None
     if "configMapRef" in model:
-        ref = r.mapping(model["configMapRef"], f"{path}.configMapRef")
-        name = r.string(ref, "name", f"{path}.configMapRef", None, pattern=_DNS_1123_SUBDOMAIN)
-        key = r.string(ref, "key", f"{path}.configMapRef", "config.json")
-        if name is None:
-            r.fail(f"{path}.configMapRef.name", "is required")
-        else:
-            config_map_ref = ConfigMapRef(name=name, key=key or "config.json")
+        named = _name_and_key(r, model["configMapRef"], f"{path}.configMapRef", "config.json")
+        config_map_ref = ConfigMapRef(*named) if named else None
     if "architecture" in model and "configMapRef" in model:
         r.fail(path, "set at most one of architecture and configMapRef")
     cache_claim = r.string(model, "cacheClaimName", path, None, pattern=_DNS_1123_SUBDOMAIN)
@@ -211,13 +217,8 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
             r.fail(f"{path}.env[{i}].name", f"{name} is set by the operator")
     api_key = None
     if "apiKeySecretRef" in engine:
-        ref = r.mapping(engine["apiKeySecretRef"], f"{path}.apiKeySecretRef")
-        name = r.string(ref, "name", f"{path}.apiKeySecretRef", None, pattern=_DNS_1123_SUBDOMAIN)
-        key = r.string(ref, "key", f"{path}.apiKeySecretRef", "api-key")
-        if name is None:
-            r.fail(f"{path}.apiKeySecretRef.name", "is required")
-        else:
-            api_key = SecretKeyRef(name=name, key=key or "api-key")
+        named = _name_and_key(r, engine["apiKeySecretRef"], f"{path}.apiKeySecretRef", "api-key")
+        api_key = SecretKeyRef(*named) if named else None
     spec = EngineSpec(
         image=r.string(engine, "image", path, DEFAULT_IMAGE) or DEFAULT_IMAGE,
         block_size=block_size if block_size in sizing.VALID_BLOCK_SIZES else 16,

@@ -105,27 +105,24 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
                 "max_model_len": info.max_model_len}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        plan = serving.prepare_completion(body)
+    async def respond(plan: Any, request: Request, chat: bool) -> Response:
+        """Submit a prepared request; stream it, or wait for its final outputs."""
         submission = serving.submit(plan)
         if plan.stream:
-            return AbortingStreamingResponse(_stream(serving, submission, chat=False), submission)
+            return AbortingStreamingResponse(_stream(serving, submission, chat=chat), submission)
         finals = await _finals(serving, submission, request)
         if finals is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return JSONResponse(completion_response(plan, finals, engine_loop.info.tokenizer))
+        build = chat_response if chat else completion_response
+        return JSONResponse(build(plan, finals, engine_loop.info.tokenizer))
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await respond(serving.prepare_completion(body), request, chat=False)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        plan = serving.prepare_chat(body)
-        submission = serving.submit(plan)
-        if plan.stream:
-            return AbortingStreamingResponse(_stream(serving, submission, chat=True), submission)
-        finals = await _finals(serving, submission, request)
-        if finals is None:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return JSONResponse(chat_response(plan, finals, engine_loop.info.tokenizer))
+        return await respond(serving.prepare_chat(body), request, chat=True)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
