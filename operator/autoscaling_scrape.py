@@ -12,6 +12,12 @@ Two sources, one result shape (pod name -> what was read, None = failed):
   `pod` labels that the usual Kubernetes scrape configuration attaches; the
   hit-rate counters come as `increase(...[window])`, so Prometheus does the
   reset handling. A failed query fails every pod.
+
+  Each query is `max by (pod) (...)`: one engine can be scraped twice (the
+  chart's PodMonitor and a `prometheus.io/scrape` annotation job), which gives
+  two series of the same pod differing only in `job`/`instance`. Both carry
+  the same reading, so the largest is the reading; summing them would double
+  the KV usage and the waiting count.
 """
 
 from __future__ import annotations
@@ -109,18 +115,15 @@ async def query_prometheus(
     timeout_seconds: float,
 ) -> dict[str, PodReading | None]:
     """Per-pod readings from a Prometheus server; every pod None if any query fails."""
-    for name in (namespace, *pod_names):
-        if not _DNS_NAME.fullmatch(name):
-            raise ValueError(f"pod and namespace names must be DNS names, got {name!r}")
+    selector = pod_selector(namespace, pod_names)
     if not pod_names:
         return {}
-    selector = f'{{namespace="{namespace}",pod=~"{"|".join(re.escape(p) for p in pod_names)}"}}'
     window = f"[{max(1, round(window_seconds))}s]"
     queries = {
-        "kv": f"{KV_USAGE_SERIES}{selector}",
-        "waiting": f"{WAITING_SERIES}{selector}",
-        "queries": f"increase({QUERIES_SERIES}{selector}{window})",
-        "hits": f"increase({HITS_SERIES}{selector}{window})",
+        "kv": f"max by (pod) ({KV_USAGE_SERIES}{selector})",
+        "waiting": f"max by (pod) ({WAITING_SERIES}{selector})",
+        "queries": f"max by (pod) (increase({QUERIES_SERIES}{selector}{window}))",
+        "hits": f"max by (pod) (increase({HITS_SERIES}{selector}{window}))",
     }
     try:
         results = {
@@ -139,8 +142,26 @@ async def query_prometheus(
     return readings
 
 
+def pod_selector(namespace: str, pod_names: Sequence[str]) -> str:
+    r"""The PromQL label selector `{namespace="ns",pod=~"a|b\\.c"}` for these pods.
+
+    Every name must be a DNS-1123 name (ValueError otherwise), so nothing in it
+    can end the string or the selector, and `.` is the only character a regex
+    reads specially. It is escaped as the regex `\.`, which inside a PromQL
+    double-quoted string is written `\\.`: PromQL strings take Go's escapes
+    only, so `\-` (what re.escape writes for `-`) is an "unknown escape
+    sequence" and Prometheus refuses the whole query.
+    """
+    for name in (namespace, *pod_names):
+        if not _DNS_NAME.fullmatch(name):
+            raise ValueError(f"pod and namespace names must be DNS names, got {name!r}")
+    regex = "|".join(p.replace(".", "\\.") for p in pod_names)
+    regex_in_string = regex.replace("\\", "\\\\")
+    return f'{{namespace="{namespace}",pod=~"{regex_in_string}"}}'
+
+
 async def _instant_query(session: aiohttp.ClientSession, base_url: str, query: str) -> Mapping[str, float]:
-    """pod -> value of an instant vector query (series summed per pod)."""
+    """pod -> value of an instant vector query aggregated `by (pod)` (a repeated pod keeps its largest value)."""
     url = base_url.rstrip("/") + "/api/v1/query"
     async with session.get(url, params={"query": query}, allow_redirects=False) as response:
         if response.status != 200:
@@ -157,5 +178,5 @@ async def _instant_query(session: aiohttp.ClientSession, base_url: str, query: s
         value = float(series["value"][1])
         if pod is None or not value >= 0 or value == float("inf"):
             continue
-        per_pod[pod] = per_pod.get(pod, 0.0) + value
+        per_pod[pod] = max(per_pod.get(pod, 0.0), value)
     return per_pod

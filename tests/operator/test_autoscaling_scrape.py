@@ -1,16 +1,20 @@
 """Scraping real HTTP endpoints on 127.0.0.1: good pods are read, slow,
-broken or lying pods fail alone and never raise; concurrency is bounded."""
+broken or lying pods fail alone and never raise; concurrency is bounded.
+The Prometheus source's queries are parsed and evaluated as PromQL."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiohttp
+import promql_parser
 import pytest
 from aiohttp import web
 
 from pagedinfer.operator.autoscaling_metrics import PodReading, PodScrape
-from pagedinfer.operator.autoscaling_scrape import PodTarget, query_prometheus, scrape_pods
+from pagedinfer.operator.autoscaling_scrape import PodTarget, pod_selector, query_prometheus, scrape_pods
+from prometheus_api import PrometheusApi
 
 GOOD = """# HELP pagedinfer_kv_cache_usage_ratio Used KV cache blocks / total blocks (0-1).
 # TYPE pagedinfer_kv_cache_usage_ratio gauge
@@ -23,6 +27,22 @@ pagedinfer_prefix_cache_queries_total{model_name="tiny"} 1200.0
 pagedinfer_prefix_cache_hits_total{model_name="tiny"} 300.0
 """
 
+POD_A, POD_B = "llama-7d9f8-abcde", "llama.v2-5c6b7-fghij"
+
+
+def twice(pod, value):
+    """One pod scraped by two jobs (a PodMonitor and the annotation job): two series, one reading."""
+    return [({"namespace": "ns", "pod": pod, "job": job}, value) for job in ("podmonitor", "annotations")]
+
+
+SERIES = {
+    "pagedinfer_kv_cache_usage_ratio": twice(POD_A, 0.5) + twice(POD_B, 0.9)
+    + [({"namespace": "ns", "pod": "llamaxv2-5c6b7-fghij"}, 0.1), ({"namespace": "other", "pod": POD_A}, 0.2)],
+    "pagedinfer_num_requests_waiting": twice(POD_A, 1) + twice(POD_B, 3),
+    "pagedinfer_prefix_cache_queries_total": twice(POD_A, 100),
+    "pagedinfer_prefix_cache_hits_total": twice(POD_A, 25),
+}
+
 
 class Pods:
     """An aiohttp server whose paths play engine pods in various states."""
@@ -30,7 +50,7 @@ class Pods:
     def __init__(self) -> None:
         self.in_flight = 0
         self.max_in_flight = 0
-        self.prometheus_queries: list[str] = []
+        self.prometheus = PrometheusApi(SERIES)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -41,7 +61,8 @@ class Pods:
         app.router.add_get("/redirect/metrics", self.redirect)
         app.router.add_get("/huge/metrics", self.fixed(200, "# " + "x" * (5 << 20) + "\n"))
         app.router.add_get("/paced/{i}/metrics", self.paced)
-        app.router.add_get("/api/v1/query", self.prometheus)
+        app.router.add_get("/api/v1/query", self.prometheus.handle)
+        app.router.add_get("/broken/api/v1/query", self.fixed(400, '{"status": "error", "error": "parse error"}'))
         return app
 
     @staticmethod
@@ -67,23 +88,6 @@ class Pods:
         await asyncio.sleep(0.1)
         self.in_flight -= 1
         return web.Response(text=GOOD)
-
-    async def prometheus(self, request):
-        query = request.query["query"]
-        self.prometheus_queries.append(query)
-        values = {
-            "pagedinfer_kv_cache_usage_ratio": {"pod-a": 0.5, "pod-b": 0.9},
-            "pagedinfer_num_requests_waiting": {"pod-a": 1, "pod-b": 3},
-            "increase(pagedinfer_prefix_cache_queries_total": {"pod-a": 100},
-            "increase(pagedinfer_prefix_cache_hits_total": {"pod-a": 25},
-        }
-        if "broken" in query:
-            return web.json_response({"status": "error", "error": "parse error"}, status=400)
-        for prefix, per_pod in values.items():
-            if query.startswith(prefix):
-                result = [{"metric": {"pod": p, "namespace": "ns"}, "value": [0, str(v)]} for p, v in per_pod.items()]
-                return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
-        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
 
 
 @pytest.fixture
@@ -137,17 +141,33 @@ async def test_bad_arguments_are_named():
 
 async def test_prometheus_source_reads_per_pod_series(pods):
     async with aiohttp.ClientSession() as session:
-        readings = await query_prometheus(session, pods.base_url, "ns", ["pod-a", "pod-b"], 15, 2)
-    assert readings["pod-a"] == PodReading(0.5, 1.0, 100.0, 25.0)
-    assert readings["pod-b"] == PodReading(0.9, 3.0, None, None)
-    assert any('pod=~"pod\\-a|pod\\-b"' in q and "[15s]" in q for q in pods.prometheus_queries)
+        readings = await query_prometheus(session, pods.base_url, "ns", [POD_A, POD_B], 15, 2)
+    assert readings[POD_A] == PodReading(0.5, 1.0, 100.0, 25.0)  # two jobs' series: one reading, not their sum
+    assert readings[POD_B] == PodReading(0.9, 3.0, None, None)
+    assert len(pods.prometheus.queries) == 4 and all("[15s]" in q for q in pods.prometheus.queries if "increase" in q)
+
+
+def test_the_pod_selector_is_a_promql_regex_that_matches_exactly_the_pods():
+    names = [POD_A, POD_B, "a.b.c"]
+    expr = promql_parser.parse(f"up{pod_selector('ns', names)}")
+    matchers = {m.name: m for m in expr.matchers.matchers}
+    assert matchers["namespace"].value == "ns"
+    regex = matchers["pod"].value  # the regex Prometheus compiles, after the PromQL string's escapes
+    assert regex == r"llama-7d9f8-abcde|llama\.v2-5c6b7-fghij|a\.b\.c"
+    assert all(re.fullmatch(regex, n) for n in names)
+    assert not any(re.fullmatch(regex, n) for n in ["llamaxv2-5c6b7-fghij", "axbxc", "llama-7d9f8-abcd", "x" + POD_A])
+
+
+def test_re_escape_is_not_a_promql_string():
+    with pytest.raises(ValueError, match="unknown escape sequence"):
+        promql_parser.parse(f'up{{pod=~"{re.escape(POD_A)}"}}')
 
 
 async def test_prometheus_failure_fails_every_pod(pods):
     async with aiohttp.ClientSession() as session:
-        readings = await query_prometheus(session, pods.base_url, "broken", ["pod-a"], 15, 2)
-        unreachable = await query_prometheus(session, "http://127.0.0.1:9", "ns", ["pod-a"], 15, 2)
-    assert readings == {"pod-a": None} and unreachable == {"pod-a": None}
+        readings = await query_prometheus(session, f"{pods.base_url}/broken", "ns", [POD_A], 15, 2)
+        unreachable = await query_prometheus(session, "http://127.0.0.1:9", "ns", [POD_A], 15, 2)
+    assert readings == {POD_A: None} and unreachable == {POD_A: None}
 
 
 async def test_prometheus_refuses_names_that_would_change_the_query(pods):
