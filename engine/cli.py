@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
 
 # (module, description); modules register their own flags.
 SUBCOMMANDS = (
@@ -20,8 +21,23 @@ SUBCOMMANDS = (
 )
 
 
+class ExactFlagsParser(argparse.ArgumentParser):
+    """An ArgumentParser that takes flags only as spelled out (`allow_abbrev=False`).
+
+    argparse otherwise takes any unambiguous prefix for a long flag, so
+    `--api-k KEY` or `--num-gpu-blocks=N` would set `--api-key` or
+    `--num-gpu-blocks-override` past a check for the flags' exact names (the
+    operator's on `spec.engine.extraArgs`). Subparsers are made of the parser's
+    own class, so every subcommand, nested ones too, gets the same rule.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ExactFlagsParser(
         prog="pagedinfer",
         description="Paged-KV-cache LLM inference: engine, OpenAI-compatible server, Kubernetes operator.",
     )

@@ -22,10 +22,11 @@ PLURAL = "inferenceservices"
 DEFAULT_IMAGE = "ghcr.io/pagedinfer/pagedinfer:0.1.0"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 MODEL_SCHEMES = ("hf", "pvc", "s3", "file")
-# Flags the operator sets itself; extraArgs may not repeat them.
+# Flags the operator sets itself; extraArgs may neither repeat nor abbreviate them
+# (spec_parser.managed_flag_of; the CRD's CEL rule on extraArgs lists the same flags).
 MANAGED_FLAGS = (
-    "--model", "--host", "--port", "--block-size", "--gpu-memory-utilization", "--num-gpu-blocks-override",
-    "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
+    "--model", "--revision", "--host", "--port", "--block-size", "--gpu-memory-utilization",
+    "--num-gpu-blocks-override", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--swap-space",
     "--tensor-parallel-size", "--dtype", "--served-model-name", "--api-key",
 )

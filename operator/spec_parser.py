@@ -188,6 +188,25 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
     )
 
 
+def managed_flag_of(arg: str) -> str | None:
+    """The flag of MANAGED_FLAGS that an extraArgs entry would set, or None.
+
+    An entry starting with `--` is a flag, named by what stands before any
+    `=`. It sets a managed flag when it is that flag or any prefix of one:
+    argparse takes an unambiguous prefix for the whole flag (`--api-k` for
+    `--api-key`) unless a parser turns that off, as `pagedinfer serve` does,
+    and an image of the engine built before that may not. No other flag of
+    `pagedinfer serve` is a prefix of a managed one, so nothing valid is
+    refused (tests/operator/test_engine_flags_contract.py checks both).
+    """
+    if not arg.startswith("--"):
+        return None
+    name = arg.partition("=")[0]
+    if name in MANAGED_FLAGS:
+        return name
+    return next((flag for flag in MANAGED_FLAGS if flag.startswith(name)), None)
+
+
 def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
     path = "spec.engine"
     engine = r.mapping(raw, path)
@@ -205,9 +224,14 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         r.fail(f"{path}.extraArgs", "must be a list of strings")
         extra = []
-    for arg in extra:
-        if arg.split("=", 1)[0] in MANAGED_FLAGS:
-            r.fail(f"{path}.extraArgs", f"{arg!r} is set by the operator from the spec; use the spec field")
+    for i, arg in enumerate(extra):
+        flag = managed_flag_of(arg)
+        if flag is not None:
+            name, value = arg.partition("=")[::2]
+            shown = f"{name}=..." if value else name  # a value may be a secret: never echoed
+            verb = "is" if name == flag else "abbreviates"
+            r.fail(f"{path}.extraArgs[{i}]", f"{shown!r} {verb} {flag}, which the operator sets from the spec;"
+                                             " use the spec field")
     env = r.objects(engine, "env", path)
     for i, item in enumerate(env):
         name = item.get("name")

@@ -1,5 +1,6 @@
 """The CRD is a valid Kubernetes object, its schema admits the examples, and its defaults are parse_spec's."""
 
+import re
 from pathlib import Path
 
 import jsonschema
@@ -7,7 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pagedinfer.operator.crd_model import EngineSpec
+from pagedinfer.operator.crd_model import MANAGED_FLAGS, EngineSpec
 from pagedinfer.operator.spec_parser import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +99,8 @@ def test_every_cel_rule_has_an_operator_check():
         "maxNumBatchedTokens must be >= maxNumSeqs": {"engine": {"maxNumSeqs": 300, "maxNumBatchedTokens": 200}},
         "maxNumBatchedTokens must be >= maxModelLen when enableChunkedPrefill is false": {
             "engine": {"enableChunkedPrefill": False, "maxModelLen": 4096}},
-        "extraArgs may not repeat a flag the operator sets from the spec": {"engine": {"extraArgs": ["--port=1"]}},
+        "extraArgs may not set or abbreviate a flag the operator sets from the spec":
+            {"engine": {"extraArgs": ["--api-k", "x"]}},
         "this variable is set by the operator": {"engine": {"env": [{"name": "HF_HOME", "value": "/x"}]}},
         "source.url is required when source.type is prometheus": None,  # the autoscaler parses spec.autoscaling
     }
@@ -110,3 +112,12 @@ def test_every_cel_rule_has_an_operator_check():
                 parse_spec("x", spec)
     with pytest.raises(ValueError):
         parse_spec("x" * 48, {})
+
+
+def test_the_extra_args_rule_lists_the_operators_managed_flags():
+    engine = SCHEMA["properties"]["spec"]["properties"]["engine"]["properties"]
+    (rule,) = [v["rule"] for v in engine["extraArgs"]["x-kubernetes-validations"]]
+    listed = re.fullmatch(r"self\.all\(a, !a\.startsWith\('--'\) \|\| !\[(.*)\]\.exists\(f, "
+                          r"f\.startsWith\(a\.split\('='\)\[0\]\)\)\)", rule)
+    assert listed, rule
+    assert tuple(re.findall(r"'([^']*)'", listed.group(1))) == MANAGED_FLAGS

@@ -5,6 +5,7 @@ No controllers or garbage collector run in the emulator: the tests play them
 """
 
 import json
+import logging
 
 import pytest
 
@@ -86,6 +87,21 @@ async def test_an_invalid_spec_gets_valid_false_an_event_and_no_children(emulato
         assert emulator.read(DEPLOYMENTS, "default", "bad") is None
         assert emulator.read(SERVICES, "default", "bad") is None
         assert len(warnings(emulator, "InvalidSpec")) == 1
+
+
+async def test_extra_args_abbreviating_managed_flags_are_invalid_and_the_key_is_never_echoed(emulator, caplog):
+    caplog.set_level(logging.INFO)  # kopf's --debug logs whole bodies: what the user applied, key and all
+    extra = ["--api-k", "sk-LITERAL", "--num-gpu-blocks=999999", "--served=other"]
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("sneaky", {"engine": {"extraArgs": extra}}))
+        valid = await eventually(lambda: condition(isvc_of(emulator, "sneaky"), "Valid"))
+        assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
+        for i, flag in [(0, "'--api-k'"), (2, "'--num-gpu-blocks=...'"), (3, "'--served=...'")]:
+            assert f"spec.engine.extraArgs[{i}]: {flag} abbreviates" in valid["message"], valid["message"]
+        await eventually(lambda: warnings(emulator, "InvalidSpec"))
+        assert emulator.read(DEPLOYMENTS, "default", "sneaky") is None
+    said = json.dumps(isvc_of(emulator, "sneaky")["status"]) + json.dumps(emulator.read_all(EVENTS)) + caplog.text
+    assert "sk-LITERAL" not in said and "999999" not in said
 
 
 async def test_a_model_too_large_for_the_gpus_is_insufficient_gpu_memory_with_numbers(emulator):

@@ -2,14 +2,19 @@
 
 The operator (no torch) and the engine's CLI meet only through these flags; a
 renamed or missing flag would crash-loop every pod, so the built args are
-parsed by the real `pagedinfer` parser here.
+parsed by the real `pagedinfer` parser here. The flags the operator sets are
+exactly the ones `spec.engine.extraArgs` may not set, spelled out or
+abbreviated, and no other flag of the engine is refused there.
 """
+
+import argparse
 
 import pytest
 
 from pagedinfer.engine.cli import build_parser
 from pagedinfer.operator import builders, planning
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.crd_model import MANAGED_FLAGS
+from pagedinfer.operator.spec_parser import managed_flag_of, parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
@@ -33,6 +38,7 @@ def test_the_engine_cli_parses_every_built_command_line(raw):
     plan = planning.plan_for(spec, shape, memory, "engine" if memory is None else "node-labels")
     container = builders.build_deployment(OWNER, spec, plan)["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["pagedinfer"]
+    assert {a for a in container["args"] if a.startswith("--")} <= set(MANAGED_FLAGS)
     args = build_parser().parse_args(container["args"])
     assert args.command == "serve"
     assert args.block_size == spec.engine.block_size
@@ -42,3 +48,21 @@ def test_the_engine_cli_parses_every_built_command_line(raw):
     assert args.served_model_name == spec.served_model_name
     if spec.model.revision != "main":
         assert args.revision == spec.model.revision
+
+
+def serve_flags():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {flag for action in sub.choices["serve"]._actions for flag in action.option_strings}
+
+
+def test_every_managed_flag_is_a_serve_flag_and_no_other_serve_flag_is_refused():
+    flags = serve_flags()
+    assert set(MANAGED_FLAGS) <= flags
+    assert {f for f in flags if f.startswith("--") and managed_flag_of(f) is not None} == set(MANAGED_FLAGS)
+
+
+def test_every_prefix_of_a_managed_flag_is_refused():
+    for flag in MANAGED_FLAGS:
+        for end in range(2, len(flag) + 1):
+            assert managed_flag_of(flag[:end]) is not None and managed_flag_of(flag[:end] + "=v") is not None

@@ -97,3 +97,22 @@ def test_gpu_memory_accepts_kubernetes_and_byte_sizes():
 def test_tensor_parallelism_beyond_what_the_engine_runs_is_refused_with_the_reason():
     with pytest.raises(SpecError, match="one GPU per replica"):
         parse_spec("svc", {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}})
+
+
+def test_extra_args_may_not_abbreviate_a_managed_flag_and_values_are_never_echoed():
+    extra = ["--api-k", "sk-LITERAL", "--num-gpu-blocks=999999", "--served=other", "--seed", "7",
+             "--api-key=sk-OTHER", "--revision=evil"]
+    with pytest.raises(SpecError) as info:
+        parse_spec("svc", {"engine": {"extraArgs": extra}})
+    problems = info.value.problems
+    assert [p.split(":", 1)[0] for p in problems] == [f"spec.engine.extraArgs[{i}]" for i in (0, 2, 3, 6, 7)]
+    assert "'--api-k' abbreviates --api-key" in problems[0]
+    assert "'--num-gpu-blocks=...' abbreviates --num-gpu-blocks-override" in problems[1]
+    assert "'--served=...' abbreviates --served-model-name" in problems[2]
+    assert "'--api-key=...' is --api-key" in problems[3]
+    assert not any(secret in str(info.value) for secret in ("sk-LITERAL", "sk-OTHER", "999999", "other", "evil"))
+
+
+def test_extra_args_that_are_values_or_other_flags_pass():
+    extra = ["--seed", "7", "--preemption-mode=swap", "--log-level", "debug", "--max-waiting-requests=8", "-x"]
+    assert parse_spec("svc", {"engine": {"extraArgs": extra}}).engine.extra_args == tuple(extra)

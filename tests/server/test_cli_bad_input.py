@@ -27,6 +27,9 @@ BAD_INVOCATIONS = [
     ("bench-not-a-url", ["bench", "serve", "--url", "notaurl", "--no-progress"], "--url"),
     ("bench-url-bad-port", ["bench", "serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "--url"),
     ("bench-zero-concurrency", ["bench", "serve", "--max-concurrency", "0"], "--max-concurrency"),
+    # Flags only as spelled out: a prefix would get past the operator's check of extraArgs.
+    ("serve-abbreviated-api-key", ["serve", "--api-k", "not-a-key"], "--api-k"),
+    ("serve-abbreviated-flag-with-value", ["serve", "--num-gpu-blocks=999999"], "--num-gpu-blocks"),
 ]
 
 
@@ -40,6 +43,26 @@ def test_bad_flag_exits_2_naming_it_without_a_traceback(argv, flag):
     assert "Traceback" not in proc.stderr + proc.stdout
     last_line = proc.stderr.strip().splitlines()[-1]
     assert flag in last_line and "error" in last_line, proc.stderr
+
+
+def test_no_parser_takes_an_abbreviated_flag():
+    from pagedinfer.engine.cli import build_parser
+
+    def walk(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from walk(sub)
+
+    parsers = list(walk(build_parser()))
+    assert {p.prog for p in parsers} >= {"pagedinfer serve", "pagedinfer bench serve", "pagedinfer generate"}
+    assert all(p.allow_abbrev is False for p in parsers), [p.prog for p in parsers if p.allow_abbrev]
+    for argv in (["serve", "--served=other"], ["bench", "serve", "--ur", "http://127.0.0.1:1"],
+                 ["generate", "--max-tok", "3"], ["plan", "--mod", "m", "--gpu-memory", "1G"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+    assert build_parser().parse_args(["serve", "--api-key=k"]).api_key == "k"
 
 
 def test_serve_limits_the_waiting_queue_by_default():
