@@ -217,12 +217,13 @@ async def report_rollout(runtime: Runtime, deployment: Mapping[str, Any], event_
         return
     rollout = status.Rollout.from_deployment(deployment)
     available, ready = status.rollout_conditions(rollout)
-
-    def change(old: dict[str, Any]) -> dict[str, Any]:
-        return _same_conditions(old, _with_conditions(old, [available, ready], None, **status.rollout_status(rollout)))
-
     try:
-        await update_status(api, namespace, owner_name, change)
+        owner = await api.get(INFERENCESERVICES, namespace, owner_name)
+        if owner is None or owner["metadata"]["uid"] != owner_uid:
+            return
+        generation = owner["metadata"].get("generation")
+        await update_status(api, namespace, owner_name, lambda old: _same_conditions(old, _with_conditions(
+            old, [available, ready], generation, **status.rollout_status(rollout))), known=owner)
     except ApiError as exc:
         raise kopf.TemporaryError(f"cannot write the rollout status: {exc}",
                                   delay=runtime.config.retry_delay_seconds) from exc
