@@ -8,6 +8,11 @@ Rollouts: the pod template carries `serving.pagedinfer.dev/config-hash`, a
 hash of everything that changes the engine process (command line, image,
 env, resources, volumes). A spec change that alters the engine changes the
 hash and so rolls the Deployment; a change of `spec.replicas` does not.
+
+Placement: the pod gets exactly the constraints sizing looked at
+(`planning.placement_for`); a plan sized from node labels also requires
+`nvidia.com/gpu.memory` of at least the memory it was sized for, so the pod
+never lands on an unlabelled or smaller node the plan does not hold on.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
-from pagedinfer.operator.planning import KVCachePlan, placement_for
+from pagedinfer.operator.node_memory import MIB, require_gpu_memory
+from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, placement_for
 
 HTTP_PORT = 8000
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
@@ -216,8 +222,11 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
         pod["nodeSelector"] = dict(placement.node_selector)
     if placement.tolerations:
         pod["tolerations"] = [dict(t) for t in placement.tolerations]
-    if placement.affinity:
-        pod["affinity"] = dict(placement.affinity)
+    affinity = placement.affinity
+    if plan.source == SOURCE_NODE_LABELS and plan.gpu_memory_bytes is not None:
+        affinity = require_gpu_memory(affinity, plan.gpu_memory_bytes // MIB)
+    if affinity:
+        pod["affinity"] = dict(affinity)
     return pod
 
 

@@ -7,18 +7,25 @@ one slice) and `nvidia.com/gpu.product`. A pod can land on a node when
 - the node is schedulable (`spec.unschedulable` is not true),
 - every `nodeSelector` entry (plus `nvidia.com/gpu.product` = gpuProduct)
   equals the node's label,
-- the pod's required node affinity (`nodeSelectorTerms`, OR of terms, AND of
-  expressions; operators In, NotIn, Exists, DoesNotExist, Gt, Lt) holds,
+- the pod's required node affinity holds, as the scheduler reads it
+  (`nodeSelectorTerms` are ORed; within a term every `matchExpressions`
+  entry on the labels (In, NotIn, Exists, DoesNotExist, Gt, Lt) and every
+  `matchFields` entry on `metadata.name` (In, NotIn) must hold; a term with
+  neither matches no node),
 - every NoSchedule/NoExecute taint is tolerated,
 - the node can allocate `nvidia.com/gpu` >= the pod's GPU count.
 
 `discover_gpu_memory` takes the smallest labelled memory among those nodes:
-the plan must hold wherever the scheduler puts the pod. Pure functions; the
-caller lists the nodes.
+the plan must hold wherever the scheduler puts the pod. Nodes without the
+label are left out of that minimum, so `require_gpu_memory` adds the other
+half: a required node-affinity expression that keeps the pod off every node
+whose label is missing or smaller than what the plan was sized for. Pure
+functions; the caller lists the nodes.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -107,13 +114,57 @@ def _expression_holds(labels: Mapping[str, str], expr: Mapping[str, Any]) -> boo
     return False
 
 
-def required_affinity_holds(labels: Mapping[str, str], affinity: Mapping[str, Any] | None) -> bool:
-    """requiredDuringSchedulingIgnoredDuringExecution node affinity: OR of terms, AND within one."""
+def _field_holds(node_name: str, expr: Mapping[str, Any]) -> bool:
+    """A `matchFields` entry: the API server admits only `metadata.name` with In or NotIn."""
+    if expr.get("key") != "metadata.name":
+        return False
+    values = list(expr.get("values") or [])
+    if expr.get("operator") == "In":
+        return node_name in values
+    if expr.get("operator") == "NotIn":
+        return node_name not in values
+    return False
+
+
+def _term_holds(node_name: str, labels: Mapping[str, str], term: Mapping[str, Any]) -> bool:
+    expressions, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # the scheduler: an empty term selects no node
+    return (all(_expression_holds(labels, e) for e in expressions)
+            and all(_field_holds(node_name, f) for f in fields))
+
+
+def _required_terms(affinity: Mapping[str, Any] | None) -> list[Mapping[str, Any]] | None:
+    """The required nodeSelectorTerms; None when the pod has no required node affinity."""
     required = ((affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
-    terms = (required or {}).get("nodeSelectorTerms") or []
-    if not terms:
-        return True
-    return any(all(_expression_holds(labels, e) for e in term.get("matchExpressions") or []) for term in terms)
+    return None if required is None else list(required.get("nodeSelectorTerms") or [])
+
+
+def required_affinity_holds(node_name: str, labels: Mapping[str, str], affinity: Mapping[str, Any] | None) -> bool:
+    """requiredDuringSchedulingIgnoredDuringExecution node affinity: some term holds for this node."""
+    terms = _required_terms(affinity)
+    return terms is None or any(_term_holds(node_name, labels, term) for term in terms)
+
+
+def require_gpu_memory(affinity: Mapping[str, Any] | None, min_mib: int) -> dict[str, Any]:
+    """`affinity` (not modified) with `nvidia.com/gpu.memory` Gt `min_mib - 1` in every required term.
+
+    The scheduler's Gt takes one integer, so "at least min_mib" is written as
+    greater than min_mib - 1; a node without the label fails it. Terms are
+    ORed, so the expression joins every non-empty term; an empty term matches
+    no node and stays empty; without required terms it becomes the only one.
+    """
+    floor = {"key": GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(min_mib - 1)]}
+    out = copy.deepcopy(dict(affinity or {}))
+    node_affinity = out["nodeAffinity"] = dict(out.get("nodeAffinity") or {})
+    terms = [
+        {**term, "matchExpressions": [*(term.get("matchExpressions") or []), floor]}
+        if term.get("matchExpressions") or term.get("matchFields") else term
+        for term in _required_terms(out) or ()
+    ]
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        "nodeSelectorTerms": terms or [{"matchExpressions": [floor]}]}
+    return out
 
 
 def _allocatable_gpus(node: Mapping[str, Any]) -> int:
@@ -135,7 +186,7 @@ def rejection_reason(node: Mapping[str, Any], placement: Placement) -> str | Non
     for key, value in placement.node_selector.items():
         if labels.get(key) != value:
             return f"without label {key}={value}"
-    if not required_affinity_holds(labels, placement.affinity):
+    if not required_affinity_holds(meta.get("name", ""), labels, placement.affinity):
         return "outside the required node affinity"
     for taint in spec.get("taints") or []:
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(taint, placement.tolerations):

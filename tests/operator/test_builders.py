@@ -150,3 +150,18 @@ def test_the_update_patch_removes_pod_fields_the_spec_no_longer_sets():
 
 def test_selector_string_matches_the_pod_labels():
     assert builders.selector_string("x") == "app.kubernetes.io/instance=x,app.kubernetes.io/name=pagedinfer-engine"
+
+
+def test_a_plan_sized_from_node_labels_keeps_the_pod_on_nodes_with_at_least_that_much_gpu_memory():
+    spec, plan, deployment, _ = built("hf")
+    assert plan.source == "node-labels"
+    (term,) = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "zone", "operator": "In", "values": ["a"]},
+                                        {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["81558"]}]
+    assert spec.affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]  # the spec is left alone
+    from_spec = planning.plan_for(spec, planning.shape_from_architecture(spec.model.architecture, "auto"),
+                                  81559 * 2**20, planning.SOURCE_SPEC)
+    pod = builders.build_deployment(OWNER, spec, from_spec)["spec"]["template"]["spec"]
+    assert pod["affinity"] == spec.affinity  # gpuMemory from the spec: the user vouches for the nodes

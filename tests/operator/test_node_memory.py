@@ -1,7 +1,7 @@
 """GPU memory per GPU is the smallest nvidia.com/gpu.memory among the nodes the pod can land on."""
 
 from pagedinfer.operator.node_memory import (Placement, discover_gpu_memory, gpu_memory_bytes_from_labels,
-                                             required_affinity_holds, tolerates)
+                                             require_gpu_memory, required_affinity_holds, tolerates)
 
 
 def node(name, memory_mib=None, product="NVIDIA-H100-80GB-HBM3", gpus=8, taints=(), labels=None,
@@ -71,10 +71,10 @@ def test_required_node_affinity_is_honoured():
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
         {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["3"]}]},
     ]}}}
-    assert required_affinity_holds({"zone": "a"}, affinity)
-    assert required_affinity_holds({"gen": "4"}, affinity)
-    assert not required_affinity_holds({"zone": "b", "gen": "3"}, affinity)
-    assert required_affinity_holds({}, None)
+    assert required_affinity_holds("n", {"zone": "a"}, affinity)
+    assert required_affinity_holds("n", {"gen": "4"}, affinity)
+    assert not required_affinity_holds("n", {"zone": "b", "gen": "3"}, affinity)
+    assert required_affinity_holds("n", {}, None)
     nodes = [node("a", 1000, labels={"zone": "a"}), node("b", 500, labels={"zone": "b"})]
     assert discover_gpu_memory(nodes, Placement(gpus=1, affinity=affinity)).node_name == "a"
 
@@ -82,3 +82,40 @@ def test_required_node_affinity_is_honoured():
 def test_no_nodes_at_all_is_no_memory():
     found = discover_gpu_memory([], Placement(gpus=1))
     assert found.gpu_memory_bytes is None and found.num_nodes == 0
+
+
+def required(*terms):
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def test_match_fields_select_nodes_by_name_and_an_empty_term_selects_none_as_the_scheduler_does():
+    by_name = required({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big"]}]})
+    assert required_affinity_holds("big", {}, by_name)
+    assert not required_affinity_holds("small", {}, by_name)
+    not_small = required({"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["small"]}],
+                          "matchExpressions": [{"key": "zone", "operator": "Exists"}]})
+    assert required_affinity_holds("big", {"zone": "a"}, not_small)
+    assert not required_affinity_holds("big", {}, not_small)  # both halves of a term must hold
+    assert not required_affinity_holds("small", {"zone": "a"}, not_small)
+    assert not required_affinity_holds("big", {"zone": "a"}, required({}))
+    nodes = [node("big", 81559), node("small", 23034)]
+    found = discover_gpu_memory(nodes, Placement(gpus=1, affinity=by_name))
+    assert found.node_name == "big" and found.rejections == {"outside the required node affinity": 1}
+
+
+def test_the_gpu_memory_floor_joins_every_required_term_and_keeps_unlabelled_and_smaller_nodes_out():
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b1"]}]}
+    affinity = {**required(zone, by_name, {}), "podAntiAffinity": {"x": 1}}
+    floored = require_gpu_memory(affinity, 40960)
+    floor = {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["40959"]}
+    assert floored == {**required({"matchExpressions": [*zone["matchExpressions"], floor]},
+                                  {**by_name, "matchExpressions": [floor]}, {}), "podAntiAffinity": {"x": 1}}
+    assert affinity == {**required(zone, by_name, {}), "podAntiAffinity": {"x": 1}}  # not modified
+    assert require_gpu_memory(None, 40960) == required({"matchExpressions": [floor]})
+    mem = "nvidia.com/gpu.memory"
+    assert required_affinity_holds("a1", {"zone": "a", mem: "40960"}, floored)
+    assert required_affinity_holds("b1", {mem: "81559"}, floored)
+    assert not required_affinity_holds("a1", {"zone": "a", mem: "40959"}, floored)
+    assert not required_affinity_holds("a1", {"zone": "a"}, floored)  # unlabelled
+    assert not required_affinity_holds("b1", {}, floored)

@@ -1,0 +1,32 @@
+"""The pods are placed where the KV plan holds: sizing reads node affinity as the scheduler does, and a
+plan sized from node labels keeps the pod off unlabelled and smaller nodes."""
+
+import pytest
+
+from operator_harness import DEPLOYMENTS, ISVC, NODES, add_gpu_node, condition, eventually, inference_service, \
+    running_operator
+from pagedinfer.operator.node_memory import required_affinity_holds
+
+pytestmark = pytest.mark.timeout(120)
+
+LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
+BY_NAME = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h100", "bare"]}]}
+
+
+async def test_the_pod_can_only_land_on_nodes_the_plan_was_sized_for(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    await add_gpu_node(emulator, "a100-40", 40960)
+    await add_gpu_node(emulator, "bare", None)  # a GPU node GPU Feature Discovery has not labelled (yet)
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [BY_NAME]}}}
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
+                                                                "affinity": affinity}))
+        sized = await eventually(lambda: condition(emulator.read(ISVC, "default", "llama"), "Sized")["status"]
+                                 == "True" and condition(emulator.read(ISVC, "default", "llama"), "Sized"))
+        assert "1 of 3 nodes" in sized["message"] and "81559 MiB on node h100" in sized["message"]
+        pod = (await eventually(lambda: emulator.read(DEPLOYMENTS, "default", "llama")))["spec"]["template"]["spec"]
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {**BY_NAME, "matchExpressions": [{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["81558"]}]}]
+    landing = [n["metadata"]["name"] for n in emulator.read_all(NODES)
+               if required_affinity_holds(n["metadata"]["name"], n["metadata"]["labels"], pod["affinity"])]
+    assert landing == ["h100"]
