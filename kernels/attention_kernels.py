@@ -31,8 +31,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Integer arguments that change from step to step. Triton otherwise specialises
+# every int argument on "== 1" and "divisible by 16" and compiles a new kernel
+# whenever a value changes class, which a server would feel as a stall of about
+# a second on some early steps.
+_PER_STEP_INTS = ["first_seq", "num_q_tiles", "num_splits", "stride_bt"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=_PER_STEP_INTS)
 def paged_attention_kernel(
     out_ptr,                 # [num_tokens, num_heads, head_dim], query dtype
     partial_out_ptr,         # float32 [num_tokens, num_heads, num_splits, head_dim] (USE_SPLITS only)
@@ -139,7 +145,7 @@ def paged_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def merge_splits_kernel(
     out_ptr,                 # [num_tokens, num_heads, head_dim]
     partial_out_ptr,         # float32 [num_tokens, num_heads, num_splits, head_dim]

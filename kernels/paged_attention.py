@@ -40,11 +40,22 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Key splits per decode program: enough programs to fill the GPU, never tiny splits."""
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_visible_keys: int, num_sms: int) -> int:
+    """Key splits per decode program: enough programs to fill the GPU, never tiny splits.
+
+    `max_visible_keys` is the most keys one program reads: the longest
+    context, or the sliding window when that is shorter (a split past the
+    window would be launched and merged for nothing).
+    """
     programs = num_seqs * num_kv_heads
     wanted = math.ceil(PROGRAMS_PER_SM * num_sms / max(programs, 1))
-    return max(1, min(wanted, MAX_SPLITS, max_seq_len // MIN_TOKENS_PER_SPLIT))
+    return max(1, min(wanted, MAX_SPLITS, max_visible_keys // MIN_TOKENS_PER_SPLIT))
+
+
+def decode_visible_keys(metadata: AttentionMetadata, sliding_window: int | None) -> int:
+    """The most keys any decode of the step attends to (0 without decodes)."""
+    longest = max(metadata.seq_lens_cpu[: metadata.num_decode_seqs], default=0)
+    return longest if sliding_window is None else min(longest, sliding_window)
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,9 +176,9 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     num_seqs = metadata.num_decode_seqs
     if num_seqs == 0:
         return out
-    max_seq_len = max(metadata.seq_lens_cpu[:num_seqs])
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, key_cache.shape[2], max_seq_len, _num_sms(query.device))
+        num_splits = choose_num_splits(num_seqs, key_cache.shape[2], decode_visible_keys(metadata, sliding_window),
+                                       _num_sms(query.device))
     tiles = decode_tile_shape(query.shape[1], key_cache.shape[2], query.shape[2], tile_n)
     _launch(query[:num_seqs], key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=0,
             num_seqs=num_seqs, tiles=tiles, num_splits=num_splits, num_q_tiles=1, num_warps=num_warps,

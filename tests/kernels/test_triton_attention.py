@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from pagedinfer.kernels import reference
+from pagedinfer.kernels.metadata import build_attention_metadata
 from pagedinfer.kernels.paged_attention import (
     MAX_SPLITS,
     choose_num_splits,
     decode_attention,
+    decode_visible_keys,
     paged_attention_triton,
     prefill_attention,
 )
@@ -111,10 +113,18 @@ def test_grouped_query_ratio_that_is_not_a_power_of_two():
 
 
 def test_split_heuristic_fills_the_gpu_only_when_programs_are_few():
-    assert choose_num_splits(num_seqs=256, num_kv_heads=8, max_seq_len=32768, num_sms=132) == 1
-    assert choose_num_splits(num_seqs=1, num_kv_heads=8, max_seq_len=32768, num_sms=132) == MAX_SPLITS
-    assert choose_num_splits(num_seqs=16, num_kv_heads=8, max_seq_len=2048, num_sms=132) > 1
-    assert choose_num_splits(num_seqs=1, num_kv_heads=8, max_seq_len=300, num_sms=132) == 1
+    assert choose_num_splits(num_seqs=256, num_kv_heads=8, max_visible_keys=32768, num_sms=132) == 1
+    assert choose_num_splits(num_seqs=1, num_kv_heads=8, max_visible_keys=32768, num_sms=132) == MAX_SPLITS
+    assert choose_num_splits(num_seqs=16, num_kv_heads=8, max_visible_keys=2048, num_sms=132) > 1
+    assert choose_num_splits(num_seqs=1, num_kv_heads=8, max_visible_keys=300, num_sms=132) == 1
+
+
+def test_splits_count_the_keys_a_sliding_window_leaves_visible():
+    meta = build_attention_metadata([32768, 900, 40], [1, 1, 30], [[0] * 2048, [0] * 57, [0] * 3], block_size=16)
+    assert decode_visible_keys(meta, sliding_window=None) == 32768
+    assert decode_visible_keys(meta, sliding_window=256) == 256
+    assert decode_visible_keys(meta, sliding_window=65536) == 32768
+    assert choose_num_splits(1, 8, decode_visible_keys(meta, sliding_window=256), num_sms=132) == 1
 
 
 @pytest.mark.parametrize("name,bad,message", [
