@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under the Triton interpreter")
     parser.add_argument("--skip-e2e", action="store_true", help="skip section 3 (engine vs transformers)")
-    parser.add_argument("--budget-seconds", type=float, default=480.0, help="stop starting new work after this")
+    parser.add_argument("--budget-seconds", type=float, default=360.0, help="stop starting new work after this")
     parser.add_argument("--num-requests", type=int, default=256, help="requests of section 3")
     return parser.parse_args()
 
@@ -147,11 +147,12 @@ def check_correctness(report: Report, device, shapes: dict) -> None:
 
     dtype = shapes["dtype"]
     heads, kv_heads, head_dim, block_size = shapes["heads"], shapes["kv_heads"], shapes["head_dim"], 16
-    tolerance = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+    tolerance = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}  # absolute and relative
 
     def record(name: str, got, want, exact: bool = False) -> None:
         error = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
-        ok = (error == 0.0) if exact else (error <= tolerance[got.dtype] and not got.isnan().any().item())
+        within = (got.float() - want.float()).abs() <= tolerance[got.dtype] * (1 + want.float().abs())
+        ok = (error == 0.0) if exact else (bool(within.all().item()) and not got.isnan().any().item())
         report.line(f"{'PASS' if ok else 'FAIL'}  {name:<58} max |err| {error:.2e}")
         report.add("correctness", {"case": name, "max_abs_error": error, "ok": bool(ok)})
 
@@ -231,6 +232,33 @@ def decode_metadata(block_tables, context_len: int, block_size: int):
     )
 
 
+def check_far_blocks(report: Report, key_cache, value_cache, heads: int, scale: float) -> None:
+    """One decode over the pool's highest-numbered blocks against the reference.
+
+    In a pool this large the cache offsets of those blocks pass 2**31 elements, which
+    only int64 address arithmetic in the kernel reaches correctly.
+    """
+    import torch
+
+    from pagedinfer.kernels import reference
+    from pagedinfer.kernels.paged_attention import decode_attention
+
+    num_blocks, block_size, _, head_dim = key_cache.shape
+    batch, width = 2, 8
+    tables = torch.arange(num_blocks - batch * width, num_blocks, device=key_cache.device).view(batch, width).int()
+    meta = decode_metadata(tables.flip(1).contiguous(), width * block_size - 3, block_size)
+    query = torch.randn(batch, heads, head_dim, device=key_cache.device).to(key_cache.dtype)
+    got = decode_attention(query, key_cache, value_cache, meta, scale)
+    want = reference.paged_attention(query, key_cache, value_cache, meta, scale)
+    error = (got.float() - want.float()).abs().max().item()
+    offset = (num_blocks - 1) * key_cache.stride(0)
+    ok = error <= 2e-2 * (1 + want.float().abs().max().item()) and not got.isnan().any().item()
+    report.line(f"{'PASS' if ok else 'FAIL'}  decode over the last blocks (cache offsets up to {offset:.2e} "
+                f"elements, 2**31 = {2**31:.2e}) max |err| {error:.2e}")
+    report.add("correctness", {"case": "decode over the last blocks of a large pool", "max_offset": offset,
+                               "max_abs_error": error, "ok": bool(ok)})
+
+
 def measure_bandwidth(report: Report, device, shapes: dict) -> None:
     import torch
 
@@ -257,6 +285,7 @@ def measure_bandwidth(report: Report, device, shapes: dict) -> None:
                 f"{_num_sms(device)} multiprocessors")
     report.line(f"{'batch':>6} {'context':>8} {'KV MB':>9} {'splits':>6} {'ms':>8} {'GB/s':>7} {'% copy':>7} "
                 f"{'graph ms':>9} {'graph %':>8}")
+    check_far_blocks(report, key_cache, value_cache, heads, scale)
     setups = {}
     for batch, context in combos:
         if report.seconds_left() < shapes["reserve_seconds"]:
@@ -395,8 +424,10 @@ def compare_engine_with_generate(report: Report, device, shapes: dict, num_reque
 
     llm = LLM(model=str(model_dir), dtype=str(shapes["e2e_dtype"])[6:], gpu_memory_utilization=0.5,
               max_model_len=hi_prompt + hi_out + 16)
-    warm_up = [prompts[0][:8], (prompts[1] * hi_prompt)[: hi_prompt + hi_out // 2]]
-    llm.generate(warm_up, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    # Untimed: the same length mix at a sixteenth of the requests compiles every kernel variant the
+    # timed run meets (decode with and without split-K, prefill, merge) before the clock starts.
+    warm_up = prompts[: max(4, num_requests // 16)] + [(prompts[1] * hi_prompt)[: hi_prompt + hi_out // 2]]
+    llm.generate(warm_up, SamplingParams(temperature=0.0, max_tokens=hi_out // 4, ignore_eos=True))
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
     began = time.perf_counter()
     outputs = llm.generate(prompts, params)
