@@ -91,9 +91,8 @@ class LLMEngine:
                 f" {config.block_size} tokens but the pool has {num_blocks}. Lower max_model_len to at most"
                 f" {num_blocks * config.block_size} or give the pool more blocks.")
         bytes_per_block = plan.bytes_per_block
-        num_cpu_blocks = int(config.swap_space * 2**30) // bytes_per_block
-        if config.preemption_mode != "swap":
-            num_cpu_blocks = min(num_cpu_blocks, num_blocks)
+        # The host pool only holds swapped-out sequences: recompute preemption never uses it.
+        num_cpu_blocks = int(config.swap_space * 2**30) // bytes_per_block if config.preemption_mode == "swap" else 0
         self.num_gpu_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.bytes_per_block = bytes_per_block

@@ -149,11 +149,12 @@ class ModelRunner:
         meta = build_attention_metadata(lens, lens, tables, self.block_size, self.device)
         ids = torch.zeros(1, num_tokens, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens]).unsqueeze(0)
-        keep = torch.tensor([sum(lens[:i + 1]) - 1 for i in range(len(lens))], device=self.device)
-        self._forward(ids, pos, meta, keep)
+        # as many logits rows as a real step may keep (one per running sequence), not one per profiled sequence
+        keep = torch.arange(num_tokens - min(self.config.max_num_seqs, num_tokens), num_tokens, device=self.device)
+        self._forward(ids, pos, meta, keep).float()
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        self.kv_cache = None
+        self.kv_cache, self.key_caches, self.value_caches = None, [], []
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))

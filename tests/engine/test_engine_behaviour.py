@@ -157,3 +157,15 @@ def test_streamed_text_never_shows_the_start_of_a_stop_string(llm):
     assert all(b.startswith(a) for a, b in zip(seen, seen[1:])), "visible text must only grow"
     assert seen[-1] == full[:full.find(full[4:6])]  # cut at the second stop; the first's prefix never leaked
     assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_only_swap_preemption_reserves_a_host_pool(tiny_llama, mode):
+    llm = LLM(model=str(tiny_llama), block_size=16, max_model_len=64, num_gpu_blocks_override=8,
+              dtype="float32", preemption_mode=mode, swap_space=0.01)
+    engine = llm.llm_engine
+    if mode == "swap":
+        assert engine.num_cpu_blocks == int(0.01 * 2**30) // engine.bytes_per_block > 0
+        assert engine.runner.cpu_cache.shape[2] == engine.num_cpu_blocks
+    else:
+        assert engine.num_cpu_blocks == 0 and engine.runner.cpu_cache is None
