@@ -21,6 +21,13 @@ from pagedinfer.operator.node_memory import discover_gpu_memory
 from pagedinfer.operator.settings import Runtime
 
 
+# The operator never guesses a GPU's memory, so without a matching node it creates no
+# Deployment, and so no pending pod for cluster-autoscaler or Karpenter to add a node for.
+SCALE_FROM_ZERO_HINT = ("For a node pool that scales from zero, set spec.resources.gpuMemory (memory per GPU "
+                        "of that pool): the operator then sizes from it and creates the Deployment, whose "
+                        "pending pod lets the cluster autoscaler add a node.")
+
+
 class SizingFailure(Exception):
     def __init__(self, reason: str, message: str, retry_seconds: float | None) -> None:
         super().__init__(message)
@@ -93,7 +100,8 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> 
         if discovery.gpu_memory_bytes is None:
             raise SizingFailure(status.REASON_NO_MATCHING_NODES,
                                 f"No node to size the KV cache for: {discovery.message} Retrying in "
-                                f"{runtime.config.no_nodes_retry_seconds:g}s.", runtime.config.no_nodes_retry_seconds)
+                                f"{runtime.config.no_nodes_retry_seconds:g}s. {SCALE_FROM_ZERO_HINT}",
+                                runtime.config.no_nodes_retry_seconds)
         memory, source, where = discovery.gpu_memory_bytes, planning.SOURCE_NODE_LABELS, " " + discovery.message
     try:
         result = planning.plan_for(spec, shape, memory, source)

@@ -30,3 +30,17 @@ async def test_the_pod_can_only_land_on_nodes_the_plan_was_sized_for(emulator):
     landing = [n["metadata"]["name"] for n in emulator.read_all(NODES)
                if required_affinity_holds(n["metadata"]["name"], n["metadata"]["labels"], pod["affinity"])]
     assert landing == ["h100"]
+
+
+async def test_no_matching_nodes_says_how_to_start_on_a_node_pool_that_scales_from_zero(emulator):
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}}))
+        sized = await eventually(lambda: condition(emulator.read(ISVC, "default", "llama"), "Sized"))
+        assert (sized["status"], sized["reason"]) == ("False", "NoMatchingNodes")
+        assert "node pool that scales from zero, set spec.resources.gpuMemory" in sized["message"]
+        assert emulator.read(DEPLOYMENTS, "default", "llama") is None
+        await emulator.merge(ISVC, "default", "llama", {"spec": {"resources": {"gpuMemory": "80GiB"}}})
+        await eventually(lambda: condition(emulator.read(ISVC, "default", "llama"), "Sized")["reason"]
+                         == "SizedFromSpec")
+        deployment = emulator.read(DEPLOYMENTS, "default", "llama")
+    assert "affinity" not in deployment["spec"]["template"]["spec"]  # the pending pod may go to any GPU node
