@@ -35,10 +35,18 @@ from pagedinfer.operator.kube_api import DEPLOYMENTS, INFERENCESERVICES, SERVICE
 from pagedinfer.operator.settings import Runtime
 
 MAX_STATUS_ATTEMPTS = 5
+KEEPS_SERVING = (" The Deployment keeps serving the last applied spec, unchanged; status.kvCache is "
+                 "its plan.")
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid and ref.get("controller") for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+async def _serving_deployment(api: KubeApi, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+    """This InferenceService's Deployment, when one exists (it keeps serving what was last applied)."""
+    deployed = await api.get(DEPLOYMENTS, namespace, name)
+    return deployed if deployed is not None and _owned_by(deployed, uid) else None
 
 
 def _spec_hash(obj: Mapping[str, Any]) -> str | None:
@@ -149,7 +157,8 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], na
         spec = parse_spec(name, body.get("spec"),
                           allow_host_path_models=runtime.config.allow_host_path_models)
     except SpecError as exc:
-        message = f"Invalid spec: {exc}"
+        serving = await _serving_deployment(api, namespace, name, uid)
+        message = f"Invalid spec: {exc}" + (KEEPS_SERVING if serving is not None else "")
         if _is_news(body, status.VALID, status.REASON_INVALID_SPEC, message):
             kopf.warn(dict(body), reason=status.REASON_INVALID_SPEC, message=message)
             logger.warning(message)
@@ -178,17 +187,19 @@ async def _report_unsized(api: KubeApi, body: Mapping[str, Any], spec: Inference
                           logger: Any) -> str:
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
-    sized = status.false(status.SIZED, failure.reason, failure.message)
+    deployed = await _serving_deployment(api, namespace, name, meta["uid"])
+    message = failure.message + (KEEPS_SERVING if deployed is not None else "")
+    sized = status.false(status.SIZED, failure.reason, message)
     updates = [valid, sized]
-    deployed = await api.get(DEPLOYMENTS, namespace, name)
     if deployed is None:
         updates += list(status.rollout_conditions(None))
-    if _is_news(body, status.SIZED, failure.reason, failure.message):
-        kopf.warn(dict(body), reason=failure.reason, message=failure.message)
-        logger.warning(f"{failure.reason}: {failure.message}")
+    if _is_news(body, status.SIZED, failure.reason, message):
+        kopf.warn(dict(body), reason=failure.reason, message=message)
+        logger.warning(f"{failure.reason}: {message}")
+    # With a Deployment still serving, status.kvCache keeps describing its plan.
+    not_deployed = {"kvCache": None, **status.rollout_status(None)} if deployed is None else {}
     await update_status(api, namespace, name, lambda old: _same_conditions(old, _with_conditions(
-        old, updates, generation, observedGeneration=generation, kvCache=None,
-        **(status.rollout_status(None) if deployed is None else {}))), known=body)
+        old, updates, generation, observedGeneration=generation, **not_deployed)), known=body)
     if failure.retry_seconds is not None:
         raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds)
     return "unsized"

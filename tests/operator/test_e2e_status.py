@@ -39,3 +39,23 @@ async def test_every_condition_carries_the_generation_it_was_set_for(emulator):
             "readyReplicas": 1, "availableReplicas": 1})
         await eventually(lambda: condition(isvc_of(emulator), "Ready")["status"] == "True")
         assert generations(isvc_of(emulator)) == dict.fromkeys(status.CONDITION_TYPES, 2)
+
+
+async def test_an_update_that_cannot_be_applied_keeps_the_plan_the_running_deployment_serves(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}}))
+        applied = (await eventually(lambda: isvc_of(emulator)["status"].get("kvCache") and isvc_of(emulator)))
+        deployment = emulator.read(DEPLOYMENTS, "default", "llama")
+        too_big = {**LLAMA3_8B, "numLayers": 80, "numParameters": 70_553_706_496, "hiddenSize": 8192}
+        await emulator.merge(ISVC, "default", "llama", {"spec": {"model": {"architecture": too_big}}})
+        sized = await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "False"
+                                 and condition(isvc_of(emulator), "Sized"))
+        assert sized["reason"] == "InsufficientGPUMemory" and "keeps serving the last applied spec" in sized["message"]
+        assert isvc_of(emulator)["status"]["kvCache"] == applied["status"]["kvCache"]
+        await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"blockSize": 24}}})
+        valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
+                                 and condition(isvc_of(emulator), "Valid"))
+        assert "spec.engine.blockSize" in valid["message"] and "keeps serving" in valid["message"]
+        assert isvc_of(emulator)["status"]["kvCache"] == applied["status"]["kvCache"]
+        assert emulator.read(DEPLOYMENTS, "default", "llama")["spec"] == deployment["spec"]
