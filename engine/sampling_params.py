@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
+
 
 def _check_int(name: str, value, minimum: int, allow_none: bool = False) -> None:
     if value is None and allow_none:
@@ -26,7 +28,11 @@ def _check_float(name: str, value, lo: float, hi: float, lo_open: bool = False, 
 class SamplingParams:
     """How to sample one request's completions.
 
-    temperature 0 is greedy. top_k None means no top-k cut (never -1).
+    temperature below GREEDY_TEMPERATURE (1e-5, as vLLM), 0 included, is
+    greedy: the sampler takes the argmax. Dividing float32 logits by a tinier
+    temperature overflows to inf and the softmax to NaN, so such a temperature
+    cannot be sampled from; in the limit it is the argmax anyway.
+    top_k None means no top-k cut (never -1).
     Penalties follow vLLM/OpenAI: presence and frequency act on generated
     tokens, repetition on prompt and generated tokens.
     """
@@ -83,4 +89,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
