@@ -7,7 +7,12 @@ once per completion) and reports prefix-cache hits as
 
 Streaming: the engine's text and token ids are cumulative, so a `DeltaTracker`
 remembers, per choice, how much text and how many tokens were already sent
-and emits only what is new.
+and emits only what is new. With n > 1 the engine keeps reporting a finished
+completion in every later output of its prompt; the tracker sends each
+choice's finish chunk (the one with `finish_reason`) exactly once and nothing
+for that choice after it. With `stream_options.include_usage` every chunk
+carries `"usage": null` and a last chunk with no choices carries the usage,
+as OpenAI streams them.
 """
 
 from __future__ import annotations
@@ -108,12 +113,16 @@ class DeltaTracker:
         self.chat = chat
         self._sent_chars: dict[int, int] = {}
         self._sent_tokens: dict[int, int] = {}
+        self._finished: set[int] = set()  # choices whose finish chunk was sent
         self.finals: list[Any] = [None] * len(plan.prompts)
 
     def _envelope(self, choices: list[dict]) -> dict:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {"id": self.plan.request_id, "object": kind, "created": self.plan.created,
-                "model": self.plan.model, "choices": choices}
+        payload = {"id": self.plan.request_id, "object": kind, "created": self.plan.created,
+                   "model": self.plan.model, "choices": choices}
+        if self.plan.include_usage:
+            payload["usage"] = None
+        return payload
 
     def opening_chunks(self) -> list[str]:
         """Chat streams announce the assistant role once per choice before any content."""
@@ -129,6 +138,8 @@ class DeltaTracker:
         out = []
         for c in output.outputs:
             index = prompt_index * self.plan.params.n + c.index
+            if index in self._finished:
+                continue
             sent_chars = self._sent_chars.get(index, 0)
             sent_tokens = self._sent_tokens.get(index, 0)
             delta_text = c.text[sent_chars:]
@@ -149,6 +160,7 @@ class DeltaTracker:
                 choice["text"] = delta_text
             if c.finish_reason is not None:
                 choice["stop_reason"] = c.stop_reason
+                self._finished.add(index)
             out.append(sse(self._envelope([choice])))
         return out
 
