@@ -12,7 +12,10 @@ Two sources, two mechanisms:
   latency and queue time, from `RequestOutput.metrics` (monotonic seconds).
 
 Every series carries `model_name`. Each server has its own registry, so
-several servers in one process (tests) never share series.
+several servers in one process (tests) never share series. Every label value
+of the request series (the histograms, and `request_success_total` for each
+finish reason) exists at 0 from the start, as vLLM does, so dashboards and
+`rate()` see them before the first request finishes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, gener
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "pagedinfer_"
+FINISHED_REASONS = ("stop", "length", "abort")
 TTFT_BUCKETS_SECONDS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                         20.0, 40.0, 80.0)
 ITL_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
@@ -101,6 +105,10 @@ class ServerMetrics:
                                labels + ["finished_reason"], registry=self.registry)
         self.cache_config = Info(PREFIX + "cache_config", "KV cache configuration.", labels,
                                  registry=self.registry)
+        for histogram in (self.ttft, self.itl, self.e2e, self.queue_time):
+            histogram.labels(model_name)
+        for reason in FINISHED_REASONS:
+            self.success.labels(model_name, reason)
         self._lock = threading.Lock()
         self._progress: dict[str, tuple[int, float]] = {}  # request id -> (num tokens seen, time seen)
 

@@ -210,6 +210,11 @@ def test_health_is_503_until_the_engine_is_loaded(tiny_llama):
         busy = httpx.post(running.url + "/v1/completions", json=completion())
         assert busy.status_code == 503 and busy.json()["error"]["code"] == "model_loading"
         assert busy.headers["retry-after"] == "1"
+        series = running.metrics()  # no request has finished: every request series is there already, at 0
+        for reason in ("stop", "length", "abort"):
+            assert series[f'pagedinfer_request_success_total{{finished_reason="{reason}"}}'] == 0
+        for name in ("time_to_first_token", "inter_token_latency", "e2e_request_latency", "request_queue_time"):
+            assert series[f"pagedinfer_{name}_seconds_count"] == 0
         gate.set()
         wait_healthy(running)
         assert httpx.post(running.url + "/v1/completions", json=completion()).status_code == 200
