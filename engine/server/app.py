@@ -10,10 +10,11 @@ before any body is read), body size limit (413), then FastAPI.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -26,7 +27,7 @@ from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                CompletionResponse, ErrorResponse, ModelList)
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
-from pagedinfer.engine.server.serving import ClientDisconnected, Serving, Submission
+from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in access logs
 
@@ -64,11 +65,27 @@ class AbortingStreamingResponse(StreamingResponse):
             self.submission.abort_unfinished()
 
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 503)}
+
+
+def require_json_body(request: Request) -> None:
+    """415 unless the request declares a JSON body (application/json or application/*+json).
+
+    FastAPI parses only such bodies as JSON. Refusing the rest, rather than
+    parsing them anyway, also refuses what a browser may send cross-site
+    without a CORS preflight (text/plain, forms, no Content-Type).
+    """
+    content_type = request.headers.get("content-type")
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    if media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json")):
+        return
+    got = f"got {content_type!r}" if content_type is not None else "none was sent"
+    raise ApiError(415, f"Content-Type: must be application/json ({got})", code="unsupported_media_type")
 
 
 def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings) -> FastAPI:
     serving = Serving(engine_loop, settings.max_waiting_requests)
+    started = int(time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -77,6 +94,7 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
             yield
         finally:
             engine_loop.stop()
+            serving.close()
 
     app = FastAPI(title="pagedinfer", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
@@ -101,7 +119,7 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         info = engine_loop.info
         if info is None:
             raise ApiError(503, "the model is still loading", code="model_loading", headers={"Retry-After": "1"})
-        card = {"id": info.served_model_name, "object": "model", "created": 0, "owned_by": "pagedinfer",
+        card = {"id": info.served_model_name, "object": "model", "created": started, "owned_by": "pagedinfer",
                 "max_model_len": info.max_model_len}
         return {"object": "list", "data": [card]}
 
@@ -116,13 +134,16 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         build = chat_response if chat else completion_response
         return JSONResponse(build(plan, finals, engine_loop.info.tokenizer))
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await respond(serving.prepare_completion(body), request, chat=False)
+    json_only = [Depends(require_json_body)]
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS, dependencies=json_only)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await respond(await serving.prepare_completion(body), request, chat=False)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS,
+              dependencies=json_only)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await respond(serving.prepare_chat(body), request, chat=True)
+        return await respond(await serving.prepare_chat(body), request, chat=True)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -151,7 +172,8 @@ async def _finals(serving: Serving, submission: Submission, request: Request) ->
     try:
         return await serving.final_outputs(submission, request)
     except RequestFailed as exc:
-        raise ApiError(exc.status_code, exc.message, exc.param) from None
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status_code == 503 else None
+        raise ApiError(exc.status_code, exc.message, exc.param, exc.code, retry) from None
     except ClientDisconnected:
         return None
 
@@ -166,7 +188,7 @@ async def _stream(serving: Serving, submission: Submission, chat: bool):
             for chunk in tracker.chunks(index, output):
                 yield chunk
     except RequestFailed as exc:
-        yield sse(error_body(exc.status_code, exc.message, exc.param))
+        yield sse(error_body(exc.status_code, exc.message, exc.param, exc.code))
         yield sse("[DONE]")
         return
     if plan.include_usage:

@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from pagedinfer.engine.server.errors import from_value_error
+
 logger = logging.getLogger("pagedinfer.server")
 
 IDLE_WAIT_SECONDS = 0.5
@@ -48,21 +50,29 @@ class ModelInfo:
 
     served_model_name: str
     max_model_len: int
+    max_num_seqs: int  # the most completions (n) one request may ask for
+    vocab_size: int  # the model's; token ids at or above it (or len(tokenizer)) are refused
     block_size: int
     num_gpu_blocks: int
     gpu_memory_utilization: float
     enable_prefix_caching: bool
-    tokenizer: Any  # the server's own copy: HF fast tokenizers must not be shared across threads
+    tokenizer: Any  # the server's own copy, apart from the engine's (see serving.py)
+
+    @property
+    def num_token_ids(self) -> int:
+        """Token ids below this are valid: known to both the tokenizer and the model."""
+        return min(len(self.tokenizer), self.vocab_size)
 
 
 class RequestFailed(Exception):
     """Delivered to a request's queue when the engine could not finish it."""
 
-    def __init__(self, status_code: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status_code: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.param = param
+        self.code = code
 
 
 class RequestSink:
@@ -224,16 +234,18 @@ class EngineLoop:
             self._num_pending_seqs -= num_seqs
 
     def _add(self, engine: Any, command: _Add) -> None:
-        if self.engine_error is not None or self._stop_requested or self._draining:
-            command.sink.push(RequestFailed(503, "the server is shutting down or unhealthy"))
+        if self.engine_error is not None:
+            command.sink.push(RequestFailed(503, "the engine is not available", code="engine_unavailable"))
+            return
+        if self._stop_requested or self._draining:
+            command.sink.push(RequestFailed(503, "the server is shutting down", code="shutting_down"))
             return
         try:
             engine.add_request(command.request_id, command.prompt, command.params,
                                arrival_time=command.arrival_time)
         except ValueError as exc:
-            message = str(exc)
-            head, sep, _ = message.partition(":")
-            command.sink.push(RequestFailed(400, message, head if sep and head.isidentifier() else None))
+            error = from_value_error(exc)
+            command.sink.push(RequestFailed(error.status_code, error.message, error.param, error.code))
             return
         self._sinks[command.request_id] = command.sink
 
@@ -243,7 +255,7 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - a bug in the engine must not hang every client
             logger.exception("engine step failed; failing all in-flight requests")
             self.engine_error = exc
-            self._abort_all(engine, "internal engine error", status_code=500)
+            self._abort_all(engine, "internal engine error", status_code=500, code="internal_error")
             return
         for output in outputs:
             sink = self._sinks.get(output.request_id)
@@ -255,7 +267,7 @@ class EngineLoop:
         self._notify("on_outputs", outputs)
         self._publish_stats(engine)
 
-    def _abort_all(self, engine: Any, message: str, status_code: int = 503) -> None:
+    def _abort_all(self, engine: Any, message: str, status_code: int = 503, code: str = "shutting_down") -> None:
         request_ids = list(self._sinks)
         if not request_ids:
             return
@@ -264,7 +276,7 @@ class EngineLoop:
         except Exception:  # noqa: BLE001
             logger.exception("aborting requests failed")
         for request_id in request_ids:
-            self._sinks.pop(request_id).push(RequestFailed(status_code, message))
+            self._sinks.pop(request_id).push(RequestFailed(status_code, message, code=code))
             self._notify("on_abort", request_id)
 
     def _publish_stats(self, engine: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,8 +26,9 @@ _TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
-    503: "server_overloaded",
+    503: "service_unavailable_error",
 }
+_CODE_TYPES = {"server_overloaded": "server_overloaded"}  # a 503 for load, not for the server's state
 
 
 class ApiError(Exception):
@@ -43,13 +45,26 @@ class ApiError(Exception):
 
 
 def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status_code, "server_error"),
-                      "param": param, "code": code}}
+    kind = _CODE_TYPES.get(code, _TYPES.get(status_code, "server_error"))
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with non-ASCII characters escaped.
+
+    An error message may quote what the client sent (a model name, a field
+    name), and a lone surrogate in it (JSON's "\\ud800" decodes to one) has
+    no UTF-8 encoding: escaped, it goes back as it came.
+    """
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def error_response(status_code: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status_code, message, param, code), status_code=status_code, headers=headers)
+    return AsciiJSONResponse(error_body(status_code, message, param, code), status_code=status_code,
+                             headers=headers)
 
 
 def from_value_error(exc: ValueError) -> ApiError:
@@ -123,6 +138,22 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
 _UNPARSABLE_BODY = "There was an error parsing the body"
 
 
+def unparsable_body_message(cause: BaseException | None) -> tuple[str, str]:
+    """(message, code) for a body FastAPI could not parse, from the exception it wrapped.
+
+    FastAPI answers every non-JSONDecodeError failure of `json.loads` with one
+    HTTPException; its `__cause__` says what actually went wrong.
+    """
+    if isinstance(cause, UnicodeDecodeError):
+        return f"malformed JSON body: not valid UTF-8 ({cause.reason} at byte {cause.start})", "invalid_json"
+    if isinstance(cause, RecursionError):
+        return "request body: JSON nested too deeply to parse", "invalid_request"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return (f"request body: a JSON integer has more than {sys.get_int_max_str_digits()} digits",
+                "invalid_request")
+    return f"request body: cannot be parsed as JSON ({type(cause).__name__})", "invalid_request"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -136,7 +167,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == _UNPARSABLE_BODY:
-            return error_response(400, "malformed JSON body: not valid UTF-8 JSON", None, "invalid_json")
+            message, code = unparsable_body_message(exc.__cause__)
+            return error_response(400, message, None, code)
         return error_response(exc.status_code, str(exc.detail), None, None, getattr(exc, "headers", None))
 
     @app.exception_handler(json.JSONDecodeError)

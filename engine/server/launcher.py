@@ -58,6 +58,7 @@ def engine_factory(engine_config: Any, served_model_name: str):
         tokenizer = AutoTokenizer.from_pretrained(str(engine_config.tokenizer or engine_config.model))
         config = engine.config
         info = ModelInfo(served_model_name=served_model_name, max_model_len=int(engine.max_model_len),
+                         max_num_seqs=config.max_num_seqs, vocab_size=int(engine.runner.vocab_size),
                          block_size=config.block_size, num_gpu_blocks=int(engine.num_gpu_blocks),
                          gpu_memory_utilization=config.gpu_memory_utilization,
                          enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer)

@@ -5,13 +5,17 @@ names the field instead of being silently ignored. Range checks here mirror
 `SamplingParams`; the engine validates again when the request is added.
 Extra vLLM-style sampling fields (`top_k`, `min_p`, `repetition_penalty`,
 `ignore_eos`, `min_tokens`) sit beside OpenAI's own.
+
+Every optional field accepts JSON null and treats it as its default, as
+OpenAI declares them nullable and vLLM accepts null (`"n": null` is n=1).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
+                      field_validator, model_validator)
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -22,9 +26,18 @@ Number = Annotated[float, AllowInfNan(False)]
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 
+def _default_if_null(model: type[BaseModel], value: object, info: ValidationInfo) -> object:
+    return model.model_fields[info.field_name].default if value is None else value
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: StrictBool = False
+    include_usage: StrictBool | None = False
+
+    @field_validator("include_usage")
+    @classmethod
+    def _null_include_usage(cls, value: object, info: ValidationInfo) -> object:
+        return _default_if_null(cls, value, info)
 
 
 class _SamplingFields(BaseModel):
@@ -35,19 +48,24 @@ class _SamplingFields(BaseModel):
     model: StrictStr
     temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
-    n: StrictInt = Field(default=1, ge=1, le=MAX_N)
+    n: StrictInt | None = Field(default=1, ge=1, le=MAX_N)
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: StrictInt | None = None
     presence_penalty: Number | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Number | None = Field(default=None, ge=-2.0, le=2.0)
-    stream: StrictBool = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     top_k: StrictInt | None = Field(default=None, ge=1)
     min_p: Number | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: Number | None = Field(default=None, gt=0.0, le=2.0)
-    ignore_eos: StrictBool = False
-    min_tokens: StrictInt = Field(default=0, ge=0)
+    ignore_eos: StrictBool | None = False
+    min_tokens: StrictInt | None = Field(default=0, ge=0)
+
+    @field_validator("n", "stream", "ignore_eos", "min_tokens")
+    @classmethod
+    def _null_sampling_fields(cls, value: object, info: ValidationInfo) -> object:
+        return _default_if_null(cls, value, info)
 
     @model_validator(mode="after")
     def _check_stop(self):
@@ -90,21 +108,33 @@ class TextContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | Annotated[list[TextContentPart], Field(min_length=1)]
+    content: StrictStr | Annotated[list[TextContentPart], Field(min_length=1)] | None  # required, may be null
     name: StrictStr | None = None
 
-    def text(self) -> str:
+    def text(self) -> str | None:
+        """The content as one string, text parts joined by newlines (as vLLM).
+
+        Null content is "" for an assistant message (OpenAI allows it there)
+        and None otherwise, which the server refuses naming the message.
+        """
+        if self.content is None:
+            return "" if self.role == "assistant" else None
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    logprobs: StrictBool = False
+    logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("logprobs")
+    @classmethod
+    def _null_logprobs(cls, value: object, info: ValidationInfo) -> object:
+        return _default_if_null(cls, value, info)
 
     @model_validator(mode="after")
     def _check_logprobs(self):
@@ -112,8 +142,11 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("top_logprobs: requires logprobs to be true")
         return self
 
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        """(the limit asked for, the field it came from): max_completion_tokens wins over max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
 
 
 class PromptTokensDetails(BaseModel):

@@ -1,15 +1,26 @@
 """From a validated HTTP request to engine requests, and their outputs back.
 
 `Serving.prepare_*` turn a completion or chat request into a `Plan`: the
-prompts as token ids (tokenized here, on the event loop, with the server's
-own tokenizer), one `SamplingParams`, and the bookkeeping the response needs.
-Everything a client can get wrong is checked here, before the engine sees
-it, so the answer is a 4xx naming the parameter:
+prompts as token ids, one `SamplingParams`, and the bookkeeping the response
+needs. Everything a client can get wrong is checked here, before the engine
+sees it and before any response starts, so the answer is a 4xx naming the
+parameter:
 - the model name (404), admission (503 + Retry-After while loading or
   draining, and a first look at the waiting-queue limit, so an overloaded
   server refuses before tokenizing);
-- empty prompts, token ids outside the vocabulary, prompt + max_tokens over
+- n above the engine's max_num_seqs, strings that are not valid Unicode
+  (lone surrogates, which JSON escapes can spell), empty prompts,
+  token ids the model or the tokenizer does not know (also those that text
+  with a tokenizer's added tokens tokenizes to), prompt + max_tokens over
   max_model_len (400).
+
+Tokenization (and chat-template rendering) runs on one worker thread, with
+the server's own tokenizer (the engine thread has its own), so a 1 MiB prompt
+does not stall every other stream on the event loop. One thread keeps
+encoding serial, as it was on the loop; the event loop itself only decodes
+with the same tokenizer (logprobs). A fast tokenizer fails across threads
+only when one of them mutates it (truncation, padding, added tokens), and
+neither encode without truncation or padding nor decode does.
 
 `Serving.submit(plan)` checks the waiting-queue limit (`admission.py`: 503
 to retry later, 400 when the request alone exceeds it) and adds the plan's
@@ -29,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request
 
@@ -40,6 +52,8 @@ from pagedinfer.engine.server.errors import ApiError, from_value_error
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 
 RETRY_AFTER_SECONDS = 1
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,13 @@ class Serving:
     def __init__(self, engine_loop: EngineLoop, max_waiting_requests: int | None) -> None:
         self.engine_loop = engine_loop
         self.max_waiting_requests = max_waiting_requests
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedinfer-tokenize")
+
+    def close(self) -> None:
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, work)
 
     # ---- admission and validation ----
     def _admit(self, model: str) -> Any:
@@ -105,7 +126,14 @@ class Serving:
                            param="model", code="model_not_found")
         return info
 
-    def _check_lengths(self, info: Any, prompts: list[list[int]], max_tokens: int | None, param: str) -> int:
+    @staticmethod
+    def _check_n(info: Any, n: int) -> None:
+        if n > info.max_num_seqs:
+            raise ApiError(400, f"n: {n} completions exceed this server's max_num_seqs ({info.max_num_seqs})",
+                           param="n", code="invalid_parameter")
+
+    def _check_lengths(self, info: Any, prompts: list[list[int]], max_tokens: int | None, param: str,
+                       max_tokens_param: str = "max_tokens") -> int:
         """The max_tokens to use; 400 when a prompt plus it cannot fit max_model_len."""
         longest = max(len(p) for p in prompts)
         if longest >= info.max_model_len:
@@ -115,9 +143,9 @@ class Serving:
         if max_tokens is None:
             return info.max_model_len - longest
         if longest + max_tokens > info.max_model_len:
-            raise ApiError(400, f"max_tokens: prompt ({longest} tokens) + max_tokens ({max_tokens}) = "
-                                f"{longest + max_tokens} exceeds max_model_len ({info.max_model_len})",
-                           param="max_tokens", code="context_length_exceeded")
+            raise ApiError(400, f"{max_tokens_param}: prompt ({longest} tokens) + {max_tokens_param} "
+                                f"({max_tokens}) = {longest + max_tokens} exceeds max_model_len "
+                                f"({info.max_model_len})", param=max_tokens_param, code="context_length_exceeded")
         return max_tokens
 
     def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int,
@@ -136,39 +164,59 @@ class Serving:
         except ValueError as exc:
             raise from_value_error(exc) from None
 
-    def _tokenize(self, info: Any, prompt: str | list[int], param: str, add_special_tokens: bool) -> list[int]:
+    @staticmethod
+    def _tokenize(info: Any, prompt: str | list[int], param: str, add_special_tokens: bool) -> list[int]:
+        """The prompt's token ids, each below info.num_token_ids (worker thread)."""
         if isinstance(prompt, str):
+            _check_unicode(prompt, param)
             token_ids = info.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         else:
-            vocab_size = len(info.tokenizer)
-            bad = [t for t in prompt if t >= vocab_size]
-            if bad:
-                raise ApiError(400, f"{param}: token id {bad[0]} is outside the vocabulary (size {vocab_size})",
-                               param=param, code="invalid_parameter")
             token_ids = list(prompt)
         if not token_ids:
             raise ApiError(400, f"{param}: must not be empty", param=param, code="invalid_parameter")
+        limit = info.num_token_ids
+        bad = next((t for t in token_ids if t >= limit), None)
+        if bad is not None:
+            what = "the text tokenizes to token id" if isinstance(prompt, str) else "token id"
+            raise ApiError(400, f"{param}: {what} {bad}, outside the model's vocabulary (ids 0-{limit - 1})",
+                           param=param, code="invalid_parameter")
         return token_ids
 
-    def prepare_completion(self, req: CompletionRequest) -> Plan:
+    @staticmethod
+    def _render_chat(info: Any, req: ChatCompletionRequest) -> str:
+        """The messages through the chat template (worker thread)."""
+        messages = []
+        for i, m in enumerate(req.messages):
+            text = m.text()
+            if text is None:
+                raise ApiError(400, f"messages.{i}.content: may be null only for role 'assistant'",
+                               param=f"messages.{i}.content", code="invalid_parameter")
+            _check_unicode(text, f"messages.{i}.content")
+            messages.append({"role": m.role, "content": text})
+        try:
+            return info.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # noqa: BLE001 - template errors are about the messages
+            raise ApiError(400, f"messages: the chat template rejected them: {exc}", param="messages",
+                           code="invalid_parameter") from None
+
+    async def prepare_completion(self, req: CompletionRequest) -> Plan:
         info = self._admit(req.model)
+        self._check_n(info, req.n)
         self._check_waiting_limit(len(req.prompts()), req.n)  # shed load before tokenizing; submit decides
-        prompts = [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()]
+        prompts = await self._off_loop(
+            lambda: [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()])
         max_tokens = self._check_lengths(info, prompts, req.max_tokens, "prompt")
         params = self._sampling_params(req, max_tokens, req.logprobs)
         return self._plan("cmpl", info, prompts, params, req.logprobs, req)
 
-    def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
+    async def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
         info = self._admit(req.model)
+        self._check_n(info, req.n)
         self._check_waiting_limit(1, req.n)  # shed load before rendering and tokenizing; submit decides
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            text = info.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:  # noqa: BLE001 - template errors are about the messages
-            raise ApiError(400, f"messages: the chat template rejected them: {exc}", param="messages",
-                           code="invalid_parameter") from None
-        prompts = [self._tokenize(info, text, "messages", add_special_tokens=False)]
-        max_tokens = self._check_lengths(info, prompts, req.requested_max_tokens(), "messages")
+        prompts = await self._off_loop(
+            lambda: [self._tokenize(info, self._render_chat(info, req), "messages", add_special_tokens=False)])
+        requested, max_tokens_param = req.requested_max_tokens()
+        max_tokens = self._check_lengths(info, prompts, requested, "messages", max_tokens_param)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self._sampling_params(req, max_tokens, num_logprobs)
         return self._plan("chatcmpl", info, prompts, params, num_logprobs, req)
@@ -235,6 +283,15 @@ class Serving:
             disconnect.cancel()
             await stream.aclose()
             submission.abort_unfinished()  # also when the stream never started
+
+
+def _check_unicode(text: str, param: str) -> None:
+    """400 unless text encodes to UTF-8 (JSON escapes can carry lone surrogates that no tokenizer takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{param}: not valid Unicode: lone surrogate \\u{ord(text[exc.start]):04x} at "
+                            f"character {exc.start}", param=param, code="invalid_parameter") from None
 
 
 async def watch_disconnect(request: Request) -> None:

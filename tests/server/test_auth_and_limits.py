@@ -98,8 +98,8 @@ def _wait_for(running, name: str, value: float, timeout_seconds: float = 30.0) -
 
 
 def test_waiting_limit_counts_every_prompt_times_n(tiny_llama):
-    """Limit 3, one sequence at a time: a long stream runs, a 2-prompt stream waits (2 of 3 used)."""
-    running = start_server(tiny_llama, max_waiting_requests=3, max_num_seqs=1, max_model_len=1024)
+    """Limit 3, two sequences at a time: a long n=2 stream runs, a 2-prompt stream waits (2 of 3 used)."""
+    running = start_server(tiny_llama, max_waiting_requests=3, max_num_seqs=2, max_model_len=1024)
     hang_up = threading.Event()
     statuses: list[int] = []
 
@@ -112,11 +112,11 @@ def test_waiting_limit_counts_every_prompt_times_n(tiny_llama):
         return httpx.post(running.url + "/v1/completions", json=completion(**fields), timeout=30)
 
     long = dict(max_tokens=1000, ignore_eos=True, stream=True)
-    holders = [threading.Thread(target=hold_stream, args=(completion(**long),)),
+    holders = [threading.Thread(target=hold_stream, args=(completion(n=2, **long),)),
                threading.Thread(target=hold_stream, args=(completion(prompt=["a", "b"], **long),))]
     try:
         holders[0].start()
-        _wait_for(running, "pagedinfer_num_requests_running", 1)
+        _wait_for(running, "pagedinfer_num_requests_running", 2)
         holders[1].start()
         _wait_for(running, "pagedinfer_num_requests_waiting", 2)
 
@@ -124,11 +124,12 @@ def test_waiting_limit_counts_every_prompt_times_n(tiny_llama):
         assert two_more.status_code == 503, two_more.text  # 2 waiting + 2 > 3, though 2 < 3
         assert two_more.headers["retry-after"] == "1"
         assert two_more.json()["error"]["code"] == "server_overloaded"
+        assert two_more.json()["error"]["type"] == "server_overloaded"
 
         too_many_prompts = post(prompt=["c", "d", "e", "f"])
         assert too_many_prompts.status_code == 400  # alone over the limit: retrying cannot help
         assert too_many_prompts.json()["error"]["param"] == "prompt"
-        too_large_n = post(n=4)
+        too_large_n = post(prompt=["c", "d"], n=2)  # 2 prompts fit, 2 x 2 do not
         assert too_large_n.status_code == 400
         assert too_large_n.json()["error"]["param"] == "n"
         assert "limit of 3" in too_large_n.json()["error"]["message"]
@@ -209,6 +210,7 @@ def test_health_is_503_until_the_engine_is_loaded(tiny_llama):
         assert r.status_code == 503
         busy = httpx.post(running.url + "/v1/completions", json=completion())
         assert busy.status_code == 503 and busy.json()["error"]["code"] == "model_loading"
+        assert busy.json()["error"]["type"] == "service_unavailable_error"
         assert busy.headers["retry-after"] == "1"
         series = running.metrics()  # no request has finished: every request series is there already, at 0
         for reason in ("stop", "length", "abort"):

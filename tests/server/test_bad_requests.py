@@ -26,7 +26,21 @@ def ok_chat(**fields):
 # (id, path, json body or raw bytes, expected status, expected param or None, text the message must contain)
 CASES = [
     ("malformed-json", COMPLETIONS, b'{"model": "tiny", "prompt": ', 400, None, "malformed JSON"),
-    ("invalid-utf8", COMPLETIONS, b'{"model": "tiny", "prompt": "\xff\xfe"}', 400, None, ""),
+    ("invalid-utf8", COMPLETIONS, b'{"model": "tiny", "prompt": "\xff\xfe"}', 400, None, "not valid UTF-8"),
+    ("deeply-nested-json", COMPLETIONS, b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     400, None, "nested too deeply"),
+    ("integer-with-5000-digits", COMPLETIONS, b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}",
+     400, None, "more than 4300 digits"),
+    ("lone-surrogate-prompt", COMPLETIONS, b'{"model": "tiny", "prompt": "\\ud800"}', 400, "prompt", "surrogate"),
+    ("lone-surrogate-in-prompt-list", COMPLETIONS, b'{"model": "tiny", "prompt": ["ok", "a\\udfffb"]}', 400,
+     "prompt", "surrogate"),
+    ("lone-surrogate-chat", CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', 400,
+     "messages.0.content", "surrogate"),
+    ("lone-surrogate-chat-part", CHAT, b'{"model": "tiny", "messages": [{"role": "system", "content": "hi"}, '
+     b'{"role": "user", "content": [{"type": "text", "text": "x\\ud800"}]}]}', 400, "messages.1.content", "surrogate"),
+    ("lone-surrogate-model", COMPLETIONS, b'{"model": "\\ud800", "prompt": "hi"}', 404, "model", "does not exist"),
+    ("lone-surrogate-field-name", COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "\\udc00": 1}', 400, None,
+     "unicode string"),
     ("json-array-body", COMPLETIONS, b"[1, 2, 3]", 400, None, ""),
     ("empty-body", COMPLETIONS, b"", 400, None, ""),
     ("nan-temperature", COMPLETIONS, b'{"model": "tiny", "prompt": "a", "temperature": NaN}', 400,
@@ -67,8 +81,11 @@ CASES = [
      "messages.0.role", ""),
     ("message-missing-content", CHAT, ok_chat(messages=[{"role": "user"}]), 400, "messages.0.content", ""),
     ("top-logprobs-without-logprobs", CHAT, ok_chat(top_logprobs=2), 400, None, "top_logprobs"),
-    ("chat-huge-max-completion-tokens", CHAT, ok_chat(max_completion_tokens=10**6), 400, "max_tokens",
+    ("chat-huge-max-completion-tokens", CHAT, ok_chat(max_completion_tokens=10**6), 400, "max_completion_tokens",
      "max_model_len"),
+    ("chat-huge-max-tokens", CHAT, ok_chat(max_tokens=10**6), 400, "max_tokens", "max_model_len"),
+    ("user-content-null", CHAT, ok_chat(messages=[{"role": "user", "content": None}]), 400, "messages.0.content",
+     "null"),
     ("chat-unknown-field", CHAT, ok_chat(functions=[]), 400, "functions", "unknown field"),
 ]
 
@@ -99,10 +116,52 @@ def test_wrong_method_and_unknown_path_use_the_error_shape(server):
     assert r.json()["error"]["message"]
 
 
-def test_non_json_content_type_is_a_400(server):
-    r = httpx.post(server.url + COMPLETIONS, content=b"model=tiny", headers={"Content-Type": "text/plain"})
-    assert r.status_code == 400
-    assert r.json()["error"]["message"]
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_declared_json_is_a_415_naming_content_type(server, content_type):
+    body = json.dumps(ok_completion()).encode()
+    headers = {"Content-Type": content_type} if content_type else {}
+    r = httpx.post(server.url + COMPLETIONS, content=body, headers=headers)
+    assert r.status_code == 415, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "unsupported_media_type"
+    assert "Content-Type: must be application/json" in error["message"]
+    assert (content_type or "none was sent") in error["message"]
+
+
+def test_json_media_types_with_parameters_or_a_json_suffix_are_accepted(server):
+    body = json.dumps(ok_completion()).encode()
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        r = httpx.post(server.url + COMPLETIONS, content=body, headers={"Content-Type": content_type})
+        assert r.status_code == 200, (content_type, r.text)
+
+
+# Fields OpenAI declares nullable: null means the default, as vLLM treats it.
+NULLABLE = [
+    (COMPLETIONS, ok_completion(n=None, stream=None, ignore_eos=None, min_tokens=None, temperature=None,
+                                top_p=None, seed=None, stop=None, logprobs=None, user=None, stream_options=None,
+                                presence_penalty=None, frequency_penalty=None, top_k=None, min_p=None,
+                                repetition_penalty=None)),
+    (CHAT, ok_chat(n=None, stream=None, logprobs=None, top_logprobs=None, ignore_eos=None, min_tokens=None,
+                   max_completion_tokens=None)),
+    (CHAT, ok_chat(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                             {"role": "user", "content": "again", "name": None}])),
+]
+
+
+@pytest.mark.parametrize("path, body", NULLABLE, ids=["completions", "chat", "assistant-content"])
+def test_null_optional_fields_mean_their_defaults(server, path, body):
+    r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1
+
+
+def test_null_stream_flags_mean_their_defaults(server):
+    body = ok_completion(stream=True, stream_options={"include_usage": None})
+    with httpx.stream("POST", server.url + COMPLETIONS, json=body, timeout=30) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert all('"usage":{' not in e for e in events)  # include_usage null is false
 
 
 def test_server_stays_healthy_and_frees_every_block_after_the_battery(server):

@@ -144,3 +144,31 @@ def test_unknown_model_is_a_404_through_the_client(openai_client):
     with pytest.raises(openai.NotFoundError) as err:
         openai_client.completions.create(model="nope", prompt="hi", max_tokens=1)
     assert err.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300])
+def test_a_tiny_temperature_is_greedy(openai_client, server, temperature):
+    greedy = openai_client.completions.create(model=server.model, prompt="Hello, world!", max_tokens=8,
+                                              temperature=0, extra_body={"ignore_eos": True})
+    tiny = openai_client.completions.create(model=server.model, prompt="Hello, world!", max_tokens=8, n=2,
+                                            temperature=temperature, extra_body={"ignore_eos": True})
+    assert [c.text for c in tiny.choices] == [greedy.choices[0].text] * 2
+
+
+def test_chat_text_parts_are_joined_with_newlines(openai_client, server):
+    def ask(content):
+        return openai_client.chat.completions.create(model=server.model, max_tokens=4, temperature=0,
+                                                     messages=[{"role": "user", "content": content}])
+
+    parts = ask([{"type": "text", "text": "First line."}, {"type": "text", "text": "Second line."}])
+    joined = ask("First line.\nSecond line.")
+    assert parts.usage.prompt_tokens == joined.usage.prompt_tokens
+    assert parts.choices[0].message.content == joined.choices[0].message.content
+
+
+def test_models_report_when_the_server_started(openai_client, server):
+    import time
+
+    created = openai_client.models.list().data[0].created
+    assert time.time() - 3600 < created <= time.time()
+    assert openai_client.models.list().data[0].created == created
