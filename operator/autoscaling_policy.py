@@ -5,8 +5,9 @@ It follows the Kubernetes HorizontalPodAutoscaler controller
 and KEP-853 "configurable scale velocity" for `behavior`), one step at a time:
 
 1. Per metric, the usage ratio: value / target, or target / value for
-   `prefixCacheHitRate` (a hit rate BELOW target means the replicas together
-   hold too little cache). A ratio above 1 asks for more replicas.
+   `prefixCacheHitRate` (a hit rate BELOW target asks for more replicas; see
+   "The hit rate" below for when it may). A ratio above 1 asks for more
+   replicas.
 2. Per metric, the recommendation `ceil(ratio x pods_with_data)`; the current
    replica count instead when |ratio - 1| <= tolerance.
 3. Missing data and unready pods, conservatively as HPA does: if the ratio
@@ -15,7 +16,9 @@ and KEP-853 "configurable scale velocity" for `behavior`), one step at a time:
    pods (replicas asked for but not ready yet). The ratio is recomputed over
    the larger set; if that lands within tolerance or reverses the direction,
    the metric recommends the current count.
-4. The largest recommendation wins. A metric with no data at all because
+4. The hit rate votes only while `kvCacheUsage` asks for more replicas;
+   otherwise it abstains (NO_KV_PRESSURE). Then the largest recommendation
+   wins. A metric with no data at all because
    every scrape failed makes the whole decision hold unless some other
    metric asks for MORE replicas (HPA scales up on partial metrics, never
    down). A hit rate with zero query tokens in the interval (no traffic)
@@ -30,7 +33,34 @@ and KEP-853 "configurable scale velocity" for `behavior`), one step at a time:
    start of the period; `selectPolicy: Max` takes the most permissive
    policy, `Min` the strictest, `Disabled` forbids that direction.
 7. Clamp to [minReplicas, maxReplicas]. A current count outside the bounds
-   is brought inside at once (no rate limit), as HPA does.
+   is brought inside at once (no rate limit), as HPA does. The reason names
+   whatever bound the result: minReplicas/maxReplicas, a stabilization
+   window, or a rate limit (the most a step may add or remove).
+
+The hit rate. HPA's formula assumes a metric per pod falls as pods are
+added (KV usage and waiting requests do: the same load over more pods). The
+hit rate does not. Behind a plain ClusterIP Service, requests are spread
+without regard to prefixes, so each replica sees every prefix at 1/N of the
+rate and holds its own copy: more replicas LOWER each replica's hit rate.
+Fed to the formula as it stands, a low hit rate asks for more replicas,
+which lowers it further, up to maxReplicas and there to stay (KV usage 5 %
+and hit rate 5 % against a target of 0.5 went 2 -> 6 -> 12 -> 16 = max).
+What more replicas do fix is a pool too full to keep prefixes: the engine
+evicts cached blocks (least recently used) to make room for running
+sequences, and spreading the same load over more pools leaves each room to
+keep them. So the hit rate asks for replicas only when both hold: it is
+below target AND kvCacheUsage is above its own target by more than the
+tolerance (the pool is under pressure: that metric itself votes to scale
+up). It then asks for ceil(pods x target / hit rate), possibly more than
+KV usage alone would, because lost prefixes are recomputed and re-occupy
+the pool. The loop cannot run away: every round re-checks the pressure, and
+the added replicas lower KV usage until kvCacheUsage stops asking, and the
+hit rate falls silent with it. Without that pressure it abstains: it never
+scales up on its own, and it never holds a scale-down that KV usage and the
+other metrics allow (a high hit rate with a pool to spare lets the fleet
+shrink; a low one there is not a shortage of cache that replicas would
+fix). This is why `prefixCacheHitRate` must be listed with `kvCacheUsage`
+(autoscaling_spec).
 
 Invariants: the result is always within [min_replicas, max_replicas] (unless
 the current count is 0: scaled to zero by the user, HPA leaves it alone);
@@ -42,9 +72,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pagedinfer.operator.autoscaling_spec import (
+    KV_CACHE_USAGE,
     PREFIX_CACHE_HIT_RATE,
     AutoscalingSpec,
     MetricTarget,
@@ -132,12 +163,15 @@ WITHIN_TOLERANCE = "within-tolerance"
 NO_TRAFFIC = "no-traffic"
 UNAVAILABLE = "unavailable"
 REVERSED = "reversed-by-missing-pods"
+NO_KV_PRESSURE = "no-kv-pressure"  # the hit rate abstains: kvCacheUsage does not ask for more replicas
 
 
 @dataclass(frozen=True)
 class MetricRecommendation:
-    """One metric's vote. `replicas` is None when it abstains (NO_TRAFFIC) or
-    has no data (UNAVAILABLE); `usage_ratio` > 1 means too few replicas."""
+    """One metric's vote. `replicas` is None when it abstains (NO_TRAFFIC,
+    NO_KV_PRESSURE) or has no data (UNAVAILABLE); `usage_ratio` > 1 means too
+    few replicas. `replicas` is ceil(ratio x pods) unbounded by
+    min/maxReplicas (an infinite ratio, a hit rate of 0, gives maxReplicas)."""
 
     name: str
     value: float | None
@@ -169,7 +203,7 @@ def decide(spec: AutoscalingSpec, observation: Observation, state: AutoscalerSta
     `decision.state` once the new replica count has been applied."""
     current = observation.current_replicas
     state = _prune(state, now_seconds - spec.history_seconds)
-    votes = tuple(_recommend(m, observation, spec) for m in spec.metrics)
+    votes = _gate_hit_rate(tuple(_recommend(m, observation, spec) for m in spec.metrics), current)
 
     if current == 0:
         return ScalingDecision(0, 0, None, votes, "replicas is 0 (scaled to zero by the user): autoscaling holds", state)
@@ -180,8 +214,9 @@ def decide(spec: AutoscalingSpec, observation: Observation, state: AutoscalerSta
         return ScalingDecision(current, desired, None, votes, reason, _record_event(state, now_seconds, desired - current))
 
     recommended, winner, hold_reason = _combine(votes, current)
-    if recommended is None:
+    if recommended is None or winner is None:
         return ScalingDecision(current, current, None, votes, hold_reason, state)
+    bound_note = _bound_note(spec, winner, recommended)
     recommended = min(max(recommended, spec.min_replicas), spec.max_replicas)
 
     if not state.seeded and spec.scale_down.stabilization_window_seconds > 0:
@@ -192,7 +227,7 @@ def decide(spec: AutoscalingSpec, observation: Observation, state: AutoscalerSta
     desired = min(max(limited, spec.min_replicas), spec.max_replicas)
     if desired != current:
         state = _record_event(state, now_seconds, desired - current)
-    reason = _explain(winner, current, recommended, stabilized, desired, limit_note, spec)
+    reason = _explain(winner, current, recommended, stabilized, desired, limit_note, bound_note, spec)
     return ScalingDecision(current, desired, recommended, votes, reason, state)
 
 
@@ -245,10 +280,24 @@ def _within(ratio: float, tolerance: float) -> bool:
 
 
 def _ceil_pods(ratio: float, num_pods: int, max_replicas: int) -> int:
-    """ceil(ratio x num_pods), capped at max_replicas (clamping later gives the same result)."""
-    if not math.isfinite(ratio):
-        return max_replicas
-    return min(max_replicas, math.ceil(round(ratio * num_pods, _RATIO_DECIMALS)))
+    """ceil(ratio x num_pods); max_replicas when that is infinite (a hit rate of 0,
+    or one so small the product overflows). Unbounded otherwise: decide()
+    clamps, and says so when the clamp bound the result."""
+    pods = round(ratio * num_pods, _RATIO_DECIMALS)
+    return math.ceil(pods) if math.isfinite(pods) else max_replicas
+
+
+def _gate_hit_rate(votes: tuple[MetricRecommendation, ...], current: int) -> tuple[MetricRecommendation, ...]:
+    """The hit rate keeps its vote only while kvCacheUsage asks for more than
+    `current` replicas (the module docstring says why); else it abstains."""
+    kv = next((v for v in votes if v.name == KV_CACHE_USAGE), None)
+    under_pressure = kv is not None and kv.replicas is not None and kv.replicas > current
+    return tuple(
+        replace(v, replicas=None, status=NO_KV_PRESSURE)
+        if v.name == PREFIX_CACHE_HIT_RATE and v.replicas is not None and not under_pressure
+        else v
+        for v in votes
+    )
 
 
 def _combine(
@@ -261,10 +310,18 @@ def _combine(
         if unavailable:
             return None, None, f"holding: no data for {', '.join(unavailable)}"
         return None, None, "holding: no traffic in the interval"
-    winner = max(voting, key=lambda v: v.replicas)
+    winner = max(voting, key=_asked)
     if unavailable and winner.replicas <= current:
         return None, winner, f"holding: no data for {', '.join(unavailable)} (never scale down on partial metrics)"
     return winner.replicas, winner, ""
+
+
+def _asked(vote: MetricRecommendation) -> float:
+    """How many replicas a vote asks for; an infinite ratio (a hit rate of 0) asks
+    for more than any finite count, though its `replicas` reads maxReplicas."""
+    if vote.usage_ratio is not None and not math.isfinite(vote.usage_ratio):
+        return math.inf
+    return float(vote.replicas or 0)
 
 
 def _stabilize(spec: AutoscalingSpec, state: AutoscalerState, recommended: int, current: int, now: float) -> int:
@@ -326,41 +383,62 @@ def _prune(state: AutoscalerState, cutoff: float) -> AutoscalerState:
     )
 
 
+def _bound_note(spec: AutoscalingSpec, winner: MetricRecommendation, recommended: int) -> str:
+    """What minReplicas/maxReplicas did to the winning recommendation, in words ("" if nothing)."""
+    if recommended < spec.min_replicas:
+        return f"raised to minReplicas {spec.min_replicas}"
+    asks_all = winner.usage_ratio is not None and not math.isfinite(winner.usage_ratio)
+    if recommended > spec.max_replicas or asks_all:
+        return f"capped at maxReplicas {spec.max_replicas}"
+    return ""
+
+
 def _explain(
-    winner: MetricRecommendation | None,
+    winner: MetricRecommendation,
     current: int,
     recommended: int,
     stabilized: int,
     desired: int,
     limit_note: str,
+    bound_note: str,
     spec: AutoscalingSpec,
 ) -> str:
-    """The reason in words: which metric, its value against the target, and what held it back."""
-    if winner is None:
-        return "holding"
+    """The reason in words: which metric, its value against the target, and what
+    held it back: a bound, a stabilization window or a rate limit. Never
+    "N replicas is right" when a bound or a limit decided N."""
     side = "below" if winner.value is not None and winner.value < winner.target else "above"
     if winner.status == WITHIN_TOLERANCE:
         side = "within tolerance of"
     what = f"{winner.name} {_fmt(winner.value)} {side} target {_fmt(winner.target)}"
     if winner.status == REVERSED:
         what += " (unready or unscraped pods counted conservatively)"
+    asked = winner.replicas
+    if asked is not None and winner.usage_ratio is not None and not math.isfinite(winner.usage_ratio):
+        asked_words = "as many replicas as allowed"
+    else:
+        asked_words = f"{asked} replicas"
     if desired == current:
         if recommended == current:
-            if winner.replicas is not None and winner.replicas != current:
-                bound = "maxReplicas" if winner.replicas > current else "minReplicas"
-                return f"{what}: holding {current} replicas ({bound})"
+            if bound_note:
+                return f"{what} recommends {asked_words}; {bound_note}: holding {current}"
             return f"{what}: {current} replicas is right"
+        rec = f"{what} recommends {recommended} replicas" + (f" ({bound_note})" if bound_note else "")
         if stabilized == current:
             window = spec.scale_down if recommended < current else spec.scale_up
             direction = "scaleDown" if recommended < current else "scaleUp"
             return (
-                f"{what} recommends {recommended} replicas; holding {current} within the "
+                f"{rec}; holding {current} within the "
                 f"{direction} stabilization window ({window.stabilization_window_seconds:g} s)"
             )
-        return f"{what} recommends {recommended} replicas; {limit_note}: holding {current}"
-    note = f" (recommended {recommended}; {limit_note})" if limit_note else ""
-    if not limit_note and stabilized != recommended:
-        note = f" (recommended {recommended}; stabilization window keeps {stabilized})"
+        return f"{rec}; {limit_note}: holding {current}"
+    notes = [f"recommended {asked_words}" if bound_note else f"recommended {recommended}"]
+    if bound_note:
+        notes.append(bound_note)
+    if limit_note:
+        notes.append(limit_note)
+    elif stabilized != recommended:
+        notes.append(f"stabilization window keeps {stabilized}")
+    note = f" ({'; '.join(notes)})" if len(notes) > 1 else ""
     return f"{what}: {current} -> {desired} replicas{note}"
 
 

@@ -13,8 +13,11 @@ Metric names and their direction:
 - `kvCacheUsage`: fraction of the KV block pool in use, averaged over ready
   pods; ABOVE target scales up. Target in (0, 1].
 - `prefixCacheHitRate`: prefix-cache hit tokens / query tokens over the last
-  interval; BELOW target scales up (the replicas together hold too little
-  cache, so prefixes thrash). Target in (0, 1].
+  interval; BELOW target scales up, but only while `kvCacheUsage` asks for
+  more replicas too (a full pool evicts cached prefixes; behind a plain
+  Service more replicas alone spread each prefix over more caches and LOWER
+  the hit rate: autoscaling_policy explains). So it needs `kvCacheUsage`
+  listed as well. Target in (0, 1].
 - `requestsWaiting`: average waiting requests per ready pod; above target
   scales up. Target > 0.
 
@@ -162,6 +165,11 @@ class AutoscalingSpec:
         names = [m.name for m in self.metrics]
         if len(set(names)) != len(names):
             raise ValueError(f"spec.autoscaling.metrics lists a metric twice: {names}")
+        if PREFIX_CACHE_HIT_RATE in names and KV_CACHE_USAGE not in names:
+            raise ValueError(
+                f"spec.autoscaling.metrics: {PREFIX_CACHE_HIT_RATE} needs {KV_CACHE_USAGE} listed too"
+                " (a low hit rate scales up only while KV usage is above its target)"
+            )
         if not _is_finite_number(self.interval_seconds) or self.interval_seconds <= 0:
             raise ValueError(f"spec.autoscaling.intervalSeconds must be positive, got {self.interval_seconds!r}")
         if not _is_finite_number(self.tolerance) or not 0 <= self.tolerance < 1:

@@ -6,12 +6,14 @@ container command line (`pagedinfer serve` with the operator's flags: no
 256-token max_model_len from the spec) on 127.0.0.2, 127.0.0.3, ... port
 8000; a load generator plays the clients. KV usage climbing scales up within
 two autoscaler intervals, idling scales down after the window, and a prefix
-working set larger than one pod's cache (hit rate below target) scales up."""
+working set larger than one pod's cache (hit rate below target) scales up
+while the pool is past its KV target."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 
 import aiohttp
@@ -20,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autoscaler_rounds import AutoscalerRounds
 from kubelet_harness import KubeletHarness, LoadGenerator
-from operator_harness import DEPLOYMENTS, ISVC, eventually, running_operator
+from operator_harness import DEPLOYMENTS, EVENTS, ISVC, eventually, running_operator
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -132,16 +134,36 @@ async def test_kv_usage_scales_up_within_two_intervals_and_back_down_when_idle(e
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=60)
 
 
-async def test_a_hit_rate_below_target_scales_up(emulator, tmp_path):
+async def test_a_low_hit_rate_scales_up_only_while_the_pool_is_under_pressure(emulator, tmp_path):
     """24 prefixes of ~4 blocks each (about 100 blocks) cycle through a 32-block
-    pool: least-recently-used eviction keeps none of them long enough to hit."""
-    await emulator.create(ISVC, inference_service([{"name": "prefixCacheHitRate", "target": 0.5}]))
+    pool: least-recently-used eviction keeps none of them long enough to hit.
+    First with a KV target of 1.0, which usage can never exceed: the hit rate,
+    far below its target, abstains round after round and nothing scales (the
+    runaway this rule prevents). Then the KV target drops to 0.1 (one running
+    request fills more): under pressure the hit rate of ~0 asks for as many
+    replicas as allowed, more than KV usage alone, and the reason names it."""
+    metrics = lambda kv_target: [{"name": "prefixCacheHitRate", "target": 0.5},  # noqa: E731
+                                 {"name": "kvCacheUsage", "target": kv_target}]
+    await emulator.create(ISVC, inference_service(metrics(1.0)))
+    rounds = AutoscalerRounds(emulator, NS, "tiny").install()
     prefixes = [" ".join(f"doc{p}-word{w}" for w in range(12)) for p in range(24)]
     cycling = lambda i: f"{prefixes[i % len(prefixes)]} question {i}"  # noqa: E731
+
+    def hit_rate_scale_ups():
+        return [e["message"] for e in emulator.read_all(EVENTS) if e.get("reason") == "ScaledUp"
+                and e.get("message", "").startswith("prefixCacheHitRate")]
+
     async with cluster_with_engines(emulator, tmp_path, cycling, concurrency=2, max_tokens=4) as (harness, load):
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=120)
         load.active.set()
-        await eventually(lambda: replicas(emulator) >= 2, timeout_seconds=60)
-        reason = await eventually(lambda: scale_reason(emulator))
-        assert reason.startswith("prefixCacheHitRate") and "below target 0.5" in reason, reason
+        low = lambda r: (r.metrics.get("prefixCacheHitRate") if r.metrics.get("prefixCacheHitRate") is not None  # noqa: E731
+                         else 1.0) < 0.5
+        await eventually(lambda: sum(map(low, rounds.rounds)) >= 5, timeout_seconds=60)
+        trace = [(r.metrics, r.desired_replicas) for r in rounds.rounds]
+        assert all(r.desired_replicas == 1 for r in rounds.rounds) and replicas(emulator) == 1, trace
+
+        await emulator.merge(ISVC, NS, "tiny", {"spec": {"autoscaling": {"metrics": metrics(0.1)}}})
+        (reason, *_) = await eventually(hit_rate_scale_ups, timeout_seconds=60)
+        assert re.match(r"prefixCacheHitRate [0-9.e-]+ below target 0\.5: 1 -> 2 replicas", reason), reason
+        assert "capped at maxReplicas 3" in reason, reason
         load.active.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagedinfer.operator.autoscaling_policy import (
+    NO_KV_PRESSURE,
     NO_TRAFFIC,
     REVERSED,
     UNAVAILABLE,
@@ -59,21 +60,105 @@ def test_kv_usage_follows_the_hpa_formula(current, value, expected):
     assert decision.desired_replicas == expected
 
 
-def test_hit_rate_below_target_scales_up_and_above_scales_down():
-    spec = make_spec([{"name": "prefixCacheHitRate", "target": 0.6}])
-    assert once(spec, observe(2, prefixCacheHitRate=(0.3, 2))).desired_replicas == 4  # ceil(2 * 0.6 / 0.3)
-    assert once(spec, observe(4, prefixCacheHitRate=(0.9, 4))).desired_replicas == 3  # ceil(4 * 0.6 / 0.9)
-    assert once(spec, observe(2, prefixCacheHitRate=(0.0, 2))).desired_replicas == 10  # thrashing: all the way
+KV_AND_HIT_RATE = [{"name": "kvCacheUsage", "target": 0.5}, {"name": "prefixCacheHitRate", "target": 0.6}]
+
+
+def test_a_low_hit_rate_scales_up_only_while_kv_usage_is_above_its_target():
+    spec = make_spec(KV_AND_HIT_RATE)
+    # KV 0.6 / 0.5 asks for ceil(2 * 1.2) = 3; the hit rate, pool under pressure, for ceil(2 * 0.6 / 0.2) = 6
+    pressed = once(spec, observe(2, kvCacheUsage=(0.6, 2), prefixCacheHitRate=(0.2, 2)))
+    assert pressed.desired_replicas == 6
+    assert pressed.reason.startswith("prefixCacheHitRate 0.2 below target 0.6: 2 -> 6 replicas")
+    assert once(spec, observe(2, kvCacheUsage=(0.6, 2), prefixCacheHitRate=(0.0, 2))).desired_replicas == 10
+    # The same hit rate with room in the pool (KV within tolerance of its target): no vote, no change.
+    roomy = once(spec, observe(2, kvCacheUsage=(0.52, 2), prefixCacheHitRate=(0.2, 2)))
+    assert roomy.metrics[1].status == NO_KV_PRESSURE and roomy.metrics[1].replicas is None
+    assert roomy.desired_replicas == 2 and roomy.reason.startswith("kvCacheUsage")
+
+
+def test_the_hit_rate_never_holds_a_scale_down_that_kv_usage_allows():
+    spec = make_spec(KV_AND_HIT_RATE)
+    assert once(spec, observe(4, kvCacheUsage=(0.1, 4), prefixCacheHitRate=(0.9, 4))).desired_replicas == 1
+    low = once(spec, observe(4, kvCacheUsage=(0.1, 4), prefixCacheHitRate=(0.05, 4)))
+    assert low.desired_replicas == 1 and low.metrics[1].status == NO_KV_PRESSURE
+
+
+def test_a_hit_rate_that_falls_with_replicas_does_not_run_away():
+    """Behind a ClusterIP Service each replica sees every prefix at 1/N of the
+    rate: per-pod KV usage and hit rate both fall as replicas are added. The
+    reviewer's trace (KV usage 5 %, hit rate 5 %, target 0.5) went
+    2 -> 6 -> 12 -> 16 = maxReplicas under the old rule; now KV usage, far
+    below its target, lets the fleet shrink and the hit rate stays silent."""
+    spec = make_spec([{"name": "kvCacheUsage", "target": 0.7}, {"name": "prefixCacheHitRate", "target": 0.5}],
+                     max_replicas=16, scale_down={"stabilizationWindowSeconds": 30, "policies": FAST["policies"]})
+    replicas, state, trace = 2, AutoscalerState(), []
+    for step in range(12):
+        per_pod = 0.1 / replicas  # 5 % at 2 replicas, for both metrics
+        decision = decide(spec, observe(replicas, kvCacheUsage=(per_pod, replicas),
+                                        prefixCacheHitRate=(per_pod, replicas)), state, step * 15.0)
+        assert decision.metrics[1].status == NO_KV_PRESSURE
+        replicas, state = decision.desired_replicas, decision.state
+        trace.append(replicas)
+    assert max(trace) == 2 and trace[-1] == 1, trace
+
+
+def test_under_kv_pressure_the_hit_rate_scales_up_until_the_pressure_is_gone_then_abstains():
+    """A fixed load that fills 1.6 pools (KV usage 1.6 / N per pod) and loses
+    prefixes while the pool is past its target: the hit rate votes only in
+    the rounds where KV usage is above target (by more than the tolerance),
+    and the fleet then stays where KV usage keeps it."""
+    spec = make_spec(KV_AND_HIT_RATE, max_replicas=16,
+                     scale_up={"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2,
+                                                                              "periodSeconds": 15}]},
+                     scale_down={"stabilizationWindowSeconds": 60, "policies": FAST["policies"]})
+    replicas, state, trace = 1, AutoscalerState(), []
+    for step in range(20):
+        kv = min(1.0, 1.6 / replicas)
+        hit = 0.1 if kv > 0.55 else 0.3  # evicting while the pool is past its target; low anyway (spread)
+        decision = decide(spec, observe(replicas, kvCacheUsage=(kv, replicas), prefixCacheHitRate=(hit, replicas)),
+                          state, step * 15.0)
+        voted = decision.metrics[1].replicas is not None
+        assert voted == (kv > 0.5 * 1.1), (step, kv, decision.metrics[1])
+        replicas, state = decision.desired_replicas, decision.state
+        trace.append(replicas)
+    # Round 0: KV alone asks for 2, the hit rate for 6, the scaleUp policy allows 3. At 3 KV usage
+    # is 0.53, within the tolerance of 0.5: no pressure, the hit rate abstains, nothing moves.
+    assert trace == [3] * 20, trace
+
+
+def test_the_reason_names_max_replicas_when_it_bound_the_result():
+    spec = make_spec(max_replicas=16)
+    held = once(spec, observe(16, kvCacheUsage=(1.0, 16)))
+    assert held.desired_replicas == 16
+    assert "is right" not in held.reason
+    assert held.reason == "kvCacheUsage 1 above target 0.5 recommends 32 replicas; capped at maxReplicas 16: holding 16"
+    moved = once(spec, observe(12, kvCacheUsage=(1.0, 12)))
+    assert moved.reason == ("kvCacheUsage 1 above target 0.5: 12 -> 16 replicas "
+                            "(recommended 24 replicas; capped at maxReplicas 16)")
+    # A hit rate of 0 asks for as many as allowed: more than KV usage's 24, which its reason reads as 10.
+    thrashing = once(make_spec(KV_AND_HIT_RATE), observe(4, kvCacheUsage=(0.6, 4), prefixCacheHitRate=(0.0, 4)))
+    assert thrashing.reason == ("prefixCacheHitRate 0 below target 0.6: 4 -> 10 replicas "
+                                "(recommended as many replicas as allowed; capped at maxReplicas 10)")
+    beyond = once(make_spec(KV_AND_HIT_RATE), observe(4, kvCacheUsage=(3.0, 4), prefixCacheHitRate=(0.0, 4)))
+    assert beyond.reason.startswith("prefixCacheHitRate 0 below target 0.6: 4 -> 10 replicas")
+
+
+def test_the_reason_names_min_replicas_and_the_rate_limit_when_they_bound_the_result():
+    floor = once(make_spec(min_replicas=2), observe(2, kvCacheUsage=(0.0, 2)))
+    assert floor.reason == "kvCacheUsage 0 below target 0.5 recommends 0 replicas; raised to minReplicas 2: holding 2"
+    one_step = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}
+    spec = make_spec(scale_up=one_step)
+    first = once(spec, observe(2, kvCacheUsage=(1.0, 2)), now=0.0)
+    assert first.reason == "kvCacheUsage 1 above target 0.5: 2 -> 3 replicas (recommended 4; limited to 3 by scaleUp policies)"
+    second = once(spec, observe(3, kvCacheUsage=(1.0, 3)), first.state, now=15.0)
+    assert second.reason.endswith("recommends 6 replicas; limited to 3 by scaleUp policies: holding 3")
 
 
 def test_hit_rate_without_traffic_abstains_and_does_not_block_other_metrics():
-    spec = make_spec([{"name": "kvCacheUsage", "target": 0.5}, {"name": "prefixCacheHitRate", "target": 0.6}])
+    spec = make_spec(KV_AND_HIT_RATE)
     decision = once(spec, observe(4, kvCacheUsage=(0.1, 4), prefixCacheHitRate=None))
     assert decision.metrics[1].status == NO_TRAFFIC
     assert decision.desired_replicas == 1
-    only_hit_rate = make_spec([{"name": "prefixCacheHitRate", "target": 0.6}])
-    held = once(only_hit_rate, observe(4, prefixCacheHitRate=None))
-    assert held.desired_replicas == 4 and "no traffic" in held.reason
 
 
 def test_requests_waiting_is_an_average_per_pod():

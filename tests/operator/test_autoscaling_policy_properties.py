@@ -33,7 +33,10 @@ rules = st.fixed_dictionaries(
 @st.composite
 def specs(draw, metric_names=st.sets(st.sampled_from(METRICS), min_size=1)):
     min_replicas = draw(st.integers(1, 4))
-    names = sorted(draw(metric_names))
+    names = set(draw(metric_names))
+    if "prefixCacheHitRate" in names:
+        names.add("kvCacheUsage")  # the hit rate is only valid next to it
+    names = sorted(names)
     autoscaling = {
         "enabled": True,
         "tolerance": draw(st.sampled_from([0.0, 0.05, 0.1, 0.3])),
@@ -71,12 +74,14 @@ def observations(draw, spec, current):
 
 
 def _evenly_loaded(spec, replicas, load):
-    """A constant total load shared evenly: per-pod KV usage and waiting requests
-    shrink as 1/replicas; the hit rate grows with the cache all replicas hold."""
+    """A constant total load shared evenly, as a ClusterIP Service spreads it:
+    per-pod KV usage and waiting requests shrink as 1/replicas, and so does
+    the hit rate (each replica sees each prefix at 1/replicas of the rate):
+    the adversarial case for a metric that asks for replicas when it is low."""
     metrics = {}
     for m in spec.metrics:
         if m.name == "prefixCacheHitRate":
-            value = min(1.0, replicas / (load * 4)) if load else None
+            value = min(1.0, load / (replicas * 4)) if load else None
         elif m.name == "kvCacheUsage":
             value = min(1.0, load / replicas)
         else:

@@ -77,6 +77,7 @@ def test_full_spec_round_trips():
         ({"metrics": [{"name": "kvCacheUsage"}]}, "metrics[0]"),
         ({"metrics": [{"name": "kvCacheUsage", "target": 0.5}] * 2}, "twice"),
         ({"metrics": []}, "metrics"),
+        ({"metrics": [{"name": "prefixCacheHitRate", "target": 0.5}]}, "needs kvCacheUsage listed too"),
         ({"min_replicas": -1}, "spec.minReplicas"),
         ({"max_replicas": 0}, "spec.maxReplicas"),
         ({"min_replicas": 3, "max_replicas": 2}, "spec.maxReplicas"),
