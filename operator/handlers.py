@@ -4,8 +4,9 @@
   (update fires on spec, label and annotation changes, including
   `spec.replicas` written through the scale subresource; status writes do
   not fire it);
-- every event of a Deployment the operator manages -> report_rollout
-  (readyReplicas into the owner's status; a deleted Deployment is recreated).
+- every event of a Deployment the operator manages ->
+  child_events.on_child_event (a deleted Deployment is recreated; its
+  readiness goes into the owner's status).
 
 All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
 startup and login handlers live in `settings`, the autoscaler's daemon in
@@ -19,7 +20,7 @@ from typing import Any
 import kopf
 
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the autoscaler's daemon)
-from pagedinfer.operator import reconciler, settings  # noqa: F401  (settings registers startup/login)
+from pagedinfer.operator import child_events, reconciler, settings  # noqa: F401  (settings registers startup/login)
 from pagedinfer.operator.builders import MANAGED_BY
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.registry import REGISTRY
@@ -32,8 +33,10 @@ async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, *
     await reconciler.reconcile(settings.runtime_of(memo), body, logger)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGED_BY},
-               registry=REGISTRY)
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=REGISTRY)
 async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, **_: Any) -> None:
-    await reconciler.report_rollout(settings.runtime_of(memo), body, type, logger)
+    await child_events.on_child_event(settings.runtime_of(memo), "Deployment", body, type, logger)
 

@@ -7,7 +7,9 @@ elsewhere), so both always reach the same server with the same identity.
 
 Errors: every non-2xx answer raises `ApiError(status, reason, message)`;
 timeouts and connection failures raise `ApiError(status=None)`. The
-reconciler turns them into kopf.TemporaryError (retried with backoff).
+reconciler turns them into kopf.TemporaryError (retried with backoff),
+except a write of a child the API server refuses for good (`retryable`
+False), which is reported in status and not retried.
 """
 
 from __future__ import annotations
@@ -34,8 +36,15 @@ class ApiError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """Conflicts, throttling, server errors and network trouble pass with time; a 4xx spec problem does not."""
-        return self.status is None or self.status in (409, 429) or self.status >= 500
+        """Whether the same request can succeed later with nothing changed.
+
+        Conflicts, throttling, timeouts, server errors and network trouble
+        pass with time; so do 401 (the login is renewed) and 404 (the object
+        went away between a read and a write; the next attempt reads again).
+        Any other 4xx (400, 403, 422: the manifest, RBAC or an admission
+        webhook refused it) comes back the same until someone changes it.
+        """
+        return self.status is None or self.status in (401, 404, 408, 409, 429) or self.status >= 500
 
 
 @dataclass(frozen=True)

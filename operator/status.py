@@ -1,17 +1,24 @@
 """Conditions and phase of an InferenceService (pure).
 
-Four conditions, always in this order, each with status True/False/Unknown,
+Five conditions, always in this order, each with status True/False/Unknown,
 a CamelCase reason, a message for humans, lastTransitionTime (changes only
-when the status flips) and observedGeneration:
+when the status flips) and observedGeneration (the owner's generation the
+condition was set for):
 
 - Valid:     SpecValid | InvalidSpec
 - Sized:     SizedFromNodeLabels | SizedFromSpec | Override | SizedByEngine
              | NoMatchingNodes | InsufficientGPUMemory | ModelConfigUnavailable
+- Applied:   ChildrenApplied | ChildConflict | ApplyFailed | NotDeployed
 - Available: MinimumReplicasAvailable | NoReplicasAvailable | ScaledToZero | NotDeployed
 - Ready:     AllReplicasReady | RolloutInProgress | ReplicasNotReady | NotDeployed
 
+Applied is True when the Deployment and Service match the spec of its
+observedGeneration; an invalid or unsized update leaves it as it was (the
+children still match the generation it names).
+
 Phase (one word for `kubectl get`): Invalid, Pending (waiting for nodes or
-model config), Failed (does not fit), Deploying, Ready.
+model config), Failed (does not fit, or the children cannot be applied),
+Deploying, Ready.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-CONDITION_TYPES = ("Valid", "Sized", "Available", "Ready")
+CONDITION_TYPES = ("Valid", "Sized", "Applied", "Available", "Ready")
 
 VALID = "Valid"
 SIZED = "Sized"
+APPLIED = "Applied"
 AVAILABLE = "Available"
 READY = "Ready"
 
@@ -33,12 +41,18 @@ REASON_NO_MATCHING_NODES = "NoMatchingNodes"
 REASON_INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
 REASON_MODEL_CONFIG_UNAVAILABLE = "ModelConfigUnavailable"
 REASON_NOT_DEPLOYED = "NotDeployed"
+REASON_CHILDREN_APPLIED = "ChildrenApplied"
+REASON_CHILD_CONFLICT = "ChildConflict"
+REASON_APPLY_FAILED = "ApplyFailed"
 SIZED_REASONS = {
     "node-labels": "SizedFromNodeLabels",
     "spec": "SizedFromSpec",
     "override": "Override",
     "engine": "SizedByEngine",
 }
+
+# Appended to a Valid, Sized or Applied message when an update is not applied but a Deployment exists.
+KEEPS_SERVING = " The Deployment keeps serving the last applied spec, unchanged; status.kvCache is its plan."
 
 PHASE_INVALID = "Invalid"
 PHASE_PENDING = "Pending"
@@ -155,6 +169,8 @@ def phase_for(conditions: Iterable[Mapping[str, Any]]) -> str:
         return PHASE_FAILED if sized.get("reason") == REASON_INSUFFICIENT_GPU_MEMORY else PHASE_PENDING
     if sized.get("status") != "True":
         return PHASE_PENDING
+    if by_type.get(APPLIED, {}).get("reason") in (REASON_CHILD_CONFLICT, REASON_APPLY_FAILED):
+        return PHASE_FAILED
     return PHASE_READY if ready.get("status") == "True" else PHASE_DEPLOYING
 
 

@@ -1,0 +1,73 @@
+"""The Deployment and Service stay as the spec says: a name clash and a refused manifest show in status
+instead of looping.
+
+The emulator has no controllers: nothing defaults fields or scales pods; the tests write what they need.
+"""
+
+import asyncio
+
+import pytest
+
+from kube_emulator import Fault
+from operator_harness import (DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition, eventually,
+                              inference_service, running_operator)
+from pagedinfer.operator import builders
+
+pytestmark = pytest.mark.timeout(120)
+
+LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
+SPEC = {"model": {"architecture": LLAMA3_8B}}
+
+
+def isvc_of(emulator):
+    return emulator.read(ISVC, "default", "llama")
+
+
+def deployment_of(emulator):
+    return emulator.read(DEPLOYMENTS, "default", "llama")
+
+
+def engine(deployment):
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def reconciles(runtime):
+    return sum(s.value for s in runtime.metrics.reconciles.collect()[0].samples if s.name.endswith("_total"))
+
+
+async def test_a_name_clash_with_an_unowned_service_is_a_child_conflict_and_creates_nothing(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    await emulator.create(SERVICES, {"apiVersion": "v1", "kind": "Service",
+                                     "metadata": {"name": "llama", "namespace": "default"},
+                                     "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}})
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        applied = await eventually(lambda: condition(isvc_of(emulator), "Applied"))
+        assert (applied["status"], applied["reason"]) == ("False", "ChildConflict")
+        assert "Service default/llama already exists and is not controlled by this" in applied["message"]
+        assert isvc_of(emulator)["status"]["phase"] == "Failed"
+        assert condition(isvc_of(emulator), "Ready")["reason"] == "NotDeployed"
+        assert emulator.count("create", "deployments") == 0  # no half-applied pair
+        assert [e for e in emulator.read_all(EVENTS) if e.get("reason") == "ChildConflict"]
+        await emulator.remove(SERVICES, "default", "llama")
+        await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
+        assert deployment_of(emulator) and emulator.read(SERVICES, "default", "llama")["spec"]["selector"] == \
+            builders.selector_labels("llama")
+
+
+async def test_a_manifest_the_api_server_refuses_is_apply_failed_and_not_retried_until_the_spec_changes(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    emulator.faults.append(Fault(verb="create", resource="deployments", status=422, times=1))
+    async with running_operator() as runtime:
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        applied = await eventually(lambda: condition(isvc_of(emulator), "Applied")["reason"] == "ApplyFailed"
+                                   and condition(isvc_of(emulator), "Applied"))
+        assert applied["status"] == "False" and applied["observedGeneration"] == 1
+        assert "refused Deployment default/llama: 422" in applied["message"]
+        assert "injected fault: 422 for create deployments" in applied["message"]  # the API server's message
+        assert isvc_of(emulator)["status"]["phase"] == "Failed"
+        await asyncio.sleep(10 * runtime.config.retry_delay_seconds)
+        assert emulator.count("create", "deployments") == 1  # a permanent error: no retry loop
+        await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64}}})
+        await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
+        assert deployment_of(emulator) is not None
