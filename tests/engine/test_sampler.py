@@ -87,3 +87,44 @@ def test_logprobs_are_the_raw_distribution_with_ranks():
     raw = torch.log_softmax(LOGITS, -1)
     assert res.logprobs[1].rank == 1 and math.isclose(res.logprobs[1].logprob, float(raw[1]), rel_tol=1e-6)
     assert sorted(lp.rank for lp in res.logprobs.values()) == [1, 2, 3]
+
+
+def test_a_batch_of_draws_follows_the_distribution():
+    sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
+    num = 20000
+    tokens = [r.token_id for r in sampler.sample(LOGITS.repeat(num, 1), [seq(temperature=1.0)] * num)]
+    frequencies = torch.bincount(torch.tensor(tokens), minlength=len(LOGITS)).float() / num
+    expected = torch.softmax(LOGITS, -1)
+    assert (frequencies - expected).abs().max() < 4 * math.sqrt(0.25 / num)  # 4 sigma of the worst token
+
+
+def test_rows_with_different_options_are_cut_each_by_its_own():
+    sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
+    rows = [seq(temperature=1.0, top_k=1), seq(temperature=1.0, top_k=3), seq(temperature=0.0),
+            seq(temperature=1.0, min_p=0.9), seq(temperature=1.0)]
+    seen = [set() for _ in rows]
+    for _ in range(300):
+        for i, r in enumerate(sampler.sample(LOGITS.repeat(len(rows), 1), rows)):
+            seen[i].add(r.token_id)
+    assert seen[0] == {1} and seen[1] == {1, 2, 3} and seen[2] == {1} and seen[3] == {1, 2}
+    assert len(seen[4]) > 3
+
+
+def test_a_seeded_row_draws_the_same_whatever_shares_the_batch():
+    def seeded_draws(others):
+        sampler = Sampler(seed=7, eos_token_ids={EOS}, device=torch.device("cpu"))
+        target = seq(temperature=1.0, seed=42)
+        batch = [*others, target]
+        return [sampler.sample(LOGITS.repeat(len(batch), 1), batch)[-1].token_id for _ in range(40)]
+
+    alone = seeded_draws([])
+    assert seeded_draws([seq(temperature=1.0), seq(temperature=0.0)]) == alone
+    assert seeded_draws([seq(temperature=1.0, seed=1), seq(temperature=2.0)]) == alone
+    assert len(set(alone)) > 1
+
+
+def test_a_row_with_every_token_masked_takes_the_argmax_of_its_logits():
+    sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
+    logits = torch.tensor([[float("-inf")] * 4, [0.0, 1.0, 5.0, 0.0]])
+    got = [r.token_id for r in sampler.sample(logits, [seq(temperature=1.0), seq(temperature=1.0, top_k=1)])]
+    assert got == [0, 2]
