@@ -164,7 +164,8 @@ def _probe(path: str, period_seconds: int, failure_threshold: int) -> dict[str, 
             "timeoutSeconds": 5, "failureThreshold": failure_threshold}
 
 
-def _hash(value: Any) -> str:
+def content_hash(value: Any) -> str:
+    """A short sha256 of `value` as canonical JSON (sorted keys): equal content, equal hash."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -232,7 +233,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
 
 def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
     pod_spec = build_pod_spec(spec, plan)
-    config_hash = _hash(pod_spec)
+    config_hash = content_hash(pod_spec)
     labels = common_labels(owner.name)
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.resources.gpus else
@@ -291,7 +292,7 @@ def build_service(owner: Owner) -> dict[str, Any]:
 def with_spec_hash(manifest: dict[str, Any]) -> dict[str, Any]:
     """Stamp the hash of the desired spec+labels, so an unchanged child costs one GET and no PATCH."""
     desired = {"spec": manifest["spec"], "labels": manifest["metadata"].get("labels")}
-    manifest["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _hash(desired)}
+    manifest["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: content_hash(desired)}
     return manifest
 
 
@@ -300,14 +301,28 @@ def config_hash(deployment: dict[str, Any]) -> str:
 
 
 OPTIONAL_POD_FIELDS = ("nodeSelector", "tolerations", "affinity")
+# Maps the operator owns whole: a key added by hand changes which pods the Service selects
+# or where they run, so the patch deletes it. (Not resources: the API server defaults
+# requests from limits, and a LimitRange adds limits.)
+CLOSED_MAPS = (
+    ("Service", ("spec", "selector")),
+    ("Deployment", ("spec", "template", "spec", "nodeSelector")),
+)
 
 
-def patch_for(desired: dict[str, Any]) -> dict[str, Any]:
+def _dig(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def patch_for(desired: dict[str, Any], live: dict[str, Any] | None = None) -> dict[str, Any]:
     """A merge patch that makes an existing child equal to `desired` in what the operator manages.
 
     Lists (containers, volumes, ports) are replaced whole by a merge patch;
-    optional pod fields the spec no longer sets are deleted explicitly (null).
-    Server-set fields (clusterIP, status, defaults) are left alone.
+    optional pod fields the spec no longer sets are deleted explicitly (null),
+    and so are keys of `live` in a CLOSED_MAPS map that `desired` lacks.
+    Other server-set fields (clusterIP, status, defaults) are left alone.
     """
     patch = {
         "metadata": {key: desired["metadata"][key] for key in ("labels", "annotations", "ownerReferences")},
@@ -317,4 +332,8 @@ def patch_for(desired: dict[str, Any]) -> dict[str, Any]:
     if pod is not None:
         for key in OPTIONAL_POD_FIELDS:
             pod.setdefault(key, None)
+    for kind, path in CLOSED_MAPS if live is not None else ():
+        wanted, have = _dig(patch, path), _dig(live, path)
+        if kind == desired["kind"] and isinstance(wanted, dict) and isinstance(have, dict):
+            wanted.update({key: None for key in have if key not in wanted})
     return patch

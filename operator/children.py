@@ -7,8 +7,16 @@
    and nothing is created or patched, so a clash never leaves half a pair.
 2. An absent child is POSTed (a 409 from a concurrent create falls back to
    a GET and the same ownership check).
-3. A present child is PATCHed with `builders.patch_for(desired)` when its
-   spec-hash annotation differs from the desired one.
+3. A present child is PATCHed with `builders.patch_for(desired)` when a
+   field the operator owns differs (`drift.drifted_paths`): the spec-hash
+   annotation, when the desired spec changed, or any field someone edited by
+   hand (an image, a container, replicas, a key added to a map the operator
+   owns whole, `builders.CLOSED_MAPS`). What the API server defaults and
+   what other controllers add elsewhere is not compared, so they never cause
+   a patch.
+   With `keep_replicas` (spec.autoscaling.enabled) a Deployment's
+   `spec.replicas` alone is never drift: the autoscaler moves it through the
+   owner's scale subresource, and a new spec-hash carries that.
 
 A write the API server refuses and would refuse again (`ApiError.retryable`
 False: 400, 403, 422, from validation, RBAC or an admission webhook) is
@@ -22,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 from pagedinfer.operator import builders, status
+from pagedinfer.operator.drift import drifted_paths
 from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, ApiError, KubeApi, ResourceRef
 
+REPLICAS_PATH = "spec.replicas"
 
 
 class NotApplied(Exception):
@@ -76,6 +86,7 @@ class Ownership:
     """Whose children these are and what the operator leaves to others."""
 
     owner_uid: str
+    keep_replicas: bool  # spec.autoscaling.enabled: a Deployment's spec.replicas alone is never drift
     conflict_retry_seconds: float  # a ChildConflict ends when someone deletes or renames the other object
 
 
@@ -111,9 +122,11 @@ async def _apply_one(api: KubeApi, ownership: Ownership, ref: ResourceRef, desir
             raise ApiError(409, "Conflict", f"{describe(desired)} was created and deleted concurrently")
         if not owned_by(live, ownership.owner_uid):
             raise _conflict([desired], ownership.conflict_retry_seconds, deployed, unchanged=False)
-    hash_of = lambda obj: (obj["metadata"].get("annotations") or {}).get(builders.SPEC_HASH_ANNOTATION)  # noqa: E731
-    if hash_of(live) == hash_of(desired):
+    patch = builders.patch_for(desired, live)
+    ignored = {REPLICAS_PATH} if ownership.keep_replicas else set()
+    drifted = [path for path in drifted_paths(live, patch) if path not in ignored]
+    if not drifted:
         return live
-    logger.info(f"Patching {describe(desired)}: the spec changed.")
-    return await _write(lambda: api.patch(ref, namespace, name, builders.patch_for(desired)), desired, deployed,
+    logger.info(f"Patching {describe(desired)}: {', '.join(drifted)} differ from the spec.")
+    return await _write(lambda: api.patch(ref, namespace, name, patch), desired, deployed,
                         unchanged=deployed and ref == DEPLOYMENTS)

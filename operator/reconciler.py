@@ -9,7 +9,11 @@ Applied=False ApplyFailed with its message, and a kopf.PermanentError, so it
 is tried again on the next spec change or operator restart) -> write status.
 
 Idempotent apply: an unchanged service costs GETs only; a restarted
-operator finds its children by name and creates no duplicates.
+operator finds its children by name, creates no duplicates, and patches
+back what was edited by hand while it was away. Every child the reconcile
+applies is remembered by its fingerprint (`Runtime.child_fingerprints`), so
+the child events (`child_events`) can tell the operator's own writes from
+anyone else's.
 
 Whenever an update is not applied and a Deployment exists, that Deployment
 keeps serving the last applied spec: status.kvCache keeps its plan and the
@@ -32,6 +36,7 @@ import kopf
 
 from pagedinfer.operator import builders, children, sizer, status
 from pagedinfer.operator.crd_model import InferenceServiceSpec, SpecError
+from pagedinfer.operator.drift import fingerprint
 from pagedinfer.operator.kube_api import DEPLOYMENTS, ApiError, KubeApi
 from pagedinfer.operator.settings import Runtime
 from pagedinfer.operator.spec_parser import parse_spec
@@ -64,6 +69,11 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any) -> N
         runtime.metrics.api_requests.inc(api.calls - calls_before)
 
 
+def autoscaling_enabled(spec: InferenceServiceSpec) -> bool:
+    """Whether the autoscaler owns spec.replicas (the daemon in autoscaling_handlers runs)."""
+    return isinstance(spec.autoscaling, Mapping) and spec.autoscaling.get("enabled") is True
+
+
 async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], logger: Any) -> str:
     meta = body["metadata"]
     name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
@@ -89,8 +99,9 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
     sized = status.true(status.SIZED, status.SIZED_REASONS[plan.source], sized_note)
     owner = builders.Owner(name=name, namespace=namespace, uid=uid)
     try:
-        ownership = children.Ownership(owner_uid=uid, conflict_retry_seconds=runtime.config.no_nodes_retry_seconds)
-        await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
+        ownership = children.Ownership(owner_uid=uid, keep_replicas=autoscaling_enabled(spec),
+                                       conflict_retry_seconds=runtime.config.no_nodes_retry_seconds)
+        applied = await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
                                                 builders.build_service(owner), logger)
     except children.NotApplied as failure:
         await _report_failure(api, body, [valid, sized], status.false(status.APPLIED, failure.reason,
@@ -98,6 +109,8 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
         if failure.retry_seconds is None:
             raise kopf.PermanentError(failure.message) from failure
         raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds) from failure
+    for child in applied:
+        runtime.child_fingerprints[child["metadata"]["uid"]] = fingerprint(child)
     await write_conditions(api, body, [valid, sized, APPLIED], generation, observedGeneration=generation,
                            kvCache=plan.to_status(), selector=builders.selector_string(name),
                            url=builders.service_url(owner))

@@ -30,7 +30,7 @@ class OperatorConfig:
     hf_timeout_seconds: float = 10.0
     api_timeout_seconds: float = 30.0
     retry_delay_seconds: float = 15.0  # after an API error
-    no_nodes_retry_seconds: float = 60.0  # NoMatchingNodes / ModelConfigUnavailable
+    no_nodes_retry_seconds: float = 60.0  # waiting on the cluster: NoMatchingNodes, ModelConfigUnavailable, ChildConflict
     watch_timeout_seconds: float = 300.0
     error_backoffs: tuple[float, ...] = (1, 2, 4, 8, 16)
     allow_host_path_models: bool = False  # file:// models as hostPath volumes (a privilege: off by default)
@@ -58,6 +58,9 @@ class Runtime:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     api: KubeApi | None = None
     fetcher: HubConfigFetcher | None = None
+    # Child uid -> drift.fingerprint of the child as the operator last applied or saw it:
+    # a child event with another fingerprint is someone else's edit (reconciler, child_events).
+    child_fingerprints: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fetcher is None:

@@ -1,5 +1,5 @@
-"""The Deployment and Service stay as the spec says: a name clash and a refused manifest show in status
-instead of looping.
+"""The Deployment and Service stay as the spec says: hand edits are patched back (also across a restart),
+a name clash and a refused manifest show in status instead of looping.
 
 The emulator has no controllers: nothing defaults fields or scales pods; the tests write what they need.
 """
@@ -33,6 +33,68 @@ def engine(deployment):
 
 def reconciles(runtime):
     return sum(s.value for s in runtime.metrics.reconciles.collect()[0].samples if s.name.endswith("_total"))
+
+
+async def hand_edit(emulator, image="evil:latest", replicas=5):
+    """What `kubectl edit deployment llama` does: a new image for the engine, another replica count."""
+    containers = deployment_of(emulator)["spec"]["template"]["spec"]["containers"]
+    containers[0]["image"] = image
+    await emulator.merge(DEPLOYMENTS, "default", "llama", {"spec": {
+        "replicas": replicas, "template": {"spec": {"containers": containers}}}})
+
+
+async def test_hand_edits_to_the_deployment_are_patched_back_and_defaults_are_left_alone(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    async with running_operator() as runtime:
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        built = await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True"
+                                 and deployment_of(emulator))
+        # Playing the API server's defaulting: fields the operator never sets are not drift.
+        containers = built["spec"]["template"]["spec"]["containers"]
+        containers[0] |= {"imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log"}
+        before = reconciles(runtime)
+        await emulator.merge(DEPLOYMENTS, "default", "llama", {"spec": {
+            "template": {"spec": {"containers": containers, "dnsPolicy": "ClusterFirst"}}}})
+        await eventually(lambda: reconciles(runtime) > before)
+        assert emulator.count("patch", "deployments") == 0
+
+        await hand_edit(emulator)
+        repaired = await eventually(lambda: engine(deployment_of(emulator))["image"] != "evil:latest"
+                                    and deployment_of(emulator))
+        assert repaired["spec"]["replicas"] == 1
+        assert engine(repaired)["image"] == engine(built)["image"]
+        assert builders.config_hash(repaired) == builders.config_hash(built)
+
+
+async def test_hand_edits_made_while_the_operator_was_away_are_patched_back_on_restart(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        built = await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True"
+                                 and deployment_of(emulator))
+    await hand_edit(emulator)
+    async with running_operator():
+        repaired = await eventually(lambda: engine(deployment_of(emulator))["image"] != "evil:latest"
+                                    and deployment_of(emulator))
+    assert repaired["spec"]["replicas"] == 1 and engine(repaired)["image"] == engine(built)["image"]
+
+
+async def test_with_autoscaling_the_deployments_replicas_are_not_fought_over_but_its_image_is(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    autoscaled = {**SPEC, "replicas": 2, "minReplicas": 1, "maxReplicas": 4,
+                  "autoscaling": {"enabled": True, "intervalSeconds": 3600,
+                                  "metrics": [{"name": "kvCacheUsage", "target": 0.8}]}}
+    async with running_operator() as runtime:
+        await emulator.create(ISVC, inference_service("llama", autoscaled))
+        await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
+        before = reconciles(runtime)
+        await emulator.merge(DEPLOYMENTS, "default", "llama", {"spec": {"replicas": 3}})
+        await eventually(lambda: reconciles(runtime) > before)
+        assert deployment_of(emulator)["spec"]["replicas"] == 3
+        await hand_edit(emulator, replicas=3)
+        repaired = await eventually(lambda: engine(deployment_of(emulator))["image"] != "evil:latest"
+                                    and deployment_of(emulator))
+        assert repaired["spec"]["replicas"] == isvc_of(emulator)["spec"]["replicas"] == 2  # the owner's count
 
 
 async def test_a_name_clash_with_an_unowned_service_is_a_child_conflict_and_creates_nothing(emulator):

@@ -1,0 +1,75 @@
+"""Drift is a difference in a field the operator sets; what the API server defaults or others add is not."""
+
+from pagedinfer.operator import builders, planning
+from pagedinfer.operator.drift import drifted_paths, fingerprint
+from pagedinfer.operator.spec_parser import parse_spec
+
+OWNER = builders.Owner(name="llama", namespace="default", uid="uid-1")
+SPEC = parse_spec("llama", {"model": {"architecture": {"numLayers": 32, "numKVHeads": 8, "headDim": 128,
+                                                       "numParameters": 8_030_261_248}}})
+PLAN = planning.plan_for(SPEC, planning.shape_from_architecture(SPEC.model.architecture, "auto"), 81559 * 2**20,
+                         planning.SOURCE_NODE_LABELS)
+
+
+def live_deployment():
+    """The built Deployment as an API server returns it: defaulted fields and controller bookkeeping added."""
+    live = builders.build_deployment(OWNER, SPEC, PLAN)
+    live["metadata"].update(uid="d-1", resourceVersion="7", generation=2, creationTimestamp="2025-01-01T00:00:00Z")
+    live["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "2"
+    pod = live["spec"]["template"]["spec"]
+    pod.update(restartPolicy="Always", dnsPolicy="ClusterFirst", schedulerName="default-scheduler")
+    pod["containers"][0].update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/termination-log")
+    pod["containers"][0]["readinessProbe"]["successThreshold"] = 1
+    live["status"] = {"replicas": 1, "readyReplicas": 1, "observedGeneration": 2}
+    return live
+
+
+def wanted():
+    return builders.patch_for(builders.build_deployment(OWNER, SPEC, PLAN))
+
+
+def test_defaults_and_other_controllers_fields_are_not_drift():
+    assert drifted_paths(live_deployment(), wanted()) == []
+
+
+def test_a_hand_edited_image_replicas_and_sidecar_are_drift_with_their_paths():
+    live = live_deployment()
+    live["spec"]["replicas"] = 5
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    assert drifted_paths(live, wanted()) == ["spec.replicas", "spec.template.spec.containers[0].image"]
+    live["spec"]["template"]["spec"]["containers"].append({"name": "sidecar", "image": "x"})
+    assert "spec.template.spec.containers" in drifted_paths(live, wanted())
+
+
+def test_a_removed_owned_field_and_an_added_field_the_spec_leaves_unset_are_drift():
+    live = live_deployment()
+    del live["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    live["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "mine"}  # patch_for: None, must be absent
+    del live["metadata"]["annotations"][builders.SPEC_HASH_ANNOTATION]
+    assert drifted_paths(live, wanted()) == [
+        f"metadata.annotations.{builders.SPEC_HASH_ANNOTATION}",
+        "spec.template.spec.containers[0].securityContext",
+        "spec.template.spec.nodeSelector",
+    ]
+
+
+def test_the_fingerprint_ignores_status_and_write_bookkeeping_but_not_edits():
+    live = live_deployment()
+    same = {**live, "status": {"replicas": 3}, "metadata": {**live["metadata"], "resourceVersion": "99"}}
+    assert fingerprint(same) == fingerprint(live)
+    edited = live_deployment()
+    edited["spec"]["replicas"] = 4
+    assert fingerprint(edited) != fingerprint(live)
+
+
+def test_a_key_added_to_a_map_the_operator_owns_whole_is_drift_and_the_patch_deletes_it():
+    live = live_deployment()
+    live["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "theirs"}
+    live["spec"]["template"]["metadata"]["labels"]["team"] = "a"  # labels are open: others may add their own
+    patch = builders.patch_for(builders.build_deployment(OWNER, SPEC, PLAN), live)
+    assert drifted_paths(live, patch) == ["spec.template.spec.nodeSelector"]
+    service = builders.build_service(OWNER)
+    edited = {**service, "spec": {**service["spec"], "selector": {**service["spec"]["selector"], "app": "x"}}}
+    patch = builders.patch_for(service, edited)
+    assert patch["spec"]["selector"]["app"] is None
+    assert drifted_paths(edited, patch) == ["spec.selector.app"]
