@@ -1,6 +1,6 @@
 """Events of the children the operator manages (Deployments and Services).
 
-kopf watches Deployments, filtered by `app.kubernetes.io/managed-by`
+kopf watches both kinds, filtered by `app.kubernetes.io/managed-by`
 (handlers.py), and hands every event of a child whose controller is an
 InferenceService to `on_child_event`:
 

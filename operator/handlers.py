@@ -4,9 +4,10 @@
   (update fires on spec, label and annotation changes, including
   `spec.replicas` written through the scale subresource; status writes do
   not fire it);
-- every event of a Deployment the operator manages ->
-  child_events.on_child_event (a deleted Deployment is recreated; its
-  readiness goes into the owner's status).
+- every event of a Deployment or Service the operator manages ->
+  child_events.on_child_event (a deleted child is recreated, one edited by
+  someone else is patched back; a Deployment's readiness goes into the
+  owner's status).
 
 All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
 startup and login handlers live in `settings`, the autoscaler's daemon in
@@ -39,4 +40,9 @@ MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=REGISTRY)
 async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, **_: Any) -> None:
     await child_events.on_child_event(settings.runtime_of(memo), "Deployment", body, type, logger)
+
+
+@kopf.on.event("", "v1", "services", labels=MANAGED, registry=REGISTRY)
+async def service_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, **_: Any) -> None:
+    await child_events.on_child_event(settings.runtime_of(memo), "Service", body, type, logger)
 

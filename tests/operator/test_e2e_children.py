@@ -1,5 +1,5 @@
 """The Deployment and Service stay as the spec says: hand edits are patched back (also across a restart),
-a name clash and a refused manifest show in status instead of looping.
+a deleted Service comes back, a name clash and a refused manifest show in status instead of looping.
 
 The emulator has no controllers: nothing defaults fields or scales pods; the tests write what they need.
 """
@@ -95,6 +95,19 @@ async def test_with_autoscaling_the_deployments_replicas_are_not_fought_over_but
         repaired = await eventually(lambda: engine(deployment_of(emulator))["image"] != "evil:latest"
                                     and deployment_of(emulator))
         assert repaired["spec"]["replicas"] == isvc_of(emulator)["spec"]["replicas"] == 2  # the owner's count
+
+
+async def test_a_deleted_or_edited_service_is_put_back_while_the_operator_runs(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        first = await eventually(lambda: emulator.read(SERVICES, "default", "llama"))
+        await emulator.remove(SERVICES, "default", "llama")
+        second = await eventually(lambda: emulator.read(SERVICES, "default", "llama"))
+        assert second["metadata"]["uid"] != first["metadata"]["uid"]
+        await emulator.merge(SERVICES, "default", "llama", {"spec": {"selector": {"app": "elsewhere"}}})
+        await eventually(lambda: emulator.read(SERVICES, "default", "llama")["spec"]["selector"]
+                         == builders.selector_labels("llama"))
 
 
 async def test_a_name_clash_with_an_unowned_service_is_a_child_conflict_and_creates_nothing(emulator):

@@ -26,13 +26,14 @@ always in a ClusterRole.
   verbs: ["patch"]
 # The engine Deployment and Service of each InferenceService (owned by it,
 # so Kubernetes' garbage collector deletes them; the operator never does).
-# Deployments are watched too: their readiness goes into the owner's status.
+# Both are watched: one deleted or edited by hand is put back, and a
+# Deployment's readiness goes into the owner's status.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # The autoscaler lists an InferenceService's ready engine pods to scrape them.
 - apiGroups: [""]
   resources: ["pods"]
