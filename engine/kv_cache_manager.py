@@ -185,10 +185,12 @@ class KVCacheManager:
         self.pool.free(reversed(table))
         return mapping
 
-    def can_swap_in(self, seq: Sequence, use_watermark: bool = True) -> bool:
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int, use_watermark: bool = True) -> bool:
+        """Room for seq's host blocks and for the blocks its next `num_new_tokens` tokens need."""
         reserve = self.watermark_blocks if use_watermark else 0
-        # +1: the block the next token may need once the sequence is back
-        return len(self.swapped.get(seq.seq_id, ())) + 1 + reserve <= self.pool.num_free_blocks
+        num_host_blocks = len(self.swapped.get(seq.seq_id, ()))
+        needed = max(num_host_blocks, -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size))
+        return needed + reserve <= self.pool.num_free_blocks
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """Bring seq's blocks back; returns (host block, device block) pairs to copy."""

@@ -146,6 +146,9 @@ class LLMEngine:
             raise ValueError(f"n: {params.n} completions exceed max_num_seqs={self.config.max_num_seqs}")
         if params.logprobs is not None and params.logprobs > self.runner.vocab_size:
             raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
+        outside = [t for t in params.stop_token_ids or () if t >= self.runner.vocab_size]
+        if outside:
+            raise ValueError(f"stop_token_ids: {outside} are outside the vocabulary (ids < {self.runner.vocab_size})")
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, prompt_token_ids: list[int] | None = None) -> None:
@@ -186,6 +189,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            if self.scheduler.num_unfinished:  # the scheduler promises progress: say so rather than spin
+                kv = self.kv.stats()
+                raise RuntimeError(
+                    f"scheduler stalled: {len(self.scheduler.waiting)} waiting, {len(self.scheduler.swapped)} "
+                    f"swapped, {len(self.scheduler.running)} running, {kv.num_free_blocks} of "
+                    f"{self.num_gpu_blocks} blocks free")
             return []
         now = time.monotonic()
         for it in sched.scheduled:
@@ -270,7 +279,9 @@ class LLMEngine:
             finish = "stop"
         elif p.stop_token_ids and token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
             finish, stop_reason = "stop", token
-        if finish is None or not p.skip_special_tokens:
+        # as vLLM: the text of a stop token (EOS, stop_token_ids) is in the output only with
+        # include_stop_str_in_output (and then skip_special_tokens still applies to it)
+        if finish is None or p.include_stop_str_in_output:
             emitted = len(seq.output_text)
             seq.output_text += seq.detok.add(token)
             if finish is None and p.stop_strings and seq.num_output_tokens >= p.min_tokens:

@@ -32,7 +32,8 @@ class SamplingParams:
     greedy: the sampler takes the argmax. Dividing float32 logits by a tinier
     temperature overflows to inf and the softmax to NaN, so such a temperature
     cannot be sampled from; in the limit it is the argmax anyway.
-    top_k None means no top-k cut (never -1).
+    top_k None means no top-k cut; -1 and 0, vLLM's spellings of it, are
+    accepted and stored as None.
     Penalties follow vLLM/OpenAI: presence and frequency act on generated
     tokens, repetition on prompt and generated tokens.
     """
@@ -62,6 +63,8 @@ class SamplingParams:
             raise ValueError(f"n: must be <= 128, got {self.n}")
         _check_float("temperature", self.temperature, 0.0, 100.0)
         _check_float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if self.top_k in (-1, 0) and not isinstance(self.top_k, bool):
+            object.__setattr__(self, "top_k", None)
         _check_int("top_k", self.top_k, 1, allow_none=True)
         _check_float("min_p", self.min_p, 0.0, 1.0)
         _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)

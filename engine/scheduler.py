@@ -8,14 +8,23 @@ Pure Python, no torch. Every step:
    the front of the waiting queue, where its prefix may still hit the cache;
    swap: its blocks are copied to the host pool) until it fits, or the
    sequence itself is the latest and is preempted.
-2. If nothing was preempted this step, swapped sequences come back, oldest first.
+2. If nothing was preempted this step, swapped sequences come back, oldest first,
+   each with the blocks for its next chunk (a prefill swapped out mid-prompt
+   resumes in chunks like any running prefill).
 3. If nothing was preempted or is still swapped, waiting sequences are admitted
    FCFS while the budget, max_num_seqs and the pool (minus a watermark) allow.
    The head of the queue blocks those behind it, so no request starves.
 
+The watermark (steps 2 and 3) keeps blocks free for running sequences to grow
+into; when nothing runs it is not applied, so any request that fits the pool
+(every request does: max_model_len fits it) is admitted, and no queue can stall.
+A request with n > 1 holds n seats of max_num_seqs from its admission on, the
+children it has yet to fork included.
+
 Invariants: a sequence's scheduled tokens never exceed num_tokens -
 num_computed_tokens; the sum of scheduled tokens never exceeds
-max_num_batched_tokens; at most max_num_seqs sequences run.
+max_num_batched_tokens; at most max_num_seqs sequences run; whenever a
+sequence is unfinished, a step schedules something.
 """
 
 from __future__ import annotations
@@ -105,12 +114,15 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        # 2. swapped sequences come back when nothing was preempted
+        # 2. swapped sequences come back when nothing was preempted; a prefill swapped out
+        #    mid-prompt comes back with a chunk of its rest, as a running prefill would
         if not preempted:
-            while self.swapped and len(self.running) < self.config.max_num_seqs:
+            while self.swapped and budget > 0:
                 seq = self.swapped[0]
-                num_new = seq.num_tokens - seq.num_computed_tokens
-                if num_new > budget or not self.kv.can_swap_in(seq):
+                if self._seats_taken() + self._seats(seq) > self.config.max_num_seqs:
+                    break
+                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                if not self.kv.can_swap_in(seq, num_new, use_watermark=bool(self.running)):
                     break
                 self.swapped.popleft()
                 swap_in.extend(self.kv.swap_in(seq))
@@ -124,8 +136,7 @@ class Scheduler:
         if not preempted and not self.swapped:
             while self.waiting and budget > 0:
                 seq = self.waiting[0]
-                # a request with n > 1 reserves the seats of the children it will fork
-                if len(self.running) + 1 + seq.num_forks_pending > self.config.max_num_seqs:
+                if self._seats_taken() + self._seats(seq) > self.config.max_num_seqs:
                     break
                 hits = self.kv.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
                 num_hit_tokens = len(hits) * self.kv.block_size
@@ -133,7 +144,9 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill and remaining > budget:
                     break
                 num_new = min(remaining, budget)
-                if not self.kv.can_allocate(seq, num_new, hits, use_watermark=True):
+                # the watermark keeps room for running sequences to grow; with none running,
+                # any request that fits the pool (max_model_len does) must be admitted
+                if not self.kv.can_allocate(seq, num_new, hits, use_watermark=bool(self.running)):
                     self.counters.num_allocation_failures += 1
                     break
                 self.waiting.popleft()
@@ -156,6 +169,14 @@ class Scheduler:
             blocks_to_copy=tuple(copies),
             preempted=tuple(preempted),
         )
+
+    @staticmethod
+    def _seats(seq: Sequence) -> int:
+        """Running slots a sequence holds: itself and the children it will fork (n > 1)."""
+        return 1 + seq.num_forks_pending
+
+    def _seats_taken(self) -> int:
+        return sum(self._seats(s) for s in self.running)
 
     def _preempt(self, seq: Sequence, swap_out: list[tuple[int, int]]) -> None:
         self.running.remove(seq)
@@ -194,12 +215,10 @@ class Scheduler:
         """Stop seq (finished or aborted) and free its blocks at once."""
         if seq.status is SequenceStatus.FINISHED:
             return
-        if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-        elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
-        elif seq.status is SequenceStatus.SWAPPED:
-            self.swapped.remove(seq)
+        queue = {SequenceStatus.RUNNING: self.running, SequenceStatus.WAITING: self.waiting,
+                 SequenceStatus.SWAPPED: self.swapped}.get(seq.status)
+        if queue is not None and seq in queue:  # a step that raised may have left seq between queues
+            queue.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -56,7 +56,7 @@ class _SamplingFields(BaseModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    top_k: StrictInt | None = Field(default=None, ge=1)
+    top_k: StrictInt | None = Field(default=None, ge=-1)  # -1 and 0: no cut (vLLM)
     min_p: Number | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: Number | None = Field(default=None, gt=0.0, le=2.0)
     ignore_eos: StrictBool | None = False

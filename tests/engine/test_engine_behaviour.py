@@ -97,7 +97,7 @@ def test_stop_strings_stop_tokens_min_tokens_and_logprobs(llm):
     (dict(temperature=-0.5), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
-    (dict(top_k=0), "top_k"),
+    (dict(top_k=-2), "top_k"),
     (dict(n=0), "n"),
     (dict(stop=[""]), "stop"),
 ])
@@ -169,3 +169,27 @@ def test_only_swap_preemption_reserves_a_host_pool(tiny_llama, mode):
         assert engine.runner.cpu_cache.shape[2] == engine.num_cpu_blocks
     else:
         assert engine.num_cpu_blocks == 0 and engine.runner.cpu_cache is None
+
+
+def test_a_stop_tokens_text_is_output_only_with_include_stop_str_in_output(llm):
+    prompt = [5, 17, 33, 8, 90]
+    free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))[0].outputs[0]
+    first, second = free.token_ids
+    if first == second:
+        pytest.skip("the random model repeats its first token")
+    one = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))[0].outputs[0]
+    for include, text in [(False, one.text), (True, free.text)]:
+        for skip in (True, False):
+            out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, stop_token_ids=[second],
+                                                        include_stop_str_in_output=include,
+                                                        skip_special_tokens=skip))[0].outputs[0]
+            assert (out.token_ids, out.finish_reason, out.stop_reason) == ([first, second], "stop", second)
+            assert out.text == text, (include, skip)
+    assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("spelling", [-1, 0])
+def test_vllms_spellings_of_no_top_k_mean_none(spelling):
+    assert SamplingParams(top_k=spelling).top_k is None
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=-2)

@@ -70,7 +70,8 @@ def test_swap_out_and_in_round_trip():
     run_prefill(kv, s)
     out = kv.swap_out(s)
     assert len(out) == 2 and kv.stats().num_free_blocks == 4
-    assert kv.can_swap_in(s)
+    assert kv.can_swap_in(s, num_new_tokens=1)
+    assert not kv.can_swap_in(s, num_new_tokens=10)  # 17 tokens need 5 blocks of 4
     back = kv.swap_in(s)
     assert [c for c, _ in back] == [c for _, c in out]
     kv.check_invariants()

@@ -58,7 +58,7 @@ CASES = [
     ("huge-n", COMPLETIONS, ok_completion(n=100000), 400, "n", ""),
     ("presence-penalty", COMPLETIONS, ok_completion(presence_penalty=3), 400, "presence_penalty", ""),
     ("logprobs-too-many", COMPLETIONS, ok_completion(logprobs=50), 400, "logprobs", ""),
-    ("top-k-zero", COMPLETIONS, ok_completion(top_k=0), 400, "top_k", ""),
+    ("top-k-minus-two", COMPLETIONS, ok_completion(top_k=-2), 400, "top_k", ""),
     ("min-p-above-one", COMPLETIONS, ok_completion(min_p=1.5), 400, "min_p", ""),
     ("negative-max-tokens", COMPLETIONS, ok_completion(max_tokens=-1), 400, "max_tokens", ""),
     ("huge-max-tokens", COMPLETIONS, ok_completion(max_tokens=10**9), 400, "max_tokens", "max_model_len"),
@@ -153,6 +153,12 @@ def test_null_optional_fields_mean_their_defaults(server, path, body):
     r = httpx.post(server.url + path, json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 1
+
+
+@pytest.mark.parametrize("top_k", [-1, 0])
+def test_vllms_spellings_of_no_top_k_are_accepted(server, top_k):
+    r = httpx.post(server.url + COMPLETIONS, json=ok_completion(top_k=top_k, temperature=1.0), timeout=30)
+    assert r.status_code == 200, r.text
 
 
 def test_null_stream_flags_mean_their_defaults(server):
