@@ -21,10 +21,10 @@ from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceStatus
 
 
-def make(num_blocks=16, block_size=4, mode="recompute", budget=16, max_seqs=4, chunked=True, cpu=16):
+def make(num_blocks=16, block_size=4, mode="recompute", budget=16, max_seqs=4, chunked=True, cpu=16, watermark=0.0):
     cfg = EngineConfig(model="unused", block_size=8, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                       preemption_mode=mode, enable_chunked_prefill=chunked, watermark=0.0)
-    kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=cpu, watermark=0.0)
+                       preemption_mode=mode, enable_chunked_prefill=chunked, watermark=watermark)
+    kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=cpu, watermark=watermark)
     return Scheduler(cfg, kv, max_model_len=num_blocks * block_size), kv
 
 
@@ -116,10 +116,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ids = itertools.count()
         self.live: list[Sequence] = []
 
-    @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]))
-    def configure(self, mode, cpu):
+    @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]),
+          watermark=st.sampled_from([0.0, 0.1]))
+    def configure(self, mode, cpu, watermark):
         if not hasattr(self, "sched"):
-            self.sched, self.kv = make(num_blocks=12, block_size=4, mode=mode, budget=12, cpu=cpu)
+            self.sched, self.kv = make(num_blocks=12, block_size=4, mode=mode, budget=12, cpu=cpu,
+                                       watermark=watermark)
 
     def _ready(self):
         return hasattr(self, "sched")
@@ -139,6 +141,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def run_step(self):
         out = step(self.sched)
+        assert out.scheduled or not self.sched.num_unfinished, "unfinished sequences but an empty step"
         assert out.num_batched_tokens <= self.sched.config.max_num_batched_tokens
         assert len(self.sched.running) <= self.sched.config.max_num_seqs
         for s in list(self.live):
