@@ -6,17 +6,18 @@ InferenceService to `on_child_event`:
 
 - DELETED while the owner lives (not by the garbage collector): the owner is
   reconciled, which creates the child again.
-- ADDED or MODIFIED with a fingerprint (`drift.fingerprint`) other than the
-  one recorded in `Runtime.child_fingerprints`: someone else changed the
-  child (`kubectl edit`, `kubectl scale`, a new image). The owner is
+- MODIFIED with a fingerprint (`drift.fingerprint`) other than the one
+  recorded in `Runtime.child_fingerprints`: someone else changed the child
+  (`kubectl edit`, `kubectl scale`, a new image). The owner is
   reconciled, which patches the fields the operator owns back
   (`children.apply_children`). The operator's own writes record their
   fingerprint, and status writes do not change it, so neither costs a
   reconcile. The fingerprint is recorded before that reconcile, so an owner
   that cannot be applied (an invalid spec) is not reconciled on every event,
   and forgotten when the reconcile fails, so the next event tries again.
-  The listing kopf does at start (event type None) is left to the owners'
-  resume handler, which reconciles every InferenceService anyway.
+  ADDED is the operator's own create (its fingerprint may not be recorded
+  yet), and the listing kopf does at start (event type None) is left to the
+  owners' resume handler, which reconciles every InferenceService anyway.
 - every Deployment event: its state goes into the owner's status (replicas,
   readyReplicas, Available and Ready, with the owner's generation).
 """
@@ -64,7 +65,7 @@ async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], 
             logger.info(f"{what} was deleted; creating it again.")
             await reconcile(runtime, owner, logger)
         return
-    if event_type is not None and runtime.child_fingerprints.get(uid) != seen:
+    if event_type == "MODIFIED" and runtime.child_fingerprints.get(uid) != seen:
         runtime.child_fingerprints[uid] = seen
         if (owner := await _live_owner(runtime, namespace, ref)) is not None:
             logger.info(f"{what} was changed outside the operator; reconciling {ref['name']}.")
