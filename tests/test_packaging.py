@@ -1,10 +1,17 @@
 """The project installs as one `pagedinfer` namespace and never shadows the stdlib."""
 
+import ast
 import importlib
 import subprocess
 import sys
 import sysconfig
+import tomllib
+from importlib import metadata
 from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,3 +50,45 @@ def test_stdlib_operator_from_a_subprocess_started_in_the_repo_root():
     out = subprocess.run([sys.executable, "-P", "-c", "import operator; print(operator.eq.__module__)"],
                          cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
     assert out in ("_operator", "operator")
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    """Top-level modules imported anywhere under folder (lazy imports in functions too), minus stdlib and ours."""
+    names = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"pagedinfer", "__future__"}
+
+
+def _with_dependencies(requirements: list[str]) -> set[str]:
+    """The distributions the requirements install, transitively (as installed here)."""
+    seen, stack = set(), [Requirement(r) for r in requirements]
+    while stack:
+        req = stack.pop()
+        name = canonicalize_name(req.name)
+        if name in seen or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            stack.extend(Requirement(r) for r in metadata.requires(name) or ())
+        except metadata.PackageNotFoundError:
+            pass
+    return seen
+
+
+@pytest.mark.parametrize("extra, folders", [("engine", ["engine", "kernels"]), ("operator", ["operator"])])
+def test_every_module_the_code_imports_comes_with_its_extra(extra, folders):
+    """An image installs `.[engine]` or `.[operator]` only: an import outside it fails there, not here."""
+    requirements = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    provided = _with_dependencies(requirements)
+    owners = metadata.packages_distributions()
+    missing = {}
+    for module in set().union(*(_third_party_imports(REPO / f) for f in folders)):
+        dists = {canonicalize_name(d) for d in owners.get(module, [module])}
+        if not dists & provided:
+            missing[module] = sorted(dists)
+    assert not missing, f"imported but not installed by the [{extra}] extra: {missing}"

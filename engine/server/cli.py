@@ -26,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_engine_args(serve, model_required=False)
     g = serve.add_argument_group("server")
     g.add_argument("--served-model-name", default=None,
-                   help="the name clients pass as `model` (default: the model directory's name;"
-                        " 'pagedinfer-default' for the embedded model)")
+                   help="the name clients pass as `model` (default: the Hub id as given, else the model"
+                        " directory's name; 'pagedinfer-default' for the embedded model)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=cli_types.port, default=8000, help="port to listen on, 1-65535 (default 8000)")
     g.add_argument("--api-key", default=None,
@@ -60,13 +60,19 @@ def run_serve(args: argparse.Namespace) -> int:
     from pagedinfer.engine.server.launcher import build_app, default_model_dir, run_server
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model = args.model or str(default_model_dir())
+    from pagedinfer.engine.model_source import resolve_model_dir
+
+    # a Hub id (what the operator passes for hf:// models) resolves to its cached snapshot here,
+    # so a missing model fails before the engine thread starts, naming the flag
+    model = resolve_model_dir(args.model, args.revision, name="--model") if args.model else str(default_model_dir())
     if not (Path(model) / "config.json").is_file():
-        raise ValueError(f"--model: {model!r} is not a model directory (no config.json there)")
+        raise ValueError(f"--model: {args.model!r} is not a model directory (no config.json there)")
     engine_config = engine_config_from_args(args, model=model)
     settings = ServerSettings(api_key=resolve_api_key(args.api_key), max_waiting_requests=args.max_waiting_requests,
                               max_request_body_bytes=args.max_request_body_bytes)
-    app, engine_loop = build_app(engine_config, settings, args.served_model_name)
+    # a Hub id names the model as given (as vLLM does), not by its snapshot's commit folder
+    hub_id = args.model if args.model and model != args.model else None
+    app, engine_loop = build_app(engine_config, settings, args.served_model_name or hub_id)
     print(f"pagedinfer serve: http://{args.host}:{args.port} (model {model})", file=sys.stderr, flush=True)
     return run_server(app, engine_loop, args.host, args.port, args.shutdown_grace_seconds, args.log_level)
 
