@@ -10,12 +10,16 @@ PORT="${PORT:-8397}"
 BENCH=(--num-prompts "${NUM_PROMPTS:-100}" --request-rate "${REQUEST_RATE:-4}" --dataset synthetic
        --shared-prefix-tokens "${SHARED_PREFIX_TOKENS:-600}" --input-tokens "${INPUT_TOKENS:-16}"
        --output-tokens "${OUTPUT_TOKENS:-16}" --seed 0 --no-progress "$@")
+pid=""
+trap '[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; true' EXIT  # never leave a server behind
 for caching in --enable-prefix-caching --no-enable-prefix-caching; do
     .venv/bin/pagedinfer serve --port "$PORT" --log-level warning "$caching" &
     pid=$!
     for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.5; done
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { echo "server $caching not healthy after 120 s"; exit 1; }
     echo "== pagedinfer serve $caching"
     .venv/bin/pagedinfer bench serve --url "http://127.0.0.1:$PORT" "${BENCH[@]}"
     kill -TERM "$pid"
     wait "$pid"
+    pid=""
 done

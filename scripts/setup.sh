@@ -11,9 +11,15 @@ if [ ! -x .venv/bin/python ]; then
     (cd / && "$PYTHON" -m venv "$ROOT/.venv")
 fi
 PIP=(.venv/bin/pip install --disable-pip-version-check -q)
-# torch first and pinned: on these machines torch==2.13.0 is a local CPU wheel,
-# while an unpinned torch would pull a multi-GB CUDA build.
+# torch first and pinned: the tests need no GPU, and an unpinned torch from PyPI is a
+# multi-GB CUDA build. Where the package index serves CUDA builds (plain PyPI), set
+# PAGEDINFER_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for the CPU wheel
+# (its 2.13.0+cpu outranks PyPI's 2.13.0); this project's machines carry a CPU wheel locally.
+TORCH_INDEX=()
+if [ -n "${PAGEDINFER_TORCH_INDEX_URL:-}" ]; then
+    TORCH_INDEX=(--extra-index-url "$PAGEDINFER_TORCH_INDEX_URL")
+fi
 if ! (cd / && "$ROOT/.venv/bin/python" -c "import torch, triton") 2>/dev/null; then
-    "${PIP[@]}" "torch==2.13.0" "triton==3.8.0"
+    "${PIP[@]}" "${TORCH_INDEX[@]}" "torch==2.13.0" "triton==3.8.0"
 fi
 "${PIP[@]}" -e ".[dev]"
