@@ -25,7 +25,7 @@ from typing import Any
 
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
 from pagedinfer.operator.node_memory import MIB, require_gpu_memory
-from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, placement_for
+from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
 
 HTTP_PORT = 8000
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
@@ -109,6 +109,8 @@ def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
     args = ["serve", *model_args, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
             "--block-size", str(e.block_size),
             "--gpu-memory-utilization", repr(e.gpu_memory_utilization)]
+    if plan.cpu_memory_budget_bytes is not None:
+        args += ["--cpu-memory-budget", str(plan.cpu_memory_budget_bytes)]
     if plan.num_gpu_blocks is not None:
         args += ["--num-gpu-blocks-override", str(plan.num_gpu_blocks)]
     if e.max_model_len is not None:
@@ -128,13 +130,16 @@ def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
 
 
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """Requests and limits. Memory is requested and limited alike; a CPU engine always gets
+    the memory its --cpu-memory-budget was derived from (`planning.cpu_memory`)."""
     r = spec.resources
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if r.cpu:
         requests["cpu"] = r.cpu
-    if r.memory:
-        requests["memory"] = limits["memory"] = r.memory
+    memory = cpu_memory(spec)[0] if r.gpus == 0 else r.memory
+    if memory:
+        requests["memory"] = limits["memory"] = memory
     if r.gpus:
         limits["nvidia.com/gpu"] = str(r.gpus)
     out: dict[str, Any] = {}

@@ -28,7 +28,7 @@ MANAGED_FLAGS = (
     "--model", "--revision", "--host", "--port", "--block-size", "--gpu-memory-utilization",
     "--num-gpu-blocks-override", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--swap-space",
-    "--tensor-parallel-size", "--dtype", "--served-model-name", "--api-key",
+    "--tensor-parallel-size", "--dtype", "--served-model-name", "--api-key", "--cpu-memory-budget",
 )
 RESERVED_ENV = ("PAGEDINFER_API_KEY", "HF_HOME", "HF_HUB_OFFLINE", "HOME")
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -132,7 +132,8 @@ class ResourcesSpec:
     gpu_product: str | None = None
     gpu_memory_bytes: int | None = None  # None: discovered from node labels
     cpu: str | None = None
-    memory: str | None = None
+    memory: str | None = None  # a Kubernetes quantity: the pod's memory request and limit
+    memory_bytes: int | None = None  # `memory` in bytes (rounded up, as Kubernetes does)
 
 
 @dataclass(frozen=True)

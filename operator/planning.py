@@ -5,7 +5,10 @@ The arithmetic is `pagedinfer.engine.sizing.plan_kv_cache`, the same function
 This module only chooses the inputs:
 
 - `spec.engine.numGpuBlocksOverride` skips sizing (source `override`);
-- `spec.resources.gpus: 0` is a CPU engine that sizes itself (no plan);
+- `spec.resources.gpus: 0` is a CPU engine (see `cpu_plan`): its "device
+  memory" is `--cpu-memory-budget`, which the operator derives from the pod's
+  memory limit (source `memory`), or the engine sizes within that budget by
+  itself when the operator cannot read the model's shape (source `engine`);
 - otherwise the GPU memory is `spec.resources.gpuMemory` (source `spec`) or
   the smallest `nvidia.com/gpu.memory` among matching nodes (source
   `node-labels`), and the model facts come from `spec.model.architecture`,
@@ -14,6 +17,8 @@ This module only chooses the inputs:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -25,12 +30,31 @@ SOURCE_OVERRIDE = "override"
 SOURCE_SPEC = "spec"
 SOURCE_NODE_LABELS = "node-labels"
 SOURCE_ENGINE = "engine"
+SOURCE_MEMORY = "memory"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+# What a CPU engine's process holds besides its --cpu-memory-budget (which holds the
+# weights, the activation reserve and the KV cache, as GPU memory does on a GPU): the
+# Python runtime, torch and transformers, the tokenizer and the HTTP server. Measured
+# with the operator's own command line for the embedded model (CPU torch 2.13): 0.45 GiB
+# RSS once ready, and 0.48 GiB besides a KV cache written through under load (peak RSS
+# 705 MiB with a 256 MiB budget; 1.37 GiB with the 1 GiB budget of a 2Gi pod, every KV
+# block written). The engine image's CUDA torch maps more libraries, so 1 GiB leaves
+# about half of it as margin.
+CPU_RUNTIME_OVERHEAD_BYTES = 1 << 30
+# The memory request and limit of a CPU engine's pod when spec.resources.memory is
+# unset: 2 GiB of budget, what `pagedinfer serve --cpu-memory-budget` defaults to.
+DEFAULT_CPU_MEMORY = "3Gi"
+DEFAULT_CPU_MEMORY_BYTES = 3 << 30
 
 
 @dataclass(frozen=True)
 class KVCachePlan:
-    """What `status.kvCache` reports. Sizes are per GPU in bytes; None when not known before start."""
+    """What `status.kvCache` reports. Sizes are per GPU (per CPU engine) in bytes; None when not known before start.
+
+    A CPU engine's plan has cpu_memory_budget_bytes (the engine's
+    --cpu-memory-budget) and no gpu_memory_bytes; a GPU engine's the reverse.
+    """
 
     source: str
     block_size: int
@@ -39,6 +63,14 @@ class KVCachePlan:
     weight_bytes_per_gpu: int | None = None
     bytes_per_token: int | None = None
     bytes_per_block: int | None = None
+    cpu_memory_budget_bytes: int | None = None
+
+    @classmethod
+    def from_result(cls, source: str, result: sizing.SizingResult, **memory_bytes: int) -> "KVCachePlan":
+        """A sized plan; `memory_bytes` is gpu_memory_bytes or cpu_memory_budget_bytes, whichever was sized."""
+        return cls(source=source, block_size=result.block_size, num_gpu_blocks=result.num_gpu_blocks,
+                   weight_bytes_per_gpu=result.weight_bytes_per_gpu, bytes_per_token=result.bytes_per_token,
+                   bytes_per_block=result.bytes_per_block, **memory_bytes)
 
     @property
     def max_tokens(self) -> int | None:
@@ -54,6 +86,7 @@ class KVCachePlan:
             "weightBytesPerGpu": self.weight_bytes_per_gpu,
             "bytesPerToken": self.bytes_per_token,
             "bytesPerBlock": self.bytes_per_block,
+            "cpuMemoryBudgetBytes": self.cpu_memory_budget_bytes,
         }
         return {key: value for key, value in fields.items() if value is not None}
 
@@ -86,8 +119,16 @@ def shape_from_architecture(arch: Architecture, dtype: str) -> sizing.ModelShape
     )
 
 
-def shape_from_config(config: Mapping[str, Any], dtype: str) -> sizing.ModelShape:
-    """A config.json (dict) to a ModelShape; ValueError names what is missing."""
+def shape_from_config(config: Mapping[str, Any], dtype: str, cpu: bool = False) -> sizing.ModelShape:
+    """A config.json (dict) to a ModelShape; ValueError names what is missing.
+
+    `cpu`: dtype auto resolves as the engine resolves it on a CPU (the
+    config's dtype, float32 when it names none or float16).
+    """
+    if cpu and dtype == "auto":
+        cfg = config.get("text_config") or config
+        declared = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
+        dtype = "float32" if declared == "float16" else declared
     return sizing.ModelShape.from_hf_config(config, dtype=dtype)
 
 
@@ -97,34 +138,106 @@ def needs_node_discovery(spec: InferenceServiceSpec) -> bool:
 
 
 def needs_model_shape(spec: InferenceServiceSpec) -> bool:
-    return spec.resources.gpus > 0 and spec.engine.num_gpu_blocks_override is None
+    return spec.engine.num_gpu_blocks_override is None
+
+
+def cpu_memory(spec: InferenceServiceSpec) -> tuple[str, int]:
+    """A CPU engine pod's memory request and limit: (quantity, bytes) of spec.resources.memory or the default."""
+    r = spec.resources
+    if r.memory is not None and r.memory_bytes is not None:
+        return r.memory, r.memory_bytes
+    return DEFAULT_CPU_MEMORY, DEFAULT_CPU_MEMORY_BYTES
 
 
 def plan_for(spec: InferenceServiceSpec, shape: sizing.ModelShape | None,
              gpu_memory_bytes: int | None, source: str) -> KVCachePlan:
     """The plan for one engine; raises sizing.InsufficientMemoryError when nothing fits."""
     engine = spec.engine
-    if engine.num_gpu_blocks_override is not None:
-        per_block = None
-        if shape is not None:
-            per_block = sizing.kv_bytes_per_block(shape, engine.block_size, engine.tensor_parallel_size)
-        return KVCachePlan(source=SOURCE_OVERRIDE, block_size=engine.block_size,
-                           num_gpu_blocks=engine.num_gpu_blocks_override, bytes_per_block=per_block,
-                           bytes_per_token=None if per_block is None else per_block // engine.block_size)
     if spec.resources.gpus == 0:
-        return KVCachePlan(source=SOURCE_ENGINE, block_size=engine.block_size, num_gpu_blocks=None)
+        return cpu_plan(spec, shape)
+    if engine.num_gpu_blocks_override is not None:
+        return override_plan(spec, shape)
     if shape is None or gpu_memory_bytes is None:
         raise ValueError("plan_for: a GPU engine needs the model shape and the GPU memory")
     result = sizing.plan_kv_cache(sizing_inputs(spec, shape, gpu_memory_bytes))
-    return KVCachePlan(
-        source=source,
-        block_size=result.block_size,
-        num_gpu_blocks=result.num_gpu_blocks,
-        gpu_memory_bytes=result.gpu_memory_bytes,
-        weight_bytes_per_gpu=result.weight_bytes_per_gpu,
-        bytes_per_token=result.bytes_per_token,
-        bytes_per_block=result.bytes_per_block,
-    )
+    return KVCachePlan.from_result(source, result, gpu_memory_bytes=result.gpu_memory_bytes)
+
+
+def cpu_plan(spec: InferenceServiceSpec, shape: sizing.ModelShape | None) -> KVCachePlan:
+    """The plan of a CPU engine (gpus: 0), whose pod gets the memory `cpu_memory` names as request and limit.
+
+    The engine's --cpu-memory-budget is that memory less CPU_RUNTIME_OVERHEAD_BYTES,
+    and the engine sizes within it as on a GPU: budget x gpuMemoryUtilization
+    - weights - activation reserve (on a CPU, the per-token term of
+    `estimate_activation_reserve_bytes` alone, as the engine estimates it),
+    so the process stays under the limit whatever the load. With the model's
+    shape this is planned here and the engine gets the block count too
+    (source `memory`); without it the engine sizes itself within the budget
+    (source `engine`). Raises sizing.InsufficientMemoryError, naming the
+    memory to set, when not one maxModelLen sequence fits.
+    """
+    engine = spec.engine
+    memory, memory_bytes = cpu_memory(spec)
+    budget = memory_bytes - CPU_RUNTIME_OVERHEAD_BYTES
+    if budget < 1:
+        raise sizing.InsufficientMemoryError(
+            f"spec.resources.memory {memory} leaves no memory for the CPU engine's weights and KV cache: its"
+            f" runtime alone takes {_gib(CPU_RUNTIME_OVERHEAD_BYTES)}. Set spec.resources.memory to"
+            f" {CPU_RUNTIME_OVERHEAD_BYTES // 2**20}Mi plus the weights and KV cache (unset, it is"
+            f" {DEFAULT_CPU_MEMORY}).")
+    if engine.num_gpu_blocks_override is not None:
+        return dataclasses.replace(override_plan(spec, shape), cpu_memory_budget_bytes=budget)
+    if shape is None:
+        return KVCachePlan(source=SOURCE_ENGINE, block_size=engine.block_size, num_gpu_blocks=None,
+                           cpu_memory_budget_bytes=budget)
+    inputs = cpu_sizing_inputs(spec, shape, budget)
+    try:
+        result = sizing.plan_kv_cache(inputs)
+    except sizing.InsufficientMemoryError:
+        raise sizing.InsufficientMemoryError(cpu_shortfall_message(inputs, memory)) from None
+    return KVCachePlan.from_result(SOURCE_MEMORY, result, cpu_memory_budget_bytes=budget)
+
+
+def override_plan(spec: InferenceServiceSpec, shape: sizing.ModelShape | None) -> KVCachePlan:
+    """spec.engine.numGpuBlocksOverride as the plan, with the bytes per block when the shape is known."""
+    engine = spec.engine
+    per_block = None
+    if shape is not None:
+        per_block = sizing.kv_bytes_per_block(shape, engine.block_size, engine.tensor_parallel_size)
+    return KVCachePlan(source=SOURCE_OVERRIDE, block_size=engine.block_size,
+                       num_gpu_blocks=engine.num_gpu_blocks_override, bytes_per_block=per_block,
+                       bytes_per_token=None if per_block is None else per_block // engine.block_size)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
+def cpu_sizing_inputs(spec: InferenceServiceSpec, shape: sizing.ModelShape, budget_bytes: int) -> sizing.SizingInputs:
+    """The SizingInputs the engine builds on a CPU (`ModelRunner.plan_kv_cache`) for the same flags."""
+    reserve = (sizing.estimate_activation_reserve_bytes(shape, spec.engine.max_num_batched_tokens)
+               - sizing.FIXED_OVERHEAD_BYTES)
+    return dataclasses.replace(sizing_inputs(spec, shape, budget_bytes), activation_reserve_bytes=reserve)
+
+
+def cpu_shortfall_message(inputs: sizing.SizingInputs, memory: str) -> str:
+    """Why a CPU engine does not fit in `memory`, and the smallest spec.resources.memory that holds one sequence."""
+    shape = inputs.shape
+    per_block = sizing.kv_bytes_per_block(shape, inputs.block_size, inputs.tensor_parallel_size)
+    weights = sizing.weight_bytes_per_gpu(shape, inputs.tensor_parallel_size)
+    reserve = inputs.activation_reserve_bytes or 0
+    max_model_len = inputs.max_model_len or shape.max_position_embeddings or inputs.block_size
+    needed = -(-max_model_len // inputs.block_size)
+    usable = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization) - weights - reserve
+    fits = max(usable, 0) // per_block
+    least_budget = math.ceil((needed * per_block + weights + reserve) / inputs.gpu_memory_utilization)
+    least_mib = -(-(least_budget + CPU_RUNTIME_OVERHEAD_BYTES) // 2**20) + 1
+    return (f"The CPU engine does not fit in spec.resources.memory {memory}: less its runtime"
+            f" ({_gib(CPU_RUNTIME_OVERHEAD_BYTES)}) that leaves a budget of {_gib(inputs.gpu_memory_bytes)},"
+            f" x gpuMemoryUtilization {inputs.gpu_memory_utilization} less weights {_gib(weights)} and"
+            f" activation reserve {_gib(reserve)} (maxNumBatchedTokens={inputs.max_num_batched_tokens}) holds"
+            f" {fits} KV blocks of {per_block} bytes, but one maxModelLen={max_model_len} sequence needs"
+            f" {needed}. Set spec.resources.memory to at least {least_mib}Mi, or lower spec.engine.maxModelLen.")
 
 
 def sizing_inputs(spec: InferenceServiceSpec, shape: sizing.ModelShape, gpu_memory_bytes: int) -> sizing.SizingInputs:

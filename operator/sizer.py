@@ -43,7 +43,11 @@ def _embedded_default_config() -> dict[str, Any] | None:
 
 
 async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> sizing.ModelShape:
-    """Architecture inline, else the ConfigMap's config.json, else the Hub's, else the embedded model's."""
+    """Architecture inline, else the ConfigMap's config.json, else the Hub's, else the embedded model's.
+
+    A config.json's dtype auto resolves as the engine will on the pod's device
+    (a CPU engine runs float16 models in float32).
+    """
     model = spec.model
     retry = runtime.config.no_nodes_retry_seconds
     unavailable = status.REASON_MODEL_CONFIG_UNAVAILABLE
@@ -74,17 +78,19 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
         source = "the embedded default model"
     else:
         where = model.uri.raw if model.uri else "the embedded default model"
+        gpu_only = " (or spec.engine.numGpuBlocksOverride, or spec.resources.gpus: 0)" if spec.resources.gpus else ""
         raise SizingFailure(unavailable, f"The operator cannot read the config of {where}: set "
-                                         f"spec.model.architecture or spec.model.configMapRef (or "
-                                         f"spec.engine.numGpuBlocksOverride, or spec.resources.gpus: 0).", None)
+                                         f"spec.model.architecture or spec.model.configMapRef{gpu_only}.", None)
     try:
-        return planning.shape_from_config(config, model.dtype)
+        return planning.shape_from_config(config, model.dtype, cpu=spec.resources.gpus == 0)
     except (ValueError, TypeError) as exc:
         raise SizingFailure(unavailable, f"config.json from {source} is not usable: {exc}", None) from None
 
 
 async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> tuple[planning.KVCachePlan, str]:
     """The KV plan and a sentence saying where its numbers come from; SizingFailure when it cannot be made (yet)."""
+    if spec.resources.gpus == 0:
+        return await _plan_cpu(runtime, spec, namespace)
     if not planning.needs_model_shape(spec):
         shape = None
         if spec.model.architecture is not None:
@@ -112,10 +118,36 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> 
     return result, sized_message(result) + where
 
 
-def sized_message(plan_: planning.KVCachePlan) -> str:
+async def _plan_cpu(runtime: Runtime, spec: InferenceServiceSpec,
+                    namespace: str) -> tuple[planning.KVCachePlan, str]:
+    """A CPU engine's plan (`planning.cpu_plan`). Without the model's shape the engine sizes
+    itself within the budget the pod's memory leaves, and the message says why."""
+    shape, unknown = None, ""
+    if spec.model.architecture is not None:
+        shape = planning.shape_from_architecture(spec.model.architecture, spec.model.dtype)
+    elif planning.needs_model_shape(spec):
+        try:
+            shape = await model_shape(runtime, spec, namespace)
+        except SizingFailure as failure:
+            unknown = f" The operator cannot size it itself: {failure.message}"
+    try:
+        result = planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY)
+    except sizing.InsufficientMemoryError as exc:
+        raise SizingFailure(status.REASON_INSUFFICIENT_MEMORY, str(exc), None) from None
+    return result, sized_message(result, spec) + unknown
+
+
+def sized_message(plan_: planning.KVCachePlan, spec: InferenceServiceSpec | None = None) -> str:
+    budget = ""
+    if plan_.cpu_memory_budget_bytes is not None and spec is not None:
+        memory = planning.cpu_memory(spec)[0]
+        where = "spec.resources.memory" if spec.resources.memory else "the default pod memory"
+        budget = (f"a CPU budget of {plan_.cpu_memory_budget_bytes / 2**30:.2f} GiB ({where} {memory} less"
+                  f" {planning.CPU_RUNTIME_OVERHEAD_BYTES / 2**30:g} GiB for the runtime)")
     if plan_.num_gpu_blocks is None:
-        return "CPU engine: the engine sizes its own KV cache at start-up."
+        return f"CPU engine: the engine sizes its own KV cache at start-up within {budget or 'its budget'}."
     per_token = f", {plan_.bytes_per_token} bytes per token" if plan_.bytes_per_token else ""
     memory = f" on {plan_.gpu_memory_bytes / 2**30:.1f} GiB GPUs" if plan_.gpu_memory_bytes else ""
+    memory = f" within {budget}" if budget else memory
     return (f"{plan_.num_gpu_blocks} KV blocks of {plan_.block_size} tokens ({plan_.max_tokens} tokens)"
             f"{memory}{per_token}; source {plan_.source}.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from typing import Any, Mapping
 
 from pagedinfer.engine import sizing
@@ -131,6 +132,27 @@ def parse_model_uri(uri: str) -> ModelUri:
     if not rest or rest.startswith("/"):
         raise ValueError(f"{uri!r}: expected s3://<bucket>/<key>")
     return ModelUri(raw=uri, scheme=scheme)
+
+
+# Kubernetes quantity suffixes (resource.Quantity): decimal SI, binary IEC, and m (milli).
+_QUANTITY_FACTORS = {
+    "": 1, "m": Fraction(1, 1000),
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A memory quantity as Kubernetes reads it ('2Gi', '1.5G', '512M', '3000000000') -> bytes, rounded up.
+
+    Unlike `sizing.parse_bytes`, 'm' is milli and 'M' mega, as in a pod spec.
+    ValueError for anything `_QUANTITY` does not match.
+    """
+    match = _QUANTITY.fullmatch(quantity)
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a Kubernetes quantity (examples: 2Gi, 512Mi, 4G)")
+    suffix = match.group(2) or ""
+    return math.ceil(Fraction(quantity[:len(quantity) - len(suffix)]) * _QUANTITY_FACTORS[suffix])
 
 
 def _name_and_key(r: _Reader, raw: Any, path: str, default_key: str) -> tuple[str, str] | None:
@@ -282,12 +304,14 @@ def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
             r.problems.append(str(exc))
     cpu = r.string(res, "cpu", path, None, pattern=_QUANTITY)
     memory = r.string(res, "memory", path, None, pattern=_QUANTITY)
+    memory_bytes = quantity_bytes(memory) if memory is not None and _QUANTITY.fullmatch(memory) else None
     return ResourcesSpec(
         gpus=r.integer(res, "gpus", path, 1, minimum=0, maximum=16) or 0,
         gpu_product=r.string(res, "gpuProduct", path, None, max_length=63),
         gpu_memory_bytes=gpu_memory,
         cpu=cpu,
         memory=memory,
+        memory_bytes=memory_bytes,
     )
 
 

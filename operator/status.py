@@ -6,8 +6,9 @@ when the status flips) and observedGeneration (the owner's generation the
 condition was set for):
 
 - Valid:     SpecValid | InvalidSpec
-- Sized:     SizedFromNodeLabels | SizedFromSpec | Override | SizedByEngine
-             | NoMatchingNodes | InsufficientGPUMemory | ModelConfigUnavailable
+- Sized:     SizedFromNodeLabels | SizedFromSpec | SizedFromMemory | Override | SizedByEngine
+             | NoMatchingNodes | InsufficientGPUMemory | InsufficientMemory (a CPU engine)
+             | ModelConfigUnavailable
 - Applied:   ChildrenApplied | ChildConflict | ApplyFailed | NotDeployed
 - Available: MinimumReplicasAvailable | NoReplicasAvailable | ScaledToZero | NotDeployed
 - Ready:     AllReplicasReady | RolloutInProgress | ReplicasNotReady | NotDeployed
@@ -39,6 +40,7 @@ REASON_SPEC_VALID = "SpecValid"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_NO_MATCHING_NODES = "NoMatchingNodes"
 REASON_INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
+REASON_INSUFFICIENT_MEMORY = "InsufficientMemory"
 REASON_MODEL_CONFIG_UNAVAILABLE = "ModelConfigUnavailable"
 REASON_NOT_DEPLOYED = "NotDeployed"
 REASON_CHILDREN_APPLIED = "ChildrenApplied"
@@ -47,6 +49,7 @@ REASON_APPLY_FAILED = "ApplyFailed"
 SIZED_REASONS = {
     "node-labels": "SizedFromNodeLabels",
     "spec": "SizedFromSpec",
+    "memory": "SizedFromMemory",
     "override": "Override",
     "engine": "SizedByEngine",
 }
@@ -166,7 +169,8 @@ def phase_for(conditions: Iterable[Mapping[str, Any]]) -> str:
     if valid.get("status") == "False":
         return PHASE_INVALID
     if sized.get("status") == "False":
-        return PHASE_FAILED if sized.get("reason") == REASON_INSUFFICIENT_GPU_MEMORY else PHASE_PENDING
+        does_not_fit = sized.get("reason") in (REASON_INSUFFICIENT_GPU_MEMORY, REASON_INSUFFICIENT_MEMORY)
+        return PHASE_FAILED if does_not_fit else PHASE_PENDING
     if sized.get("status") != "True":
         return PHASE_PENDING
     if by_type.get(APPLIED, {}).get("reason") in (REASON_CHILD_CONFLICT, REASON_APPLY_FAILED):

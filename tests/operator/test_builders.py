@@ -70,6 +70,20 @@ def test_the_engine_gets_the_sized_block_count_and_every_flag():
     assert "--num-gpu-blocks-override" not in cpu_args and "--model" not in cpu_args
 
 
+def test_a_cpu_engine_gets_the_pod_memory_its_kv_budget_was_derived_from():
+    spec, plan, deployment, _ = built("cpu")  # spec.resources.memory unset: the default
+    flags = dict(zip(container(deployment)["args"][1::2], container(deployment)["args"][2::2]))
+    assert container(deployment)["resources"] == {"requests": {"memory": "3Gi"}, "limits": {"memory": "3Gi"}}
+    assert int(flags["--cpu-memory-budget"]) == plan.cpu_memory_budget_bytes == 3 * 2**30 - 2**30
+    spec = parse_spec("tiny", {"resources": {"gpus": 0, "cpu": "2", "memory": "2Gi"}})
+    cpu = container(builders.build_deployment(OWNER, spec, plan_of(spec)))
+    assert cpu["resources"] == {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+    assert cpu["args"][cpu["args"].index("--cpu-memory-budget") + 1] == str(2**30)
+    gpu_container = container(built("hf")[2])
+    assert "--cpu-memory-budget" not in gpu_container["args"]
+    assert gpu_container["resources"]["limits"] == {"memory": "32Gi", "nvidia.com/gpu": "1"}
+
+
 def test_gpu_limits_port_probes_and_security_context():
     _, _, deployment, service = built("hf")
     c = container(deployment)
@@ -142,7 +156,7 @@ def test_an_engine_change_rolls_the_pods_and_a_replica_change_does_not():
 
 
 def test_the_update_patch_removes_pod_fields_the_spec_no_longer_sets():
-    spec = parse_spec("llama", {"model": {"architecture": ARCH}, "resources": {"gpus": 0}})
+    spec = parse_spec("llama", {"resources": {"gpus": 0}})
     patch = builders.patch_for(builders.build_deployment(OWNER, spec, plan_of(spec)))
     pod = patch["spec"]["template"]["spec"]
     assert pod["nodeSelector"] is None and pod["tolerations"] is None and pod["affinity"] is None

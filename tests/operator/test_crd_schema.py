@@ -1,5 +1,6 @@
 """The CRD is a valid Kubernetes object, its schema admits the examples, and its defaults are parse_spec's."""
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pagedinfer.operator import planning, status
 from pagedinfer.operator.crd_model import MANAGED_FLAGS, EngineSpec
 from pagedinfer.operator.spec_parser import parse_spec
 
@@ -113,6 +115,14 @@ def test_every_cel_rule_has_an_operator_check():
                 parse_spec("x", spec)
     with pytest.raises(ValueError):
         parse_spec("x" * 48, {})
+
+
+def test_the_status_schema_holds_every_kv_cache_field_and_source():
+    kv_cache = SCHEMA["properties"]["status"]["properties"]["kvCache"]["properties"]
+    assert set(kv_cache["source"]["enum"]) == set(status.SIZED_REASONS)
+    fields = {field.name for field in dataclasses.fields(planning.KVCachePlan)}
+    full = planning.KVCachePlan(**{name: 1 for name in fields}).to_status()
+    assert set(full) | {"maxTokens"} == set(kv_cache)
 
 
 def test_the_extra_args_rule_lists_the_operators_managed_flags():

@@ -119,6 +119,19 @@ async def test_a_model_too_large_for_the_gpus_is_insufficient_gpu_memory_with_nu
         assert emulator.count("create", "deployments") == 0
 
 
+async def test_a_cpu_engine_whose_memory_cannot_hold_one_sequence_starts_nothing(emulator):
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("tiny", {"resources": {"gpus": 0, "memory": "1030Mi"}}))
+        sized = await eventually(lambda: condition(isvc_of(emulator, "tiny"), "Sized"))
+        assert (sized["status"], sized["reason"]) == ("False", "InsufficientMemory")
+        assert "spec.resources.memory 1030Mi" in sized["message"] and "maxModelLen=2048" in sized["message"]
+        assert isvc_of(emulator, "tiny")["status"]["phase"] == "Failed"
+        await eventually(lambda: warnings(emulator, "InsufficientMemory"))
+        await emulator.merge(ISVC, "default", "tiny", {"spec": {"resources": {"memory": "2Gi"}}})
+        await eventually(lambda: emulator.read(DEPLOYMENTS, "default", "tiny"))
+        assert condition(isvc_of(emulator, "tiny"), "Sized")["reason"] == "SizedFromMemory"
+
+
 async def test_no_matching_nodes_is_retried_until_a_node_joins(emulator):
     await add_gpu_node(emulator, "l4", 23034, product="NVIDIA-L4")
     async with running_operator():
@@ -152,9 +165,14 @@ async def test_config_from_a_configmap_and_cpu_engines(emulator):
         assert llama["bytesPerToken"] == 128 * 1024 and llama["source"] == "spec"
         assert llama["gpuMemoryBytes"] == 80 * 2**30
         tiny = await eventually(lambda: isvc_of(emulator, "tiny")["status"]["kvCache"])
-        assert tiny == {"source": "engine", "blockSize": 16}
-        assert "--num-gpu-blocks-override" not in args_of(emulator.read(DEPLOYMENTS, "default", "tiny"))
-        assert condition(isvc_of(emulator, "tiny"), "Sized")["reason"] == "SizedByEngine"
+        # The embedded model's shape and the default pod memory (3Gi) less the 1 GiB runtime overhead.
+        assert tiny["source"] == "memory" and tiny["cpuMemoryBudgetBytes"] == 2 * 2**30
+        assert tiny["bytesPerToken"] == 2048 and tiny["numGpuBlocks"] > 50_000
+        args = args_of(emulator.read(DEPLOYMENTS, "default", "tiny"))
+        assert args[args.index("--num-gpu-blocks-override") + 1] == str(tiny["numGpuBlocks"])
+        assert args[args.index("--cpu-memory-budget") + 1] == str(2 * 2**30)
+        sized = condition(isvc_of(emulator, "tiny"), "Sized")
+        assert sized["reason"] == "SizedFromMemory" and "the default pod memory 3Gi" in sized["message"]
     assert emulator.count("list", "nodes") == 0  # neither needed node discovery
 
 

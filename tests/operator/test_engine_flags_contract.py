@@ -66,3 +66,25 @@ def test_every_prefix_of_a_managed_flag_is_refused():
     for flag in MANAGED_FLAGS:
         for end in range(2, len(flag) + 1):
             assert managed_flag_of(flag[:end]) is not None and managed_flag_of(flag[:end] + "=v") is not None
+
+
+@pytest.mark.parametrize("resources", [{"gpus": 0, "memory": "2Gi"}, {"gpus": 0}])
+def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_passes(resources):
+    """The engine's own CPU plan (no override) from the operator's flags equals status.kvCache's."""
+    import dataclasses
+
+    from pagedinfer.engine.engine_args import engine_config_from_args
+    from pagedinfer.engine.model_runner import ModelRunner
+    from pagedinfer.engine.server.launcher import default_model_dir
+    from pagedinfer.operator import sizer
+
+    spec = parse_spec("tiny", {"resources": resources, "engine": {"maxModelLen": 512}})
+    shape = planning.shape_from_config(sizer._embedded_default_config(), spec.model.dtype, cpu=True)
+    plan = planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY)
+    args = build_parser().parse_args(builders.engine_args(spec, plan))
+    assert args.cpu_memory_budget == str(plan.cpu_memory_budget_bytes)
+    config = dataclasses.replace(engine_config_from_args(args, model=str(default_model_dir())),
+                                 num_gpu_blocks_override=None, device="cpu")
+    engine_plan = ModelRunner(config).plan_kv_cache(512)
+    assert (engine_plan.num_gpu_blocks, engine_plan.bytes_per_block) == (plan.num_gpu_blocks, plan.bytes_per_block)
+    assert engine_plan.gpu_memory_bytes == plan.cpu_memory_budget_bytes == planning.cpu_memory(spec)[1] - 2**30

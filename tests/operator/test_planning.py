@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -68,13 +69,65 @@ def test_one_max_model_len_sequence_must_fit():
         planning.plan_for(s, shape, H100_BYTES, "node-labels")
 
 
-def test_override_skips_sizing_and_cpu_engines_size_themselves():
+def test_override_skips_sizing():
     s = parse_spec("x", {"engine": {"numGpuBlocksOverride": 1234, "blockSize": 32}})
     plan = planning.plan_for(s, None, None, "ignored")
     assert (plan.source, plan.num_gpu_blocks, plan.max_tokens) == ("override", 1234, 1234 * 32)
-    cpu = planning.plan_for(parse_spec("x", {"resources": {"gpus": 0}}), None, None, "ignored")
-    assert cpu.source == "engine" and cpu.num_gpu_blocks is None
-    assert cpu.to_status() == {"source": "engine", "blockSize": 16}
+
+
+TINY_CONFIG = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 32, "intermediate_size": 384, "vocab_size": 2048, "max_position_embeddings": 2048,
+               "tie_word_embeddings": True, "dtype": "float32"}
+
+
+def cpu_spec(**resources):
+    return parse_spec("tiny", {"resources": {"gpus": 0, **resources}, "engine": {"maxModelLen": 512}})
+
+
+def test_a_cpu_engine_is_sized_from_its_pod_memory_less_the_runtime_overhead():
+    s = cpu_spec(memory="2Gi")
+    shape = planning.shape_from_config(TINY_CONFIG, "auto", cpu=True)
+    plan = planning.plan_for(s, shape, None, "ignored")
+    budget = 2 * 2**30 - planning.CPU_RUNTIME_OVERHEAD_BYTES
+    reserve = 2048 * sizing.ACTIVATION_HIDDEN_MULTIPLE * 128 * 4  # the per-token term alone, as the engine on a CPU
+    usable = int(budget * 0.9) - shape.num_parameters * 4 - reserve
+    assert plan.num_gpu_blocks == usable // (2 * 4 * 2 * 32 * 4 * 16)
+    assert plan.to_status() == {
+        "source": "memory", "blockSize": 16, "numGpuBlocks": plan.num_gpu_blocks, "maxTokens": plan.max_tokens,
+        "weightBytesPerGpu": shape.num_parameters * 4, "bytesPerToken": 2048, "bytesPerBlock": 32768,
+        "cpuMemoryBudgetBytes": budget}
+
+
+def test_unset_cpu_memory_is_the_documented_default_and_a_cpu_engine_without_the_shape_sizes_itself():
+    s = cpu_spec()
+    assert planning.cpu_memory(s) == ("3Gi", 3 * 2**30)
+    plan = planning.plan_for(s, None, None, "ignored")
+    assert plan.to_status() == {"source": "engine", "blockSize": 16, "cpuMemoryBudgetBytes": 2 * 2**30}
+    override = planning.plan_for(parse_spec("x", {"resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 64}}),
+                                 None, None, "ignored")
+    assert (override.source, override.num_gpu_blocks, override.cpu_memory_budget_bytes) == ("override", 64, 2**31)
+
+
+def test_a_cpu_engine_runs_float16_models_in_float32_as_the_engine_does():
+    assert planning.shape_from_config({**TINY_CONFIG, "dtype": "float16"}, "auto", cpu=True).dtype == "float32"
+    assert planning.shape_from_config({**TINY_CONFIG, "dtype": "float16"}, "auto").dtype == "float16"
+    assert planning.shape_from_config({**TINY_CONFIG, "dtype": "bfloat16"}, "auto", cpu=True).dtype == "bfloat16"
+    assert planning.shape_from_config({**TINY_CONFIG, "dtype": "float16"}, "float16", cpu=True).dtype == "float16"
+
+
+def test_a_cpu_engine_too_small_for_one_sequence_names_the_memory_that_fits():
+    shape = planning.shape_from_config({**TINY_CONFIG, "num_hidden_layers": 64}, "auto", cpu=True)
+    s = parse_spec("tiny", {"resources": {"gpus": 0, "memory": "1100Mi"}, "engine": {"maxModelLen": 2048}})
+    with pytest.raises(sizing.InsufficientMemoryError) as info:
+        planning.plan_for(s, shape, None, "ignored")
+    message = str(info.value)
+    assert message.startswith("The CPU engine does not fit in spec.resources.memory 1100Mi")
+    assert "one maxModelLen=2048 sequence needs 128" in message and "budget of 0.07 GiB" in message
+    least = re.search(r"at least (\d+Mi)", message).group(1)
+    fits = parse_spec("tiny", {"resources": {"gpus": 0, "memory": least}, "engine": {"maxModelLen": 2048}})
+    assert planning.plan_for(fits, shape, None, "ignored").num_gpu_blocks >= 128
+    with pytest.raises(sizing.InsufficientMemoryError, match="runtime alone takes 1.00 GiB"):
+        planning.plan_for(cpu_spec(memory="1Gi"), shape, None, "ignored")
 
 
 def test_status_fields_are_camel_case_and_complete():
@@ -82,7 +135,7 @@ def test_status_fields_are_camel_case_and_complete():
     plan = planning.plan_for(s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES,
                              "node-labels")
     assert set(plan.to_status()) == {"source", "blockSize", "numGpuBlocks", "maxTokens", "gpuMemoryBytes",
-                                     "weightBytesPerGpu", "bytesPerToken", "bytesPerBlock"}
+                                     "weightBytesPerGpu", "bytesPerToken", "bytesPerBlock"}  # no CPU budget
 
 
 def test_gpu_pods_tolerate_the_gpu_taint_and_select_the_product():

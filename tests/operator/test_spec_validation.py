@@ -3,7 +3,7 @@
 import pytest
 
 from pagedinfer.operator.crd_model import SpecError
-from pagedinfer.operator.spec_parser import parse_model_uri, parse_spec
+from pagedinfer.operator.spec_parser import parse_model_uri, parse_spec, quantity_bytes
 
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 
@@ -47,6 +47,7 @@ def test_bad_model_uris_are_rejected_with_the_expected_form(uri):
     ({"engine": {"numGpuBlocksOverride": 0}}, "spec.engine.numGpuBlocksOverride"),
     ({"engine": {"extraArgs": ["--port=9000"]}}, "spec.engine.extraArgs"),
     ({"engine": {"extraArgs": ["--num-gpu-blocks-override", "5"]}}, "spec.engine.extraArgs"),
+    ({"engine": {"extraArgs": ["--cpu-memory-budget=8GiB"]}}, "spec.engine.extraArgs"),
     ({"engine": {"env": [{"name": "PAGEDINFER_API_KEY", "value": "leak"}]}}, "spec.engine.env[0].name"),
     ({"engine": {"apiKeySecretRef": {"key": "k"}}}, "spec.engine.apiKeySecretRef.name"),
     ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 0}}, "spec.engine.tensorParallelSize"),
@@ -57,6 +58,7 @@ def test_bad_model_uris_are_rejected_with_the_expected_form(uri):
     ({"resources": {"gpus": -1}}, "spec.resources.gpus"),
     ({"resources": {"gpuMemory": "lots"}}, "spec.resources.gpuMemory"),
     ({"resources": {"cpu": "two"}}, "spec.resources.cpu"),
+    ({"resources": {"memory": "2 GiB"}}, "spec.resources.memory"),
     ({"model": {"dtype": "int4"}}, "spec.model.dtype"),
     ({"model": {"architecture": {"numLayers": 32}}}, "spec.model.architecture.numKVHeads"),
     ({"model": {"architecture": ARCH, "configMapRef": {"name": "c"}}}, "spec.model"),
@@ -92,6 +94,13 @@ def test_replicas_are_clamped_into_min_max_for_the_deployment():
 def test_gpu_memory_accepts_kubernetes_and_byte_sizes():
     assert parse_spec("s", {"resources": {"gpuMemory": "80GiB"}}).resources.gpu_memory_bytes == 80 * 2**30
     assert parse_spec("s", {"resources": {"gpuMemory": "81559Mi"}}).resources.gpu_memory_bytes == 81559 * 2**20
+
+
+def test_memory_is_read_as_kubernetes_reads_a_quantity():
+    assert quantity_bytes("2Gi") == 2 * 2**30 and quantity_bytes("1.5G") == 1_500_000_000
+    assert quantity_bytes("512M") == 512 * 10**6 and quantity_bytes("3000000000") == 3_000_000_000
+    assert quantity_bytes("1500m") == 2  # milli, rounded up to a whole byte
+    assert parse_spec("s", {"resources": {"memory": "2.5Gi"}}).resources.memory_bytes == 5 * 2**29
 
 
 def test_tensor_parallelism_beyond_what_the_engine_runs_is_refused_with_the_reason():
