@@ -60,7 +60,7 @@ async def one_round(num_services: int, tmp: Path, timeout_seconds: float) -> dic
             started = time.monotonic()
             for name in names:
                 await emulator.create(ISVC, inference_service(name, {
-                    "model": {"uri": f"hf://org/{name}", "architecture": ARCH}}))
+                    "model": {"uri": f"hf://org/{name}", "allowDownload": True, "architecture": ARCH}}))
             done: dict[str, float] = {}
             while len(done) < len(names):
                 now = time.monotonic()

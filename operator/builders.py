@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
+from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
 from pagedinfer.operator.node_memory import MIB, require_gpu_memory
 from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
 
@@ -87,9 +87,12 @@ def _model_arg_and_mounts(spec: InferenceServiceSpec) -> tuple[list[str], list[d
     if uri is None:
         return [], [], [], []
     if uri.scheme == "hf":
-        offline = [] if spec.model.allow_download else [{"name": "HF_HUB_OFFLINE", "value": "1"}]
+        env = [] if spec.model.allow_download else [{"name": "HF_HUB_OFFLINE", "value": "1"}]
+        token = spec.model.hf_token_secret_ref
+        if token is not None:  # a reference only: the token itself never enters a manifest or the status
+            env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})
         revision = [] if spec.model.revision == "main" else ["--revision", spec.model.revision]
-        return ["--model", uri.repo_id or "", *revision], [], [], offline
+        return ["--model", uri.repo_id or "", *revision], [], [], env
     if uri.scheme == "pvc":
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": uri.claim_name, "readOnly": True}}
         mount = {"name": "model", "mountPath": PVC_MODEL_ROOT, "readOnly": True}

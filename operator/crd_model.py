@@ -31,6 +31,8 @@ MANAGED_FLAGS = (
     "--tensor-parallel-size", "--dtype", "--served-model-name", "--api-key", "--cpu-memory-budget",
 )
 RESERVED_ENV = ("PAGEDINFER_API_KEY", "HF_HOME", "HF_HUB_OFFLINE", "HOME")
+# Set by the operator only when spec.model.hfTokenSecretRef is (env may set it otherwise).
+HF_TOKEN_ENV = "HF_TOKEN"
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -106,6 +108,7 @@ class ModelSpec:
     revision: str = "main"  # hf:// only
     allow_download: bool = False  # hf:// only: False sets HF_HUB_OFFLINE=1 in the pod
     cache_claim_name: str | None = None  # None: an emptyDir model cache
+    hf_token_secret_ref: SecretKeyRef | None = None  # hf:// only: the pod's HF_TOKEN, from this Secret
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pagedinfer.operator.crd_model import (
     DTYPES,
     ENGINE_MAX_TENSOR_PARALLEL_SIZE,
     EngineSpec,
+    HF_TOKEN_ENV,
     InferenceServiceSpec,
     MANAGED_FLAGS,
     MAX_NAME_LENGTH,
@@ -199,14 +200,28 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
     if "architecture" in model and "configMapRef" in model:
         r.fail(path, "set at most one of architecture and configMapRef")
     cache_claim = r.string(model, "cacheClaimName", path, None, pattern=_DNS_1123_SUBDOMAIN)
+    allow_download = r.boolean(model, "allowDownload", path, False)
+    hf = uri is not None and uri.scheme == "hf"
+    if hf and not allow_download and cache_claim is None:
+        r.fail(path, f"{uri.raw} needs allowDownload: true (the pods download it into their cache) or "
+                     "cacheClaimName (a PersistentVolumeClaim already holding it in the Hugging Face cache "
+                     "layout): with neither, the pods run offline (HF_HUB_OFFLINE=1) over an empty cache "
+                     "and can never load it")
+    token = None
+    if "hfTokenSecretRef" in model:
+        named = _name_and_key(r, model["hfTokenSecretRef"], f"{path}.hfTokenSecretRef", "token")
+        token = SecretKeyRef(*named) if named else None
+        if not hf:
+            r.fail(f"{path}.hfTokenSecretRef", "is for hf:// models only (it becomes the pods' HF_TOKEN)")
     return ModelSpec(
         uri=uri,
         dtype=r.string(model, "dtype", path, "auto", choices=DTYPES) or "auto",
         architecture=architecture,
         config_map_ref=config_map_ref,
         revision=r.string(model, "revision", path, "main", max_length=255) or "main",
-        allow_download=r.boolean(model, "allowDownload", path, False),
+        allow_download=allow_download,
         cache_claim_name=cache_claim,
+        hf_token_secret_ref=token,
     )
 
 
@@ -336,6 +351,10 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
         r.fail("spec.model.uri", "file:// mounts a node directory (hostPath), which this operator refuses"
                                  " unless started with --allow-host-path-models; use pvc://<claim>/<path>")
     engine = _parse_engine(r, raw.get("engine"))
+    if model.hf_token_secret_ref is not None:
+        for i, item in enumerate(engine.env):
+            if item.get("name") == HF_TOKEN_ENV:
+                r.fail(f"spec.engine.env[{i}].name", f"{HF_TOKEN_ENV} is set from spec.model.hfTokenSecretRef")
     resources = _parse_resources(r, raw.get("resources"))
     node_selector = r.mapping(raw.get("nodeSelector"), "spec.nodeSelector")
     if not all(isinstance(v, str) for v in node_selector.values()):

@@ -100,14 +100,13 @@ async def seed(emulator, namespace: str) -> None:
                                        "metadata": {"name": "llama3-8b-config", "namespace": namespace},
                                        "data": {"config.json": LLAMA3_8B_CONFIG}})
     gpu = {"gpus": 1}
+    hf = {"uri": "hf://meta-llama/Meta-Llama-3-8B", "allowDownload": True}
     for name, spec in (
-        ("inline", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": LLAMA3_8B},
-                    "resources": gpu}),
-        ("from-configmap", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B",
-                                      "configMapRef": {"name": "llama3-8b-config"}}, "resources": gpu}),
-        ("too-big", {"model": {"uri": "hf://meta-llama/Meta-Llama-3.1-405B", "architecture": LLAMA3_405B},
+        ("inline", {"model": {**hf, "architecture": LLAMA3_8B}, "resources": gpu}),
+        ("from-configmap", {"model": {**hf, "configMapRef": {"name": "llama3-8b-config"}}, "resources": gpu}),
+        ("too-big", {"model": {**hf, "uri": "hf://meta-llama/Meta-Llama-3.1-405B", "architecture": LLAMA3_405B},
                      "resources": gpu}),
-        ("autoscaled", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": LLAMA3_8B},
+        ("autoscaled", {"model": {**hf, "architecture": LLAMA3_8B},
                         "resources": gpu, "replicas": 1, "minReplicas": 2, "maxReplicas": 3,
                         "autoscaling": {"enabled": True, "intervalSeconds": 1,
                                         "metrics": [{"name": "kvCacheUsage", "target": 0.8}]}}),

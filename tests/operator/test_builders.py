@@ -12,7 +12,8 @@ ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 SPECS = {
-    "hf": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": ARCH},
+    "hf": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": ARCH, "cacheClaimName": "hf-cache",
+                     "hfTokenSecretRef": {"name": "hf-token"}},
            "engine": {"apiKeySecretRef": {"name": "key"}, "env": [{"name": "LOG_LEVEL", "value": "debug"}],
                       "extraArgs": ["--seed=7"]},
            "resources": {"gpus": 1, "cpu": "4", "memory": "32Gi", "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
@@ -116,6 +117,14 @@ def test_api_key_comes_from_the_secret_and_hf_models_are_offline_by_default():
     spec = parse_spec("llama", {"model": {"uri": "hf://a/b", "allowDownload": True, "architecture": ARCH}})
     names = {e["name"] for e in container(builders.build_deployment(OWNER, spec, plan_of(spec)))["env"]}
     assert "HF_HUB_OFFLINE" not in names
+
+
+def test_an_hf_token_reaches_the_pod_as_a_secret_reference_only():
+    _, _, deployment, _ = built("hf")
+    env = {e["name"]: e for e in container(deployment)["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    for key in ("pvc", "cpu"):
+        assert "HF_TOKEN" not in {e["name"] for e in container(built(key)[2])["env"]}
 
 
 def test_pvc_and_file_models_are_mounted_read_only():

@@ -104,6 +104,12 @@ def test_every_cel_rule_has_an_operator_check():
         "extraArgs may not set or abbreviate a flag the operator sets from the spec":
             {"engine": {"extraArgs": ["--api-k", "x"]}},
         "this variable is set by the operator": {"engine": {"env": [{"name": "HF_HOME", "value": "/x"}]}},
+        "an hf:// model needs allowDownload: true or cacheClaimName (with neither, the pods run offline over an "
+        "empty cache)": {"model": {"uri": "hf://a/b", "allowDownload": False}},
+        "hfTokenSecretRef is for hf:// models only": {"model": {"uri": "pvc://c/m", "hfTokenSecretRef": {"name": "t"}}},
+        "engine.env may not set HF_TOKEN when model.hfTokenSecretRef is set": {
+            "model": {"uri": "hf://a/b", "allowDownload": True, "hfTokenSecretRef": {"name": "t"}},
+            "engine": {"env": [{"name": "HF_TOKEN", "value": "v"}]}},
         "source.url is required when source.type is prometheus": None,  # the autoscaler parses spec.autoscaling
         "prefixCacheHitRate needs kvCacheUsage listed too": None,  # (test_autoscaling_spec.py)
     }

@@ -104,6 +104,16 @@ async def test_extra_args_abbreviating_managed_flags_are_invalid_and_the_key_is_
     assert "sk-LITERAL" not in said and "999999" not in said
 
 
+async def test_an_hf_model_that_could_never_load_is_invalid_and_says_what_to_set(emulator):
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("offline", {
+            "model": {"uri": "hf://meta-llama/Meta-Llama-3-8B-Instruct", "architecture": LLAMA3_8B}}))
+        valid = await eventually(lambda: condition(isvc_of(emulator, "offline"), "Valid"))
+        assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
+        assert "allowDownload: true" in valid["message"] and "cacheClaimName" in valid["message"]
+        assert emulator.read(DEPLOYMENTS, "default", "offline") is None
+
+
 async def test_a_model_too_large_for_the_gpus_is_insufficient_gpu_memory_with_numbers(emulator):
     await add_gpu_node(emulator, "l4", 23034, product="NVIDIA-L4")
     big = {**LLAMA3_8B, "numLayers": 80, "numParameters": 70_553_706_496, "hiddenSize": 8192}

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.timeout(120)
 
 LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
              "hiddenSize": 4096, "maxPositionEmbeddings": 8192}
-SPEC = {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": LLAMA3_8B}, "replicas": 2}
+SPEC = {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "allowDownload": True, "architecture": LLAMA3_8B},
+        "replicas": 2}
 
 
 def expected_plan(spec_dict, memory_mib):

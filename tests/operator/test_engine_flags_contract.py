@@ -20,7 +20,8 @@ OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-222
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 
 SPECS = [
-    {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "revision": "v1.0", "architecture": ARCH},
+    {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "revision": "v1.0", "architecture": ARCH,
+               "allowDownload": True},
      "engine": {"blockSize": 32, "gpuMemoryUtilization": 0.85, "maxModelLen": 4096, "maxNumSeqs": 64,
                 "maxNumBatchedTokens": 4096, "enablePrefixCaching": False, "enableChunkedPrefill": False,
                 "swapSpaceGiB": 2},

@@ -71,8 +71,9 @@ async def test_the_operator_sizes_hf_models_from_the_hub_config(emulator, hub):
     config = dataclasses.replace(FAST_CONFIG, fetch_hf_config=True, hf_endpoint=url)
     async with running_operator(config):
         for name in ("one", "two"):
-            await emulator.create(ISVC, inference_service(name, {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B"}}))
-        await emulator.create(ISVC, inference_service("gone", {"model": {"uri": "hf://missing/model"}}))
+            await emulator.create(ISVC, inference_service(name, {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B",
+                                                                                 "allowDownload": True}}))
+        await emulator.create(ISVC, inference_service("gone", {"model": {"uri": "hf://missing/model", "allowDownload": True}}))
         for name in ("one", "two"):
             kv = await eventually(lambda: emulator.read(ISVC, "default", name)["status"]["kvCache"])
             assert kv["bytesPerToken"] == 128 * 1024

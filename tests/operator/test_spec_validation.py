@@ -59,6 +59,11 @@ def test_bad_model_uris_are_rejected_with_the_expected_form(uri):
     ({"resources": {"gpuMemory": "lots"}}, "spec.resources.gpuMemory"),
     ({"resources": {"cpu": "two"}}, "spec.resources.cpu"),
     ({"resources": {"memory": "2 GiB"}}, "spec.resources.memory"),
+    ({"model": {"uri": "pvc://models/x", "hfTokenSecretRef": {"name": "t"}}}, "spec.model.hfTokenSecretRef"),
+    ({"model": {"uri": "hf://a/b", "allowDownload": True, "hfTokenSecretRef": {"key": "k"}}},
+     "spec.model.hfTokenSecretRef.name"),
+    ({"model": {"uri": "hf://a/b", "allowDownload": True, "hfTokenSecretRef": {"name": "t"}},
+      "engine": {"env": [{"name": "HF_TOKEN", "value": "leak"}]}}, "spec.engine.env[0].name"),
     ({"model": {"dtype": "int4"}}, "spec.model.dtype"),
     ({"model": {"architecture": {"numLayers": 32}}}, "spec.model.architecture.numKVHeads"),
     ({"model": {"architecture": ARCH, "configMapRef": {"name": "c"}}}, "spec.model"),
@@ -101,6 +106,23 @@ def test_memory_is_read_as_kubernetes_reads_a_quantity():
     assert quantity_bytes("512M") == 512 * 10**6 and quantity_bytes("3000000000") == 3_000_000_000
     assert quantity_bytes("1500m") == 2  # milli, rounded up to a whole byte
     assert parse_spec("s", {"resources": {"memory": "2.5Gi"}}).resources.memory_bytes == 5 * 2**29
+
+
+def test_an_hf_model_that_can_neither_download_nor_read_a_cache_claim_is_refused():
+    with pytest.raises(SpecError) as info:
+        parse_spec("s", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B-Instruct"}})
+    (problem,) = info.value.problems
+    assert problem.startswith("spec.model: hf://meta-llama/Meta-Llama-3-8B-Instruct needs allowDownload: true")
+    assert "cacheClaimName" in problem and "HF_HUB_OFFLINE=1" in problem
+    assert parse_spec("s", {"model": {"uri": "hf://a/b", "allowDownload": True}}).model.allow_download
+    assert parse_spec("s", {"model": {"uri": "hf://a/b", "cacheClaimName": "hub"}}).model.cache_claim_name == "hub"
+
+
+def test_an_hf_token_secret_is_a_reference_and_env_may_set_hf_token_without_one():
+    spec = parse_spec("s", {"model": {"uri": "hf://a/b", "allowDownload": True, "hfTokenSecretRef": {"name": "t"}}})
+    assert (spec.model.hf_token_secret_ref.name, spec.model.hf_token_secret_ref.key) == ("t", "token")
+    env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}}}]
+    assert parse_spec("s", {"engine": {"env": env}}).engine.env[0]["name"] == "HF_TOKEN"
 
 
 def test_tensor_parallelism_beyond_what_the_engine_runs_is_refused_with_the_reason():
