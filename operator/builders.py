@@ -1,7 +1,7 @@
 """Pure builders: an InferenceService spec and its KV plan in, child manifests (dicts) out.
 
 No I/O and no kopf here; the reconciler applies what these return. Every
-manifest passes `kubernetes-validate --strict` (a test checks 1.30 and the
+manifest passes `kubernetes-validate --strict` (a test checks 1.28, 1.30 and the
 newest schema the library ships).
 
 Rollouts: the pod template carries `serving.pagedinfer.dev/config-hash`, a

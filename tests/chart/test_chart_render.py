@@ -1,8 +1,9 @@
 """Every rendering of the chart (defaults and each optional feature) is valid Kubernetes.
 
-Kubernetes' own kinds pass `kubernetes-validate --strict` for 1.30 and for the
-newest schema the library ships. prometheus-operator's kinds are not in its
-schemas: they are checked structurally against the minimal schemas in
+Kubernetes' own kinds pass `kubernetes-validate --strict` for 1.28 (the
+chart's kubeVersion floor), 1.30 and the newest schema the library ships.
+prometheus-operator's kinds are not in its schemas: they are checked
+structurally against the minimal schemas in
 tests/support/prometheus_operator_schemas.py. Custom resources of our own and
 kopf's CRDs are checked against the openAPIV3Schema of the CRD rendered with
 them, and an InferenceService also against the operator's own spec parser.
@@ -17,7 +18,8 @@ import pytest
 from helm_chart import MONITORING_API, NAMESPACE, REPO, helm_template
 from prometheus_operator_schemas import SCHEMAS
 
-KUBE_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
+# 1.28 is the floor Chart.yaml declares (kubeVersion >=1.28.0-0).
+KUBE_VERSIONS = ("1.28.0", "1.30.0", kubernetes_validate.utils.latest_version())
 CRD_SOURCE = REPO / "crds" / "inferenceservices.yaml"
 
 # name -> (values, needs the monitoring API)

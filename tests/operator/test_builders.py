@@ -9,7 +9,7 @@ from pagedinfer.operator.spec_parser import parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
-KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+KUBERNETES_VERSIONS = ("1.28.0", "1.30.0", kubernetes_validate.latest_version())  # 1.28: the chart's floor
 
 SPECS = {
     "hf": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": ARCH, "cacheClaimName": "hf-cache",

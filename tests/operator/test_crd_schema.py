@@ -24,7 +24,7 @@ def validator():
     return jsonschema.Draft4Validator(SCHEMA)
 
 
-@pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
+@pytest.mark.parametrize("version", ["1.28.0", "1.30.0", kubernetes_validate.latest_version()])
 def test_the_crd_manifest_validates(version):
     kubernetes_validate.validate(CRD, version, strict=True)
 

@@ -79,3 +79,15 @@ def helm_template(helm: str, *, set_values: dict[str, Any] | None = None, api_ve
         raise RenderError(result.stderr.strip())
     documents = tuple(d for d in yaml.safe_load_all(result.stdout) if d)
     return Rendered(documents)
+
+
+def helm_notes(helm: str, *, set_values: dict[str, Any] | None = None, namespace: str = NAMESPACE,
+               release: str = RELEASE) -> str:
+    """NOTES.txt as `helm install` prints it, from a client-side dry run (no cluster is contacted)."""
+    args = [helm, "install", release, str(CHART), "--namespace", namespace, "--dry-run=client"]
+    for key, value in (set_values or {}).items():
+        args += ["--set-json", f"{key}={json.dumps(value)}"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise RenderError(result.stderr.strip())
+    return result.stdout.partition("\nNOTES:\n")[2]
