@@ -49,6 +49,13 @@ def test_examples_validate_against_the_schema_and_the_operator(path):
     parse_spec(doc["metadata"]["name"], doc["spec"])
 
 
+def test_the_readme_inference_service_validates_against_the_schema_and_the_operator():
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    (doc,) = [d for d in map(yaml.safe_load, blocks) if isinstance(d, dict) and d.get("kind") == "InferenceService"]
+    validator().validate(doc)
+    parse_spec(doc["metadata"]["name"], doc["spec"])
+
+
 def test_the_schema_rejects_what_the_operator_rejects():
     bad = {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "x"}, "spec": {"engine": {"blockSize": 24}}}
