@@ -17,7 +17,11 @@ Metric names and their direction:
   more replicas too (a full pool evicts cached prefixes; behind a plain
   Service more replicas alone spread each prefix over more caches and LOWER
   the hit rate: autoscaling_policy explains). So it needs `kvCacheUsage`
-  listed as well. Target in (0, 1].
+  listed as well, and `spec.engine.enablePrefixCaching` (the default): with
+  prefix caching off the engine never hits, its hit rate is always 0, and
+  that would vote for maxReplicas whenever KV usage is above its target
+  (`prefix_caching_conflict`, also a check of `spec_parser`, so the spec is
+  Valid=False, and a CEL rule). Target in (0, 1].
 - `requestsWaiting`: average waiting requests per ready pod; above target
   scales up. Target > 0.
 
@@ -193,6 +197,24 @@ class AutoscalingSpec:
         )
 
 
+def prefix_caching_conflict(spec: Mapping[str, Any]) -> str | None:
+    """Why a raw InferenceService `spec` cannot scale on the prefix-cache hit rate, or None when it can.
+
+    It cannot when `autoscaling.metrics` lists prefixCacheHitRate and
+    `engine.enablePrefixCaching` is false (enabled or not: `metrics` says
+    what autoscaling would use). Malformed parts are left to their own checks.
+    """
+    autoscaling, engine = spec.get("autoscaling"), spec.get("engine")
+    metrics = autoscaling.get("metrics") if isinstance(autoscaling, Mapping) else None
+    listed = isinstance(metrics, list) and any(
+        isinstance(m, Mapping) and m.get("name") == PREFIX_CACHE_HIT_RATE for m in metrics)
+    if listed and isinstance(engine, Mapping) and engine.get("enablePrefixCaching") is False:
+        return (f"{PREFIX_CACHE_HIT_RATE} needs spec.engine.enablePrefixCaching: true, which is false: the engine"
+                " then never hits, its hit rate stays 0, and the autoscaler would take that for a thrashing cache"
+                f" and scale towards maxReplicas whenever {KV_CACHE_USAGE} is above its target")
+    return None
+
+
 def parse_autoscaling_spec(spec: Mapping[str, Any]) -> AutoscalingSpec:
     """Build an AutoscalingSpec from an InferenceService `spec` (camelCase keys).
 
@@ -227,6 +249,8 @@ def parse_autoscaling_spec(spec: Mapping[str, Any]) -> AutoscalingSpec:
     if not isinstance(metrics_raw, list):
         raise ValueError("spec.autoscaling.metrics must be a list")
     metrics = tuple(_metric(i, m) for i, m in enumerate(metrics_raw))
+    if (conflict := prefix_caching_conflict(spec)) is not None:
+        raise ValueError(f"spec.autoscaling.metrics: {conflict}")
     source_raw = raw.get("source") or {}
     if not isinstance(source_raw, Mapping):
         raise ValueError("spec.autoscaling.source must be an object")

@@ -13,6 +13,12 @@ Placement: the pod gets exactly the constraints sizing looked at
 (`planning.placement_for`); a plan sized from node labels also requires
 `nvidia.com/gpu.memory` of at least the memory it was sized for, so the pod
 never lands on an unlabelled or smaller node the plan does not hold on.
+
+Bookkeeping: each child carries `serving.pagedinfer.dev/spec-hash` (of its
+desired spec and labels), and the Deployment
+`serving.pagedinfer.dev/owner-generation`, the InferenceService generation
+it was built from (a metadata change: it rolls nothing). Both are the
+operator's; other annotations on a child are not.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
 from pagedinfer.operator.node_memory import MIB, require_gpu_memory
@@ -30,8 +36,14 @@ from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_me
 HTTP_PORT = 8000
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
+# On the Deployment: the InferenceService's metadata.generation it was built from, which the
+# rollout report states as Available's and Ready's observedGeneration (child_events).
+OWNER_GENERATION_ANNOTATION = f"{API_GROUP}/owner-generation"
+# The children's annotations the operator owns; others' (deployment.kubernetes.io/revision) are not its.
+OWNED_ANNOTATION_PREFIX = f"{API_GROUP}/"
 OWNER_LABEL = f"{API_GROUP}/inferenceservice"
 MANAGED_BY = "pagedinfer-operator"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MODEL_CACHE_PATH = "/cache"
 PVC_MODEL_ROOT = "/mnt/models"
 RUN_AS_USER = 1000
@@ -46,6 +58,7 @@ class Owner:
     name: str
     namespace: str
     uid: str
+    generation: int | None = None  # its metadata.generation: OWNER_GENERATION_ANNOTATION on the Deployment
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -61,9 +74,13 @@ def common_labels(name: str) -> dict[str, str]:
     return {
         **selector_labels(name),
         "app.kubernetes.io/component": "engine",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        MANAGED_BY_LABEL: MANAGED_BY,
         OWNER_LABEL: name,
     }
+
+
+# The label keys the operator sets on its children (other keys are anyone's).
+OWNED_LABEL_KEYS = frozenset(common_labels("any"))
 
 
 def service_url(owner: Owner) -> str:
@@ -275,7 +292,16 @@ def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan
             },
         },
     }
-    return with_spec_hash(deployment)
+    with_spec_hash(deployment)
+    if owner.generation is not None:
+        deployment["metadata"]["annotations"][OWNER_GENERATION_ANNOTATION] = str(owner.generation)
+    return deployment
+
+
+def built_for_generation(deployment: Mapping[str, Any]) -> int | None:
+    """The owner generation a live Deployment was built from (None: not recorded, or not a number)."""
+    value = ((deployment.get("metadata") or {}).get("annotations") or {}).get(OWNER_GENERATION_ANNOTATION)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def build_service(owner: Owner) -> dict[str, Any]:

@@ -1,25 +1,35 @@
 """Events of the children the operator manages (Deployments and Services).
 
 kopf watches both kinds, filtered by `app.kubernetes.io/managed-by`
-(handlers.py), and hands every event of a child whose controller is an
-InferenceService to `on_child_event`:
+(handlers.py), and hands every event to `on_child_event`. A child belongs
+to the InferenceService that is its controller, or, with no controller at
+all, to the one its owner label names (an orphan the operator built:
+`children.adoptable`, which that owner's reconcile adopts).
 
-- DELETED while the owner lives (not by the garbage collector): the owner is
-  reconciled, which creates the child again.
-- MODIFIED with a fingerprint (`drift.fingerprint`) other than the one
-  recorded in `Runtime.child_fingerprints`: someone else changed the child
-  (`kubectl edit`, `kubectl scale`, a new image). The owner is
-  reconciled, which patches the fields the operator owns back
-  (`children.apply_children`). The operator's own writes record their
-  fingerprint, and status writes do not change it, so neither costs a
-  reconcile. The fingerprint is recorded before that reconcile, so an owner
-  that cannot be applied (an invalid spec) is not reconciled on every event,
-  and forgotten when the reconcile fails, so the next event tries again.
+- DELETED: the child's fingerprint is forgotten, whoever owned it. While
+  its owner lives (the child was not deleted by the garbage collector), the
+  owner is reconciled, which creates the child again.
+- MODIFIED with a fingerprint (`drift.fingerprint`: what the operator owns
+  of the child) other than the one recorded in `Runtime.child_fingerprints`:
+  someone else changed the child (`kubectl edit`, `kubectl scale`, a new
+  image, a removed ownerReference). The owner is reconciled, which patches
+  the fields the operator owns back (`children.apply_children`). The
+  operator's own writes record their fingerprint, and status writes and
+  other controllers' metadata (`deployment.kubernetes.io/revision`) do not
+  change it, so none of them costs a reconcile. The fingerprint is recorded
+  before that reconcile and kept when it fails for good (a
+  kopf.PermanentError: ApplyFailed) or for an unexpected error, so a child
+  whose owner cannot be applied is not reconciled again on every status
+  event ("not retried until the spec changes"); it is forgotten when the
+  reconcile fails with a kopf.TemporaryError (or the owner cannot be read),
+  so the next event tries again.
   ADDED is the operator's own create (its fingerprint may not be recorded
   yet), and the listing kopf does at start (event type None) is left to the
   owners' resume handler, which reconciles every InferenceService anyway.
-- every Deployment event: its state goes into the owner's status (replicas,
-  readyReplicas, Available and Ready, with the owner's generation).
+- every event of a Deployment its owner controls, whatever that reconcile
+  did: its state goes into the owner's status (replicas, readyReplicas,
+  Available and Ready, for the owner generation the Deployment was built
+  from, `builders.built_for_generation`).
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ from typing import Any, Mapping
 import kopf
 
 from pagedinfer.operator import status
+from pagedinfer.operator.builders import built_for_generation
+from pagedinfer.operator.children import adoptable
 from pagedinfer.operator.drift import fingerprint
 from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError
 from pagedinfer.operator.reconciler import reconcile
@@ -36,58 +48,71 @@ from pagedinfer.operator.settings import Runtime
 from pagedinfer.operator.status_writer import write_conditions
 
 
-def _controller(child: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    refs = [r for r in child["metadata"].get("ownerReferences") or []
-            if r.get("kind") == "InferenceService" and r.get("controller")]
-    return refs[0] if refs else None
+def _owner_of(child: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """(name, uid) of the controlling InferenceService; (name, None) for an orphan its labels name; else None."""
+    meta = child["metadata"]
+    controllers = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+    if controllers:
+        ref = controllers[0]
+        return (ref["name"], ref["uid"]) if ref.get("kind") == "InferenceService" else None
+    return (meta["name"], None) if adoptable(child, meta["name"]) else None
 
 
-async def _live_owner(runtime: Runtime, namespace: str, ref: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The owner, when it still exists (same uid) and is not being deleted."""
-    owner = await runtime.kube.get(INFERENCESERVICES, namespace, ref["name"])
-    if owner is None or owner["metadata"]["uid"] != ref["uid"] or owner["metadata"].get("deletionTimestamp"):
+async def _live_owner(runtime: Runtime, namespace: str, name: str, uid: str | None) -> dict[str, Any] | None:
+    """The owner, when it exists (with `uid`, unless None) and is not being deleted."""
+    owner = await runtime.kube.get(INFERENCESERVICES, namespace, name)
+    if owner is None or owner["metadata"].get("deletionTimestamp"):
         return None
-    return owner
+    return owner if uid is None or owner["metadata"]["uid"] == uid else None
 
 
 async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], event_type: str | None,
                          logger: Any) -> None:
     """One watch event of a managed `kind` ("Deployment" or "Service") child."""
-    ref = _controller(child)
-    if ref is None:
-        return
     meta = child["metadata"]
     what, namespace, uid = f"{kind} {meta['name']}", meta["namespace"], meta["uid"]
-    seen = fingerprint(child)
     if event_type == "DELETED":
         runtime.child_fingerprints.pop(uid, None)
-        if (owner := await _live_owner(runtime, namespace, ref)) is not None:
+    owner_of = _owner_of(child)
+    if owner_of is None:
+        return
+    name, owner_uid = owner_of
+    if event_type == "DELETED":
+        if (owner := await _live_owner(runtime, namespace, name, owner_uid)) is not None:
             logger.info(f"{what} was deleted; creating it again.")
             await reconcile(runtime, owner, logger)
         return
-    if event_type == "MODIFIED" and runtime.child_fingerprints.get(uid) != seen:
-        runtime.child_fingerprints[uid] = seen
-        if (owner := await _live_owner(runtime, namespace, ref)) is not None:
-            logger.info(f"{what} was changed outside the operator; reconciling {ref['name']}.")
+    try:
+        seen = fingerprint(child)
+        if event_type == "MODIFIED" and runtime.child_fingerprints.get(uid) != seen:
+            runtime.child_fingerprints[uid] = seen
             try:
-                await reconcile(runtime, owner, logger)
-            except Exception:
+                if (owner := await _live_owner(runtime, namespace, name, owner_uid)) is not None:
+                    why = "was changed outside the operator" if owner_uid else "has no controller"
+                    logger.info(f"{what} {why}; reconciling {name}.")
+                    await reconcile(runtime, owner, logger)
+            except (kopf.TemporaryError, ApiError):
                 runtime.child_fingerprints.pop(uid, None)
                 raise
-    if kind == "Deployment":
-        await report_rollout(runtime, child, ref)
+    finally:
+        if kind == "Deployment" and owner_uid is not None:
+            await report_rollout(runtime, child, name, owner_uid)
 
 
-async def report_rollout(runtime: Runtime, deployment: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
-    """Carry a Deployment's state into its owner's status (replicas, readyReplicas, Available, Ready)."""
+async def report_rollout(runtime: Runtime, deployment: Mapping[str, Any], owner_name: str, owner_uid: str) -> None:
+    """Carry a Deployment's state into its owner's status (replicas, readyReplicas, Available, Ready).
+
+    Available and Ready are stamped with the generation the Deployment was
+    built from, not the owner's current one: while an update is pending or
+    refused, they describe the spec still served.
+    """
     rollout = status.Rollout.from_deployment(deployment)
     try:
-        owner = await _live_owner(runtime, deployment["metadata"]["namespace"], ref)
+        owner = await _live_owner(runtime, deployment["metadata"]["namespace"], owner_name, owner_uid)
         if owner is None:
             return
-        generation = owner["metadata"].get("generation")
-        await write_conditions(runtime.kube, owner, list(status.rollout_conditions(rollout)), generation,
-                               **status.rollout_status(rollout))
+        await write_conditions(runtime.kube, owner, list(status.rollout_conditions(rollout)),
+                               built_for_generation(deployment), **status.rollout_status(rollout))
     except ApiError as exc:
         raise kopf.TemporaryError(f"cannot write the rollout status: {exc}",
                                   delay=runtime.config.retry_delay_seconds) from exc

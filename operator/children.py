@@ -5,23 +5,36 @@
 1. GET both children first. One that exists without this InferenceService
    as its controller is a name clash: `NotApplied(ChildConflict)` names it
    and nothing is created or patched, so a clash never leaves half a pair.
+   Except an orphan the operator built for this InferenceService (no
+   controller at all, and its `serving.pagedinfer.dev/inferenceservice` and
+   `app.kubernetes.io/managed-by` labels: after `kubectl delete
+   --cascade=orphan` and a new InferenceService of that name, or an
+   ownerReference removed by hand): it is adopted, its controller reference
+   put back by the patch of step 3.
 2. An absent child is POSTed (a 409 from a concurrent create falls back to
    a GET and the same ownership check).
 3. A present child is PATCHed with `builders.patch_for(desired)` when a
-   field the operator owns differs (`drift.drifted_paths`): the spec-hash
-   annotation, when the desired spec changed, or any field someone edited by
-   hand (an image, a container, replicas, a key added to a map the operator
-   owns whole, `builders.CLOSED_MAPS`). What the API server defaults and
-   what other controllers add elsewhere is not compared, so they never cause
-   a patch.
+   field the operator owns differs (`drift.drifted_paths`): the spec-hash or
+   owner-generation annotation, when the desired spec changed, or any field
+   someone edited by hand (an image, a container, replicas, a key added to a
+   map the operator owns whole, `builders.CLOSED_MAPS`). What the API server
+   defaults or spells its own way (quantities) and what other controllers add
+   elsewhere is not compared, so they never cause a patch.
    With `keep_replicas` (spec.autoscaling.enabled) a Deployment's
    `spec.replicas` alone is never drift: the autoscaler moves it through the
    owner's scale subresource, and a new spec-hash carries that.
 
+Every child as the API server now has it (found as built, created or
+patched) goes to `on_applied` at once, also when the other child then fails,
+so the caller knows the operator's own writes (`Runtime.child_fingerprints`).
+
 A write the API server refuses and would refuse again (`ApiError.retryable`
 False: 400, 403, 422, from validation, RBAC or an admission webhook) is
-`NotApplied(ApplyFailed)` carrying the server's message and no retry delay;
-every other ApiError propagates, and the reconcile is retried.
+`NotApplied(ApplyFailed)` carrying the server's message and no retry delay.
+A 403 for an exceeded ResourceQuota passes once something else is deleted or
+the quota is raised: `NotApplied(QuotaExceeded)`, retried after
+`Ownership.wait_retry_seconds`. Every other ApiError propagates, and the
+reconcile is retried.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 from pagedinfer.operator import builders, status
+from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
 from pagedinfer.operator.drift import drifted_paths
 from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, ApiError, KubeApi, ResourceRef
 
@@ -54,6 +68,18 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid and ref.get("controller") for ref in obj["metadata"].get("ownerReferences") or [])
 
 
+def adoptable(obj: Mapping[str, Any], owner_name: str) -> bool:
+    """Whether obj is an orphan the operator built for the InferenceService `owner_name`.
+
+    No controller of any kind (a child another controller claims is never
+    taken), and the operator's managed-by and owner labels naming `owner_name`.
+    """
+    meta = obj["metadata"]
+    labels = meta.get("labels") or {}
+    return (not any(ref.get("controller") for ref in meta.get("ownerReferences") or [])
+            and labels.get(MANAGED_BY_LABEL) == MANAGED_BY and labels.get(OWNER_LABEL) == owner_name)
+
+
 def describe(manifest: Mapping[str, Any]) -> str:
     """`Deployment default/llama`: how messages name a child."""
     meta = manifest["metadata"]
@@ -71,13 +97,19 @@ def _conflict(manifests: list[Mapping[str, Any]], retry_seconds: float, deployed
 
 
 async def _write(call: Callable[[], Awaitable[dict[str, Any]]], desired: Mapping[str, Any], deployed: bool,
-                 unchanged: bool) -> dict[str, Any]:
+                 unchanged: bool, wait_retry_seconds: float) -> dict[str, Any]:
     try:
         return await call()
     except ApiError as exc:
         if exc.retryable:
             raise
-        message = f"The API server refused {describe(desired)}: {exc}" + (status.KEEPS_SERVING if unchanged else "")
+        keeps_serving = status.KEEPS_SERVING if unchanged else ""
+        if exc.quota_exceeded:
+            message = (f"A ResourceQuota refused {describe(desired)}: {exc}. Retried every "
+                       f"{wait_retry_seconds:g} s until the quota allows it (raise the quota or free some of it)."
+                       + keeps_serving)
+            raise NotApplied(status.REASON_QUOTA_EXCEEDED, message, wait_retry_seconds, deployed) from exc
+        message = f"The API server refused {describe(desired)}: {exc}" + keeps_serving
         raise NotApplied(status.REASON_APPLY_FAILED, message, None, deployed) from exc
 
 
@@ -86,24 +118,32 @@ class Ownership:
     """Whose children these are and what the operator leaves to others."""
 
     owner_uid: str
+    owner_name: str  # the children's name, and their owner label's value (an orphan with it is adopted)
     keep_replicas: bool  # spec.autoscaling.enabled: a Deployment's spec.replicas alone is never drift
-    conflict_retry_seconds: float  # a ChildConflict ends when someone deletes or renames the other object
+    # Waiting on others: a ChildConflict ends when someone deletes or renames the other object,
+    # a QuotaExceeded when the namespace's ResourceQuota has room again.
+    wait_retry_seconds: float
+
+    def claims(self, live: Mapping[str, Any]) -> bool:
+        """Whether live is this owner's child: it is the controller, or live is an orphan to adopt."""
+        return owned_by(live, self.owner_uid) or adoptable(live, self.owner_name)
 
 
 async def apply_children(api: KubeApi, ownership: Ownership, deployment: dict[str, Any], service: dict[str, Any],
-                         logger: Any) -> list[dict[str, Any]]:
+                         logger: Any, on_applied: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
     """Make both children match; returns them as the API server now has them (Deployment, Service)."""
     children: list[tuple[ResourceRef, dict[str, Any]]] = [(DEPLOYMENTS, deployment), (SERVICES, service)]
     found = [await api.get(ref, desired["metadata"]["namespace"], desired["metadata"]["name"])
              for ref, desired in children]
-    deployed = found[0] is not None and owned_by(found[0], ownership.owner_uid)
+    deployed = found[0] is not None and ownership.claims(found[0])
     foreign = [desired for (_, desired), live in zip(children, found)
-               if live is not None and not owned_by(live, ownership.owner_uid)]
+               if live is not None and not ownership.claims(live)]
     if foreign:
-        raise _conflict(foreign, ownership.conflict_retry_seconds, deployed, unchanged=deployed)
+        raise _conflict(foreign, ownership.wait_retry_seconds, deployed, unchanged=deployed)
     applied = []
     for (ref, desired), live in zip(children, found):
         applied.append(await _apply_one(api, ownership, ref, desired, live, deployed, logger))
+        on_applied(applied[-1])
         deployed = True  # the Deployment comes first
     return applied
 
@@ -111,17 +151,21 @@ async def apply_children(api: KubeApi, ownership: Ownership, deployment: dict[st
 async def _apply_one(api: KubeApi, ownership: Ownership, ref: ResourceRef, desired: dict[str, Any],
                      live: dict[str, Any] | None, deployed: bool, logger: Any) -> dict[str, Any]:
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    wait = ownership.wait_retry_seconds
     if live is None:
         try:
-            return await _write(lambda: api.create(ref, namespace, desired), desired, deployed, unchanged=False)
+            return await _write(lambda: api.create(ref, namespace, desired), desired, deployed, False, wait)
         except ApiError as exc:
             if exc.status != 409:
                 raise
         live = await api.get(ref, namespace, name)
         if live is None:
             raise ApiError(409, "Conflict", f"{describe(desired)} was created and deleted concurrently")
-        if not owned_by(live, ownership.owner_uid):
-            raise _conflict([desired], ownership.conflict_retry_seconds, deployed, unchanged=False)
+        if not ownership.claims(live):
+            raise _conflict([desired], wait, deployed, unchanged=False)
+    if not owned_by(live, ownership.owner_uid):
+        logger.info(f"Adopting {describe(desired)}: it has no controller and carries this InferenceService's "
+                    "labels; its controller reference is put back.")
     patch = builders.patch_for(desired, live)
     ignored = {REPLICAS_PATH} if ownership.keep_replicas else set()
     drifted = [path for path in drifted_paths(live, patch) if path not in ignored]
@@ -129,4 +173,4 @@ async def _apply_one(api: KubeApi, ownership: Ownership, ref: ResourceRef, desir
         return live
     logger.info(f"Patching {describe(desired)}: {', '.join(drifted)} differ from the spec.")
     return await _write(lambda: api.patch(ref, namespace, name, patch), desired, deployed,
-                        unchanged=deployed and ref == DEPLOYMENTS)
+                        deployed and ref == DEPLOYMENTS, wait)

@@ -22,7 +22,7 @@ import kopf
 
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the autoscaler's daemon)
 from pagedinfer.operator import child_events, reconciler, settings  # noqa: F401  (settings registers startup/login)
-from pagedinfer.operator.builders import MANAGED_BY
+from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.registry import REGISTRY
 
@@ -34,7 +34,7 @@ async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, *
     await reconciler.reconcile(settings.runtime_of(memo), body, logger)
 
 
-MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=REGISTRY)

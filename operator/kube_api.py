@@ -9,7 +9,8 @@ Errors: every non-2xx answer raises `ApiError(status, reason, message)`;
 timeouts and connection failures raise `ApiError(status=None)`. The
 reconciler turns them into kopf.TemporaryError (retried with backoff),
 except a write of a child the API server refuses for good (`retryable`
-False), which is reported in status and not retried.
+False), which is reported in status and not retried; an exceeded
+ResourceQuota (`quota_exceeded`) is reported and retried after a longer wait.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ class ApiError(Exception):
         webhook refused it) comes back the same until someone changes it.
         """
         return self.status is None or self.status in (401, 404, 408, 409, 429) or self.status >= 500
+
+    @property
+    def quota_exceeded(self) -> bool:
+        """A 403 from a ResourceQuota that is full (`... is forbidden: exceeded quota: NAME, requested: ...`).
+
+        Not retryable as such, but it passes without any change to the request
+        once something in the namespace is deleted or the quota is raised.
+        """
+        return self.status == 403 and "exceeded quota" in self.message.lower()
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,19 @@ reconcile(): parse the spec (invalid: Valid=False, an Event, no children) ->
 plan the KV cache (cannot: Sized=False with the numbers, an Event, no
 children; retried later when waiting can help) -> build the Deployment and
 Service (pure) -> apply them (`children.apply_children`: a name clash is
-Applied=False ChildConflict, retried; a manifest the API server refuses is
+Applied=False ChildConflict, and a full ResourceQuota Applied=False
+QuotaExceeded, both retried; a manifest the API server refuses is
 Applied=False ApplyFailed with its message, and a kopf.PermanentError, so it
 is tried again on the next spec change or operator restart) -> write status.
 
 Idempotent apply: an unchanged service costs GETs only; a restarted
 operator finds its children by name, creates no duplicates, and patches
 back what was edited by hand while it was away. Every child the reconcile
-applies is remembered by its fingerprint (`Runtime.child_fingerprints`), so
-the child events (`child_events`) can tell the operator's own writes from
-anyone else's.
+applies is remembered by its fingerprint (`Runtime.child_fingerprints`) as
+soon as it is applied, also when the other child then fails, so the child
+events (`child_events`) can tell the operator's own writes from anyone
+else's. The Deployment records the generation it was built from
+(`builders.OWNER_GENERATION_ANNOTATION`) for the rollout report.
 
 Whenever an update is not applied and a Deployment exists, that Deployment
 keeps serving the last applied spec: status.kvCache keeps its plan and the
@@ -97,20 +100,22 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
             raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds)
         return "unsized"
     sized = status.true(status.SIZED, status.SIZED_REASONS[plan.source], sized_note)
-    owner = builders.Owner(name=name, namespace=namespace, uid=uid)
+    owner = builders.Owner(name=name, namespace=namespace, uid=uid, generation=generation)
+
+    def remember(child: Mapping[str, Any]) -> None:
+        runtime.child_fingerprints[child["metadata"]["uid"]] = fingerprint(child)
+
     try:
-        ownership = children.Ownership(owner_uid=uid, keep_replicas=autoscaling_enabled(spec),
-                                       conflict_retry_seconds=runtime.config.no_nodes_retry_seconds)
-        applied = await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
-                                                builders.build_service(owner), logger)
+        ownership = children.Ownership(owner_uid=uid, owner_name=name, keep_replicas=autoscaling_enabled(spec),
+                                       wait_retry_seconds=runtime.config.no_nodes_retry_seconds)
+        await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
+                                      builders.build_service(owner), logger, on_applied=remember)
     except children.NotApplied as failure:
         await _report_failure(api, body, [valid, sized], status.false(status.APPLIED, failure.reason,
                                                                       failure.message), failure.deployed, logger)
         if failure.retry_seconds is None:
             raise kopf.PermanentError(failure.message) from failure
         raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds) from failure
-    for child in applied:
-        runtime.child_fingerprints[child["metadata"]["uid"]] = fingerprint(child)
     await write_conditions(api, body, [valid, sized, APPLIED], generation, observedGeneration=generation,
                            kvCache=plan.to_status(), selector=builders.selector_string(name),
                            url=builders.service_url(owner))
@@ -120,7 +125,7 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
 async def _deployed(api: KubeApi, namespace: str, name: str, uid: str) -> bool:
     """Whether this InferenceService's Deployment exists (and so keeps serving what was last applied)."""
     deployment = await api.get(DEPLOYMENTS, namespace, name)
-    return deployment is not None and children.owned_by(deployment, uid)
+    return deployment is not None and (children.owned_by(deployment, uid) or children.adoptable(deployment, name))
 
 
 async def _report_failure(api: KubeApi, body: Mapping[str, Any], passed: list[status.Condition],

@@ -30,7 +30,8 @@ class OperatorConfig:
     hf_timeout_seconds: float = 10.0
     api_timeout_seconds: float = 30.0
     retry_delay_seconds: float = 15.0  # after an API error
-    no_nodes_retry_seconds: float = 60.0  # waiting on the cluster: NoMatchingNodes, ModelConfigUnavailable, ChildConflict
+    # Waiting on the cluster: NoMatchingNodes, ModelConfigUnavailable, ChildConflict, QuotaExceeded.
+    no_nodes_retry_seconds: float = 60.0
     watch_timeout_seconds: float = 300.0
     error_backoffs: tuple[float, ...] = (1, 2, 4, 8, 16)
     allow_host_path_models: bool = False  # file:// models as hostPath volumes (a privilege: off by default)

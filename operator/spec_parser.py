@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 from typing import Any, Mapping
 
 from pagedinfer.engine import sizing
@@ -40,6 +39,8 @@ from pagedinfer.operator.crd_model import (
     _HF_REPO,
     _QUANTITY,
 )
+from pagedinfer.operator.autoscaling_spec import prefix_caching_conflict
+from pagedinfer.operator.quantity import quantity_bytes
 
 
 class _Reader:
@@ -133,27 +134,6 @@ def parse_model_uri(uri: str) -> ModelUri:
     if not rest or rest.startswith("/"):
         raise ValueError(f"{uri!r}: expected s3://<bucket>/<key>")
     return ModelUri(raw=uri, scheme=scheme)
-
-
-# Kubernetes quantity suffixes (resource.Quantity): decimal SI, binary IEC, and m (milli).
-_QUANTITY_FACTORS = {
-    "": 1, "m": Fraction(1, 1000),
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}
-
-
-def quantity_bytes(quantity: str) -> int:
-    """A memory quantity as Kubernetes reads it ('2Gi', '1.5G', '512M', '3000000000') -> bytes, rounded up.
-
-    Unlike `sizing.parse_bytes`, 'm' is milli and 'M' mega, as in a pod spec.
-    ValueError for anything `_QUANTITY` does not match.
-    """
-    match = _QUANTITY.fullmatch(quantity)
-    if match is None:
-        raise ValueError(f"{quantity!r} is not a Kubernetes quantity (examples: 2Gi, 512Mi, 4G)")
-    suffix = match.group(2) or ""
-    return math.ceil(Fraction(quantity[:len(quantity) - len(suffix)]) * _QUANTITY_FACTORS[suffix])
 
 
 def _name_and_key(r: _Reader, raw: Any, path: str, default_key: str) -> tuple[str, str] | None:
@@ -369,6 +349,8 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
     autoscaling = raw.get("autoscaling")
     if autoscaling is not None and not isinstance(autoscaling, Mapping):
         r.fail("spec.autoscaling", "must be an object")
+    if (conflict := prefix_caching_conflict(raw)) is not None:
+        r.fail("spec.autoscaling.metrics", conflict)
     if engine.tensor_parallel_size > ENGINE_MAX_TENSOR_PARALLEL_SIZE:
         r.fail("spec.engine.tensorParallelSize",
                f"the pagedinfer engine runs one GPU per replica for now; must be"

@@ -9,17 +9,21 @@ condition was set for):
 - Sized:     SizedFromNodeLabels | SizedFromSpec | SizedFromMemory | Override | SizedByEngine
              | NoMatchingNodes | InsufficientGPUMemory | InsufficientMemory (a CPU engine)
              | ModelConfigUnavailable
-- Applied:   ChildrenApplied | ChildConflict | ApplyFailed | NotDeployed
+- Applied:   ChildrenApplied | ChildConflict | ApplyFailed | QuotaExceeded | NotDeployed
 - Available: MinimumReplicasAvailable | NoReplicasAvailable | ScaledToZero | NotDeployed
 - Ready:     AllReplicasReady | RolloutInProgress | ReplicasNotReady | NotDeployed
 
 Applied is True when the Deployment and Service match the spec of its
 observedGeneration; an invalid or unsized update leaves it as it was (the
-children still match the generation it names).
+children still match the generation it names). Available's and Ready's
+observedGeneration is the generation the Deployment was built from (its
+`serving.pagedinfer.dev/owner-generation` annotation), which lags the
+InferenceService's while an update is not applied yet or cannot be: Ready
+True with the current generation means that generation's pods are all ready.
 
-Phase (one word for `kubectl get`): Invalid, Pending (waiting for nodes or
-model config), Failed (does not fit, or the children cannot be applied),
-Deploying, Ready.
+Phase (one word for `kubectl get`): Invalid, Pending (waiting for nodes,
+model config or room in a ResourceQuota), Failed (does not fit, or the
+children cannot be applied), Deploying, Ready.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ REASON_NOT_DEPLOYED = "NotDeployed"
 REASON_CHILDREN_APPLIED = "ChildrenApplied"
 REASON_CHILD_CONFLICT = "ChildConflict"
 REASON_APPLY_FAILED = "ApplyFailed"
+REASON_QUOTA_EXCEEDED = "QuotaExceeded"
 SIZED_REASONS = {
     "node-labels": "SizedFromNodeLabels",
     "spec": "SizedFromSpec",
@@ -172,6 +177,8 @@ def phase_for(conditions: Iterable[Mapping[str, Any]]) -> str:
         does_not_fit = sized.get("reason") in (REASON_INSUFFICIENT_GPU_MEMORY, REASON_INSUFFICIENT_MEMORY)
         return PHASE_FAILED if does_not_fit else PHASE_PENDING
     if sized.get("status") != "True":
+        return PHASE_PENDING
+    if by_type.get(APPLIED, {}).get("reason") == REASON_QUOTA_EXCEEDED:
         return PHASE_PENDING
     if by_type.get(APPLIED, {}).get("reason") in (REASON_CHILD_CONFLICT, REASON_APPLY_FAILED):
         return PHASE_FAILED

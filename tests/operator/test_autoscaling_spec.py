@@ -99,3 +99,16 @@ def test_full_spec_round_trips():
 def test_bad_fields_are_named(overrides, field):
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         parse_autoscaling_spec(minimal(**overrides))
+
+
+def test_the_hit_rate_needs_prefix_caching_on_in_the_engine():
+    """With prefix caching off the engine's hit rate is always 0, which would vote for maxReplicas."""
+    both = [{"name": "kvCacheUsage", "target": 0.5}, {"name": "prefixCacheHitRate", "target": 0.5}]
+    spec = {**minimal(metrics=both), "engine": {"enablePrefixCaching": False}}
+    with pytest.raises(ValueError, match=r"spec\.autoscaling\.metrics: prefixCacheHitRate needs "
+                                         r"spec\.engine\.enablePrefixCaching: true"):
+        parse_autoscaling_spec(spec)
+    assert parse_autoscaling_spec({**spec, "engine": {"enablePrefixCaching": True}}).metrics[1].inverted
+    assert parse_autoscaling_spec(minimal(metrics=both)).metrics[1].inverted  # the default is on
+    kv_only = {**minimal(), "engine": {"enablePrefixCaching": False}}
+    assert parse_autoscaling_spec(kv_only).metrics[0].name == "kvCacheUsage"

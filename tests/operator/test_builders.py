@@ -7,7 +7,7 @@ from pagedinfer.operator import builders, planning
 from pagedinfer.operator.crd_model import SpecError
 from pagedinfer.operator.spec_parser import parse_spec
 
-OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
+OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666", generation=3)
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 KUBERNETES_VERSIONS = ("1.28.0", "1.30.0", kubernetes_validate.latest_version())  # 1.28: the chart's floor
 
@@ -188,3 +188,13 @@ def test_a_plan_sized_from_node_labels_keeps_the_pod_on_nodes_with_at_least_that
                                   81559 * 2**20, planning.SOURCE_SPEC)
     pod = builders.build_deployment(OWNER, spec, from_spec)["spec"]["template"]["spec"]
     assert pod["affinity"] == spec.affinity  # gpuMemory from the spec: the user vouches for the nodes
+
+
+def test_the_deployment_records_the_owner_generation_it_was_built_from_outside_the_pod_template():
+    spec, plan, deployment, service = built("pvc")
+    assert deployment["metadata"]["annotations"][builders.OWNER_GENERATION_ANNOTATION] == "3"
+    assert builders.built_for_generation(deployment) == 3
+    assert builders.OWNER_GENERATION_ANNOTATION not in service["metadata"]["annotations"]
+    later = builders.build_deployment(builders.Owner("llama", "serving", OWNER.uid, generation=4), spec, plan)
+    assert later["spec"] == deployment["spec"]  # a new generation alone rolls nothing
+    assert builders.built_for_generation({"metadata": {"annotations": {}}}) is None

@@ -117,6 +117,11 @@ def test_every_cel_rule_has_an_operator_check():
         "engine.env may not set HF_TOKEN when model.hfTokenSecretRef is set": {
             "model": {"uri": "hf://a/b", "allowDownload": True, "hfTokenSecretRef": {"name": "t"}},
             "engine": {"env": [{"name": "HF_TOKEN", "value": "v"}]}},
+        "autoscaling.metrics may list prefixCacheHitRate only with engine.enablePrefixCaching: true (with it off "
+        "the hit rate is always 0)": {
+            "engine": {"enablePrefixCaching": False},
+            "autoscaling": {"metrics": [{"name": "kvCacheUsage", "target": 0.8},
+                                        {"name": "prefixCacheHitRate", "target": 0.5}]}},
         "source.url is required when source.type is prometheus": None,  # the autoscaler parses spec.autoscaling
         "prefixCacheHitRate needs kvCacheUsage listed too": None,  # (test_autoscaling_spec.py)
     }

@@ -9,30 +9,17 @@ import asyncio
 import pytest
 
 from kube_emulator import Fault
-from operator_harness import (DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition, eventually,
-                              inference_service, running_operator)
+from operator_harness import (DEPLOYMENTS, EVENTS, ISVC, LLAMA3_8B_SPEC, SERVICES, add_gpu_node, condition,
+                              deployment_of, eventually, inference_service, isvc_of, reconciles, running_operator)
 from pagedinfer.operator import builders
 
 pytestmark = pytest.mark.timeout(120)
 
-LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
-SPEC = {"model": {"architecture": LLAMA3_8B}}
-
-
-def isvc_of(emulator):
-    return emulator.read(ISVC, "default", "llama")
-
-
-def deployment_of(emulator):
-    return emulator.read(DEPLOYMENTS, "default", "llama")
+SPEC = LLAMA3_8B_SPEC
 
 
 def engine(deployment):
     return deployment["spec"]["template"]["spec"]["containers"][0]
-
-
-def reconciles(runtime):
-    return sum(s.value for s in runtime.metrics.reconciles.collect()[0].samples if s.name.endswith("_total"))
 
 
 async def hand_edit(emulator, image="evil:latest", replicas=5):
@@ -146,3 +133,20 @@ async def test_a_manifest_the_api_server_refuses_is_apply_failed_and_not_retried
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64}}})
         await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
         assert deployment_of(emulator) is not None
+
+
+async def test_an_exceeded_resource_quota_is_quota_exceeded_and_retried_until_the_quota_has_room(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    refusal = ('deployments.apps "llama" is forbidden: exceeded quota: team-a, requested: count/deployments.apps=1, '
+               'used: count/deployments.apps=4, limited: count/deployments.apps=4')
+    emulator.faults.append(Fault(verb="create", resource="deployments", status=403, times=3, message=refusal))
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        applied = await eventually(lambda: condition(isvc_of(emulator), "Applied")["reason"] == "QuotaExceeded"
+                                   and condition(isvc_of(emulator), "Applied"))
+        assert applied["status"] == "False" and "A ResourceQuota refused Deployment default/llama" in applied["message"]
+        assert "exceeded quota: team-a" in applied["message"] and "Retried every 0.5 s" in applied["message"]
+        assert isvc_of(emulator)["status"]["phase"] == "Pending"
+        await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
+        assert emulator.count("create", "deployments") == 4 and deployment_of(emulator) is not None
+        assert len([e for e in emulator.read_all(EVENTS) if e.get("reason") == "QuotaExceeded"]) == 1

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from kube_emulator import Access, Fault
-from kube_emulator_rules import label_selector
+from kube_emulator_rules import canonical_quantity, label_selector
 from operator_harness import serving_emulator
 
 pytestmark = pytest.mark.timeout(30)
@@ -159,3 +159,27 @@ def test_label_selector_grammar():
     assert label_selector("a=b,!c,d notin (x, y),e")({"a": "b", "d": "z", "e": ""})
     assert not label_selector("a!=b")({"a": "b"})
     assert label_selector("")({})
+
+
+@pytest.mark.parametrize("written, stored", [
+    ("0.5", "500m"), ("2000m", "2"), ("1500m", "1500m"), ("1024Mi", "1Gi"), ("1.5Gi", "1536Mi"), ("0.5Gi", "512Mi"),
+    ("1000Mi", "1000Mi"), ("1000k", "1M"), ("512", "512"), ("0.0001", "1m"), ("2 GiB", "2 GiB"),
+])
+def test_quantities_are_stored_in_the_api_servers_canonical_form(written, stored):
+    assert canonical_quantity(written) == stored
+
+
+async def test_a_deployments_pod_template_is_stored_as_the_api_server_stores_it(api):
+    _, s = api
+    body = deployment("a")
+    body["spec"]["template"] = {"spec": {"containers": [{
+        "name": "c", "image": "x", "env": [{"name": "EMPTY", "value": ""}, {"name": "SET", "value": "1"}],
+        "resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"}, "limits": {"nvidia.com/gpu": "1"}}}]}}
+    _, obj = await send(s, "POST", DEPLOY, body)
+    container = obj["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"] == [{"name": "EMPTY"}, {"name": "SET", "value": "1"}]
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "1"}}
+    container["resources"] = {"limits": {"memory": "2048Mi"}}
+    patch = {"spec": {"template": {"spec": {"containers": [container]}}}}
+    _, obj = await send(s, "PATCH", DEPLOY + "/a", patch, MERGE)
+    assert obj["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"memory": "2Gi"}}

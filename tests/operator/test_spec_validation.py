@@ -147,3 +147,13 @@ def test_extra_args_may_not_abbreviate_a_managed_flag_and_values_are_never_echoe
 def test_extra_args_that_are_values_or_other_flags_pass():
     extra = ["--seed", "7", "--preemption-mode=swap", "--log-level", "debug", "--max-waiting-requests=8", "-x"]
     assert parse_spec("svc", {"engine": {"extraArgs": extra}}).engine.extra_args == tuple(extra)
+
+
+def test_autoscaling_on_the_hit_rate_with_prefix_caching_off_is_invalid_and_names_both_fields():
+    metrics = [{"name": "kvCacheUsage", "target": 0.8}, {"name": "prefixCacheHitRate", "target": 0.5}]
+    with pytest.raises(SpecError) as caught:
+        parse_spec("x", {"engine": {"enablePrefixCaching": False},
+                         "autoscaling": {"enabled": True, "metrics": metrics}, "maxReplicas": 4})
+    (problem,) = caught.value.problems
+    assert problem.startswith("spec.autoscaling.metrics: prefixCacheHitRate needs spec.engine.enablePrefixCaching")
+    parse_spec("x", {"autoscaling": {"enabled": True, "metrics": metrics}, "maxReplicas": 4})

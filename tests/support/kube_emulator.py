@@ -13,6 +13,9 @@ resources registered with `register()`:
 - PUT; a real `/status` subresource (writes to the main resource ignore
   `status`, writes to `/status` change only `status`); the `scale`
   subresource (autoscaling/v1 Scale) for resources registered with one;
+- the canonical form of pod specs (in Pods and in Deployments' templates):
+  resource quantities as the API server writes them, empty env values
+  dropped (`kube_emulator_rules.canonical_pod_spec`);
 - deletion with finalizers (deletionTimestamp, then gone when the last
   finalizer is removed);
 - list and watch with `labelSelector` and `fieldSelector`, list
@@ -44,8 +47,8 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
-from kube_emulator_rules import (PatchError, SelectorError, field_selector, json_patch, label_selector,
-                                 merge_patch, selector_from_match_labels, spec_changed)
+from kube_emulator_rules import (PatchError, SelectorError, canonical_pod_spec, field_selector, json_patch,
+                                 label_selector, merge_patch, selector_from_match_labels, spec_changed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Fault:
     status: int | None = 500  # None: only delay, then serve normally
     delay_seconds: float = 0.0
     times: int | None = 1
+    message: str | None = None  # the Status message (default: says the fault was injected)
 
     def matches(self, access: Access) -> bool:
         return ((self.verb is None or self.verb == access.verb)
@@ -85,6 +89,7 @@ class Kind:
     subresources: frozenset[str]
     # Scale subresource: paths of spec replicas, status replicas, and the selector (or matchLabels).
     scale_paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None = None
+    pod_spec_path: tuple[str, ...] | None = None  # where a pod spec sits, stored in canonical form
 
 
 _REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
@@ -123,13 +128,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
 
     def register(self, api_version: str, kind: str, plural: str, *, namespaced: bool = True,
-                 subresources: tuple[str, ...] = (), scale_paths: Any = None) -> kmock.resource:
+                 subresources: tuple[str, ...] = (), scale_paths: Any = None,
+                 pod_spec_path: tuple[str, ...] | None = None) -> kmock.resource:
         group, _, version = api_version.rpartition("/")
         res = kmock.resource(group, version, plural)
         self.resources[res] = kmock.ResourceInfo(
             kind=kind, namespaced=namespaced, singular=kind.lower(), subresources=set(subresources),
             verbs={"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
-        self._kinds[res] = Kind(api_version, kind, namespaced, frozenset(subresources), scale_paths)
+        self._kinds[res] = Kind(api_version, kind, namespaced, frozenset(subresources), scale_paths, pod_spec_path)
         return res
 
     # ----------------------------------------------------------------- test helpers (no HTTP)
@@ -225,7 +231,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if fault.delay_seconds:
                     await asyncio.sleep(fault.delay_seconds)
                 if fault.status is not None:
-                    raise ApiError(fault.status, f"injected fault: {fault.status} for {access.verb} {access.resource}")
+                    raise ApiError(fault.status, fault.message
+                                   or f"injected fault: {fault.status} for {access.verb} {access.resource}")
                 return
 
     async def _serve(self, request: rendering.Request, res: kmock.resource, access: Access) -> tuple[int, Any]:
@@ -290,6 +297,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise ApiError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
         body["apiVersion"], body["kind"] = kind.api_version, kind.kind
         meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
+        if kind.pod_spec_path is not None:
+            canonical_pod_spec(_dig(body, kind.pod_spec_path))
         meta.pop("deletionTimestamp", None)
         if "status" in kind.subresources:
             body.pop("status", None)
@@ -356,6 +365,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if "deletionTimestamp" in current["metadata"]:
             meta["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+        if kind.pod_spec_path is not None:
+            canonical_pod_spec(_dig(new, kind.pod_spec_path))
         if new == current:
             return current
         if spec_changed(current, new):
@@ -460,9 +471,10 @@ def default_emulator(**kwargs: Any) -> KubeEmulator:
     emulator.register("v1", "Secret", "secrets")
     emulator.register("v1", "Service", "services", subresources=("status",))
     emulator.register("v1", "Event", "events")
-    emulator.register("v1", "Pod", "pods", subresources=("status",))
+    emulator.register("v1", "Pod", "pods", subresources=("status",), pod_spec_path=("spec",))
     emulator.register("apps/v1", "Deployment", "deployments", subresources=("status", "scale"),
-                      scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")))
+                      scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")),
+                      pod_spec_path=("spec", "template", "spec"))
     emulator.register("serving.pagedinfer.dev/v1alpha1", "InferenceService", "inferenceservices",
                       subresources=("status", "scale"),
                       scale_paths=(("spec", "replicas"), ("status", "replicas"), ("status", "selector")))

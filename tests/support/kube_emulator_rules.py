@@ -10,12 +10,21 @@
 - label selectors (`a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`,
   `a notin (x,y)`, comma = AND) and field selectors on `metadata.name` and
   `metadata.namespace` (`=`, `==`, `!=`).
+- the canonical form the API server stores a pod spec in (`canonical_pod_spec`):
+  container resource quantities as `resource.Quantity.String()` writes them
+  (0.5 -> 500m, 1024Mi -> 1Gi, 1.5Gi -> 1536Mi, 2000m -> 2; binary suffixes
+  stay binary when the value is a whole number of bytes of at least 1024,
+  everything else is decimal SI with the largest suffix that keeps the number
+  whole), and env items without an empty `value` (EnvVar.value is `omitempty`).
+  Exponent forms (`1e3`) are not emulated: the operator never writes them.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import re
+from fractions import Fraction
 from typing import Any, Callable, Mapping
 
 _MISSING = object()
@@ -203,3 +212,45 @@ def spec_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
 
 def selector_from_match_labels(match_labels: Mapping[str, str] | None) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted((match_labels or {}).items()))
+
+
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_DECIMAL = {"m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+
+
+def canonical_quantity(quantity: Any) -> Any:
+    """A quantity as the API server stores it; anything it does not parse is returned as it is."""
+    m = _QUANTITY.fullmatch(quantity) if isinstance(quantity, str) else None
+    if m is None:
+        return quantity
+    number, suffix = Fraction(m.group(1)), m.group(2) or ""
+    if suffix in _BINARY[1:]:
+        value = number * 1024 ** _BINARY.index(suffix)
+        if value.denominator == 1 and value >= 1024:
+            power = max(p for p in range(len(_BINARY)) if value % 1024 ** p == 0)
+            return f"{value // 1024 ** power}{_BINARY[power]}"
+    else:
+        value = number * Fraction(10) ** _DECIMAL[suffix]
+    milli = math.ceil(value * 1000)  # precision ends at milli; finer values round up
+    for suffix, exponent in sorted(_DECIMAL.items(), key=lambda item: -item[1]):
+        scaled = Fraction(milli, 1000) / Fraction(10) ** exponent
+        if scaled.denominator == 1:
+            return f"{scaled.numerator}{suffix}"
+    raise AssertionError("unreachable: a whole number of milli units always fits the m suffix")
+
+
+def canonical_pod_spec(pod: Any) -> None:
+    """Bring a pod spec (in place) into the form the API server stores: quantities, empty env values."""
+    if not isinstance(pod, dict):
+        return
+    for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        if not isinstance(container, dict):
+            continue
+        for kind in ("requests", "limits"):
+            amounts = (container.get("resources") or {}).get(kind)
+            if isinstance(amounts, dict):
+                amounts.update({name: canonical_quantity(v) for name, v in amounts.items()})
+        for item in container.get("env") or []:
+            if isinstance(item, dict) and item.get("value") == "":
+                del item["value"]

@@ -114,9 +114,41 @@ async def add_gpu_node(emulator: KubeEmulator, name: str, memory_mib: int | None
     await emulator.set_status(NODES, None, name, status)
 
 
+# Llama-3-8B's sizing facts (spec.model.architecture), and a spec that serves it.
+LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
+LLAMA3_8B_SPEC = {"model": {"architecture": LLAMA3_8B}}
+
+
+def isvc_of(emulator: KubeEmulator, name: str = "llama", namespace: str = "default") -> dict[str, Any] | None:
+    return emulator.read(ISVC, namespace, name)
+
+
+def deployment_of(emulator: KubeEmulator, name: str = "llama", namespace: str = "default") -> dict[str, Any] | None:
+    return emulator.read(DEPLOYMENTS, namespace, name)
+
+
 def inference_service(name: str, spec: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
     return {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+async def roll_out(emulator: KubeEmulator, name: str, ready: int, *, replicas: int | None = None,
+                   namespace: str = "default") -> None:
+    """Play the Deployment controller: it has seen the Deployment's spec, and `ready` of its pods are ready.
+
+    replicas: the pods that exist (default the Deployment's spec.replicas), all of the current template.
+    """
+    deployment = emulator.read(DEPLOYMENTS, namespace, name)
+    assert deployment is not None, f"no Deployment {namespace}/{name}"
+    count = deployment["spec"]["replicas"] if replicas is None else replicas
+    await emulator.set_status(DEPLOYMENTS, namespace, name, {
+        "observedGeneration": deployment["metadata"]["generation"], "replicas": count, "updatedReplicas": count,
+        "readyReplicas": ready, "availableReplicas": ready})
+
+
+def reconciles(runtime: Runtime) -> float:
+    """How many reconciles the operator has run (pagedinfer_operator_reconciles_total, all results)."""
+    return sum(s.value for s in runtime.metrics.reconciles.collect()[0].samples if s.name.endswith("_total"))
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
