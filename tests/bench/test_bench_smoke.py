@@ -36,3 +36,12 @@ def test_operator_scale_benchmark_reconciles_every_service_without_rewriting_chi
     rows = {line[:48].strip(): line[48:].split() for line in run.stdout.splitlines() if len(line) > 48}
     assert float(rows["after restart: child writes (total)"][-1]) == 0.0
     assert float(rows["API calls per service (all)"][-1]) > 0
+
+
+def test_sampler_benchmark_times_every_case_against_the_per_row_peer(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "sampler_step.py"), "--rows", "6", "--vocab", "50",
+                          "--repeats", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    ratios = [line.split()[-1] for line in run.stdout.splitlines() if line.endswith("x")]
+    assert len(ratios) == 4 and all(float(r[:-1]) > 0 for r in ratios), run.stdout
