@@ -92,38 +92,50 @@ class Sampler:
     def _draw(self, rows: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """One token per row of `rows` [n, vocab]: temperature, top-k, top-p, min-p, then a draw.
 
-        With top-k or top-p, the rows are ranked once (`topk` of the largest k when
-        every row has a top-k, else a full sort) and cut in ranked order; a top-k
-        keeps the ties of its k-th value. The draw is inverse-CDF sampling: one
-        uniform per row, searched in the running sum of the kept probabilities.
-        A row whose distribution is empty or not finite (every token masked,
-        overflow) takes the argmax of its logits.
+        Each row's result depends on that row alone (its logits, options and
+        uniform), never on what else shares the step: every cut ends in
+        vocabulary order, and the draw is inverse-CDF sampling over the kept
+        probabilities in vocabulary order, with one uniform per row. Top-k
+        masks below the k-th largest value; top-p masks below the smallest
+        probability of the shortest descending prefix reaching p, ranking only
+        the rows that ask for it (only their top k when they have one). Both
+        cut at a value, so ties are kept and the order a sort gives equal
+        values never matters. A row whose
+        distribution is empty or not finite (every token masked, overflow)
+        takes the argmax of its logits.
         """
         vocab = rows.shape[1]
         params = [s.params for s in seqs]
         column = lambda values: torch.tensor(values, dtype=rows.dtype, device=rows.device)[:, None]  # noqa: E731
         scaled = rows / column([p.temperature for p in params])
         top_k = [p.top_k if p.top_k is not None and p.top_k < vocab else vocab for p in params]
-        top_p = [p.top_p for p in params]
-        min_p = [p.min_p for p in params]
-        token_ids = None  # candidates in natural order
-        if max(top_k) < vocab:
-            scaled, token_ids = torch.topk(scaled, max(top_k), dim=-1)
-        elif min(top_k) < vocab or min(top_p) < 1.0:
-            scaled, token_ids = torch.sort(scaled, dim=-1, descending=True)
-        if token_ids is not None and min(top_k) < vocab:
-            kth = scaled.gather(1, torch.tensor(top_k, device=rows.device)[:, None].clamp_max(scaled.shape[1]) - 1)
+        if min(top_k) < vocab:
+            largest = torch.topk(scaled, max(top_k), dim=-1).values
+            kth = largest.gather(1, torch.tensor(top_k, device=rows.device)[:, None] - 1)
+            kth = kth.masked_fill(column(top_k) >= vocab, float("-inf"))  # rows without a top-k keep all
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
-        if min(top_p) < 1.0:  # ranked: keep the smallest prefix reaching top_p; rows with top_p = 1 keep all
-            drop = (torch.cumsum(probs, dim=-1) - probs > column(top_p)) & (column(top_p) < 1.0)
-            probs = probs.masked_fill(drop, 0.0)
+        top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+        if top_p_rows:
+            index = torch.tensor(top_p_rows, device=rows.device)
+            cut = probs[index]
+            widest_top_k = max(top_k[i] for i in top_p_rows)
+            # a row cut by top-k has at most k non-zero probabilities: the largest k are all it has
+            ranked = torch.topk(cut, widest_top_k, dim=-1).values if widest_top_k < vocab else \
+                torch.sort(cut, dim=-1, descending=True).values
+            kept = (torch.cumsum(ranked, dim=-1) - ranked <= column([params[i].top_p for i in top_p_rows])).sum(-1)
+            smallest_kept = ranked.gather(1, kept[:, None] - 1)
+            probs[index] = cut.masked_fill(cut < smallest_kept, 0.0)
+        min_p = [p.min_p for p in params]
         if max(min_p) > 0.0:
             probs = probs.masked_fill(probs < column(min_p) * probs.amax(dim=-1, keepdim=True), 0.0)
         cumulative = torch.cumsum(probs, dim=-1)
-        picked = torch.searchsorted(cumulative, self._uniforms(seqs, rows.device)[:, None] * cumulative[:, -1:],
-                                    right=True).clamp_max(probs.shape[1] - 1)
-        drawn = picked if token_ids is None else token_ids.gather(1, picked)
+        target = self._uniforms(seqs, rows.device)[:, None] * cumulative[:, -1:]
+        picked = torch.searchsorted(cumulative, target, right=True)
+        # rounding may put the target at the very total: take the last token still kept, never a masked one
+        positions = torch.arange(vocab, device=rows.device)
+        last_kept = torch.where(probs > 0, positions, 0).amax(dim=-1, keepdim=True)
+        drawn = torch.minimum(picked, last_kept)
         usable = torch.isfinite(probs).all(dim=-1, keepdim=True) & (cumulative[:, -1:] > 0)
         return torch.where(usable, drawn, rows.argmax(dim=-1, keepdim=True))[:, 0]
 

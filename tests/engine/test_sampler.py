@@ -120,7 +120,23 @@ def test_a_seeded_row_draws_the_same_whatever_shares_the_batch():
     alone = seeded_draws([])
     assert seeded_draws([seq(temperature=1.0), seq(temperature=0.0)]) == alone
     assert seeded_draws([seq(temperature=1.0, seed=1), seq(temperature=2.0)]) == alone
+    assert seeded_draws([seq(temperature=1.0, top_p=0.9)]) == alone  # companions that rank their rows
+    assert seeded_draws([seq(temperature=1.0, top_k=3), seq(temperature=1.0, min_p=0.2)]) == alone
     assert len(set(alone)) > 1
+
+
+@pytest.mark.parametrize("companions", [[], [dict(top_k=4)], [dict(top_p=0.5)]], ids=["alone", "top_k", "top_p"])
+def test_cuts_keep_ties_whatever_shares_the_batch(companions):
+    sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
+    tied = torch.tensor([3.0, 1.0, 1.0, 1.0, 1.0, -5.0, -5.0, -5.0])
+    rows = [seq(temperature=1.0, top_k=2), seq(temperature=1.0, top_p=0.9)]
+    batch = rows + [seq(temperature=1.0, **c) for c in companions]
+    seen = [set(), set()]
+    for _ in range(400):
+        for i, r in enumerate(sampler.sample(tied.repeat(len(batch), 1), batch)[:2]):
+            seen[i].add(r.token_id)
+    assert seen[0] == {0, 1, 2, 3, 4}  # the k-th value (1.0) is shared by four tokens: all kept
+    assert seen[1] == {0, 1, 2, 3, 4}  # 0.9 is reached only within the tied 1.0s: all of them kept
 
 
 def test_a_row_with_every_token_masked_takes_the_argmax_of_its_logits():
