@@ -11,8 +11,8 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
+from hub_cache import make_hub_cache
 from pagedinfer.engine.model_source import resolve_model_dir
-from tests.support.hub_cache import make_hub_cache
 
 RESOLVE = "import sys; from pagedinfer.engine.model_source import resolve_model_dir as r; print(r(*sys.argv[1:]))"
 

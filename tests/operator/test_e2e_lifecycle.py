@@ -10,17 +10,13 @@ import logging
 import pytest
 
 from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, NODES, SERVICES, add_gpu_node, condition,
-                              eventually, inference_service, running_operator)
+                              eventually, inference_service, isvc_of, running_operator)
 from pagedinfer.operator import builders
 
 pytestmark = pytest.mark.timeout(120)
 
 LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
              "hiddenSize": 4096, "maxPositionEmbeddings": 8192}
-
-
-def isvc_of(emulator, name="llama"):
-    return emulator.read(ISVC, "default", name)
 
 
 def args_of(deployment):

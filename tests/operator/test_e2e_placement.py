@@ -3,13 +3,12 @@ plan sized from node labels keeps the pod off unlabelled and smaller nodes."""
 
 import pytest
 
-from operator_harness import DEPLOYMENTS, ISVC, NODES, add_gpu_node, condition, eventually, inference_service, \
-    running_operator
+from operator_harness import DEPLOYMENTS, ISVC, LLAMA3_8B, NODES, add_gpu_node, condition, eventually, \
+    inference_service, running_operator
 from pagedinfer.operator.node_memory import required_affinity_holds
 
 pytestmark = pytest.mark.timeout(120)
 
-LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 BY_NAME = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h100", "bare"]}]}
 
 

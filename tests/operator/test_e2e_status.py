@@ -10,18 +10,14 @@ import asyncio
 import pytest
 
 from kube_emulator import Fault
-from operator_harness import (DEPLOYMENTS, ISVC, add_gpu_node, condition, eventually, inference_service, roll_out,
-                              running_operator)
+from operator_harness import LLAMA3_8B as LLAMA3_8B_SHAPE
+from operator_harness import (DEPLOYMENTS, ISVC, add_gpu_node, condition, eventually, inference_service, isvc_of,
+                              roll_out, running_operator)
 from pagedinfer.operator import builders, status
 
 pytestmark = pytest.mark.timeout(120)
 
-LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
-             "hiddenSize": 4096, "maxPositionEmbeddings": 8192}
-
-
-def isvc_of(emulator, name="llama"):
-    return emulator.read(ISVC, "default", name)
+LLAMA3_8B = {**LLAMA3_8B_SHAPE, "hiddenSize": 4096, "maxPositionEmbeddings": 8192}
 
 
 def generations(isvc):

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.test_sigterm import _free_port, _wait_healthy
-from tests.support.hub_cache import make_hub_cache
+from hub_cache import make_hub_cache
+from server_process import free_port, wait_process_healthy
 
 CLI = Path(sys.executable).with_name("pagedinfer")
 
@@ -25,14 +25,14 @@ def offline_env(hf_home: Path) -> dict:
 @pytest.mark.slow
 def test_serve_takes_a_hub_id_from_the_offline_cache(tiny_llama, tmp_path):
     make_hub_cache(tmp_path / "hf", "acme/tiny", tiny_llama)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "server.log").open("w+")
     proc = subprocess.Popen([str(CLI), "serve", "--model", "acme/tiny", "--port", str(port), "--device", "cpu",
                              "--max-model-len", "256", "--num-gpu-blocks-override", "32"],
                             stdout=log, stderr=subprocess.STDOUT, env=offline_env(tmp_path / "hf"))
     try:
-        _wait_healthy(url, proc)
+        wait_process_healthy(url, proc)
         assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["acme/tiny"]
         r = httpx.post(url + "/v1/completions", json={"model": "acme/tiny", "prompt": "hi", "max_tokens": 3},
                        timeout=60)

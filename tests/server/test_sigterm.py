@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,32 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from server_process import free_port, wait_process_healthy
+
 GRACE_SECONDS = 2.0
 KEY = "sk-sigterm-4d2f8a"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "server exited before becoming healthy"
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("server did not become healthy")
-
-
 @pytest.mark.slow
 def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cli = Path(sys.executable).with_name("pagedinfer")
     env = {**os.environ, "PAGEDINFER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
@@ -50,7 +32,7 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
          "--shutdown-grace-seconds", str(GRACE_SECONDS)],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        _wait_healthy(url, proc)
+        wait_process_healthy(url, proc)
         outcomes: list[str] = []
         body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True, "stream": True}
 
