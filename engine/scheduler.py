@@ -116,10 +116,12 @@ class Scheduler:
 
         # 2. swapped sequences come back when nothing was preempted; a prefill swapped out
         #    mid-prompt comes back with a chunk of its rest, as a running prefill would
+        # seats of max_num_seqs held by running sequences (steps 2 and 3 only add to them)
+        seats_taken = sum(self._seats(s) for s in self.running)
         if not preempted:
             while self.swapped and budget > 0:
                 seq = self.swapped[0]
-                if self._seats_taken() + self._seats(seq) > self.config.max_num_seqs:
+                if seats_taken + self._seats(seq) > self.config.max_num_seqs:
                     break
                 num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
                 if not self.kv.can_swap_in(seq, num_new, use_watermark=bool(self.running)):
@@ -129,6 +131,7 @@ class Scheduler:
                 copies.extend(self.kv.allocate(seq, num_new))
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                seats_taken += self._seats(seq)
                 chosen.append((seq, num_new))
                 budget -= num_new
 
@@ -136,7 +139,7 @@ class Scheduler:
         if not preempted and not self.swapped:
             while self.waiting and budget > 0:
                 seq = self.waiting[0]
-                if self._seats_taken() + self._seats(seq) > self.config.max_num_seqs:
+                if seats_taken + self._seats(seq) > self.config.max_num_seqs:
                     break
                 hits = self.kv.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
                 num_hit_tokens = len(hits) * self.kv.block_size
@@ -157,6 +160,7 @@ class Scheduler:
                 self.kv.record_admission(seq, num_hit_tokens)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                seats_taken += self._seats(seq)
                 chosen.append((seq, num_new))
                 budget -= num_new
 
@@ -174,9 +178,6 @@ class Scheduler:
     def _seats(seq: Sequence) -> int:
         """Running slots a sequence holds: itself and the children it will fork (n > 1)."""
         return 1 + seq.num_forks_pending
-
-    def _seats_taken(self) -> int:
-        return sum(self._seats(s) for s in self.running)
 
     def _preempt(self, seq: Sequence, swap_out: list[tuple[int, int]]) -> None:
         self.running.remove(seq)
