@@ -52,11 +52,10 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
-        logits = logits.float()
+        logits = logits.to(torch.float32, copy=True)  # one copy: the penalties below write into it
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = logits.clone()
         for row, seq in enumerate(seqs):
             self._apply_penalties(logits[row], seq)
         tokens = logits.argmax(dim=-1)
