@@ -117,7 +117,9 @@ async def test_scales_up_on_kv_usage_then_down_after_the_window(emulator):
         await add_ready_pod(emulator, NS, pod_manifest("svc-0", "svc", engines[0].ip))
 
         await eventually(lambda: replicas_of(emulator) == 2)
-        status = autoscaling_status(emulator)
+        # spec.replicas (the scale subresource) is written before status: wait for both
+        status = await eventually(lambda: (autoscaling_status(emulator) or {}).get("desiredReplicas") == 2
+                                  and autoscaling_status(emulator))
         assert status["desiredReplicas"] == 2
         assert status["lastScaleReason"].startswith("kvCacheUsage 0.9 above target 0.5: 1 -> 2 replicas")
         assert status["currentMetrics"] == [{"name": "kvCacheUsage", "target": 0.5, "value": 0.9}]
