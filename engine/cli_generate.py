@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from pagedinfer.engine.engine_args import add_engine_args, engine_config_from_args
+from pagedinfer.engine.model_source import default_model_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate completions for prompts (offline, no server)",
-                       description="Generate completions with the paged engine. Without --model a tiny"
-                                   " random-weight Llama is built in a temporary directory (a smoke test).")
+                       description="Generate completions with the paged engine. Without --model it uses the"
+                                   " small model embedded in the package, as `serve` does.")
     add_engine_args(p, model_required=False)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
@@ -33,14 +32,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = args.prompt or ["The quick brown fox", "A paged KV cache stores"]
     if any(not p for p in prompts):
         raise ValueError("--prompt: must not be empty")
-    model = args.model
-    tmp = None
-    if model is None:
-        from pagedinfer.engine.tiny_model import make_tiny_model
-
-        tmp = tempfile.TemporaryDirectory(prefix="pagedinfer-tiny-")
-        model = str(make_tiny_model(Path(tmp.name) / "tiny-llama", arch="llama"))
-        print(f"(no --model: using a tiny random-weight Llama in {model})", file=sys.stderr)
+    model = args.model or str(default_model_dir())  # the embedded model, as `serve` defaults to
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, n=args.n)
     llm = LLM(**engine_config_from_args(args, model=model).__dict__)
@@ -61,6 +53,4 @@ def run(args: argparse.Namespace) -> int:
     print(f"{num_tokens} tokens in {elapsed:.2f} s; KV pool {stats.num_total_blocks} blocks,"
           f" prefix-cache hits {stats.prefix_cache_hit_tokens}/{stats.prefix_cache_query_tokens} tokens",
           file=sys.stderr)
-    if tmp:
-        tmp.cleanup()
     return 0

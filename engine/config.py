@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
+from pagedinfer.engine.host_memory import available_host_memory
 from pagedinfer.engine.sizing import VALID_BLOCK_SIZES
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -17,6 +19,16 @@ def _positive(name: str, value, allow_none: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+
+
+def _check_swap_space_fits(swap_space_gib: float) -> None:
+    """The host swap pool (allocated in swap mode only) must fit in the host memory still available."""
+    bound = available_host_memory()
+    if bound is not None and swap_space_gib * 2**30 > bound.available_bytes:
+        raise ValueError(
+            f"swap_space (--swap-space): {swap_space_gib:g} GiB of host memory for swapped-out KV blocks does not"
+            f" fit in the {bound.available_bytes / 2**30:.2f} GiB this host has available ({bound.source});"
+            " lower it, or use preemption_mode recompute, which needs no host pool")
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
-    swap_space: float = 4.0  # GiB of host memory for swapped-out KV blocks
+    swap_space: float = 4.0  # GiB of host memory for swapped-out KV blocks (swap mode; must fit what is available)
     dtype: str = "auto"
     device: str = "auto"
     seed: int = 0
@@ -65,14 +77,16 @@ class EngineConfig:
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size: this engine runs one GPU per replica; use 1")
         if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) \
-                or self.swap_space < 0:
-            raise ValueError(f"swap_space: must be a number of GiB >= 0, got {self.swap_space!r}")
+                or not math.isfinite(self.swap_space) or self.swap_space < 0:
+            raise ValueError(f"swap_space (--swap-space): must be a number of GiB >= 0, got {self.swap_space!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device: must be one of {DEVICES}, got {self.device!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode: must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.preemption_mode == "swap":
+            _check_swap_space_fits(self.swap_space)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
         if not isinstance(self.enable_prefix_caching, bool):

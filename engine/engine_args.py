@@ -33,7 +33,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = True) -> 
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + completion (default: the model's max_position_embeddings)")
     g.add_argument("--swap-space", type=float, default=4.0,
-                   help="GiB of host memory for KV blocks swapped out by preemption (default 4)")
+                   help="GiB of host memory for KV blocks swapped out by preemption (default 4); with"
+                        " --preemption-mode swap it must fit in the host memory available (MemAvailable, or the"
+                        " cgroup's limit less its working set if lower)")
     g.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
                    help="when the pool runs out: recompute (free and redo) or swap (to host memory)")
     g.add_argument("--dtype", choices=DTYPES, default="auto",

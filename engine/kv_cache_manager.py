@@ -28,8 +28,10 @@ class KVCacheStats:
     num_used_blocks: int
     num_free_blocks: int
     num_cached_free_blocks: int
-    prefix_cache_query_tokens: int
-    prefix_cache_hit_tokens: int
+    prefix_cache_query_tokens: int  # prompt tokens of requests at their first admission
+    prefix_cache_hit_tokens: int  # of those, tokens served by the cache
+    prefix_cache_preempted_query_tokens: int  # tokens of recompute-preempted sequences looked up again
+    prefix_cache_preempted_hit_tokens: int  # of those, tokens found (their own blocks, mostly)
     num_cpu_blocks: int
     num_free_cpu_blocks: int
 
@@ -48,6 +50,8 @@ class KVCacheManager:
         self.swapped: dict[int, list[int]] = {}
         self.query_tokens = 0
         self.hit_tokens = 0
+        self.preempted_query_tokens = 0
+        self.preempted_hit_tokens = 0
 
     # ----- prefix cache -------------------------------------------------------------
     def _full_block_hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
@@ -128,10 +132,21 @@ class KVCacheManager:
             table.extend(self.pool.allocate(missing))
         return copies
 
-    def record_admission(self, seq: Sequence, num_hit_tokens: int) -> None:
-        """Count a prefix-cache query for a newly admitted sequence (in tokens)."""
-        self.query_tokens += seq.num_tokens
-        self.hit_tokens += num_hit_tokens
+    def record_admission(self, seq: Sequence, num_hit_tokens: int, readmitted: bool) -> None:
+        """Count the prefix-cache lookup of an admission from the waiting queue (in tokens).
+
+        A request's first admission is its one prefix-cache query: its prompt
+        tokens, and the hits among them. A re-admission after recompute
+        preemption looks up the sequence's own prompt and generated tokens,
+        whose freed blocks are usually still cached: those are not prompt-cache
+        hits, so they are counted apart (as vLLM separates preempted lookups).
+        """
+        if readmitted:
+            self.preempted_query_tokens += seq.num_tokens
+            self.preempted_hit_tokens += num_hit_tokens
+        else:
+            self.query_tokens += seq.num_prompt_tokens
+            self.hit_tokens += num_hit_tokens
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register seq's full, computed blocks in the prefix cache (after a step)."""
@@ -210,6 +225,8 @@ class KVCacheManager:
             num_cached_free_blocks=self.pool.num_cached_free_blocks,
             prefix_cache_query_tokens=self.query_tokens,
             prefix_cache_hit_tokens=self.hit_tokens,
+            prefix_cache_preempted_query_tokens=self.preempted_query_tokens,
+            prefix_cache_preempted_hit_tokens=self.preempted_hit_tokens,
             num_cpu_blocks=self.num_cpu_blocks,
             num_free_cpu_blocks=len(self.free_cpu_blocks),
         )

@@ -313,17 +313,20 @@ class LLMEngine:
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:
         kv = self.kv.stats()
+        requests = self.scheduler.num_requests()
         return EngineStats(
             num_total_blocks=kv.num_total_blocks, num_used_blocks=kv.num_used_blocks,
             num_free_blocks=kv.num_free_blocks, num_cached_free_blocks=kv.num_cached_free_blocks,
             kv_usage=kv.num_used_blocks / kv.num_total_blocks,
             prefix_cache_query_tokens=kv.prefix_cache_query_tokens,
             prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens,
+            prefix_cache_preempted_query_tokens=kv.prefix_cache_preempted_query_tokens,
+            prefix_cache_preempted_hit_tokens=kv.prefix_cache_preempted_hit_tokens,
             num_allocation_failures=self.scheduler.counters.num_allocation_failures,
             num_preemptions=dict(self.scheduler.counters.num_preemptions),
-            num_running=len(self.scheduler.running),
-            num_waiting=sum(1 + s.num_forks_pending for s in self.scheduler.waiting),  # sequences, n > 1 included
-            num_swapped=len(self.scheduler.swapped),
+            num_running_reqs=requests.running, num_waiting_reqs=requests.waiting,
+            num_swapped_reqs=requests.swapped,
+            num_waiting_seqs=sum(1 + s.num_forks_pending for s in self.scheduler.waiting),
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)
 
 

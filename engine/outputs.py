@@ -57,12 +57,17 @@ class EngineStats:
     num_free_blocks: int
     num_cached_free_blocks: int  # free, but still holding a reusable prefix
     kv_usage: float  # used / total
-    prefix_cache_query_tokens: int
-    prefix_cache_hit_tokens: int
+    prefix_cache_query_tokens: int  # prompt tokens of requests at their first admission
+    prefix_cache_hit_tokens: int  # of those, tokens served by the prefix cache
+    prefix_cache_preempted_query_tokens: int  # tokens of recompute-preempted sequences looked up again
+    prefix_cache_preempted_hit_tokens: int  # of those, tokens found in the cache (not prompt-cache hits)
     num_allocation_failures: int
     num_preemptions: dict[str, int]
-    num_running: int
-    num_waiting: int  # waiting sequences: a request with n > 1 not yet forked counts n
-    num_swapped: int
+    # Unfinished requests (one per prompt; its n completions are one request), each in one state:
+    # running if any of its sequences runs, else swapped if any is swapped out, else waiting.
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_swapped_reqs: int
+    num_waiting_seqs: int  # sequences to admit: a waiting request with n > 1 not yet forked counts n
     num_prompt_tokens: int
     num_generation_tokens: int

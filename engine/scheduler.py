@@ -60,6 +60,15 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+@dataclass(frozen=True)
+class RequestCounts:
+    """Unfinished requests by state; each request (its sequences share a request_id) is in exactly one."""
+
+    running: int  # at least one of its sequences runs
+    waiting: int  # none runs or is swapped: all wait for admission
+    swapped: int  # none runs, at least one is swapped out to host memory
+
+
 @dataclass
 class SchedulerCounters:
     num_preemptions: dict[str, int] = field(default_factory=lambda: {"recompute": 0, "swap": 0})
@@ -83,6 +92,13 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def num_requests(self) -> RequestCounts:
+        """Requests, not sequences: n > 1 completions (or a preempted child) never count twice."""
+        running = {s.request_id for s in self.running}
+        swapped = {s.request_id for s in self.swapped} - running
+        waiting = {s.request_id for s in self.waiting} - running - swapped
+        return RequestCounts(running=len(running), waiting=len(waiting), swapped=len(swapped))
 
     # ----- one step ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -154,10 +170,10 @@ class Scheduler:
                     break
                 self.waiting.popleft()
                 copies.extend(self.kv.allocate(seq, num_new, hits))
+                self.kv.record_admission(seq, num_hit_tokens, readmitted=seq.was_admitted)
                 if not seq.was_admitted:
                     seq.num_cached_tokens = num_hit_tokens
                     seq.was_admitted = True
-                self.kv.record_admission(seq, num_hit_tokens)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 seats_taken += self._seats(seq)

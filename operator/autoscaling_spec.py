@@ -22,8 +22,9 @@ Metric names and their direction:
   that would vote for maxReplicas whenever KV usage is above its target
   (`prefix_caching_conflict`, also a check of `spec_parser`, so the spec is
   Valid=False, and a CEL rule). Target in (0, 1].
-- `requestsWaiting`: average waiting requests per ready pod; above target
-  scales up. Target > 0.
+- `requestsWaiting`: average waiting requests per ready pod (the engine's
+  `pagedinfer_num_requests_waiting`: a prompt's n completions are one
+  request); above target scales up. Target > 0.
 
 Every constructor validates and raises ValueError naming the offending field
 (dotted path under `spec.autoscaling`).

@@ -147,7 +147,7 @@ class EngineLoop:
         An add stays pending until the stats published after it was applied
         include it, so between the two it is counted twice, never zero times.
         """
-        waiting = self.stats.num_waiting if self.stats is not None else 0
+        waiting = self.stats.num_waiting_seqs if self.stats is not None else 0
         return waiting + self._num_pending_seqs
 
     def add(self, request_id: str, prompt: str | list[int], params: Any, arrival_time: float,

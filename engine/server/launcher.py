@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
 from pagedinfer.engine.server.metrics import ServerMetrics
@@ -31,11 +31,6 @@ logger = logging.getLogger("pagedinfer.server")
 
 DEFAULT_MODEL_NAME = "pagedinfer-default"
 SHUTDOWN_BACKSTOP_SECONDS = 5.0
-
-
-def default_model_dir() -> Path:
-    """The embedded model shipped inside the package (engine/default_model)."""
-    return Path(str(resources.files("pagedinfer.engine") / "default_model"))
 
 
 def served_name(model: str, served_model_name: str | None) -> str:

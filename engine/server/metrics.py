@@ -5,7 +5,10 @@ Two sources, two mechanisms:
   counters) is exported by a custom collector from the latest snapshot the
   engine loop published. Gauges are the snapshot; counters are the engine's
   own cumulative totals, so `rate(pagedinfer_prefix_cache_hits_total[1m]) /
-  rate(pagedinfer_prefix_cache_queries_total[1m])` is the hit rate.
+  rate(pagedinfer_prefix_cache_queries_total[1m])` is the hit rate (a query
+  per request, at its first admission: a recompute after preemption is
+  counted in the `prefix_cache_preempted_*` counters instead). The queue
+  gauges count requests (one per prompt), not sequences.
 - Per-request latencies (histograms) and finished-request counts are observed
   from the engine thread as outputs arrive: time to first token, inter-token
   latency (the time between two outputs that added tokens), end-to-end
@@ -42,13 +45,21 @@ _GAUGES = (
     ("kv_cache_cached_blocks", "num_cached_free_blocks",
      "Free KV cache blocks that still hold a reusable prefix (evictable)."),
     ("kv_cache_usage_ratio", "kv_usage", "Used KV cache blocks / total blocks (0-1)."),
-    ("num_requests_running", "num_running", "Requests in the running batch."),
-    ("num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
-    ("num_requests_swapped", "num_swapped", "Requests whose KV blocks are swapped out to host memory."),
+    ("num_requests_running", "num_running_reqs",
+     "Requests with a sequence in the running batch (one per prompt: n completions count once)."),
+    ("num_requests_waiting", "num_waiting_reqs",
+     "Requests waiting to be scheduled, none of their sequences running or swapped (n completions count once)."),
+    ("num_requests_swapped", "num_swapped_reqs",
+     "Requests with a sequence swapped out to host memory and none running."),
 )
 _COUNTERS = (
-    ("prefix_cache_queries", "prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache."),
+    ("prefix_cache_queries", "prefix_cache_query_tokens",
+     "Prompt tokens looked up in the prefix cache, once per request at its first admission."),
     ("prefix_cache_hits", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
+    ("prefix_cache_preempted_queries", "prefix_cache_preempted_query_tokens",
+     "Tokens of recompute-preempted requests looked up again when re-admitted (not in prefix_cache_queries)."),
+    ("prefix_cache_preempted_hits", "prefix_cache_preempted_hit_tokens",
+     "Of those, tokens found in the cache: recomputation saved, not prompt-cache hits."),
     ("kv_cache_allocation_failures", "num_allocation_failures",
      "Times a request could not get the KV blocks it needed."),
     ("prompt_tokens", "num_prompt_tokens", "Prompt tokens processed (prefilled)."),

@@ -16,7 +16,7 @@ def llm(tiny_llama):
 def assert_pool_free(llm):
     stats = llm.get_stats()
     assert stats.num_used_blocks == 0 and stats.num_free_blocks == stats.num_total_blocks
-    assert stats.num_running == stats.num_waiting == stats.num_swapped == 0
+    assert stats.num_running_reqs == stats.num_waiting_reqs == stats.num_swapped_reqs == stats.num_waiting_seqs == 0
     llm.llm_engine.kv.check_invariants()
 
 

@@ -12,7 +12,7 @@ def seq(tokens):
 def run_prefill(kv, s):
     hits = kv.get_computed_blocks(s)
     kv.allocate(s, s.num_tokens - len(hits) * kv.block_size, hits)
-    kv.record_admission(s, len(hits) * kv.block_size)
+    kv.record_admission(s, len(hits) * kv.block_size, readmitted=False)
     s.num_computed_tokens = s.num_tokens
     kv.cache_computed_blocks(s)
     return len(hits) * kv.block_size

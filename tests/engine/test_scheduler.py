@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.sampling_params import SamplingParams
-from pagedinfer.engine.scheduler import Scheduler
+from pagedinfer.engine.scheduler import RequestCounts, Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceStatus
 
 
@@ -110,11 +111,82 @@ def test_head_of_line_request_is_not_starved_by_later_small_ones():
     assert [i.seq for i in out.scheduled][0] is big
 
 
+def run_to_completion(sched, seqs, output_tokens):
+    """Step until every sequence has output_tokens tokens; return the scheduler outputs."""
+    outs = []
+    while sched.num_unfinished:
+        outs.append(step(sched))
+        for s in seqs:
+            if s.num_output_tokens >= output_tokens and not s.is_finished:
+                sched.finish(s, "length")
+    return outs
+
+
+@pytest.mark.parametrize("mode, cpu", [("recompute", 0), ("swap", 1)], ids=["recompute", "swap-pool-too-small"])
+def test_a_recompute_after_preemption_is_no_prefix_cache_hit(mode, cpu):
+    """Unrelated prompts under forced preemption: the victim's re-admission finds its own freed blocks,
+    which is counted apart, never as a prompt-cache query or hit (a 1-block host pool cannot take the
+    2-block victim, so swap mode falls back to recompute)."""
+    sched, kv = make(num_blocks=4, block_size=4, budget=64, mode=mode, cpu=cpu)
+    a, b = new_seq(range(7), 0), new_seq(range(100, 107), 1)
+    sched.add(a)
+    sched.add(b)
+    outs = run_to_completion(sched, [a, b], output_tokens=6)
+    assert any(b in out.preempted for out in outs)
+    stats = kv.stats()
+    assert stats.prefix_cache_hit_tokens == 0
+    assert stats.prefix_cache_query_tokens == 14  # each prompt once, at its first admission
+    assert stats.prefix_cache_preempted_hit_tokens > 0  # b found its own blocks again
+    assert stats.prefix_cache_preempted_query_tokens >= b.num_prompt_tokens + 1
+    assert b.num_cached_tokens == 0
+    kv.check_invariants()
+
+
+def test_a_swapped_victim_is_never_looked_up_again():
+    sched, kv = make(num_blocks=4, block_size=4, budget=64, mode="swap", cpu=16)
+    a, b = new_seq(range(7), 0), new_seq(range(100, 107), 1)
+    sched.add(a)
+    sched.add(b)
+    outs = run_to_completion(sched, [a, b], output_tokens=6)
+    assert any(out.blocks_to_swap_out for out in outs)
+    stats = kv.stats()
+    assert (stats.prefix_cache_hit_tokens, stats.prefix_cache_query_tokens) == (0, 14)
+    assert stats.prefix_cache_preempted_query_tokens == stats.prefix_cache_preempted_hit_tokens == 0
+
+
+def test_requests_are_counted_once_whatever_their_n():
+    sched, kv = make(num_blocks=16, block_size=4, budget=64, max_seqs=4)
+    parent = new_seq(range(5), 0, rid="req-a")
+    parent.num_forks_pending = 3  # n = 4
+    other = new_seq(range(50, 55), 1, rid="req-b")
+    other.num_forks_pending = 3
+    sched.add(parent)
+    sched.add(other)
+    assert sched.num_requests() == RequestCounts(running=0, waiting=2, swapped=0)
+    step(sched)  # parent holds all 4 seats: other waits
+    assert sched.num_requests() == RequestCounts(running=1, waiting=1, swapped=0)
+    children = []
+    for i in range(3):
+        child = new_seq(parent.prompt_token_ids, 2 + i, rid="req-a")
+        child.token_ids = list(parent.token_ids)
+        sched.fork(parent, child)
+        children.append(child)
+    parent.num_forks_pending = 0
+    assert len(sched.running) == 4
+    assert sched.num_requests() == RequestCounts(running=1, waiting=1, swapped=0)
+    sched._preempt(children[-1], [])  # a preempted child waits, but its request still runs
+    assert sched.num_requests() == RequestCounts(running=1, waiting=1, swapped=0)
+    for s in (parent, *children):
+        sched.finish(s, "abort")
+    assert sched.num_requests() == RequestCounts(running=0, waiting=1, swapped=0)
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.ids = itertools.count()
         self.live: list[Sequence] = []
+        self.added: list[Sequence] = []  # every sequence added to the queue (not forked)
 
     @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]),
           watermark=st.sampled_from([0.0, 0.1]))
@@ -136,6 +208,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         s = new_seq(tokens, t)
         self.sched.add(s)
         self.live.append(s)
+        self.added.append(s)
 
     @precondition(_ready)
     @rule()
@@ -173,6 +246,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.kv.check_invariants()
             stats = self.kv.stats()
             assert stats.num_free_blocks + stats.num_used_blocks == stats.num_total_blocks
+            # one prefix-cache query per request, in prompt tokens, however often it was preempted
+            assert stats.prefix_cache_query_tokens == sum(s.num_prompt_tokens for s in self.added if s.was_admitted)
+            assert stats.prefix_cache_hit_tokens <= stats.prefix_cache_query_tokens
+            counts = self.sched.num_requests()
+            unfinished = {s.request_id for s in self.live if not s.is_finished}
+            assert counts.running + counts.waiting + counts.swapped == len(unfinished)
 
     def teardown(self):
         if self._ready():

@@ -1,0 +1,27 @@
+"""`pagedinfer generate` defaults to the embedded model, as `serve` does."""
+
+from __future__ import annotations
+
+import json
+
+from pagedinfer.engine import LLM, SamplingParams
+from pagedinfer.engine.cli import main
+from pagedinfer.engine.model_source import default_model_dir
+
+PROMPT = "The quick brown fox"
+ENGINE_FLAGS = {"max_model_len": 256, "num_gpu_blocks_override": 64}
+
+
+def test_generate_without_model_answers_with_the_embedded_model(capsys):
+    argv = ["generate", "--prompt", PROMPT, "--max-tokens", "12", "--json"]
+    for name, value in ENGINE_FLAGS.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    assert main(argv) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    record = json.loads(line)
+
+    embedded = LLM(model=str(default_model_dir()), **ENGINE_FLAGS)
+    expected = embedded.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12))[0].outputs[0]
+    assert record["token_ids"] == expected.token_ids and record["text"] == expected.text
+    words = [w for w in record["text"].split() if w.strip(".,;:!?'\"()").isalpha()]
+    assert len(words) >= 3, record["text"]  # a trained model's words, not a random model's bytes
