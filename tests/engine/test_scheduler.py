@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -185,3 +186,69 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def beam_group(sched, tokens, num_beams, t):
+    """A beam group: a prompt that prefills, then num_beams beams forked from it, each with its own token."""
+    from pagedinfer.engine.sequence import SequenceGroup
+
+    leader = new_seq(tokens, t)
+    group = SequenceGroup(leader.request_id, num_beams, [leader])
+    leader.group = group
+    sched.add(leader)
+    return group
+
+
+def fork_beams(sched, group, num_beams):
+    leader = group.leader
+    for i in range(1, num_beams):
+        child = new_seq(leader.prompt_token_ids, 0, rid=leader.request_id)
+        child.token_ids, child.group = list(leader.token_ids), group
+        sched.fork(leader, child)
+        group.seqs.append(child)
+    for i, s in enumerate(group.seqs):
+        s.token_ids.append(100 + i)
+
+
+def prefill(sched, group):
+    out = sched.schedule()
+    sched.after_step(out)
+    assert all(s.num_computed_tokens == s.num_tokens for s in group.seqs)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_beam_group_is_preempted_and_resumed_as_a_whole(mode):
+    sched, kv = make(num_blocks=8, block_size=4, mode=mode, budget=32)
+    older = new_seq(range(8), 0)  # 2 full blocks, then one more for its decodes
+    sched.add(older)
+    group = beam_group(sched, range(50, 56), 3, 1)  # 6 tokens: blocks [4] + [2 of 4], shared by the beams
+    prefill(sched, group)
+    older.token_ids.append(7)
+    fork_beams(sched, group, 3)
+    assert sched.seats(group.leader) == 3 and sched.seats(group.seqs[1]) == 0
+    assert kv.stats().num_free_blocks == 4
+    older.token_ids.extend([7] * 8)  # older now needs 3 more blocks: with the beams' 2 copies, 5 > 4 free
+    out = sched.schedule()
+    assert set(out.preempted) == set(group.seqs) and [i.seq for i in out.scheduled] == [older]
+    assert [s.status for s in group.seqs] == [SequenceStatus.SWAPPED if mode == "swap" else
+                                              SequenceStatus.WAITING] * 3
+    queue = sched.swapped if mode == "swap" else sched.waiting
+    assert list(queue) == [group.leader]  # only the leader is queued; the other beams follow it
+    sched.after_step(out)
+    sched.finish(older, "stop")
+    out = sched.schedule()
+    sched.after_step(out)
+    if mode == "recompute":  # the leader recomputed its 7 tokens; the others are forked from it again
+        assert [i.seq for i in out.scheduled] == [group.leader]
+        assert all(s.status is SequenceStatus.RUNNING for s in group.seqs)
+        assert [s.num_computed_tokens for s in group.seqs] == [7, 6, 6]
+        out = sched.schedule()
+        sched.after_step(out)
+    resumed = group.seqs[1:] if mode == "recompute" else group.seqs  # swap: all beams, their last token each
+    assert sorted(i.seq.seq_id for i in out.scheduled) == sorted(s.seq_id for s in resumed)
+    assert len({kv.block_ids(s)[0] for s in group.seqs}) == 1  # the prompt's full block is shared again
+    assert all(s.num_computed_tokens == s.num_tokens for s in group.seqs)
+    for s in group.seqs:
+        sched.finish(s, "stop")
+    kv.check_invariants()
+    assert kv.stats().num_free_blocks == 8 and kv.stats().num_free_cpu_blocks == kv.num_cpu_blocks
