@@ -9,6 +9,7 @@ invariants after every rule; no block leaks and none is freed twice.
 from __future__ import annotations
 
 import itertools
+import random
 
 import hypothesis.strategies as st
 import pytest
@@ -34,13 +35,21 @@ def new_seq(tokens, t, rid=None):
                     arrival_time=float(t))
 
 
-def step(sched):
+def step(sched, beam_step=None):
+    """One step as the engine takes it; beam_step(group) plays the beam search for a group whose
+    beams have all computed their last token (beams never get the driver's token 7)."""
     out = sched.schedule()
     sched.after_step(out)
+    groups = {}
     for item in out.scheduled:
         s = item.seq
-        if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens:
+        if s.group is not None:
+            groups[id(s.group)] = s.group
+        elif s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens:
             s.token_ids.append(7)
+    for group in groups.values():
+        if all(b.status is SequenceStatus.RUNNING and b.num_computed_tokens == b.num_tokens for b in group.seqs):
+            beam_step(group)
     return out
 
 
@@ -116,12 +125,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         super().__init__()
         self.ids = itertools.count()
         self.live: list[Sequence] = []
+        self.groups: list = []  # live beam groups
 
     @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]),
-          watermark=st.sampled_from([0.0, 0.1]))
-    def configure(self, mode, cpu, watermark):
+          watermark=st.sampled_from([0.0, 0.1]), num_blocks=st.sampled_from([8, 12]))
+    def configure(self, mode, cpu, watermark, num_blocks):
         if not hasattr(self, "sched"):
-            self.sched, self.kv = make(num_blocks=12, block_size=4, mode=mode, budget=12, cpu=cpu,
+            self.sched, self.kv = make(num_blocks=num_blocks, block_size=4, mode=mode, budget=12, cpu=cpu,
                                        watermark=watermark)
 
     def _ready(self):
@@ -139,12 +149,57 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.live.append(s)
 
     @precondition(_ready)
-    @rule()
-    def run_step(self):
-        out = step(self.sched)
+    @rule(length=st.integers(1, 16), width=st.integers(1, 3))
+    def add_beam_group(self, length, width):
+        from pagedinfer.engine.sequence import SequenceGroup
+
+        from pagedinfer.engine.beam.group import max_group_blocks
+        from pagedinfer.engine.beam.params import BeamSearchParams
+
+        if sum(self.sched.seats(s) for s in self.sched.running) + width > self.sched.config.max_num_seqs or \
+                max_group_blocks(length, BeamSearchParams(width, 6), 4) > self.kv.pool.num_blocks:
+            return  # as the engine's check_request: a group that cannot fit the pool alone is refused
+        t = next(self.ids)
+        leader = new_seq([t % 50 + 2] * length, t)
+        leader.group = SequenceGroup(leader.request_id, width, [leader])
+        self.sched.add(leader)
+        self.groups.append(leader.group)
+
+    def _beam_step(self, group):
+        """A random beam step: up to beam_width children of random parents; pruned parents freed."""
+        from pagedinfer.engine.beam.group import advance
+        from pagedinfer.engine.beam.search import BeamStep
+
+        if group.leader.num_output_tokens >= 5:
+            advance(self.sched, group, BeamStep((), (), True), None)
+            self.groups.remove(group)
+            return
+        parents = tuple(sorted(self.rng.randrange(len(group.seqs)) for _ in range(group.beam_width)))
+        tokens = tuple(self.rng.randrange(2, 60) for _ in parents)
+
+        def fork(parent):
+            child = new_seq(parent.prompt_token_ids, next(self.ids), rid=parent.request_id)
+            child.token_ids, child.group = list(parent.token_ids), group
+            child.block_hashes = list(parent.block_hashes)
+            self.sched.fork(parent, child)
+            return child
+
+        advance(self.sched, group, BeamStep(parents, tokens, False), fork)
+
+    @precondition(_ready)
+    @rule(seed=st.integers(0, 2**16))
+    def run_step(self, seed):
+        self.rng = random.Random(seed)
+        out = step(self.sched, self._beam_step)
         assert out.scheduled or not self.sched.num_unfinished, "unfinished sequences but an empty step"
         assert out.num_batched_tokens <= self.sched.config.max_num_batched_tokens
         assert len(self.sched.running) <= self.sched.config.max_num_seqs
+        for group in self.groups:  # a group runs whole or not at all, its running beams side by side
+            running = [i for i, s in enumerate(self.sched.running) if s.group is group]
+            assert running == list(range(running[0], running[0] + len(running))) if running else True
+            assert not running or all(s.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING)
+                                      for s in group.seqs)
+            assert sum(s.status is SequenceStatus.RUNNING for s in group.seqs) in (0, 1, len(group.seqs))
         for s in list(self.live):
             if s.num_output_tokens >= 6 and not s.is_finished:
                 self.sched.finish(s, "length")
@@ -157,7 +212,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.finish(s, "abort")
         self.live.remove(s)
 
-    @precondition(lambda self: self._ready() and len(self.sched.running) < self.sched.config.max_num_seqs and any(
+    @precondition(lambda self: self._ready() and self.groups)
+    @rule(data=st.data())
+    def abort_group(self, data):
+        group = data.draw(st.sampled_from(self.groups))
+        for s in group.seqs:
+            self.sched.finish(s, "abort")
+        self.groups.remove(group)
+
+    @precondition(lambda self: self._ready() and sum(self.sched.seats(s) for s in self.sched.running)
+                  < self.sched.config.max_num_seqs and any(
         s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1 for s in self.live))
     @rule()
     def fork(self):
@@ -177,7 +241,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def teardown(self):
         if self._ready():
-            for s in self.live:
+            for s in self.live + [b for g in self.groups for b in g.seqs]:
                 self.sched.finish(s, "abort")
             self.kv.check_invariants()
             assert self.kv.stats().num_free_blocks == self.kv.stats().num_total_blocks
@@ -252,3 +316,66 @@ def test_a_beam_group_is_preempted_and_resumed_as_a_whole(mode):
         sched.finish(s, "stop")
     kv.check_invariants()
     assert kv.stats().num_free_blocks == 8 and kv.stats().num_free_cpu_blocks == kv.num_cpu_blocks
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_random_beam_groups_under_a_tight_pool_finish_and_leak_nothing(mode):
+    """Beam groups (random steps: forks, prunes) and plain sequences in a pool that forces preemption:
+    every step schedules something, groups run whole, and every block comes back."""
+    from pagedinfer.engine.beam.group import advance
+    from pagedinfer.engine.beam.search import BeamStep
+    from pagedinfer.engine.sequence import SequenceGroup
+
+    seen = {"whole_groups_preempted": 0, "swapped": 0}
+    for seed in range(12):
+        rng = random.Random(seed)
+        sched, kv = make(num_blocks=14, block_size=4, mode=mode, budget=16, max_seqs=8, cpu=10)
+        groups, plain, ids = [], [], itertools.count(1000)
+        for t in range(4):
+            if t % 2 == 0:
+                leader = new_seq([t + 2] * rng.randrange(3, 9), t)
+                leader.group = SequenceGroup(leader.request_id, 3, [leader])
+                sched.add(leader)
+                groups.append(leader.group)
+            else:
+                s = new_seq([t + 2] * rng.randrange(3, 12), t)
+                sched.add(s)
+                plain.append(s)
+
+        def beam_step(group):
+            if group.leader.num_output_tokens >= 8:
+                advance(sched, group, BeamStep((), (), True), None)
+                groups.remove(group)
+                return
+            parents = tuple(sorted(rng.randrange(len(group.seqs)) for _ in range(3)))
+
+            def fork(parent):
+                child = new_seq(parent.prompt_token_ids, next(ids), rid=parent.request_id)
+                child.token_ids, child.group = list(parent.token_ids), group
+                child.block_hashes = list(parent.block_hashes)
+                sched.fork(parent, child)
+                return child
+
+            advance(sched, group, BeamStep(parents, tuple(rng.randrange(2, 60) for _ in parents), False), fork)
+
+        for _ in range(200):
+            if not sched.num_unfinished:
+                break
+            out = step(sched, beam_step)
+            assert out.scheduled, "unfinished sequences but an empty step"
+            kv.check_invariants()
+            for group in groups:
+                preempted = [s for s in out.preempted if s.group is group]
+                # preempted whole: no beam of it runs on (the admission of waiting ones waits a step)
+                assert not preempted or all(s.status is not SequenceStatus.RUNNING for s in group.seqs)
+                seen["whole_groups_preempted"] += len(preempted) > 1
+                statuses = [s.status for s in group.seqs]
+                seen["swapped"] += len(group.seqs) > 1 and statuses.count(SequenceStatus.SWAPPED) == len(statuses)
+            for s in list(plain):
+                if s.num_output_tokens >= 10:
+                    sched.finish(s, "length")
+                    plain.remove(s)
+        assert not sched.num_unfinished and not groups and not plain
+        assert kv.stats().num_free_blocks == 14 and kv.stats().num_free_cpu_blocks == 10
+    # the test really preempts groups of several beams (in swap mode, swapping them out whole too)
+    assert seen["whole_groups_preempted"] > 0 and (mode == "recompute" or seen["swapped"] > 0), seen
