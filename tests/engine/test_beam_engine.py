@@ -44,17 +44,16 @@ def test_beams_run_in_the_same_packed_step_as_ordinary_requests(tiny_llama):
     finished = {}
     num_steps = 0
     while engine.has_unfinished_requests():
+        before = engine.num_generation_tokens
         for out in engine.step():
             if out.finished:
                 finished[out.request_id] = out
             elif out.request_id == "beam":
                 pytest.fail("a beam search reports only its final output")
         num_steps += 1
-        running = engine.scheduler.running
-        if "beam" in engine.requests and engine.requests["beam"].beam.live and num_steps > 1:
-            assert len([s for s in running if s.request_id == "beam"]) == 3  # every live beam, every step
-    assert num_steps == 8  # one prefill step, then one step per token for both requests together
-    assert [c.index for c in finished["beam"].outputs] == [0, 1, 2]
+        # every step gives the three beams (from the prefill's one row, three) and the greedy request a token
+        assert engine.num_generation_tokens - before == 3 + 1
+    assert num_steps == 8  # one step per token, both requests in every step    assert [c.index for c in finished["beam"].outputs] == [0, 1, 2]
     alone = LLM(model=str(tiny_llama), dtype="float32", block_size=8, max_model_len=256).beam_search(
         [prompt_of(20, 1)], BeamSearchParams(beam_width=3, max_tokens=8, ignore_eos=True))
     assert [c.token_ids for c in finished["beam"].outputs] == [s.tokens[20:] for s in alone[0].sequences]
@@ -109,3 +108,15 @@ def test_beam_search_takes_only_beam_search_params(tiny_llama):
     llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=128)
     with pytest.raises(ValueError, match="params"):
         llm.beam_search(["hello"], SamplingParams(n=2))
+
+
+def test_aborting_a_beam_search_frees_every_beam_at_once(tiny_llama):
+    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=8, max_model_len=256)
+    engine = llm.llm_engine
+    engine.add_request("beam", prompt_of(30, 4), BeamSearchParams(beam_width=4, max_tokens=40, ignore_eos=True))
+    for _ in range(5):
+        engine.step()
+    assert len(engine.requests["beam"].group.seqs) == 4 and engine.get_stats().num_used_blocks > 0
+    engine.abort_request("beam")
+    assert not engine.has_unfinished_requests() and engine.get_stats().num_used_blocks == 0
+    engine.kv.check_invariants()
