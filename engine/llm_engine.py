@@ -287,9 +287,11 @@ class LLMEngine:
             if req.beam.ready:
                 ready[req.request_id] = req
         for req in ready.values():
+            num_live = len(req.group.seqs)
             step = req.beam.step()
             beam_group.advance(self.scheduler, req.group, step, self._fork_beam)
-            self.num_generation_tokens += len(step.tokens)
+            # a token per new live beam; the last step's tokens end the beams that produced them
+            self.num_generation_tokens += num_live if step.done else len(step.tokens)
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             req.metrics.last_token_time = now
