@@ -85,10 +85,12 @@ def beam_search_params(args: argparse.Namespace):
     from pagedinfer.engine.beam.params import BeamSearchParams
 
     for flag, value, unset in (("--temperature", args.temperature, 0.0), ("--top-p", args.top_p, 1.0),
-                               ("--top-k", args.top_k, None), ("--n", args.n, 1)):
+                               ("--top-k", args.top_k, None)):
         if value != unset:
-            raise ValueError(f"{flag}: does not apply with --beam-width (the beam width is the number of"
-                             f" sequences returned)")
+            raise ValueError(f"{flag}: does not apply with --beam-width (beam search ranks by log-probabilities)")
+    if args.n not in (1, args.beam_width):
+        raise ValueError(f"--n: {args.n} does not match --beam-width {args.beam_width} (beam search returns"
+                         f" beam-width sequences; leave --n out)")
     return BeamSearchParams(beam_width=args.beam_width, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
                             length_penalty=args.length_penalty)
 

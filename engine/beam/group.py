@@ -34,16 +34,17 @@ def max_group_blocks(num_prompt_tokens: int, params: BeamSearchParams, block_siz
 
 
 def check_beam_request(num_prompt_tokens: int, params: BeamSearchParams, max_num_seqs: int,
-                       num_gpu_blocks: int, block_size: int) -> None:
-    """Raise ValueError (naming the parameter) if the beam search could never run in this engine."""
+                       num_gpu_blocks: int, block_size: int, width_name: str = "beam_width") -> None:
+    """Raise ValueError (naming the parameter: width_name is what the caller calls the beam width)
+    if the beam search could never run in this engine."""
     if params.beam_width > max_num_seqs:
-        raise ValueError(f"beam_width: {params.beam_width} beams exceed max_num_seqs={max_num_seqs}")
+        raise ValueError(f"{width_name}: {params.beam_width} beams exceed max_num_seqs={max_num_seqs}")
     needed = max_group_blocks(num_prompt_tokens, params, block_size)
     if needed > num_gpu_blocks:
         raise ValueError(
-            f"beam_width: {params.beam_width} beams of up to {params.max_tokens} tokens after a"
+            f"{width_name}: {params.beam_width} beams of up to {params.max_tokens} tokens after a"
             f" {num_prompt_tokens}-token prompt may need {needed} KV blocks; the pool has {num_gpu_blocks}."
-            f" Lower beam_width or max_tokens")
+            f" Lower {width_name} or max_tokens")
 
 
 def new_search(params: BeamSearchParams, eos_token_ids: set[int]) -> BeamSearch:

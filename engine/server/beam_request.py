@@ -46,3 +46,15 @@ def beam_search_params(req: Any, max_tokens: int) -> Any:
                                 length_penalty=1.0 if req.length_penalty is None else req.length_penalty)
     except ValueError as exc:
         raise from_value_error(exc) from None
+
+
+def check_beam_fits(info: Any, prompts: list[list[int]], params: Any) -> None:
+    """400 naming `n` when the beams of the longest prompt could not fit the server's KV pool (or its
+    max_num_seqs), before anything is queued."""
+    from pagedinfer.engine.beam.group import check_beam_request
+
+    try:
+        check_beam_request(max(len(p) for p in prompts), params, info.max_num_seqs, info.num_gpu_blocks,
+                           info.block_size, width_name="n")
+    except ValueError as exc:
+        raise from_value_error(exc) from None

@@ -23,7 +23,7 @@ def test_generate_with_beam_width_prints_the_beams_best_first(tiny_llama, capsys
 @pytest.mark.parametrize("flags, named", [
     (["--beam-width", "0"], "beam_width"),
     (["--beam-width", "2", "--temperature", "0.7"], "--temperature"),
-    (["--beam-width", "2", "--n", "2"], "--n"),
+    (["--beam-width", "2", "--n", "3"], "--n"),
 ])
 def test_bad_beam_flags_exit_2_naming_the_flag(tiny_llama, capsys, flags, named):
     rc = main(["generate", "--model", str(tiny_llama), "--prompt", "hi", "--max-model-len", "128",

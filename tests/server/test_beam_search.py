@@ -60,3 +60,21 @@ def test_beam_search_with_temperature_zero_and_n_one_is_accepted(server):
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 1
+
+
+def test_more_beams_than_max_num_seqs_or_the_pool_holds_is_a_400_naming_n(tiny_llama):
+    from serving_harness import start_server, stop_server
+
+    running = start_server(tiny_llama, max_num_seqs=4, num_gpu_blocks_override=40)
+    try:
+        body = {"model": running.model, "prompt": PROMPT, "max_tokens": 4, "use_beam_search": True}
+        r = httpx.post(running.url + "/v1/completions", json={**body, "n": 5}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+        r = httpx.post(running.url + "/v1/completions", json={**body, "n": 4}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["choices"]) == 4, r.text
+        # 4 beams of 200 tokens could need more than the pool's 40 blocks of 16: refused before queueing
+        r = httpx.post(running.url + "/v1/completions", json={**body, "n": 4, "max_tokens": 200}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+        assert "KV blocks" in r.json()["error"]["message"]
+    finally:
+        stop_server(running)
