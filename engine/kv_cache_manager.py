@@ -117,6 +117,8 @@ class KVCacheManager:
         For one sequence this is `can_allocate` without hits; for several it
         counts the copy-on-write blocks they share exactly (`_num_copies`).
         """
+        if len(writes) == 1:
+            return self.can_allocate(*writes[0])
         needed = sum(self._num_new_blocks(seq, n, 0) - (1 if self._needs_cow(seq, n) else 0) for seq, n in writes)
         return needed + self._num_copies(writes) <= self.pool.num_free_blocks
 
