@@ -83,9 +83,17 @@ def compare(got, want):
 @pytest.mark.parametrize("beam_width", [2, 4])
 @pytest.mark.parametrize("ignore_eos", [True, False], ids=["no-early-end", "eos-reachable"])
 def test_beam_search_equals_transformers(eos_model, arch, beam_width, ignore_eos):
+    check_against_transformers(eos_model, arch, beam_width, ignore_eos, length_penalty=0.7)
+
+
+@pytest.mark.parametrize("length_penalty", [-1.0, 0.0, 2.0])
+def test_the_length_penalty_ranks_finished_beams_as_in_transformers(eos_model, length_penalty):
+    check_against_transformers(eos_model, "llama", 4, False, length_penalty)
+
+
+def check_against_transformers(eos_model, arch, beam_width, ignore_eos, length_penalty):
     model_dir, model = eos_model(arch)
     prompts = prompts_for(model.config.vocab_size)
-    length_penalty = 0.7
     llm = LLM(model=str(model_dir), dtype="float32", block_size=8)
     outs = llm.beam_search(prompts, BeamSearchParams(beam_width=beam_width, max_tokens=MAX_TOKENS,
                                                      ignore_eos=ignore_eos, length_penalty=length_penalty))
