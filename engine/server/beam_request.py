@@ -35,7 +35,8 @@ def beam_search_params(req: Any, max_tokens: int) -> Any:
 
     if req.stream:
         raise ApiError(400, "stream: not supported with use_beam_search (the beams reorder until the search"
-                            " ends, so there is nothing to stream before it)", param="stream", code="invalid_parameter")
+                            " ends, so there is nothing to stream before it)", param="stream",
+                       code="invalid_parameter")
     for name, unset in _NOT_APPLICABLE:
         value = getattr(req, name, None)
         if value is not None and not any(value == u and type(value) is type(u) for u in unset):

@@ -53,7 +53,8 @@ def test_beams_run_in_the_same_packed_step_as_ordinary_requests(tiny_llama):
         num_steps += 1
         # every step gives the three beams (from the prefill's one row, three) and the greedy request a token
         assert engine.num_generation_tokens - before == 3 + 1
-    assert num_steps == 8  # one step per token, both requests in every step    assert [c.index for c in finished["beam"].outputs] == [0, 1, 2]
+    assert num_steps == 8  # one step per token, both requests in every step
+    assert [c.index for c in finished["beam"].outputs] == [0, 1, 2]
     alone = LLM(model=str(tiny_llama), dtype="float32", block_size=8, max_model_len=256).beam_search(
         [prompt_of(20, 1)], BeamSearchParams(beam_width=3, max_tokens=8, ignore_eos=True))
     assert [c.token_ids for c in finished["beam"].outputs] == [s.tokens[20:] for s in alone[0].sequences]

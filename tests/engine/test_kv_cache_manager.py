@@ -80,7 +80,8 @@ def test_swap_out_and_in_round_trip():
 
 
 def forked_beams(kv, num_beams):
-    """A 6-token prompt (blocks [0..3], [4,5,_,_]) and num_beams beams forked from it, each with its own next token."""
+    """A 6-token prompt (blocks [0..3], [4,5,_,_]) and num_beams beams forked from it, each with its own
+    next token."""
     parent = seq(range(6))
     run_prefill(kv, parent)
     beams = [parent]
