@@ -13,6 +13,8 @@ from typing import Any
 _LAZY = {
     "LLM": "pagedinfer.engine.llm",
     "SamplingParams": "pagedinfer.engine.sampling_params",
+    "BeamSearchParams": "pagedinfer.engine.beam.params",
+    "BeamSearchOutput": "pagedinfer.engine.beam.params",
     "RequestOutput": "pagedinfer.engine.outputs",
     "CompletionOutput": "pagedinfer.engine.outputs",
     "EngineConfig": "pagedinfer.engine.config",

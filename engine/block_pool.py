@@ -119,6 +119,7 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, Block] = {}
         self.num_cached_free_blocks = 0
+        self.peak_num_used_blocks = 0  # high-water mark of num_used_blocks (reset_peak restarts it)
 
     @property
     def num_free_blocks(self) -> int:
@@ -138,6 +139,7 @@ class BlockPool:
             self._evict(block)
             block.ref_cnt = 1
             out.append(block)
+        self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used_blocks)
         return out
 
     def _evict(self, block: Block) -> None:
@@ -161,6 +163,7 @@ class BlockPool:
         if block.ref_cnt == 0:
             self.free_queue.remove(block)
             self.num_cached_free_blocks -= 1
+            self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used_blocks)
         block.ref_cnt += 1
 
     def share(self, block: Block) -> None:
@@ -195,6 +198,9 @@ class BlockPool:
                 self.free_queue.append(block)
                 if block.block_hash is not None:
                     self.num_cached_free_blocks += 1
+
+    def reset_peak(self) -> None:
+        self.peak_num_used_blocks = self.num_used_blocks
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (e.g. after weights change)."""

@@ -10,16 +10,21 @@ Invariants:
 - a sequence never writes into a block with ref_cnt > 1: before such a write
   the block is copied (copy-on-write) and the copy goes into its table;
 - only full, computed blocks are cached (hashed);
-- a sequence is in at most one of `tables` (on the device) or `swapped` (on the host).
+- a sequence is in at most one of `tables` (on the device) or `swapped` (on the host);
+- a host block's cpu_ref_cnt is the number of swapped tables holding it; it
+  is free (in free_cpu_blocks) exactly when that is 0.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Iterable, TypeVar
 
 from pagedinfer.engine.block_pool import Block, BlockPool, hash_block_tokens
 from pagedinfer.engine.sequence import Sequence
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class KVCacheManager:
         self.num_cached_blocks: dict[int, int] = {}  # how many of a table's blocks are registered
         self.num_cpu_blocks = num_cpu_blocks
         self.free_cpu_blocks: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self.cpu_ref_cnt: list[int] = [0] * num_cpu_blocks  # swapped tables referencing each host block
         self.swapped: dict[int, list[int]] = {}
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -91,6 +97,34 @@ class KVCacheManager:
             return False
         idx = seq.num_computed_tokens // self.block_size
         return idx < len(table) and table[idx].ref_cnt > 1
+
+    def _num_copies(self, writes: list[tuple[Sequence, int]]) -> int:
+        """Copy-on-write blocks that writing num_new_tokens into each sequence costs, allocated in this order.
+
+        A shared block that w of its r owners write is copied min(w, r - 1)
+        times: the writers that come while others still hold it copy, and the
+        last owner, if it writes too, writes in place. (For beams forked from
+        one parent, only their shared last block is copied, once per writer but one.)
+        """
+        writers: Counter[int] = Counter()
+        blocks: dict[int, Block] = {}
+        for seq, num_new_tokens in writes:
+            if self._needs_cow(seq, num_new_tokens):
+                block = self.tables[seq.seq_id][seq.num_computed_tokens // self.block_size]
+                writers[block.block_id] += 1
+                blocks[block.block_id] = block
+        return sum(min(w, blocks[b].ref_cnt - 1) for b, w in writers.items())
+
+    def can_allocate_all(self, writes: list[tuple[Sequence, int]]) -> bool:
+        """Room for every (sequence, num_new_tokens) of a unit scheduled together (a beam group).
+
+        For one sequence this is `can_allocate` without hits; for several it
+        counts the copy-on-write blocks they share exactly (`_num_copies`).
+        """
+        if len(writes) == 1:
+            return self.can_allocate(*writes[0])
+        needed = sum(self._num_new_blocks(seq, n, 0) - (1 if self._needs_cow(seq, n) else 0) for seq, n in writes)
+        return needed + self._num_copies(writes) <= self.pool.num_free_blocks
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[Block] | None = None,
                      use_watermark: bool = False) -> bool:
@@ -165,13 +199,22 @@ class KVCacheManager:
             self.pool.cache_block(table[i], hashes[i], seq.token_ids[i * bs:(i + 1) * bs])
         self.num_cached_blocks[seq.seq_id] = num_full
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """child shares every block of parent (copy-on-write happens on the first divergent write)."""
+    def fork(self, parent: Sequence, child: Sequence, num_tokens: int | None = None) -> None:
+        """child shares parent's blocks (copy-on-write happens on the first divergent write).
+
+        With num_tokens, only the blocks holding parent's first num_tokens
+        tokens are shared (a parked beam forked again from its group's leader
+        at their common prefix); the child computes its own tokens from there.
+        """
         table = self.tables[parent.seq_id]
+        num_parent_cached = self.num_cached_blocks.get(parent.seq_id, 0)
+        if num_tokens is not None:
+            table = table[: -(-num_tokens // self.block_size)]
+            num_parent_cached = min(num_parent_cached, num_tokens // self.block_size)
         for block in table:
             self.pool.share(block)
         self.tables[child.seq_id] = list(table)
-        self.num_cached_blocks[child.seq_id] = self.num_cached_blocks.get(parent.seq_id, 0)
+        self.num_cached_blocks[child.seq_id] = num_parent_cached
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks (tail first, so a chain's tail is evicted before its head)."""
@@ -179,42 +222,75 @@ class KVCacheManager:
         self.num_cached_blocks.pop(seq.seq_id, None)
         if table:
             self.pool.free(reversed(table))
-        cpu = self.swapped.pop(seq.seq_id, None)
-        if cpu:
-            self.free_cpu_blocks.extend(cpu)
+        self._release_host_blocks(self.swapped.pop(seq.seq_id, ()))
+
+    def _release_host_blocks(self, cpu_ids) -> None:
+        for c in cpu_ids:
+            self.cpu_ref_cnt[c] -= 1
+            if self.cpu_ref_cnt[c] == 0:
+                self.free_cpu_blocks.append(c)
 
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, ())]
 
     # ----- swapping --------------------------------------------------------------------
-    def can_swap_out(self, seq: Sequence) -> bool:
-        return len(self.tables.get(seq.seq_id, ())) <= len(self.free_cpu_blocks)
+    # Swapping moves a unit: one sequence, or the running beams of a group. A device
+    # block the unit's tables share goes to one host block, referenced as often
+    # (cpu_ref_cnt), and comes back as one device block, so sharing survives the trip.
+    @staticmethod
+    def _distinct_blocks(tables: Iterable[Iterable[T]]) -> list[T]:
+        """Every block (device Block or host id) of the tables once, in order of first use."""
+        return list(dict.fromkeys(b for table in tables for b in table))
 
-    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Move seq's blocks to the host pool; returns (device block, host block) pairs to copy."""
-        table = self.tables.pop(seq.seq_id)
-        self.num_cached_blocks.pop(seq.seq_id, None)
-        cpu_ids = [self.free_cpu_blocks.pop() for _ in table]
-        self.swapped[seq.seq_id] = cpu_ids
-        mapping = [(b.block_id, c) for b, c in zip(table, cpu_ids)]
-        self.pool.free(reversed(table))
-        return mapping
+    def can_swap_out(self, *seqs: Sequence) -> bool:
+        return len(self._distinct_blocks(self.tables.get(s.seq_id, ()) for s in seqs)) <= len(self.free_cpu_blocks)
 
-    def can_swap_in(self, seq: Sequence, num_new_tokens: int, use_watermark: bool = True) -> bool:
-        """Room for seq's host blocks and for the blocks its next `num_new_tokens` tokens need."""
+    def swap_out(self, *seqs: Sequence) -> list[tuple[int, int]]:
+        """Move the unit's blocks to the host pool; returns (device block, host block) pairs to copy."""
+        tables = [self.tables.pop(s.seq_id) for s in seqs]
+        host_of: dict[int, int] = {}
+        for block in self._distinct_blocks(tables):
+            host_of[block.block_id] = self.free_cpu_blocks.pop()
+        for seq, table in zip(seqs, tables):
+            self.num_cached_blocks.pop(seq.seq_id, None)
+            self.swapped[seq.seq_id] = [host_of[b.block_id] for b in table]
+            for b in table:
+                self.cpu_ref_cnt[host_of[b.block_id]] += 1
+            self.pool.free(reversed(table))
+        return list(host_of.items())
+
+    def can_swap_in(self, writes: list[tuple[Sequence, int]], use_watermark: bool = True) -> bool:
+        """Room for the unit's host blocks and for the blocks each sequence's next tokens need.
+
+        writes: (sequence, num_new_tokens) for every sequence of the unit.
+        """
         reserve = self.watermark_blocks if use_watermark else 0
-        num_host_blocks = len(self.swapped.get(seq.seq_id, ()))
-        needed = max(num_host_blocks, -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size))
+        host_tables = [self.swapped.get(s.seq_id, []) for s, _ in writes]
+        needed = len(self._distinct_blocks(host_tables))
+        writers: Counter[int] = Counter()
+        for (seq, num_new), host in zip(writes, host_tables):
+            needed += max(0, -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(host))
+            idx = seq.num_computed_tokens // self.block_size
+            if num_new and idx < len(host):
+                writers[host[idx]] += 1
+        needed += sum(min(w, self.cpu_ref_cnt[c] - 1) for c, w in writers.items())
         return needed + reserve <= self.pool.num_free_blocks
 
-    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Bring seq's blocks back; returns (host block, device block) pairs to copy."""
-        cpu_ids = self.swapped.pop(seq.seq_id)
-        blocks = self.pool.allocate(len(cpu_ids))
-        self.tables[seq.seq_id] = blocks
-        self.num_cached_blocks[seq.seq_id] = 0
-        self.free_cpu_blocks.extend(cpu_ids)
-        return [(c, b.block_id) for c, b in zip(cpu_ids, blocks)]
+    def swap_in(self, *seqs: Sequence) -> list[tuple[int, int]]:
+        """Bring the unit's blocks back; returns (host block, device block) pairs to copy."""
+        host_tables = [self.swapped.pop(s.seq_id) for s in seqs]
+        distinct = self._distinct_blocks(host_tables)
+        device_of = dict(zip(distinct, self.pool.allocate(len(distinct))))
+        for seq, host in zip(seqs, host_tables):
+            self.tables[seq.seq_id] = [device_of[c] for c in host]
+            self.num_cached_blocks[seq.seq_id] = 0
+        refs = Counter(c for host in host_tables for c in host)
+        for c, block in device_of.items():
+            for _ in range(refs[c] - 1):
+                self.pool.share(block)
+        for host in host_tables:
+            self._release_host_blocks(host)
+        return [(c, b.block_id) for c, b in device_of.items()]
 
     # ----- introspection ---------------------------------------------------------------
     def stats(self) -> KVCacheStats:
@@ -238,6 +314,7 @@ class KVCacheManager:
             if refs.get(block.block_id, 0) != block.ref_cnt:
                 raise AssertionError(
                     f"block {block.block_id}: ref_cnt {block.ref_cnt} but {refs.get(block.block_id, 0)} tables")
-        cpu = [c for ids in self.swapped.values() for c in ids] + self.free_cpu_blocks
-        if sorted(cpu) != list(range(self.num_cpu_blocks)):
+        host_refs = Counter(c for ids in self.swapped.values() for c in ids)
+        if sorted(list(host_refs) + self.free_cpu_blocks) != list(range(self.num_cpu_blocks)) \
+                or any(self.cpu_ref_cnt[c] != host_refs.get(c, 0) for c in range(self.num_cpu_blocks)):
             raise AssertionError("host swap pool leaked or double-freed a block")

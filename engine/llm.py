@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Sequence
 
+from pagedinfer.engine.beam.params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.llm_engine import LLMEngine
 from pagedinfer.engine.outputs import EngineStats, RequestOutput
@@ -33,18 +34,41 @@ class LLM:
         All prompts are validated before any is queued, so a bad one raises
         ValueError and leaves the engine untouched.
         """
-        engine = self.llm_engine
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # one prompt (text or token ids)
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
+        if isinstance(sampling_params, (SamplingParams, BeamSearchParams)):
             params = [sampling_params] * len(prompts)
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts")
+        return self._run(prompts, params, use_tqdm)
+
+    def beam_search(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                    params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Per prompt, its params.beam_width best sequences, best first (docs/beam-search.md).
+
+        All beams of all prompts run in the engine's ordinary packed steps,
+        beside any other request, sharing their KV blocks copy-on-write.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params: expected BeamSearchParams, got {type(params).__name__}")
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        outs = self._run(prompts, [params] * len(prompts), use_tqdm)
+        return [BeamSearchOutput([
+            BeamSearchSequence(tokens=out.prompt_token_ids + c.token_ids, text=c.text,
+                               cum_logprob=c.cumulative_logprob,
+                               score=c.cumulative_logprob / len(c.token_ids) ** params.length_penalty,
+                               finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+            for c in out.outputs]) for out in outs]
+
+    def _run(self, prompts: list, params: list, use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
         tokenized = []
         for prompt, p in zip(prompts, params):
             ids = engine.tokenize(prompt)

@@ -4,7 +4,8 @@ Not thread-safe: one thread owns the engine (the server's engine loop, or
 LLM.generate). A step is: schedule -> block copies + one packed forward ->
 advance computed tokens (and cache full blocks) -> fork n>1 requests whose
 prompt just finished -> sample -> append tokens, detokenize, check stops ->
-free finished sequences at once.
+free finished sequences at once. Beam-search requests (`BeamSearchParams`)
+skip the sampler: their rows go to their search (`engine/beam/group.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from pagedinfer.engine.beam import group as beam_group
+from pagedinfer.engine.beam.params import BeamSearchParams
+from pagedinfer.engine.beam.search import BeamSearch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
@@ -22,7 +26,7 @@ from pagedinfer.engine.model_source import resolve_model_dir
 from pagedinfer.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
-from pagedinfer.engine.sequence import Sequence
+from pagedinfer.engine.sequence import Sequence, SequenceGroup
 from pagedinfer.engine.sizing import InsufficientMemoryError
 
 logger = logging.getLogger(__name__)
@@ -33,14 +37,22 @@ class _Request:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | BeamSearchParams
     metrics: RequestMetrics
     seqs: list[Sequence] = field(default_factory=list)
     outputs: list[CompletionOutput] = field(default_factory=list)
+    beam: BeamSearch | None = None  # beam search: its bookkeeping; its live beams are `group`
+    group: SequenceGroup | None = None
 
     @property
     def finished(self) -> bool:
+        if self.beam is not None:
+            return self.beam.done
         return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
+
+    @property
+    def live_seqs(self) -> list[Sequence]:
+        return self.group.seqs if self.group is not None else self.seqs
 
 
 class LLMEngine:
@@ -130,10 +142,11 @@ class LLMEngine:
                 raise ValueError(f"prompt: token id {t!r} is not in the vocabulary [0, {vocab})")
         return ids
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams | BeamSearchParams) -> None:
         """Raise ValueError (naming the parameter) if the request can never run."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise ValueError(f"sampling_params: expected SamplingParams or BeamSearchParams,"
+                             f" got {type(params).__name__}")
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise ValueError(f"prompt: {n} tokens; must be shorter than max_model_len={self.max_model_len}")
@@ -142,6 +155,10 @@ class LLMEngine:
                 f"max_tokens: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens}"
                 f" exceeds max_model_len={self.max_model_len}; lower max_tokens to at most"
                 f" {self.max_model_len - n}")
+        if isinstance(params, BeamSearchParams):
+            beam_group.check_beam_request(n, params, self.config.max_num_seqs, self.num_gpu_blocks,
+                                          self.config.block_size)
+            return
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n: {params.n} completions exceed max_num_seqs={self.config.max_num_seqs}")
         if params.logprobs is not None and params.logprobs > self.runner.vocab_size:
@@ -150,7 +167,7 @@ class LLMEngine:
         if outside:
             raise ValueError(f"stop_token_ids: {outside} are outside the vocabulary (ids < {self.runner.vocab_size})")
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams,
                     arrival_time: float | None = None, prompt_token_ids: list[int] | None = None) -> None:
         """Queue a request. `prompt_token_ids`, when given, are `tokenize(prompt)` already computed."""
         if not isinstance(request_id, str) or not request_id:
@@ -161,6 +178,16 @@ class LLMEngine:
         self.check_request(ids, params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = _Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, RequestMetrics(now))
+        if isinstance(params, BeamSearchParams):
+            req.group = SequenceGroup(request_id, params.beam_width, [])
+            req.beam = beam_group.new_search(params, self.eos_token_ids)
+            seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params.beam_sampling_params(),
+                           arrival_time=now, prompt=req.prompt, group=req.group)
+            req.group.seqs.append(seq)
+            req.seqs.append(seq)
+            self.requests[request_id] = req
+            self.scheduler.add(seq)
+            return
         req.outputs = [CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
                        for i in range(params.n)]
         seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now,
@@ -178,7 +205,7 @@ class LLMEngine:
             req = self.requests.pop(rid, None)
             if req is None:
                 continue
-            for seq in req.seqs:
+            for seq in req.live_seqs:
                 self.scheduler.finish(seq, "abort")
                 self.sampler.forget(seq.seq_id)
 
@@ -212,9 +239,10 @@ class LLMEngine:
             max(0, min(it.seq.num_prompt_tokens - (it.seq.num_computed_tokens - it.num_new_tokens),
                        it.num_new_tokens)) for it in sched.scheduled)
         by_id = {s.seq_id: s for s in sampling}
-        rows = [by_id[i] for i in row_ids]
-        row_index = list(range(len(rows)))
-        for r, seq in enumerate(list(rows)):
+        all_rows = [by_id[i] for i in row_ids]
+        row_index = [r for r, seq in enumerate(all_rows) if seq.group is None]
+        rows = [all_rows[r] for r in row_index]
+        for r, seq in zip(list(row_index), list(rows)):
             if seq.num_forks_pending:
                 for child in self._fork(seq):
                     rows.append(child)
@@ -227,6 +255,10 @@ class LLMEngine:
             results = []
         touched: dict[str, _Request] = {}
         now = time.monotonic()
+        beam_rows = [r for r, seq in enumerate(all_rows) if seq.group is not None]
+        if beam_rows:
+            for req in self._step_beams(logits, beam_rows, [all_rows[r] for r in beam_rows], now):
+                touched[req.request_id] = req
         for seq, res in zip(rows, results):
             req = self.requests[seq.request_id]
             self._append_token(req, seq, res.token_id, res.logprobs, now)
@@ -239,6 +271,43 @@ class LLMEngine:
                 del self.requests[req.request_id]
             outputs.append(self._output(req, finished))
         return outputs
+
+    def _step_beams(self, logits, rows: list[int], seqs: list[Sequence], now: float) -> list[_Request]:
+        """Report the beam rows to their searches; advance each group whose beams have all reported.
+
+        Returns the requests whose search finished (a beam search reports only its final output)."""
+        import torch
+
+        reqs = [self.requests[seq.request_id] for seq in seqs]
+        k = max(req.beam.num_candidates for req in reqs)
+        tops = beam_group.top_candidates(logits[torch.tensor(rows, device=logits.device)], k)
+        ready: dict[str, _Request] = {}
+        for seq, req, top in zip(seqs, reqs, tops):
+            req.beam.report(req.group.seqs.index(seq), top)
+            if req.beam.ready:
+                ready[req.request_id] = req
+        for req in ready.values():
+            num_live = len(req.group.seqs)
+            step = req.beam.step()
+            beam_group.advance(self.scheduler, req.group, step, self._fork_beam)
+            # a token per new live beam; the last step's tokens end the beams that produced them
+            self.num_generation_tokens += num_live if step.done else len(step.tokens)
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            req.metrics.last_token_time = now
+            if step.done:
+                req.outputs = beam_group.completions(req.beam, req.params, self.tokenizer)
+        return [req for req in ready.values() if req.finished]
+
+    def _fork_beam(self, parent: Sequence) -> Sequence:
+        """A new beam sharing all of parent's blocks and tokens (before either appends its next token)."""
+        child = Sequence(request_id=parent.request_id, prompt_token_ids=parent.prompt_token_ids,
+                         params=parent.params, arrival_time=parent.arrival_time, prompt=parent.prompt,
+                         token_ids=list(parent.token_ids), group=parent.group)
+        child.block_hashes = list(parent.block_hashes)
+        child.first_scheduled_time = parent.first_scheduled_time
+        self.scheduler.fork(parent, child)
+        return child
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         req = self.requests[parent.request_id]
@@ -305,7 +374,8 @@ class LLMEngine:
     def _output(self, req: _Request, finished: bool) -> RequestOutput:
         first = req.seqs[0]
         outs = [CompletionOutput(o.index, o.text, list(o.token_ids), o.finish_reason, o.stop_reason,
-                                 list(o.logprobs) if o.logprobs is not None else None) for o in req.outputs]
+                                 list(o.logprobs) if o.logprobs is not None else None, o.cumulative_logprob)
+                for o in req.outputs]
         return RequestOutput(request_id=req.request_id, prompt=req.prompt,
                              prompt_token_ids=req.prompt_token_ids, num_cached_tokens=first.num_cached_tokens,
                              outputs=outs, finished=finished, metrics=req.metrics)
@@ -326,7 +396,7 @@ class LLMEngine:
             num_preemptions=dict(self.scheduler.counters.num_preemptions),
             num_running_reqs=requests.running, num_waiting_reqs=requests.waiting,
             num_swapped_reqs=requests.swapped,
-            num_waiting_seqs=sum(1 + s.num_forks_pending for s in self.scheduler.waiting),
+            num_waiting_seqs=sum(self.scheduler.seats(s) for s in self.scheduler.waiting),  # n, beam_width
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)
 
 

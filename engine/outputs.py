@@ -20,6 +20,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop string or token id that matched
     logprobs: list[dict[int, Logprob]] | None = None  # per generated token: sampled + top-k
+    cumulative_logprob: float | None = None  # sum of the tokens' logprobs (set by beam search)
 
     @property
     def finished(self) -> bool:

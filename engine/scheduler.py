@@ -21,6 +21,12 @@ into; when nothing runs it is not applied, so any request that fits the pool
 A request with n > 1 holds n seats of max_num_seqs from its admission on, the
 children it has yet to fork included.
 
+Units: a beam group's running beams (contiguous in `running`) are one unit;
+any other sequence is a unit of its own. Step 1 schedules, and preempts,
+whole units: a group's beams get their tokens in the same step and are
+preempted together (see `SequenceGroup` for how a group waits and resumes).
+A group holds beam_width seats from its admission on.
+
 Invariants: a sequence's scheduled tokens never exceed num_tokens -
 num_computed_tokens; the sum of scheduled tokens never exceeds
 max_num_batched_tokens; at most max_num_seqs sequences run; whenever a
@@ -34,7 +40,7 @@ from dataclasses import dataclass, field
 
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.sequence import Sequence, SequenceStatus
+from pagedinfer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 @dataclass(frozen=True)
@@ -109,53 +115,65 @@ class Scheduler:
         copies: list[tuple[int, int]] = []
         preempted: list[Sequence] = []
 
-        # 1. running sequences, oldest first
+        # 1. running units, oldest first
         i = 0
         while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if num_new <= 0:
-                i += 1
+            unit = self._unit_at(i)
+            writes = []
+            for seq in unit:
+                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget - sum(n for _, n in writes))
+                if num_new > 0:
+                    writes.append((seq, num_new))
+            if not writes:
+                i += len(unit)
                 continue
-            while not self.kv.can_allocate(seq, num_new):
-                victim = self.running[-1]
-                self._preempt(victim, swap_out)
-                preempted.append(victim)
-                if victim is seq:
+            while not self.kv.can_allocate_all(writes):
+                victims = self._unit_at(len(self.running) - 1, last=True)
+                self._preempt(victims, swap_out)
+                preempted.extend(victims)
+                if victims[0] is unit[0]:
                     break
-            if seq.status is not SequenceStatus.RUNNING:
-                break  # seq itself was the last one and got preempted
-            copies.extend(self.kv.allocate(seq, num_new))
-            chosen.append((seq, num_new))
-            budget -= num_new
-            i += 1
+            if unit[0].status is not SequenceStatus.RUNNING:
+                break  # the unit itself was the last one and got preempted
+            for seq, num_new in writes:
+                copies.extend(self.kv.allocate(seq, num_new))
+                chosen.append((seq, num_new))
+                budget -= num_new
+            i += len(unit)
 
         # 2. swapped sequences come back when nothing was preempted; a prefill swapped out
         #    mid-prompt comes back with a chunk of its rest, as a running prefill would
         # seats of max_num_seqs held by running sequences (steps 2 and 3 only add to them)
-        seats_taken = sum(self._seats(s) for s in self.running)
+        seats_taken = sum(self.seats(s) for s in self.running)
         if not preempted:
             while self.swapped and budget > 0:
                 seq = self.swapped[0]
-                if seats_taken + self._seats(seq) > self.config.max_num_seqs:
+                if seats_taken + self.seats(seq) > self.config.max_num_seqs:
                     break
-                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                if not self.kv.can_swap_in(seq, num_new, use_watermark=bool(self.running)):
+                unit = [seq] if seq.group is None else \
+                    [s for s in seq.group.seqs if s.status is SequenceStatus.SWAPPED]
+                writes = []
+                for member in unit:
+                    writes.append((member, min(member.num_tokens - member.num_computed_tokens,
+                                               budget - sum(n for _, n in writes))))
+                if not self.kv.can_swap_in(writes, use_watermark=bool(self.running)):
                     break
                 self.swapped.popleft()
-                swap_in.extend(self.kv.swap_in(seq))
-                copies.extend(self.kv.allocate(seq, num_new))
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-                seats_taken += self._seats(seq)
-                chosen.append((seq, num_new))
-                budget -= num_new
+                swap_in.extend(self.kv.swap_in(*unit))
+                seats_taken += self.seats(seq)
+                for member, num_new in writes:
+                    copies.extend(self.kv.allocate(member, num_new))
+                    member.status = SequenceStatus.RUNNING
+                    self.running.append(member)
+                    if num_new > 0:
+                        chosen.append((member, num_new))
+                        budget -= num_new
 
         # 3. admit waiting sequences, FCFS
         if not preempted and not self.swapped:
             while self.waiting and budget > 0:
                 seq = self.waiting[0]
-                if seats_taken + self._seats(seq) > self.config.max_num_seqs:
+                if seats_taken + self.seats(seq) > self.config.max_num_seqs:
                     break
                 hits = self.kv.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
                 num_hit_tokens = len(hits) * self.kv.block_size
@@ -176,7 +194,7 @@ class Scheduler:
                     seq.was_admitted = True
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
-                seats_taken += self._seats(seq)
+                seats_taken += self.seats(seq)
                 chosen.append((seq, num_new))
                 budget -= num_new
 
@@ -191,22 +209,46 @@ class Scheduler:
         )
 
     @staticmethod
-    def _seats(seq: Sequence) -> int:
-        """Running slots a sequence holds: itself and the children it will fork (n > 1)."""
+    def seats(seq: Sequence) -> int:
+        """Running slots a queued or running sequence holds: itself and the children it will fork
+        (n > 1); a beam group's leader holds the group's beam_width, its other beams none."""
+        if seq.group is not None:
+            return seq.group.beam_width if seq is seq.group.leader else 0
         return 1 + seq.num_forks_pending
 
-    def _preempt(self, seq: Sequence, swap_out: list[tuple[int, int]]) -> None:
-        self.running.remove(seq)
-        if self.config.preemption_mode == "swap" and self.kv.can_swap_out(seq):
-            swap_out.extend(self.kv.swap_out(seq))
-            seq.status = SequenceStatus.SWAPPED
-            self.swapped.appendleft(seq)
+    def _unit_at(self, index: int, last: bool = False) -> list[Sequence]:
+        """The unit running[index] belongs to: it alone, or its group's beams around it (contiguous).
+
+        `last`: index is the unit's last position (walk back), else its first (walk on)."""
+        group = self.running[index].group
+        if group is None:
+            return [self.running[index]]
+        start = end = index
+        if last:
+            while start > 0 and self.running[start - 1].group is group:
+                start -= 1
+        else:
+            while end + 1 < len(self.running) and self.running[end + 1].group is group:
+                end += 1
+        return self.running[start:end + 1]
+
+    def _preempt(self, unit: list[Sequence], swap_out: list[tuple[int, int]]) -> None:
+        """Preempt a unit: swap it out whole, or free it for recompute. Only its leader is queued."""
+        for seq in unit:
+            self.running.remove(seq)
+        leader = unit[0] if unit[0].group is None else unit[0].group.leader
+        if self.config.preemption_mode == "swap" and self.kv.can_swap_out(*unit):
+            swap_out.extend(self.kv.swap_out(*unit))
+            for seq in unit:
+                seq.status = SequenceStatus.SWAPPED
+            self.swapped.appendleft(leader)
             self.counters.num_preemptions["swap"] += 1
             return
-        self.kv.free(seq)
-        seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        for seq in unit:
+            self.kv.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING  # a group's other beams are parked (see SequenceGroup)
+        self.waiting.appendleft(leader)
         self.counters.num_preemptions["recompute"] += 1
 
     # ----- bookkeeping after the forward -------------------------------------------------
@@ -218,6 +260,27 @@ class Scheduler:
                 continue
             seq.num_computed_tokens += item.num_new_tokens
             self.kv.cache_computed_blocks(seq)
+            if seq.group is not None and seq is seq.group.leader and seq.num_computed_tokens == seq.num_tokens:
+                self._unpark(seq.group)
+
+    def _unpark(self, group: SequenceGroup) -> None:
+        """Fork a recomputed leader's parked beams again, each sharing their common prefix with it."""
+        leader = group.leader
+        at = self.running.index(leader) + 1
+        for seq in group.seqs[1:]:
+            if seq.status is not SequenceStatus.WAITING:
+                continue
+            common = 0
+            for a, b in zip(leader.token_ids, seq.token_ids):
+                if a != b:
+                    break
+                common += 1
+            common = min(common, seq.num_tokens - 1)  # the beam computes at least its last token
+            self.kv.fork(leader, seq, num_tokens=common)
+            seq.num_computed_tokens = common
+            seq.status = SequenceStatus.RUNNING
+            self.running.insert(at, seq)
+            at += 1
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Start child as a running copy of parent sharing its blocks (n > 1)."""

@@ -7,6 +7,10 @@ The scheduling idea (from vLLM v1): there is no prefill phase and decode
 phase. Every sequence has num_tokens and num_computed_tokens; a step computes
 some of the missing ones. A prompt may take several steps (chunked prefill);
 a decode is the case num_tokens - num_computed_tokens == 1.
+
+A beam-search request is a `SequenceGroup`: its live beams are sequences
+that the scheduler advances, preempts and resumes as a whole (see
+`engine/beam/`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    group: "SequenceGroup | None" = None  # the beam group this sequence is a live beam of
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -77,3 +82,31 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+
+@dataclass(eq=False)
+class SequenceGroup:
+    """The live beams of one beam-search request.
+
+    The scheduler treats the group's running beams as one unit: they are
+    contiguous in its running list, scheduled in the same step, and preempted
+    and resumed together. While the group waits or is swapped, only its
+    leader `seqs[0]` is queued; the other beams follow it:
+    - swap: every beam is swapped out and in with the leader, blocks shared
+      between beams stay shared (one host block each);
+    - recompute: the others are parked (WAITING, no blocks, in no queue);
+      once the leader has recomputed its tokens, each is forked again from
+      the leader at their common prefix, so that prefix is shared again.
+
+    Invariant: `seqs` holds the live beams in the order the beam search
+    (`engine/beam/search.py`) indexes them; the engine replaces it after each
+    beam step.
+    """
+
+    request_id: str
+    beam_width: int  # seats of max_num_seqs the group holds from its admission on
+    seqs: list[Sequence]
+
+    @property
+    def leader(self) -> Sequence:
+        return self.seqs[0]

@@ -4,7 +4,8 @@ Requests forbid unknown fields, so a typo such as `max_token` is a 400 that
 names the field instead of being silently ignored. Range checks here mirror
 `SamplingParams`; the engine validates again when the request is added.
 Extra vLLM-style sampling fields (`top_k`, `min_p`, `repetition_penalty`,
-`ignore_eos`, `min_tokens`) sit beside OpenAI's own.
+`ignore_eos`, `min_tokens`, `use_beam_search`, `length_penalty`) sit beside
+OpenAI's own.
 
 Every optional field accepts JSON null and treats it as its default, as
 OpenAI declares them nullable and vLLM accepts null (`"n": null` is n=1).
@@ -61,8 +62,10 @@ class _SamplingFields(BaseModel):
     repetition_penalty: Number | None = Field(default=None, gt=0.0, le=2.0)
     ignore_eos: StrictBool | None = False
     min_tokens: StrictInt | None = Field(default=0, ge=0)
+    use_beam_search: StrictBool | None = False  # vLLM's: n is the beam width (server/beam_request.py)
+    length_penalty: Number | None = None  # beam search only; default 1.0
 
-    @field_validator("n", "stream", "ignore_eos", "min_tokens")
+    @field_validator("n", "stream", "ignore_eos", "min_tokens", "use_beam_search")
     @classmethod
     def _null_sampling_fields(cls, value: object, info: ValidationInfo) -> object:
         return _default_if_null(cls, value, info)

@@ -47,6 +47,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 from fastapi import Request
 
 from pagedinfer.engine.server.admission import check_waiting_limit
+from pagedinfer.engine.server.beam_request import beam_search_params, check_beam_fits, check_not_beam_fields
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
 from pagedinfer.engine.server.errors import ApiError, from_value_error
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -152,6 +153,9 @@ class Serving:
                          num_logprobs: int | None) -> Any:
         from pagedinfer.engine import SamplingParams
 
+        if req.use_beam_search:
+            return beam_search_params(req, max_tokens)
+        check_not_beam_fields(req)
         fields: dict[str, Any] = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
                                       ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs)
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -224,6 +228,8 @@ class Serving:
     @staticmethod
     def _plan(kind: str, info: Any, prompts: list[list[int]], params: Any, num_logprobs: int | None,
               req: CompletionRequest | ChatCompletionRequest) -> Plan:
+        if req.use_beam_search:
+            check_beam_fits(info, prompts, params)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Plan(request_id=f"{kind}-{uuid.uuid4().hex}", created=int(time.time()),
                     model=info.served_model_name, prompts=prompts, params=params, num_logprobs=num_logprobs,

@@ -45,3 +45,13 @@ def test_sampler_benchmark_times_every_case_against_the_per_row_peer(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     ratios = [line.split()[-1] for line in run.stdout.splitlines() if line.endswith("x")]
     assert len(ratios) == 4 and all(float(r[:-1]) > 0 for r in ratios), run.stdout
+
+
+def test_beam_sharing_benchmark_reports_both_peaks_and_frees_every_block(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "beam_sharing.py"), "--prompt-tokens", "40",
+                          "--max-tokens", "12", "--block-size", "8", "--model-dir", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "one sequence:" in run.stdout and "beam width 4:" in run.stdout
+    assert "blocks held after the request: 0" in run.stdout

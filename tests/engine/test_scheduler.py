@@ -9,6 +9,7 @@ invariants after every rule; no block leaks and none is freed twice.
 from __future__ import annotations
 
 import itertools
+import random
 
 import hypothesis.strategies as st
 import pytest
@@ -34,13 +35,21 @@ def new_seq(tokens, t, rid=None):
                     arrival_time=float(t))
 
 
-def step(sched):
+def step(sched, beam_step=None):
+    """One step as the engine takes it; beam_step(group) plays the beam search for a group whose
+    beams have all computed their last token (beams never get the driver's token 7)."""
     out = sched.schedule()
     sched.after_step(out)
+    groups = {}
     for item in out.scheduled:
         s = item.seq
-        if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens:
+        if s.group is not None:
+            groups[id(s.group)] = s.group
+        elif s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens:
             s.token_ids.append(7)
+    for group in groups.values():
+        if all(b.status is SequenceStatus.RUNNING and b.num_computed_tokens == b.num_tokens for b in group.seqs):
+            beam_step(group)
     return out
 
 
@@ -174,7 +183,7 @@ def test_requests_are_counted_once_whatever_their_n():
     parent.num_forks_pending = 0
     assert len(sched.running) == 4
     assert sched.num_requests() == RequestCounts(running=1, waiting=1, swapped=0)
-    sched._preempt(children[-1], [])  # a preempted child waits, but its request still runs
+    sched._preempt([children[-1]], [])  # a preempted child waits, but its request still runs
     assert sched.num_requests() == RequestCounts(running=1, waiting=1, swapped=0)
     for s in (parent, *children):
         sched.finish(s, "abort")
@@ -186,13 +195,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         super().__init__()
         self.ids = itertools.count()
         self.live: list[Sequence] = []
-        self.added: list[Sequence] = []  # every sequence added to the queue (not forked)
+        self.added: list[Sequence] = []  # every sequence added to the queue (not forked); beam group leaders too
+        self.groups: list = []  # live beam groups
 
     @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]),
-          watermark=st.sampled_from([0.0, 0.1]))
-    def configure(self, mode, cpu, watermark):
+          watermark=st.sampled_from([0.0, 0.1]), num_blocks=st.sampled_from([8, 12]))
+    def configure(self, mode, cpu, watermark, num_blocks):
         if not hasattr(self, "sched"):
-            self.sched, self.kv = make(num_blocks=12, block_size=4, mode=mode, budget=12, cpu=cpu,
+            self.sched, self.kv = make(num_blocks=num_blocks, block_size=4, mode=mode, budget=12, cpu=cpu,
                                        watermark=watermark)
 
     def _ready(self):
@@ -211,12 +221,58 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.added.append(s)
 
     @precondition(_ready)
-    @rule()
-    def run_step(self):
-        out = step(self.sched)
+    @rule(length=st.integers(1, 16), width=st.integers(1, 3))
+    def add_beam_group(self, length, width):
+        from pagedinfer.engine.sequence import SequenceGroup
+
+        from pagedinfer.engine.beam.group import max_group_blocks
+        from pagedinfer.engine.beam.params import BeamSearchParams
+
+        if sum(self.sched.seats(s) for s in self.sched.running) + width > self.sched.config.max_num_seqs or \
+                max_group_blocks(length, BeamSearchParams(width, 6), 4) > self.kv.pool.num_blocks:
+            return  # as the engine's check_request: a group that cannot fit the pool alone is refused
+        t = next(self.ids)
+        leader = new_seq([t % 50 + 2] * length, t)
+        leader.group = SequenceGroup(leader.request_id, width, [leader])
+        self.sched.add(leader)
+        self.added.append(leader)
+        self.groups.append(leader.group)
+
+    def _beam_step(self, group):
+        """A random beam step: up to beam_width children of random parents; pruned parents freed."""
+        from pagedinfer.engine.beam.group import advance
+        from pagedinfer.engine.beam.search import BeamStep
+
+        if group.leader.num_output_tokens >= 5:
+            advance(self.sched, group, BeamStep((), (), True), None)
+            self.groups.remove(group)
+            return
+        parents = tuple(sorted(self.rng.randrange(len(group.seqs)) for _ in range(group.beam_width)))
+        tokens = tuple(self.rng.randrange(2, 60) for _ in parents)
+
+        def fork(parent):
+            child = new_seq(parent.prompt_token_ids, next(self.ids), rid=parent.request_id)
+            child.token_ids, child.group = list(parent.token_ids), group
+            child.block_hashes = list(parent.block_hashes)
+            self.sched.fork(parent, child)
+            return child
+
+        advance(self.sched, group, BeamStep(parents, tokens, False), fork)
+
+    @precondition(_ready)
+    @rule(seed=st.integers(0, 2**16))
+    def run_step(self, seed):
+        self.rng = random.Random(seed)
+        out = step(self.sched, self._beam_step)
         assert out.scheduled or not self.sched.num_unfinished, "unfinished sequences but an empty step"
         assert out.num_batched_tokens <= self.sched.config.max_num_batched_tokens
         assert len(self.sched.running) <= self.sched.config.max_num_seqs
+        for group in self.groups:  # a group runs whole or not at all, its running beams side by side
+            running = [i for i, s in enumerate(self.sched.running) if s.group is group]
+            assert running == list(range(running[0], running[0] + len(running))) if running else True
+            assert not running or all(s.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING)
+                                      for s in group.seqs)
+            assert sum(s.status is SequenceStatus.RUNNING for s in group.seqs) in (0, 1, len(group.seqs))
         for s in list(self.live):
             if s.num_output_tokens >= 6 and not s.is_finished:
                 self.sched.finish(s, "length")
@@ -229,7 +285,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.finish(s, "abort")
         self.live.remove(s)
 
-    @precondition(lambda self: self._ready() and len(self.sched.running) < self.sched.config.max_num_seqs and any(
+    @precondition(lambda self: self._ready() and self.groups)
+    @rule(data=st.data())
+    def abort_group(self, data):
+        group = data.draw(st.sampled_from(self.groups))
+        for s in group.seqs:
+            self.sched.finish(s, "abort")
+        self.groups.remove(group)
+
+    @precondition(lambda self: self._ready() and sum(self.sched.seats(s) for s in self.sched.running)
+                  < self.sched.config.max_num_seqs and any(
         s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1 for s in self.live))
     @rule()
     def fork(self):
@@ -250,12 +315,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert stats.prefix_cache_query_tokens == sum(s.num_prompt_tokens for s in self.added if s.was_admitted)
             assert stats.prefix_cache_hit_tokens <= stats.prefix_cache_query_tokens
             counts = self.sched.num_requests()
-            unfinished = {s.request_id for s in self.live if not s.is_finished}
+            unfinished = {s.request_id for s in self.live if not s.is_finished} | {g.request_id for g in self.groups}
             assert counts.running + counts.waiting + counts.swapped == len(unfinished)
 
     def teardown(self):
         if self._ready():
-            for s in self.live:
+            for s in self.live + [b for g in self.groups for b in g.seqs]:
                 self.sched.finish(s, "abort")
             self.kv.check_invariants()
             assert self.kv.stats().num_free_blocks == self.kv.stats().num_total_blocks
@@ -264,3 +329,132 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def beam_group(sched, tokens, num_beams, t):
+    """A beam group: a prompt that prefills, then num_beams beams forked from it, each with its own token."""
+    from pagedinfer.engine.sequence import SequenceGroup
+
+    leader = new_seq(tokens, t)
+    group = SequenceGroup(leader.request_id, num_beams, [leader])
+    leader.group = group
+    sched.add(leader)
+    return group
+
+
+def fork_beams(sched, group, num_beams):
+    leader = group.leader
+    for i in range(1, num_beams):
+        child = new_seq(leader.prompt_token_ids, 0, rid=leader.request_id)
+        child.token_ids, child.group = list(leader.token_ids), group
+        sched.fork(leader, child)
+        group.seqs.append(child)
+    for i, s in enumerate(group.seqs):
+        s.token_ids.append(100 + i)
+
+
+def prefill(sched, group):
+    out = sched.schedule()
+    sched.after_step(out)
+    assert all(s.num_computed_tokens == s.num_tokens for s in group.seqs)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_beam_group_is_preempted_and_resumed_as_a_whole(mode):
+    sched, kv = make(num_blocks=8, block_size=4, mode=mode, budget=32)
+    older = new_seq(range(8), 0)  # 2 full blocks, then one more for its decodes
+    sched.add(older)
+    group = beam_group(sched, range(50, 56), 3, 1)  # 6 tokens: blocks [4] + [2 of 4], shared by the beams
+    prefill(sched, group)
+    older.token_ids.append(7)
+    fork_beams(sched, group, 3)
+    assert sched.seats(group.leader) == 3 and sched.seats(group.seqs[1]) == 0
+    assert kv.stats().num_free_blocks == 4
+    older.token_ids.extend([7] * 8)  # older now needs 3 more blocks: with the beams' 2 copies, 5 > 4 free
+    out = sched.schedule()
+    assert set(out.preempted) == set(group.seqs) and [i.seq for i in out.scheduled] == [older]
+    assert [s.status for s in group.seqs] == [SequenceStatus.SWAPPED if mode == "swap" else
+                                              SequenceStatus.WAITING] * 3
+    queue = sched.swapped if mode == "swap" else sched.waiting
+    assert list(queue) == [group.leader]  # only the leader is queued; the other beams follow it
+    sched.after_step(out)
+    sched.finish(older, "stop")
+    out = sched.schedule()
+    sched.after_step(out)
+    if mode == "recompute":  # the leader recomputed its 7 tokens; the others are forked from it again
+        assert [i.seq for i in out.scheduled] == [group.leader]
+        assert all(s.status is SequenceStatus.RUNNING for s in group.seqs)
+        assert [s.num_computed_tokens for s in group.seqs] == [7, 6, 6]
+        out = sched.schedule()
+        sched.after_step(out)
+    resumed = group.seqs[1:] if mode == "recompute" else group.seqs  # swap: all beams, their last token each
+    assert sorted(i.seq.seq_id for i in out.scheduled) == sorted(s.seq_id for s in resumed)
+    assert len({kv.block_ids(s)[0] for s in group.seqs}) == 1  # the prompt's full block is shared again
+    assert all(s.num_computed_tokens == s.num_tokens for s in group.seqs)
+    for s in group.seqs:
+        sched.finish(s, "stop")
+    kv.check_invariants()
+    assert kv.stats().num_free_blocks == 8 and kv.stats().num_free_cpu_blocks == kv.num_cpu_blocks
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_random_beam_groups_under_a_tight_pool_finish_and_leak_nothing(mode):
+    """Beam groups (random steps: forks, prunes) and plain sequences in a pool that forces preemption:
+    every step schedules something, groups run whole, and every block comes back."""
+    from pagedinfer.engine.beam.group import advance
+    from pagedinfer.engine.beam.search import BeamStep
+    from pagedinfer.engine.sequence import SequenceGroup
+
+    seen = {"whole_groups_preempted": 0, "swapped": 0}
+    for seed in range(12):
+        rng = random.Random(seed)
+        sched, kv = make(num_blocks=14, block_size=4, mode=mode, budget=16, max_seqs=8, cpu=10)
+        groups, plain, ids = [], [], itertools.count(1000)
+        for t in range(4):
+            if t % 2 == 0:
+                leader = new_seq([t + 2] * rng.randrange(3, 9), t)
+                leader.group = SequenceGroup(leader.request_id, 3, [leader])
+                sched.add(leader)
+                groups.append(leader.group)
+            else:
+                s = new_seq([t + 2] * rng.randrange(3, 12), t)
+                sched.add(s)
+                plain.append(s)
+
+        def beam_step(group):
+            if group.leader.num_output_tokens >= 8:
+                advance(sched, group, BeamStep((), (), True), None)
+                groups.remove(group)
+                return
+            parents = tuple(sorted(rng.randrange(len(group.seqs)) for _ in range(3)))
+
+            def fork(parent):
+                child = new_seq(parent.prompt_token_ids, next(ids), rid=parent.request_id)
+                child.token_ids, child.group = list(parent.token_ids), group
+                child.block_hashes = list(parent.block_hashes)
+                sched.fork(parent, child)
+                return child
+
+            advance(sched, group, BeamStep(parents, tuple(rng.randrange(2, 60) for _ in parents), False), fork)
+
+        for _ in range(200):
+            if not sched.num_unfinished:
+                break
+            out = step(sched, beam_step)
+            assert out.scheduled, "unfinished sequences but an empty step"
+            kv.check_invariants()
+            for group in groups:
+                preempted = [s for s in out.preempted if s.group is group]
+                # preempted whole: no beam of it runs on (the admission of waiting ones waits a step)
+                assert not preempted or all(s.status is not SequenceStatus.RUNNING for s in group.seqs)
+                seen["whole_groups_preempted"] += len(preempted) > 1
+                statuses = [s.status for s in group.seqs]
+                seen["swapped"] += len(group.seqs) > 1 and statuses.count(SequenceStatus.SWAPPED) == len(statuses)
+            for s in list(plain):
+                if s.num_output_tokens >= 10:
+                    sched.finish(s, "length")
+                    plain.remove(s)
+        assert not sched.num_unfinished and not groups and not plain
+        assert kv.stats().num_free_blocks == 14 and kv.stats().num_free_cpu_blocks == 10
+    # the test really preempts groups of several beams (in swap mode, swapping them out whole too)
+    assert seen["whole_groups_preempted"] > 0 and (mode == "recompute" or seen["swapped"] > 0), seen

@@ -67,3 +67,28 @@ def test_engine_on_triton_kernels_survives_swap_preemption(make_model, monkeypat
                                preemption_mode="swap", swap_space=0.01, enable_prefix_caching=False)
     assert got == expected
     assert stats.num_preemptions["swap"] > 0
+
+
+@pytest.mark.slow
+def test_beam_search_on_triton_kernels_equals_the_torch_references(make_model, monkeypatch):
+    """Beams fork and copy their shared last block (copy_blocks) and swap out and in as a group."""
+    from pagedinfer.engine.beam.params import BeamSearchParams
+
+    model_dir = make_model("llama")
+    prompts = prompts_with_shared_prefix(transformers.AutoConfig.from_pretrained(str(model_dir)).vocab_size)[:2]
+    params = BeamSearchParams(beam_width=3, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+    engine_kwargs = dict(dtype="float32", block_size=8, num_gpu_blocks_override=10, max_model_len=40,
+                         preemption_mode="swap", swap_space=0.01, enable_prefix_caching=False)
+
+    def beams():
+        llm = LLM(model=str(model_dir), **engine_kwargs)
+        outs = llm.beam_search(prompts, params)
+        assert llm.get_stats().num_used_blocks == 0
+        return [[s.tokens for s in out.sequences] for out in outs], llm.get_stats()
+
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    want, _ = beams()
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    got, stats = beams()
+    assert got == want
+    assert stats.num_preemptions["swap"] > 0
