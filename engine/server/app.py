@@ -152,7 +152,8 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
 
     app.openapi = openapi
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    described_at = tuple(url for url in (app.openapi_url, app.docs_url, app.redoc_url) if url)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, protected_prefixes=("/v1", *described_at))
     return app
 
 
