@@ -12,12 +12,18 @@ uvicorn re-raises the signal it caught once it is done, to let the previous
 handler run. For SIGTERM the previous handler would be the default one,
 which kills the process with status 143; `run_server` installs a no-op
 SIGTERM handler first, so a graceful shutdown exits 0.
+
+The listening socket is bound before anything else starts: a port already in
+use (or a host that is not ours) fails in milliseconds as a flag error (exit
+2), instead of after the model has loaded.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 from importlib import resources
 from pathlib import Path
@@ -92,9 +98,24 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
     return DrainingServer(config)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), not yet listening (uvicorn listens on it); ValueError naming the flag."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT does not block a restart
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        flag = "--port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+        raise ValueError(f"{flag}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
                log_level: str = "info") -> int:
     """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load."""
+    listener = bind_listener(host, port)
     server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop)
 
     def exit_if_load_fails() -> None:
@@ -105,7 +126,7 @@ def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown
     threading.Thread(target=exit_if_load_fails, name="pagedinfer-load-watch", daemon=True).start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    server.run()
+    server.run(sockets=[listener])
     if engine_loop.load_error is not None:
         logger.error("the model could not be loaded: %s", engine_loop.load_error)
         return 1

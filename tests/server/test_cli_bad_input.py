@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,22 @@ def test_bad_flag_exits_2_naming_it_without_a_traceback(argv, flag):
     assert "Traceback" not in proc.stderr + proc.stdout
     last_line = proc.stderr.strip().splitlines()[-1]
     assert flag in last_line and "error" in last_line, proc.stderr
+
+
+def test_serve_on_a_port_in_use_exits_2_naming_it_before_loading_the_model(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PAGEDINFER_API_KEY", None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([str(CLI), "serve", "--port", str(port), "--device", "cpu", "--log-level", "debug"],
+                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert "--port" in last_line and str(port) in last_line and "in use" in last_line, proc.stderr[-2000:]
+    assert "engine ready" not in proc.stderr and "Loading" not in proc.stderr  # the model was never loaded
 
 
 def test_no_parser_takes_an_abbreviated_flag():
