@@ -25,6 +25,17 @@ requests run on; once the grace period is over the thread aborts whatever
 is left and answers each with `RequestFailed` (503), so their responses end
 cleanly instead of being cancelled mid-write. `stop()` does the same at once
 and joins the thread.
+
+Failure: the whole pass is guarded. Whatever an engine call raises, other
+than the `ValueError` by which `add_request` refuses a request (a 400 for
+that request alone), leaves the engine in a state nobody can vouch for. The
+thread then logs the traceback once, answers every in-flight request and
+every queued add with `RequestFailed` (500, `internal_error`), sets
+`engine_error` (so `healthy` is false and /health says 503) and `failed`,
+and ends. The launcher waits on `failed` and exits the process non-zero, so
+the kubelet restarts the pod instead of keeping a server that can only refuse.
+Once the thread has ended, `add` answers at once: no request waits on an
+inbox nobody reads.
 """
 
 from __future__ import annotations
@@ -89,6 +100,10 @@ class RequestSink:
             pass  # the event loop is closed: nobody is listening any more
 
 
+def _unavailable() -> RequestFailed:
+    return RequestFailed(503, "the engine is not available", code="engine_unavailable")
+
+
 @dataclass(frozen=True)
 class _Add:
     request_id: str
@@ -122,8 +137,10 @@ class EngineLoop:
         self._draining = False
         self._drain_deadline: float | None = None
         self._num_pending_seqs = 0
-        self._pending_lock = threading.Lock()
+        self._inbox_closed = False  # the thread no longer reads the inbox; guarded by _inbox_lock
+        self._inbox_lock = threading.Lock()
         self.ready = threading.Event()
+        self.failed = threading.Event()  # set once the thread ended on an unexpected exception
         self.info: ModelInfo | None = None
         self.stats: Any = None
         self.load_error: BaseException | None = None
@@ -135,7 +152,8 @@ class EngineLoop:
 
     @property
     def healthy(self) -> bool:
-        return self.ready.is_set() and self.info is not None and self.engine_error is None and not self._draining
+        return (self.ready.is_set() and self.info is not None and self.engine_error is None and not self._draining
+                and self._thread.is_alive())
 
     @property
     def accepting(self) -> bool:
@@ -152,9 +170,12 @@ class EngineLoop:
 
     def add(self, request_id: str, prompt: str | list[int], params: Any, arrival_time: float,
             sink: RequestSink) -> None:
-        with self._pending_lock:
+        with self._inbox_lock:
+            if self._inbox_closed:
+                sink.push(_unavailable())
+                return
             self._num_pending_seqs += params.n
-        self._inbox.put(_Add(request_id, prompt, params, arrival_time, sink))
+            self._inbox.put(_Add(request_id, prompt, params, arrival_time, sink))
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -195,12 +216,18 @@ class EngineLoop:
         self.ready.set()
         logger.info("engine ready: model %s, %d KV blocks of %d tokens", info.served_model_name,
                     info.num_gpu_blocks, info.block_size)
+        try:
+            self._serve(engine)
+        except BaseException as exc:  # noqa: BLE001 - see "Failure" above
+            self._fail(exc)
+
+    def _serve(self, engine: Any) -> None:
         while not self._stop_requested:
             self._wake.clear()
             num_applied_seqs = self._apply_inbox(engine)
             if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline and self._sinks:
                 self._abort_all(engine, "the server is shutting down: the grace period ended")
-            if self.engine_error is None and engine.has_unfinished_requests():
+            if engine.has_unfinished_requests():
                 self._step(engine)
                 self._settle_pending(num_applied_seqs)
             else:
@@ -211,6 +238,32 @@ class EngineLoop:
         self._abort_all(engine, "the server is shutting down")
         self._publish_stats(engine)
         self._settle_pending(num_applied_seqs)
+        self._close_inbox(_unavailable())
+
+    def _fail(self, exc: BaseException) -> None:
+        """The engine raised unexpectedly: answer everyone with a 500 and end (the launcher exits non-zero)."""
+        logger.critical("the engine failed; failing every in-flight request, the server exits", exc_info=exc)
+        self.engine_error = exc
+        failure = RequestFailed(500, "internal engine error; the server is restarting", code="internal_error")
+        for request_id, sink in self._sinks.items():
+            sink.push(failure)
+            self._notify("on_abort", request_id)
+        self._sinks.clear()
+        self._close_inbox(failure)
+        self.failed.set()
+
+    def _close_inbox(self, failure: RequestFailed) -> None:
+        """Stop reading the inbox; answer the adds still in it with `failure`."""
+        with self._inbox_lock:
+            self._inbox_closed = True
+            while True:
+                try:
+                    command = self._inbox.get_nowait()
+                except queue.Empty:
+                    return
+                if isinstance(command, _Add):
+                    self._num_pending_seqs -= command.params.n
+                    command.sink.push(failure)
 
     def _apply_inbox(self, engine: Any) -> int:
         """Apply every queued command in order; the number of sequences the adds among them asked for."""
@@ -230,33 +283,24 @@ class EngineLoop:
 
     def _settle_pending(self, num_seqs: int) -> None:
         """Stop counting applied adds as pending, once the published stats include them."""
-        with self._pending_lock:
+        with self._inbox_lock:
             self._num_pending_seqs -= num_seqs
 
     def _add(self, engine: Any, command: _Add) -> None:
-        if self.engine_error is not None:
-            command.sink.push(RequestFailed(503, "the engine is not available", code="engine_unavailable"))
-            return
         if self._stop_requested or self._draining:
             command.sink.push(RequestFailed(503, "the server is shutting down", code="shutting_down"))
             return
+        self._sinks[command.request_id] = command.sink  # before the call: a failure inside it answers this one too
         try:
             engine.add_request(command.request_id, command.prompt, command.params,
                                arrival_time=command.arrival_time)
         except ValueError as exc:
+            del self._sinks[command.request_id]
             error = from_value_error(exc)
             command.sink.push(RequestFailed(error.status_code, error.message, error.param, error.code))
-            return
-        self._sinks[command.request_id] = command.sink
 
     def _step(self, engine: Any) -> None:
-        try:
-            outputs = engine.step()
-        except Exception as exc:  # noqa: BLE001 - a bug in the engine must not hang every client
-            logger.exception("engine step failed; failing all in-flight requests")
-            self.engine_error = exc
-            self._abort_all(engine, "internal engine error", status_code=500, code="internal_error")
-            return
+        outputs = engine.step()
         for output in outputs:
             sink = self._sinks.get(output.request_id)
             if sink is None:
@@ -267,16 +311,14 @@ class EngineLoop:
         self._notify("on_outputs", outputs)
         self._publish_stats(engine)
 
-    def _abort_all(self, engine: Any, message: str, status_code: int = 503, code: str = "shutting_down") -> None:
+    def _abort_all(self, engine: Any, message: str) -> None:
+        """Abort every in-flight request and answer each with a 503 (shutdown)."""
         request_ids = list(self._sinks)
         if not request_ids:
             return
-        try:
-            engine.abort_request(request_ids)
-        except Exception:  # noqa: BLE001
-            logger.exception("aborting requests failed")
+        engine.abort_request(request_ids)
         for request_id in request_ids:
-            self._sinks.pop(request_id).push(RequestFailed(status_code, message, code=code))
+            self._sinks.pop(request_id).push(RequestFailed(503, message, code="shutting_down"))
             self._notify("on_abort", request_id)
 
     def _publish_stats(self, engine: Any) -> None:

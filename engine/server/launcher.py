@@ -114,20 +114,28 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
                log_level: str = "info") -> int:
-    """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load."""
+    """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load or the engine failed.
+
+    An engine failure shuts the server down like SIGTERM, except that every
+    in-flight request has already been answered with a 500.
+    """
     listener = bind_listener(host, port)
     server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop)
 
-    def exit_if_load_fails() -> None:
+    def exit_if_the_engine_fails() -> None:
         engine_loop.ready.wait()
-        if engine_loop.load_error is not None:
-            server.should_exit = True
+        if engine_loop.load_error is None:
+            engine_loop.failed.wait()
+        server.should_exit = True
 
-    threading.Thread(target=exit_if_load_fails, name="pagedinfer-load-watch", daemon=True).start()
+    threading.Thread(target=exit_if_the_engine_fails, name="pagedinfer-engine-watch", daemon=True).start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run(sockets=[listener])
     if engine_loop.load_error is not None:
         logger.error("the model could not be loaded: %s", engine_loop.load_error)
+        return 1
+    if engine_loop.engine_error is not None:
+        logger.error("exiting with status 1: the engine failed (%s)", type(engine_loop.engine_error).__name__)
         return 1
     return 0
