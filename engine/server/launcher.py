@@ -31,6 +31,7 @@ from typing import Any
 
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
+from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 from pagedinfer.engine.server.metrics import ServerMetrics
 
 logger = logging.getLogger("pagedinfer.server")
@@ -82,8 +83,13 @@ def build_app(engine_config: Any, settings: ServerSettings, served_model_name: s
 
 
 def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float, log_level: str = "info",
-                   engine_loop: EngineLoop | None = None):
-    """A uvicorn server whose exit signal also starts draining the engine loop."""
+                   engine_loop: EngineLoop | None = None,
+                   header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS):
+    """A uvicorn server whose exit signal also starts draining the engine loop.
+
+    HTTP/1.1 through h11 always (never httptools, whatever is installed), with
+    a deadline on each request's headers (`read_timeouts.py`).
+    """
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -93,6 +99,7 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
+                            http=header_timeout_protocol(header_timeout_seconds),
                             timeout_graceful_shutdown=shutdown_grace_seconds + SHUTDOWN_BACKSTOP_SECONDS,
                             timeout_keep_alive=5)
     return DrainingServer(config)
@@ -113,14 +120,14 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
-               log_level: str = "info") -> int:
+               log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load or the engine failed.
 
     An engine failure shuts the server down like SIGTERM, except that every
     in-flight request has already been answered with a 500.
     """
     listener = bind_listener(host, port)
-    server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop)
+    server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop, header_timeout_seconds)
 
     def exit_if_the_engine_fails() -> None:
         engine_loop.ready.wait()
