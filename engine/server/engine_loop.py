@@ -68,11 +68,19 @@ class ModelInfo:
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     tokenizer: Any  # the server's own copy, apart from the engine's (see serving.py)
+    max_chars_per_token: int | None = None  # prompt_chars.py; None: no sound bound for this tokenizer
 
     @property
     def num_token_ids(self) -> int:
         """Token ids below this are valid: known to both the tokenizer and the model."""
         return min(len(self.tokenizer), self.vocab_size)
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        """Longer texts tokenize to at least max_model_len tokens, which no prompt may reach; None: unknown."""
+        if self.max_chars_per_token is None:
+            return None
+        return (self.max_model_len - 1) * self.max_chars_per_token
 
 
 class RequestFailed(Exception):

@@ -33,6 +33,7 @@ from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
 from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 from pagedinfer.engine.server.metrics import ServerMetrics
+from pagedinfer.engine.server.prompt_chars import max_chars_per_token
 
 logger = logging.getLogger("pagedinfer.server")
 
@@ -68,7 +69,8 @@ def engine_factory(engine_config: Any, served_model_name: str):
                          max_num_seqs=config.max_num_seqs, vocab_size=int(engine.runner.vocab_size),
                          block_size=config.block_size, num_gpu_blocks=int(engine.num_gpu_blocks),
                          gpu_memory_utilization=config.gpu_memory_utilization,
-                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer)
+                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer,
+                         max_chars_per_token=max_chars_per_token(tokenizer))
         return engine, info
 
     return build
