@@ -185,21 +185,21 @@ async def _finals(serving: Serving, submission: Submission, request: Request) ->
 
 
 async def _stream(serving: Serving, submission: Submission, chat: bool):
+    """The SSE body, one write per batch of engine outputs (see `Serving.outputs`)."""
     plan = submission.plan
     tracker = DeltaTracker(plan, serving.engine_loop.info.tokenizer, chat)
-    for chunk in tracker.opening_chunks():
-        yield chunk
+    opening = "".join(tracker.opening_chunks())
+    if opening:
+        yield opening
     try:
-        async for index, output in serving.outputs(submission):
-            for chunk in tracker.chunks(index, output):
-                yield chunk
+        async for batch in serving.outputs(submission):
+            events = "".join(chunk for index, output in batch for chunk in tracker.chunks(index, output))
+            if events:
+                yield events
     except RequestFailed as exc:
-        yield sse(error_body(exc.status_code, exc.message, exc.param, exc.code))
-        yield sse("[DONE]")
+        yield sse(error_body(exc.status_code, exc.message, exc.param, exc.code)) + sse("[DONE]")
         return
-    if plan.include_usage:
-        yield tracker.usage_chunk()
-    yield sse("[DONE]")
+    yield (tracker.usage_chunk() if plan.include_usage else "") + sse("[DONE]")
 
 
 def _version() -> str:

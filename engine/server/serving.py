@@ -35,8 +35,13 @@ prompts to the engine loop, all without awaiting, so concurrent requests on
 the event loop are counted one after another and cannot all pass the check
 before any of them is queued. It returns a `Submission`.
 
-`Serving.outputs(submission)` yields `(prompt_index, RequestOutput)` as the
-engine produces them. Whatever ends the consumer (the client went away:
+`Serving.outputs(submission)` yields, each time the engine has delivered
+something, everything delivered since the last time: a batch of
+`(prompt_index, RequestOutput)`. A stream writes each batch as one body
+chunk, so a request with many prompts (or n) costs one socket write per
+event-loop turn, not one per choice: once a client has reset its connection,
+asyncio drops every write until it reports the loss on the next turn, and
+logged "socket.send() raised exception." for each one from the fifth on. Whatever ends the consumer (the client went away:
 starlette cancels the stream, or `watch_disconnect` for non-streaming; an
 error; shutdown), `Submission.abort_unfinished` runs and the engine frees
 the blocks of every prompt that has not finished at once.
@@ -269,16 +274,30 @@ class Serving:
             self.engine_loop.add(request_id, prompt, plan.params, plan.arrival_time, submission.sink)
         return submission
 
-    async def outputs(self, submission: Submission) -> AsyncIterator[tuple[int, Any]]:
-        """Yield (prompt index, RequestOutput) until every prompt finished; abort the rest on exit."""
+    async def outputs(self, submission: Submission) -> AsyncIterator[list[tuple[int, Any]]]:
+        """Yield batches of (prompt index, RequestOutput), all that is queued, until every prompt finished.
+
+        A failure is raised after the batch of outputs queued before it; the
+        unfinished prompts are aborted however the consumer stops.
+        """
+        queue = submission.sink.queue
         try:
             while submission.unfinished:
-                item = await submission.sink.queue.get()
-                if isinstance(item, RequestFailed):
-                    raise item
-                if item.finished:
-                    submission.unfinished.discard(item.request_id)
-                yield submission.index_of[item.request_id], item
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                batch, failure = [], None
+                for item in items:
+                    if isinstance(item, RequestFailed):
+                        failure = item
+                        break
+                    if item.finished:
+                        submission.unfinished.discard(item.request_id)
+                    batch.append((submission.index_of[item.request_id], item))
+                if batch:
+                    yield batch
+                if failure is not None:
+                    raise failure
         finally:
             submission.abort_unfinished()
 
@@ -296,11 +315,12 @@ class Serving:
                     await asyncio.gather(step, return_exceptions=True)
                     raise ClientDisconnected()
                 try:
-                    index, output = step.result()
+                    batch = step.result()
                 except StopAsyncIteration:
                     return finals
-                if output.finished:
-                    finals[index] = output
+                for index, output in batch:
+                    if output.finished:
+                        finals[index] = output
         finally:
             disconnect.cancel()
             await stream.aclose()
