@@ -112,6 +112,10 @@ def _unavailable() -> RequestFailed:
     return RequestFailed(503, "the engine is not available", code="engine_unavailable")
 
 
+def _internal_error() -> RequestFailed:
+    return RequestFailed(500, "internal engine error; the server is restarting", code="internal_error")
+
+
 @dataclass(frozen=True)
 class _Add:
     request_id: str
@@ -246,22 +250,21 @@ class EngineLoop:
         self._abort_all(engine, "the server is shutting down")
         self._publish_stats(engine)
         self._settle_pending(num_applied_seqs)
-        self._close_inbox(_unavailable())
+        self._close_inbox(_unavailable)
 
     def _fail(self, exc: BaseException) -> None:
         """The engine raised unexpectedly: answer everyone with a 500 and end (the launcher exits non-zero)."""
         logger.critical("the engine failed; failing every in-flight request, the server exits", exc_info=exc)
         self.engine_error = exc
-        failure = RequestFailed(500, "internal engine error; the server is restarting", code="internal_error")
         for request_id, sink in self._sinks.items():
-            sink.push(failure)
+            sink.push(_internal_error())
             self._notify("on_abort", request_id)
         self._sinks.clear()
-        self._close_inbox(failure)
+        self._close_inbox(_internal_error)
         self.failed.set()
 
-    def _close_inbox(self, failure: RequestFailed) -> None:
-        """Stop reading the inbox; answer the adds still in it with `failure`."""
+    def _close_inbox(self, failure: Callable[[], RequestFailed]) -> None:
+        """Stop reading the inbox; answer each add still in it with a `failure()` of its own."""
         with self._inbox_lock:
             self._inbox_closed = True
             while True:
@@ -271,7 +274,7 @@ class EngineLoop:
                     return
                 if isinstance(command, _Add):
                     self._num_pending_seqs -= command.params.n
-                    command.sink.push(failure)
+                    command.sink.push(failure())
 
     def _apply_inbox(self, engine: Any) -> int:
         """Apply every queued command in order; the number of sequences the adds among them asked for."""
