@@ -41,10 +41,11 @@ something, everything delivered since the last time: a batch of
 chunk, so a request with many prompts (or n) costs one socket write per
 event-loop turn, not one per choice: once a client has reset its connection,
 asyncio drops every write until it reports the loss on the next turn, and
-logged "socket.send() raised exception." for each one from the fifth on. Whatever ends the consumer (the client went away:
-starlette cancels the stream, or `watch_disconnect` for non-streaming; an
-error; shutdown), `Submission.abort_unfinished` runs and the engine frees
-the blocks of every prompt that has not finished at once.
+logged "socket.send() raised exception." for each one from the fifth on.
+Whatever ends the consumer (the client went away: starlette cancels the
+stream, or `watch_disconnect` for non-streaming; an error; shutdown),
+`Submission.abort_unfinished` runs and the engine frees the blocks of every
+prompt that has not finished at once.
 """
 
 from __future__ import annotations
