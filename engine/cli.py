@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module, which exposes `add_parser(subparsers)`
 and imports nothing heavy at module level, so `pagedinfer operator` runs in an
-image without torch.
+image without torch. Every subcommand is listed whatever is installed; one
+whose extra is missing (`serve` in an install of `pagedinfer[operator]`)
+stops with one line naming the extra to install and exit status 2.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import importlib
 import sys
 from typing import Any
 
-# (module, description); modules register their own flags.
+# (module, the extra its commands need, or None for none); modules register their own flags.
 SUBCOMMANDS = (
-    "pagedinfer.engine.cli_generate",  # generate
-    "pagedinfer.engine.cli_plan",  # plan
-    "pagedinfer.engine.server.cli",  # serve, bench
-    "pagedinfer.operator.cli",  # operator
+    ("pagedinfer.engine.cli_generate", "engine"),  # generate
+    ("pagedinfer.engine.cli_plan", None),  # plan: pure arithmetic over a config.json
+    ("pagedinfer.engine.server.cli", "engine"),  # serve, bench
+    ("pagedinfer.operator.cli", "operator"),  # operator
 )
 
 
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Paged-KV-cache LLM inference: engine, OpenAI-compatible server, Kubernetes operator.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in SUBCOMMANDS:
+    for module_name, extra in SUBCOMMANDS:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -54,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name and not exc.name.startswith("pagedinfer"):
                 continue
             raise
+        known = set(sub.choices)
         module.add_parser(sub)
+        for name in set(sub.choices) - known:
+            sub.choices[name].set_defaults(extra=extra)
     return parser
 
 
@@ -67,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except ValueError as exc:
         print(f"pagedinfer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        extra = getattr(args, "extra", None)
+        if extra is None or not exc.name or exc.name.partition(".")[0] == "pagedinfer":
+            raise  # not a missing extra: a bug of ours, shown in full
+        print(f"pagedinfer {args.command}: error: needs the '{extra}' extra, which is not installed (no module"
+              f" named '{exc.name}'): pip install 'pagedinfer[{extra}]'", file=sys.stderr)
         return 2
 
 

@@ -94,3 +94,53 @@ def test_every_module_the_code_imports_comes_with_its_extra(extra, folders):
         if not dists & provided:
             missing[module] = sorted(dists)
     assert not missing, f"imported but not installed by the [{extra}] extra: {missing}"
+
+
+def _venv_with_only(tmp_path: Path, extra: str) -> Path:
+    """A fresh venv holding pagedinfer and exactly the distributions its `extra` installs; its python.
+
+    The distributions are linked from this environment's site-packages (same
+    versions, no index needed), so torch and everything else outside the
+    extra is genuinely absent there, as in an operator image.
+    """
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, cwd="/")
+    python = venv / "bin" / "python"
+    target = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 check=True, capture_output=True, text=True, cwd="/").stdout.strip())
+    ours = metadata.distribution("pagedinfer")
+    site = Path(ours.locate_file(""))
+    entries = {p.name for p in site.iterdir() if "pagedinfer" in p.name}  # the dist-info and the editable finder
+    declared = [Requirement(r) for r in metadata.requires("pagedinfer") or ()]
+    requirements = [str(r).split(";")[0] for r in declared if r.marker and r.marker.evaluate({"extra": extra})
+                    and not r.marker.evaluate({"extra": ""})]
+    for name in _with_dependencies(requirements):
+        for file in metadata.distribution(name).files or ():
+            if file.parts[0] != ".." and (site / file.parts[0]).exists():
+                entries.add(file.parts[0])
+    for entry in entries:
+        (target / entry).symlink_to(site / entry)
+    return python
+
+
+def test_engine_commands_in_an_operator_only_install_name_the_extra(tmp_path):
+    python = _venv_with_only(tmp_path, "operator")
+    cli = "import sys; from pagedinfer.engine.cli import main; sys.exit(main())"  # what the console script runs
+
+    def pagedinfer(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(python), "-c", cli, *argv], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120)
+
+    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True, cwd=tmp_path).returncode != 0
+    assert subprocess.run([str(python), "-c", "import kopf"], cwd=tmp_path).returncode == 0
+    listed = pagedinfer("--help")
+    assert listed.returncode == 0 and "serve" in listed.stdout and "operator" in listed.stdout
+    for argv in (["serve"], ["generate", "--prompt", "hi"], ["bench", "serve", "--url", "http://127.0.0.1:1"]):
+        proc = pagedinfer(*argv)
+        assert proc.returncode == 2, (argv, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert f"pagedinfer {argv[0]}: error: needs the 'engine' extra" in lines[0]
+        assert "pip install 'pagedinfer[engine]'" in lines[0]
+    assert pagedinfer("operator", "--help").returncode == 0

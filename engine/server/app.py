@@ -26,6 +26,7 @@ from pagedinfer.engine.server.errors import ApiError, error_body, error_response
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                CompletionResponse, ErrorResponse, ModelList)
+from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
 from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
 
@@ -37,12 +38,15 @@ class ServerSettings:
     api_key: str | None = None
     max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS  # None: no limit
     max_request_body_bytes: int = 1 << 20
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # the whole body, counted from its headers
 
     def __post_init__(self) -> None:
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests: must be >= 1 or None, got {self.max_waiting_requests}")
         if self.max_request_body_bytes < 1:
             raise ValueError(f"max_request_body_bytes: must be >= 1, got {self.max_request_body_bytes}")
+        if not self.body_timeout_seconds > 0:
+            raise ValueError(f"body_timeout_seconds: must be > 0, got {self.body_timeout_seconds}")
 
 
 class AbortingStreamingResponse(StreamingResponse):
@@ -65,7 +69,7 @@ class AbortingStreamingResponse(StreamingResponse):
             self.submission.abort_unfinished()
 
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 413, 415, 503)}
 
 
 def require_json_body(request: Request) -> None:
@@ -151,8 +155,10 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         return app.openapi_schema
 
     app.openapi = openapi
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
+                       body_timeout_seconds=settings.body_timeout_seconds)
+    described_at = tuple(url for url in (app.openapi_url, app.docs_url, app.redoc_url) if url)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, protected_prefixes=("/v1", *described_at))
     return app
 
 
@@ -179,21 +185,21 @@ async def _finals(serving: Serving, submission: Submission, request: Request) ->
 
 
 async def _stream(serving: Serving, submission: Submission, chat: bool):
+    """The SSE body, one write per batch of engine outputs (see `Serving.outputs`)."""
     plan = submission.plan
     tracker = DeltaTracker(plan, serving.engine_loop.info.tokenizer, chat)
-    for chunk in tracker.opening_chunks():
-        yield chunk
+    opening = "".join(tracker.opening_chunks())
+    if opening:
+        yield opening
     try:
-        async for index, output in serving.outputs(submission):
-            for chunk in tracker.chunks(index, output):
-                yield chunk
+        async for batch in serving.outputs(submission):
+            events = "".join(chunk for index, output in batch for chunk in tracker.chunks(index, output))
+            if events:
+                yield events
     except RequestFailed as exc:
-        yield sse(error_body(exc.status_code, exc.message, exc.param, exc.code))
-        yield sse("[DONE]")
+        yield sse(error_body(exc.status_code, exc.message, exc.param, exc.code)) + sse("[DONE]")
         return
-    if plan.include_usage:
-        yield tracker.usage_chunk()
-    yield sse("[DONE]")
+    yield (tracker.usage_chunk() if plan.include_usage else "") + sse("[DONE]")
 
 
 def _version() -> str:

@@ -3,8 +3,10 @@
 The key comes from `--api-key` or the environment variable
 PAGEDINFER_API_KEY. Comparison is constant-time (`hmac.compare_digest` on
 bytes) so response timing does not leak how much of a guess was right. The
-key is never logged or echoed; /health, /metrics and /version stay open so
-probes and scrapers need no secret.
+key is never logged or echoed. It guards /v1/* and the API's description
+(/openapi.json, /docs, /redoc), which would tell an unauthenticated client
+what the server serves; /health, /metrics and /version stay open so probes
+and scrapers need no secret.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ def resolve_api_key(flag_value: str | None) -> str | None:
 
 
 class ApiKeyMiddleware:
-    """ASGI middleware: 401 on /v1/* unless the request carries the key.
+    """ASGI middleware: 401 on paths under `protected_prefixes` unless the request carries the key.
 
     It runs before the body is read, so an unauthenticated client can make the
     server neither buffer nor parse anything.
     """
 
-    def __init__(self, app: Callable, api_key: str | None, protected_prefix: str = "/v1") -> None:
+    def __init__(self, app: Callable, api_key: str | None, protected_prefixes: tuple[str, ...] = ("/v1",)) -> None:
         self.app = app
         self._expected = api_key.encode("utf-8") if api_key else None
-        self._prefix = protected_prefix
+        self._prefixes = protected_prefixes
 
     def authorized(self, header_value: bytes | None) -> bool:
         if self._expected is None:
@@ -45,7 +47,7 @@ class ApiKeyMiddleware:
         return hmac.compare_digest(token.strip(), self._expected)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or self._expected is None or not scope.get("path", "").startswith(self._prefix):
+        if scope["type"] != "http" or self._expected is None or not scope.get("path", "").startswith(self._prefixes):
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers") or []).get(b"authorization")

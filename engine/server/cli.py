@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pagedinfer.engine.server import cli_types
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
+from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +39,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f" (default {DEFAULT_MAX_WAITING_REQUESTS})")
     g.add_argument("--max-request-body-bytes", type=cli_types.positive_int, default=1 << 20,
                    help="answer 413 to bodies larger than this (default 1 MiB)")
+    g.add_argument("--request-header-timeout-seconds", type=cli_types.positive_seconds,
+                   default=DEFAULT_HEADER_TIMEOUT_SECONDS,
+                   help="a request's line and headers must arrive within this many seconds of the connection"
+                        " opening (or of the request's first byte on a kept-alive connection), else 408 and close"
+                        f" (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})")
+    g.add_argument("--request-body-timeout-seconds", type=cli_types.positive_seconds,
+                   default=DEFAULT_BODY_TIMEOUT_SECONDS,
+                   help="a request's whole body must arrive within this many seconds of its headers, else 408 and"
+                        f" close (default {DEFAULT_BODY_TIMEOUT_SECONDS:g})")
     g.add_argument("--shutdown-grace-seconds", type=cli_types.non_negative_seconds, default=30.0,
                    help="on SIGTERM, how long in-flight requests may run before they are aborted (default 30)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -69,12 +79,14 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--model: {args.model!r} is not a model directory (no config.json there)")
     engine_config = engine_config_from_args(args, model=model)
     settings = ServerSettings(api_key=resolve_api_key(args.api_key), max_waiting_requests=args.max_waiting_requests,
-                              max_request_body_bytes=args.max_request_body_bytes)
+                              max_request_body_bytes=args.max_request_body_bytes,
+                              body_timeout_seconds=args.request_body_timeout_seconds)
     # a Hub id names the model as given (as vLLM does), not by its snapshot's commit folder
     hub_id = args.model if args.model and model != args.model else None
     app, engine_loop = build_app(engine_config, settings, args.served_model_name or hub_id)
     print(f"pagedinfer serve: http://{args.host}:{args.port} (model {model})", file=sys.stderr, flush=True)
-    return run_server(app, engine_loop, args.host, args.port, args.shutdown_grace_seconds, args.log_level)
+    return run_server(app, engine_loop, args.host, args.port, args.shutdown_grace_seconds, args.log_level,
+                      args.request_header_timeout_seconds)
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:

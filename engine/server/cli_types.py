@@ -48,6 +48,14 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0."""
+    value = non_negative_seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def http_url(text: str) -> str:
     """An http(s) base URL with a host and a valid port, without a trailing slash."""
     parts = urlsplit(text)

@@ -25,6 +25,17 @@ requests run on; once the grace period is over the thread aborts whatever
 is left and answers each with `RequestFailed` (503), so their responses end
 cleanly instead of being cancelled mid-write. `stop()` does the same at once
 and joins the thread.
+
+Failure: the whole pass is guarded. Whatever an engine call raises, other
+than the `ValueError` by which `add_request` refuses a request (a 400 for
+that request alone), leaves the engine in a state nobody can vouch for. The
+thread then logs the traceback once, answers every in-flight request and
+every queued add with `RequestFailed` (500, `internal_error`), sets
+`engine_error` (so `healthy` is false and /health says 503) and `failed`,
+and ends. The launcher waits on `failed` and exits the process non-zero, so
+the kubelet restarts the pod instead of keeping a server that can only refuse.
+Once the thread has ended, `add` answers at once: no request waits on an
+inbox nobody reads.
 """
 
 from __future__ import annotations
@@ -57,11 +68,19 @@ class ModelInfo:
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     tokenizer: Any  # the server's own copy, apart from the engine's (see serving.py)
+    max_chars_per_token: int | None = None  # prompt_chars.py; None: no sound bound for this tokenizer
 
     @property
     def num_token_ids(self) -> int:
         """Token ids below this are valid: known to both the tokenizer and the model."""
         return min(len(self.tokenizer), self.vocab_size)
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        """Longer texts tokenize to at least max_model_len tokens, which no prompt may reach; None: unknown."""
+        if self.max_chars_per_token is None:
+            return None
+        return (self.max_model_len - 1) * self.max_chars_per_token
 
 
 class RequestFailed(Exception):
@@ -87,6 +106,14 @@ class RequestSink:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:
             pass  # the event loop is closed: nobody is listening any more
+
+
+def _unavailable() -> RequestFailed:
+    return RequestFailed(503, "the engine is not available", code="engine_unavailable")
+
+
+def _internal_error() -> RequestFailed:
+    return RequestFailed(500, "internal engine error; the server is restarting", code="internal_error")
 
 
 @dataclass(frozen=True)
@@ -122,8 +149,10 @@ class EngineLoop:
         self._draining = False
         self._drain_deadline: float | None = None
         self._num_pending_seqs = 0
-        self._pending_lock = threading.Lock()
+        self._inbox_closed = False  # the thread no longer reads the inbox; guarded by _inbox_lock
+        self._inbox_lock = threading.Lock()
         self.ready = threading.Event()
+        self.failed = threading.Event()  # set once the thread ended on an unexpected exception
         self.info: ModelInfo | None = None
         self.stats: Any = None
         self.load_error: BaseException | None = None
@@ -135,7 +164,8 @@ class EngineLoop:
 
     @property
     def healthy(self) -> bool:
-        return self.ready.is_set() and self.info is not None and self.engine_error is None and not self._draining
+        return (self.ready.is_set() and self.info is not None and self.engine_error is None and not self._draining
+                and self._thread.is_alive())
 
     @property
     def accepting(self) -> bool:
@@ -152,9 +182,12 @@ class EngineLoop:
 
     def add(self, request_id: str, prompt: str | list[int], params: Any, arrival_time: float,
             sink: RequestSink) -> None:
-        with self._pending_lock:
+        with self._inbox_lock:
+            if self._inbox_closed:
+                sink.push(_unavailable())
+                return
             self._num_pending_seqs += params.n
-        self._inbox.put(_Add(request_id, prompt, params, arrival_time, sink))
+            self._inbox.put(_Add(request_id, prompt, params, arrival_time, sink))
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -195,12 +228,18 @@ class EngineLoop:
         self.ready.set()
         logger.info("engine ready: model %s, %d KV blocks of %d tokens", info.served_model_name,
                     info.num_gpu_blocks, info.block_size)
+        try:
+            self._serve(engine)
+        except BaseException as exc:  # noqa: BLE001 - see "Failure" above
+            self._fail(exc)
+
+    def _serve(self, engine: Any) -> None:
         while not self._stop_requested:
             self._wake.clear()
             num_applied_seqs = self._apply_inbox(engine)
             if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline and self._sinks:
                 self._abort_all(engine, "the server is shutting down: the grace period ended")
-            if self.engine_error is None and engine.has_unfinished_requests():
+            if engine.has_unfinished_requests():
                 self._step(engine)
                 self._settle_pending(num_applied_seqs)
             else:
@@ -211,6 +250,31 @@ class EngineLoop:
         self._abort_all(engine, "the server is shutting down")
         self._publish_stats(engine)
         self._settle_pending(num_applied_seqs)
+        self._close_inbox(_unavailable)
+
+    def _fail(self, exc: BaseException) -> None:
+        """The engine raised unexpectedly: answer everyone with a 500 and end (the launcher exits non-zero)."""
+        logger.critical("the engine failed; failing every in-flight request, the server exits", exc_info=exc)
+        self.engine_error = exc
+        for request_id, sink in self._sinks.items():
+            sink.push(_internal_error())
+            self._notify("on_abort", request_id)
+        self._sinks.clear()
+        self._close_inbox(_internal_error)
+        self.failed.set()
+
+    def _close_inbox(self, failure: Callable[[], RequestFailed]) -> None:
+        """Stop reading the inbox; answer each add still in it with a `failure()` of its own."""
+        with self._inbox_lock:
+            self._inbox_closed = True
+            while True:
+                try:
+                    command = self._inbox.get_nowait()
+                except queue.Empty:
+                    return
+                if isinstance(command, _Add):
+                    self._num_pending_seqs -= command.params.n
+                    command.sink.push(failure())
 
     def _apply_inbox(self, engine: Any) -> int:
         """Apply every queued command in order; the number of sequences the adds among them asked for."""
@@ -230,33 +294,24 @@ class EngineLoop:
 
     def _settle_pending(self, num_seqs: int) -> None:
         """Stop counting applied adds as pending, once the published stats include them."""
-        with self._pending_lock:
+        with self._inbox_lock:
             self._num_pending_seqs -= num_seqs
 
     def _add(self, engine: Any, command: _Add) -> None:
-        if self.engine_error is not None:
-            command.sink.push(RequestFailed(503, "the engine is not available", code="engine_unavailable"))
-            return
         if self._stop_requested or self._draining:
             command.sink.push(RequestFailed(503, "the server is shutting down", code="shutting_down"))
             return
+        self._sinks[command.request_id] = command.sink  # before the call: a failure inside it answers this one too
         try:
             engine.add_request(command.request_id, command.prompt, command.params,
                                arrival_time=command.arrival_time)
         except ValueError as exc:
+            del self._sinks[command.request_id]
             error = from_value_error(exc)
             command.sink.push(RequestFailed(error.status_code, error.message, error.param, error.code))
-            return
-        self._sinks[command.request_id] = command.sink
 
     def _step(self, engine: Any) -> None:
-        try:
-            outputs = engine.step()
-        except Exception as exc:  # noqa: BLE001 - a bug in the engine must not hang every client
-            logger.exception("engine step failed; failing all in-flight requests")
-            self.engine_error = exc
-            self._abort_all(engine, "internal engine error", status_code=500, code="internal_error")
-            return
+        outputs = engine.step()
         for output in outputs:
             sink = self._sinks.get(output.request_id)
             if sink is None:
@@ -267,16 +322,14 @@ class EngineLoop:
         self._notify("on_outputs", outputs)
         self._publish_stats(engine)
 
-    def _abort_all(self, engine: Any, message: str, status_code: int = 503, code: str = "shutting_down") -> None:
+    def _abort_all(self, engine: Any, message: str) -> None:
+        """Abort every in-flight request and answer each with a 503 (shutdown)."""
         request_ids = list(self._sinks)
         if not request_ids:
             return
-        try:
-            engine.abort_request(request_ids)
-        except Exception:  # noqa: BLE001
-            logger.exception("aborting requests failed")
+        engine.abort_request(request_ids)
         for request_id in request_ids:
-            self._sinks.pop(request_id).push(RequestFailed(status_code, message, code=code))
+            self._sinks.pop(request_id).push(RequestFailed(503, message, code="shutting_down"))
             self._notify("on_abort", request_id)
 
     def _publish_stats(self, engine: Any) -> None:

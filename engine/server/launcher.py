@@ -12,12 +12,18 @@ uvicorn re-raises the signal it caught once it is done, to let the previous
 handler run. For SIGTERM the previous handler would be the default one,
 which kills the process with status 143; `run_server` installs a no-op
 SIGTERM handler first, so a graceful shutdown exits 0.
+
+The listening socket is bound before anything else starts: a port already in
+use (or a host that is not ours) fails in milliseconds as a flag error (exit
+2), instead of after the model has loaded.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,7 +31,9 @@ from typing import Any
 from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
+from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 from pagedinfer.engine.server.metrics import ServerMetrics
+from pagedinfer.engine.server.prompt_chars import max_chars_per_token
 
 logger = logging.getLogger("pagedinfer.server")
 
@@ -56,7 +64,8 @@ def engine_factory(engine_config: Any, served_model_name: str):
                          max_num_seqs=config.max_num_seqs, vocab_size=int(engine.runner.vocab_size),
                          block_size=config.block_size, num_gpu_blocks=int(engine.num_gpu_blocks),
                          gpu_memory_utilization=config.gpu_memory_utilization,
-                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer)
+                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer,
+                         max_chars_per_token=max_chars_per_token(tokenizer))
         return engine, info
 
     return build
@@ -71,8 +80,13 @@ def build_app(engine_config: Any, settings: ServerSettings, served_model_name: s
 
 
 def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float, log_level: str = "info",
-                   engine_loop: EngineLoop | None = None):
-    """A uvicorn server whose exit signal also starts draining the engine loop."""
+                   engine_loop: EngineLoop | None = None,
+                   header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS):
+    """A uvicorn server whose exit signal also starts draining the engine loop.
+
+    HTTP/1.1 through h11 always (never httptools, whatever is installed), with
+    a deadline on each request's headers (`read_timeouts.py`).
+    """
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -82,26 +96,50 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
+                            http=header_timeout_protocol(header_timeout_seconds),
                             timeout_graceful_shutdown=shutdown_grace_seconds + SHUTDOWN_BACKSTOP_SECONDS,
                             timeout_keep_alive=5)
     return DrainingServer(config)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), not yet listening (uvicorn listens on it); ValueError naming the flag."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT does not block a restart
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        flag = "--port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+        raise ValueError(f"{flag}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
-               log_level: str = "info") -> int:
-    """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load."""
-    server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop)
+               log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS) -> int:
+    """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load or the engine failed.
 
-    def exit_if_load_fails() -> None:
+    An engine failure shuts the server down like SIGTERM, except that every
+    in-flight request has already been answered with a 500.
+    """
+    listener = bind_listener(host, port)
+    server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop, header_timeout_seconds)
+
+    def exit_if_the_engine_fails() -> None:
         engine_loop.ready.wait()
-        if engine_loop.load_error is not None:
-            server.should_exit = True
+        if engine_loop.load_error is None:
+            engine_loop.failed.wait()
+        server.should_exit = True
 
-    threading.Thread(target=exit_if_load_fails, name="pagedinfer-load-watch", daemon=True).start()
+    threading.Thread(target=exit_if_the_engine_fails, name="pagedinfer-engine-watch", daemon=True).start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    server.run()
+    server.run(sockets=[listener])
     if engine_loop.load_error is not None:
         logger.error("the model could not be loaded: %s", engine_loop.load_error)
+        return 1
+    if engine_loop.engine_error is not None:
+        logger.error("exiting with status 1: the engine failed (%s)", type(engine_loop.engine_error).__name__)
         return 1
     return 0

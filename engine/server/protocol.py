@@ -86,6 +86,11 @@ class CompletionRequest(_SamplingFields):
     max_tokens: StrictInt | None = Field(default=16, ge=1)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
+    @field_validator("max_tokens")
+    @classmethod
+    def _null_max_tokens(cls, value: object, info: ValidationInfo) -> object:
+        return _default_if_null(cls, value, info)
+
     @model_validator(mode="after")
     def _check_num_prompts(self):
         num_prompts = len(self.prompts())

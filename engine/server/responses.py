@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from pagedinfer.engine.server.serving import Plan
+from pagedinfer.engine.server.token_bytes import token_bytes
 
 MISSING_LOGPROB = -9999.0  # OpenAI's stand-in for "not in the top-k"; JSON has no -inf
 
@@ -39,9 +40,10 @@ def _decoded(tokenizer: Any, token_id: int, entry: Any) -> str:
     return text if text is not None else tokenizer.decode([token_id])
 
 
-def _top_entries(tokenizer: Any, step: dict, k: int) -> list[tuple[str, float]]:
+def _top_entries(tokenizer: Any, step: dict, k: int) -> list[tuple[int, str, float]]:
+    """(token id, text, logprob) of the k most likely tokens of one step."""
     ranked = sorted(step.items(), key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 30))
-    return [(_decoded(tokenizer, token_id, entry), float(entry.logprob)) for token_id, entry in ranked[:k]]
+    return [(token_id, _decoded(tokenizer, token_id, entry), float(entry.logprob)) for token_id, entry in ranked[:k]]
 
 
 def completion_logprobs(tokenizer: Any, token_ids: list[int], steps: list[dict], k: int, text_offset: int) -> dict:
@@ -52,20 +54,22 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], steps: list[dict],
         text = _decoded(tokenizer, token_id, entry)
         tokens.append(text)
         token_logprobs.append(float(entry.logprob) if entry is not None else MISSING_LOGPROB)
-        tops.append(dict(_top_entries(tokenizer, step, k)) if k else {})
+        tops.append({t: lp for _, t, lp in _top_entries(tokenizer, step, k)} if k else {})
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def chat_logprobs(tokenizer: Any, token_ids: list[int], steps: list[dict], k: int) -> dict:
+    """OpenAI's chat logprobs; each `bytes` is the token's own bytes (token_bytes.py), also mid-character."""
     content = []
     for token_id, step in zip(token_ids, steps):
         entry = step.get(token_id)
         text = _decoded(tokenizer, token_id, entry)
-        top = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in _top_entries(tokenizer, step, k)]
+        top = [{"token": t, "logprob": lp, "bytes": list(token_bytes(tokenizer, top_id, t))}
+               for top_id, t, lp in _top_entries(tokenizer, step, k)]
         content.append({"token": text, "logprob": float(entry.logprob) if entry is not None else MISSING_LOGPROB,
-                        "bytes": list(text.encode("utf-8")), "top_logprobs": top})
+                        "bytes": list(token_bytes(tokenizer, token_id, text)), "top_logprobs": top})
     return {"content": content}
 
 

@@ -14,13 +14,20 @@ parameter:
   with a tokenizer's added tokens tokenizes to), prompt + max_tokens over
   max_model_len (400).
 
-Tokenization (and chat-template rendering) runs on one worker thread, with
-the server's own tokenizer (the engine thread has its own), so a 1 MiB prompt
-does not stall every other stream on the event loop. One thread keeps
-encoding serial, as it was on the loop; the event loop itself only decodes
-with the same tokenizer (logprobs). A fast tokenizer fails across threads
-only when one of them mutates it (truncation, padding, added tokens), and
-neither encode without truncation or padding nor decode does.
+A text prompt longer than max_model_len tokens can hold
+(`ModelInfo.max_prompt_chars`, from the tokenizer's bound on characters per
+token, `prompt_chars.py`) is refused by its length before it is tokenized:
+tokenizing a 1 MiB prompt only to refuse it took most of a second each, and
+eight of them held a 2-token request for 5.9 s. Chat messages are rendered
+first (a template may drop or add text), then checked the same way.
+
+Tokenization (and chat-template rendering) runs on a pool of
+`TOKENIZER_THREADS` worker threads, with the server's own tokenizer (the
+engine thread has its own): never on the event loop, and a long prompt being
+tokenized does not queue every short one behind it. The event loop itself
+only decodes with the same tokenizer (logprobs). A fast tokenizer fails
+across threads only when one of them mutates it (truncation, padding, added
+tokens); encode without truncation or padding and decode only read it.
 
 `Serving.submit(plan)` checks the waiting-queue limit (`admission.py`: 503
 to retry later, 400 when the request alone exceeds it) and adds the plan's
@@ -28,11 +35,17 @@ prompts to the engine loop, all without awaiting, so concurrent requests on
 the event loop are counted one after another and cannot all pass the check
 before any of them is queued. It returns a `Submission`.
 
-`Serving.outputs(submission)` yields `(prompt_index, RequestOutput)` as the
-engine produces them. Whatever ends the consumer (the client went away:
-starlette cancels the stream, or `watch_disconnect` for non-streaming; an
-error; shutdown), `Submission.abort_unfinished` runs and the engine frees
-the blocks of every prompt that has not finished at once.
+`Serving.outputs(submission)` yields, each time the engine has delivered
+something, everything delivered since the last time: a batch of
+`(prompt_index, RequestOutput)`. A stream writes each batch as one body
+chunk, so a request with many prompts (or n) costs one socket write per
+event-loop turn, not one per choice: once a client has reset its connection,
+asyncio drops every write until it reports the loss on the next turn, and
+logged "socket.send() raised exception." for each one from the fifth on.
+Whatever ends the consumer (the client went away: starlette cancels the
+stream, or `watch_disconnect` for non-streaming; an error; shutdown),
+`Submission.abort_unfinished` runs and the engine frees the blocks of every
+prompt that has not finished at once.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ from pagedinfer.engine.server.errors import ApiError, from_value_error
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 
 RETRY_AFTER_SECONDS = 1
+TOKENIZER_THREADS = 4  # prompts tokenized at once; more wait for a thread
 
 T = TypeVar("T")
 
@@ -101,13 +115,14 @@ class Serving:
     def __init__(self, engine_loop: EngineLoop, max_waiting_requests: int | None) -> None:
         self.engine_loop = engine_loop
         self.max_waiting_requests = max_waiting_requests
-        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedinfer-tokenize")
+        self._tokenizer_threads = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS,
+                                                     thread_name_prefix="pagedinfer-tokenize")
 
     def close(self) -> None:
-        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        self._tokenizer_threads.shutdown(wait=False, cancel_futures=True)
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, work)
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_threads, work)
 
     # ---- admission and validation ----
     def _admit(self, model: str) -> Any:
@@ -169,9 +184,19 @@ class Serving:
             raise from_value_error(exc) from None
 
     @staticmethod
+    def _check_chars(info: Any, text: str, param: str) -> None:
+        """400 when text is too long for max_model_len tokens whatever it tokenizes to (no tokenizing)."""
+        limit = info.max_prompt_chars
+        if limit is not None and len(text) > limit:
+            raise ApiError(400, f"{param}: {len(text)} characters, more than max_model_len ({info.max_model_len}) "
+                                f"tokens can hold with this tokenizer (at most {limit} characters)", param=param,
+                           code="context_length_exceeded")
+
+    @staticmethod
     def _tokenize(info: Any, prompt: str | list[int], param: str, add_special_tokens: bool) -> list[int]:
         """The prompt's token ids, each below info.num_token_ids (worker thread)."""
         if isinstance(prompt, str):
+            Serving._check_chars(info, prompt, param)
             _check_unicode(prompt, param)
             token_ids = info.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         else:
@@ -207,6 +232,9 @@ class Serving:
         info = self._admit(req.model)
         self._check_n(info, req.n)
         self._check_waiting_limit(len(req.prompts()), req.n)  # shed load before tokenizing; submit decides
+        for prompt in req.prompts():
+            if isinstance(prompt, str):
+                self._check_chars(info, prompt, "prompt")  # on the loop: refused without queueing for a thread
         prompts = await self._off_loop(
             lambda: [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()])
         max_tokens = self._check_lengths(info, prompts, req.max_tokens, "prompt")
@@ -253,16 +281,30 @@ class Serving:
             self.engine_loop.add(request_id, prompt, plan.params, plan.arrival_time, submission.sink)
         return submission
 
-    async def outputs(self, submission: Submission) -> AsyncIterator[tuple[int, Any]]:
-        """Yield (prompt index, RequestOutput) until every prompt finished; abort the rest on exit."""
+    async def outputs(self, submission: Submission) -> AsyncIterator[list[tuple[int, Any]]]:
+        """Yield batches of (prompt index, RequestOutput), all that is queued, until every prompt finished.
+
+        A failure is raised after the batch of outputs queued before it; the
+        unfinished prompts are aborted however the consumer stops.
+        """
+        queue = submission.sink.queue
         try:
             while submission.unfinished:
-                item = await submission.sink.queue.get()
-                if isinstance(item, RequestFailed):
-                    raise item
-                if item.finished:
-                    submission.unfinished.discard(item.request_id)
-                yield submission.index_of[item.request_id], item
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                batch, failure = [], None
+                for item in items:
+                    if isinstance(item, RequestFailed):
+                        failure = item
+                        break
+                    if item.finished:
+                        submission.unfinished.discard(item.request_id)
+                    batch.append((submission.index_of[item.request_id], item))
+                if batch:
+                    yield batch
+                if failure is not None:
+                    raise failure
         finally:
             submission.abort_unfinished()
 
@@ -280,11 +322,12 @@ class Serving:
                     await asyncio.gather(step, return_exceptions=True)
                     raise ClientDisconnected()
                 try:
-                    index, output = step.result()
+                    batch = step.result()
                 except StopAsyncIteration:
                     return finals
-                if output.finished:
-                    finals[index] = output
+                for index, output in batch:
+                    if output.finished:
+                        finals[index] = output
         finally:
             disconnect.cancel()
             await stream.aclose()

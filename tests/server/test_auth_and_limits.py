@@ -45,6 +45,14 @@ def test_the_right_key_is_accepted_and_checked_before_the_body(keyed_server):
     assert r.status_code == 401  # unauthenticated clients learn nothing about body parsing
 
 
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/redoc"])
+def test_the_api_description_needs_the_key(keyed_server, path):
+    refused = httpx.get(keyed_server.url + path)
+    assert refused.status_code == 401, refused.text[:200]
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(keyed_server.url + path, headers=keyed_server.headers()).status_code == 200
+
+
 def test_health_metrics_and_version_stay_open(keyed_server):
     assert httpx.get(keyed_server.url + "/health").status_code == 200
     assert httpx.get(keyed_server.url + "/metrics").status_code == 200

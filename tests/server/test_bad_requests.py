@@ -161,6 +161,14 @@ def test_vllms_spellings_of_no_top_k_are_accepted(server, top_k):
     assert r.status_code == 200, r.text
 
 
+def test_null_max_tokens_of_a_completion_is_the_default_16(server):
+    """OpenAI's completions default max_tokens to 16; null means that default, not max_model_len."""
+    r = httpx.post(server.url + COMPLETIONS, json=ok_completion(max_tokens=None, ignore_eos=True), timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_null_stream_flags_mean_their_defaults(server):
     body = ok_completion(stream=True, stream_options={"include_usage": None})
     with httpx.stream("POST", server.url + COMPLETIONS, json=body, timeout=30) as r:

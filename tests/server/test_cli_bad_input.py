@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,10 @@ BAD_INVOCATIONS = [
     ("serve-negative-body-limit", ["serve", "--max-request-body-bytes", "-1"], "--max-request-body-bytes"),
     ("serve-negative-grace", ["serve", "--shutdown-grace-seconds", "-1"], "--shutdown-grace-seconds"),
     ("serve-nan-grace", ["serve", "--shutdown-grace-seconds", "nan"], "--shutdown-grace-seconds"),
+    ("serve-zero-header-timeout", ["serve", "--request-header-timeout-seconds", "0"],
+     "--request-header-timeout-seconds"),
+    ("serve-infinite-body-timeout", ["serve", "--request-body-timeout-seconds", "inf"],
+     "--request-body-timeout-seconds"),
     ("bench-nothing-listening", ["bench", "serve", "--url", "http://127.0.0.1:1", "--no-progress"], "--url"),
     ("bench-not-a-url", ["bench", "serve", "--url", "notaurl", "--no-progress"], "--url"),
     ("bench-url-bad-port", ["bench", "serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "--url"),
@@ -43,6 +48,22 @@ def test_bad_flag_exits_2_naming_it_without_a_traceback(argv, flag):
     assert "Traceback" not in proc.stderr + proc.stdout
     last_line = proc.stderr.strip().splitlines()[-1]
     assert flag in last_line and "error" in last_line, proc.stderr
+
+
+def test_serve_on_a_port_in_use_exits_2_naming_it_before_loading_the_model(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PAGEDINFER_API_KEY", None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([str(CLI), "serve", "--port", str(port), "--device", "cpu", "--log-level", "debug"],
+                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert "--port" in last_line and str(port) in last_line and "in use" in last_line, proc.stderr[-2000:]
+    assert "engine ready" not in proc.stderr and "Loading" not in proc.stderr  # the model was never loaded
 
 
 def test_no_parser_takes_an_abbreviated_flag():

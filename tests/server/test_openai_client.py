@@ -121,7 +121,10 @@ def test_chat_logprobs_follow_the_chat_schema(openai_client, server):
     for item in content:
         assert len(item.top_logprobs) == 2
         assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
-        assert item.bytes == list(item.token.encode("utf-8"))
+        if "\ufffd" in item.token:  # part of a character: the token's own byte (test_token_bytes.py)
+            assert len(item.bytes) == 1 and item.bytes[0] >= 0x80
+        else:
+            assert item.bytes == list(item.token.encode("utf-8"))
 
 
 def test_repeated_prefix_reports_cached_tokens(openai_client, server):

@@ -49,6 +49,7 @@ class RunningServer:
 
 def start_server(model_dir, *, api_key: str | None = None, served_model_name: str = "tiny",
                  max_waiting_requests: int | None = None, max_request_body_bytes: int = 1 << 20,
+                 header_timeout_seconds: float | None = None, body_timeout_seconds: float | None = None,
                  **engine_overrides) -> RunningServer:
     from pagedinfer.engine import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings
@@ -57,15 +58,17 @@ def start_server(model_dir, *, api_key: str | None = None, served_model_name: st
     engine_kwargs = dict(model=str(model_dir), device="cpu", max_model_len=256, num_gpu_blocks_override=128,
                          block_size=16)
     engine_kwargs.update(engine_overrides)
+    timeouts = {} if body_timeout_seconds is None else {"body_timeout_seconds": body_timeout_seconds}
     settings = ServerSettings(api_key=api_key, max_waiting_requests=max_waiting_requests,
-                              max_request_body_bytes=max_request_body_bytes)
+                              max_request_body_bytes=max_request_body_bytes, **timeouts)
     app, loop = build_app(EngineConfig(**engine_kwargs), settings, served_model_name)
-    running = serve_app(app, loop, served_model_name, api_key)
+    running = serve_app(app, loop, served_model_name, api_key, header_timeout_seconds)
     wait_healthy(running)
     return running
 
 
-def serve_app(app, loop, served_model_name: str = "tiny", api_key: str | None = None) -> RunningServer:
+def serve_app(app, loop, served_model_name: str = "tiny", api_key: str | None = None,
+              header_timeout_seconds: float | None = None) -> RunningServer:
     """Run uvicorn for `app` on a free 127.0.0.1 port in a daemon thread."""
     from pagedinfer.engine.server.launcher import uvicorn_server
 
@@ -73,7 +76,8 @@ def serve_app(app, loop, served_model_name: str = "tiny", api_key: str | None = 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn_server(app, "127.0.0.1", port, shutdown_grace_seconds=5.0, log_level="warning")
+    timeouts = {} if header_timeout_seconds is None else {"header_timeout_seconds": header_timeout_seconds}
+    server = uvicorn_server(app, "127.0.0.1", port, shutdown_grace_seconds=5.0, log_level="warning", **timeouts)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     running = RunningServer(f"http://127.0.0.1:{port}", served_model_name, loop, server, api_key)

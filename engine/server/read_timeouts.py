@@ -1,0 +1,85 @@
+"""Deadlines on reading a request: their defaults, and uvicorn's h11 protocol with the headers' deadline.
+
+Importing this module imports neither uvicorn nor FastAPI, so `pagedinfer
+serve`'s parser can show the defaults where only the operator extra is
+installed.
+
+uvicorn bounds the idle time between requests on a kept-alive connection
+(`timeout_keep_alive`) and h11 bounds the headers' size
+(`h11_max_incomplete_event_size`, 16 KiB), but nothing bounds the time a
+client takes to send them: a connection that trickles one header byte every
+few seconds is held forever, and a few hundred of them hold the server's
+connections and memory (slowloris). The body has its own deadline, enforced
+in `body_limit.py`, since by then the ASGI app is running.
+
+The deadline starts when the connection opens and again when the first bytes
+of a later request on it arrive, and ends when h11 has parsed the request
+line and headers (the client's state leaves IDLE). If it passes first, the
+client gets a 408 in OpenAI's error shape with `Connection: close` (written
+raw: h11 only sends a response to a request it has parsed) and the connection
+is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0  # the request line and headers, from the connection or the request's first byte
+DEFAULT_BODY_TIMEOUT_SECONDS = 30.0  # the whole body, from the end of the headers (1 MiB at 35 KB/s)
+
+
+def request_timeout_bytes(message: str) -> bytes:
+    """A complete HTTP/1.1 408 response whose body is OpenAI's error shape."""
+    from pagedinfer.engine.server.errors import error_body
+
+    body = json.dumps(error_body(408, message, code="request_timeout"), separators=(",", ":")).encode("ascii")
+    head = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n\r\n")
+    return head + body
+
+
+def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Protocol]:
+    """An H11Protocol class (uvicorn's `http=` setting) whose requests must send headers within the deadline."""
+    if not header_timeout_seconds > 0:
+        raise ValueError(f"header_timeout_seconds: must be > 0, got {header_timeout_seconds}")
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    refusal = request_timeout_bytes(f"request headers: not received within {header_timeout_seconds:g} seconds")
+
+    class HeaderTimeoutH11Protocol(H11Protocol):
+        _header_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._disarm_header_deadline()  # the headers are in (or the connection is done)
+            elif self._header_deadline is None and not self.transport.is_closing():
+                self._arm_header_deadline()  # a later request on a kept-alive connection has begun
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_deadline()
+            super().connection_lost(exc)
+
+        def _arm_header_deadline(self) -> None:
+            self._header_deadline = self.loop.call_later(header_timeout_seconds, self._header_deadline_passed)
+
+        def _disarm_header_deadline(self) -> None:
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
+                self._header_deadline = None
+
+        def _header_deadline_passed(self) -> None:
+            self._header_deadline = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            self.transport.write(refusal)
+            self.transport.close()
+
+    return HeaderTimeoutH11Protocol
