@@ -80,7 +80,7 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
 
 def autoscaling_enabled(spec: InferenceServiceSpec) -> bool:
     """Whether the autoscaler owns spec.replicas (the daemon in autoscaling_handlers runs)."""
-    return isinstance(spec.autoscaling, Mapping) and spec.autoscaling.get("enabled") is True
+    return spec.autoscaling is not None and spec.autoscaling.enabled
 
 
 async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], logger: Any,

@@ -5,7 +5,9 @@ the operator acts on. It checks everything the CRD's OpenAPI schema and CEL
 rules check (not every cluster enforces them: validation webhooks can be
 off, `kubectl apply --validate=false` exists, old API servers skip CEL), and
 raises `SpecError` (a ValueError) listing every problem, each prefixed by
-the dotted path of the field (`spec.engine.blockSize: ...`).
+the dotted path of the field (`spec.engine.blockSize: ...`). That includes
+every rule of `spec.autoscaling` (`autoscaling_spec.parse_autoscaling_spec`,
+the parse the autoscaler itself runs): a spec it would refuse is invalid.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pagedinfer.operator.crd_model import (
     _HF_REPO,
     _QUANTITY,
 )
-from pagedinfer.operator.autoscaling_spec import prefix_caching_conflict
+from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
 from pagedinfer.operator.quantity import quantity_bytes
 
 
@@ -346,11 +348,11 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
     max_replicas = r.integer(raw, "maxReplicas", "spec", None, minimum=1)
     if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
         r.fail("spec.minReplicas", f"must be <= maxReplicas ({max_replicas}), got {min_replicas}")
-    autoscaling = raw.get("autoscaling")
-    if autoscaling is not None and not isinstance(autoscaling, Mapping):
-        r.fail("spec.autoscaling", "must be an object")
-    if (conflict := prefix_caching_conflict(raw)) is not None:
-        r.fail("spec.autoscaling.metrics", conflict)
+    autoscaling: AutoscalingSpec | None = None
+    try:
+        autoscaling = parse_autoscaling_spec(raw, bounds_checked=True)
+    except AutoscalingSpecError as exc:
+        r.problems.extend(exc.problems)
     if engine.tensor_parallel_size > ENGINE_MAX_TENSOR_PARALLEL_SIZE:
         r.fail("spec.engine.tensorParallelSize",
                f"the pagedinfer engine runs one GPU per replica for now; must be"
