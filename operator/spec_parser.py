@@ -45,6 +45,12 @@ from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, AutoscalingSpe
 from pagedinfer.operator.quantity import quantity_bytes
 
 
+# spec.model.architecture's fields and the config.json fields whose bounds (sizing) they share.
+ARCHITECTURE_FIELDS = {"numLayers": "num_hidden_layers", "numKVHeads": "num_key_value_heads", "headDim": "head_dim",
+                       "numParameters": "num_parameters", "hiddenSize": "hidden_size",
+                       "maxPositionEmbeddings": "max_position_embeddings"}
+
+
 class _Reader:
     """Typed field access that records problems instead of stopping at the first one."""
 
@@ -166,9 +172,8 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
         for key in ("numLayers", "numKVHeads", "headDim", "numParameters"):
             if key not in arch:
                 r.fail(f"{apath}.{key}", "is required")
-        values = {key: r.integer(arch, key, apath, None, minimum=1)
-                  for key in ("numLayers", "numKVHeads", "headDim", "numParameters", "hiddenSize",
-                              "maxPositionEmbeddings")}
+        values = {key: r.integer(arch, key, apath, None, minimum=1, maximum=sizing.CONFIG_FIELD_BOUNDS[field])
+                  for key, field in ARCHITECTURE_FIELDS.items()}
         if all(values[k] is not None for k in ("numLayers", "numKVHeads", "headDim", "numParameters")):
             architecture = Architecture(
                 num_layers=values["numLayers"], num_kv_heads=values["numKVHeads"], head_dim=values["headDim"],

@@ -197,3 +197,12 @@ def test_a_valid_autoscaling_spec_is_parsed_once_for_the_reconciler():
     spec = parse_spec("svc", {"maxReplicas": 4, "autoscaling": AUTOSCALING_ON})
     assert spec.autoscaling.enabled and spec.autoscaling.max_replicas == 4
     assert parse_spec("svc", {}).autoscaling.enabled is False
+
+
+@pytest.mark.parametrize("key, value", [("numLayers", 10_001), ("headDim", 2**16 + 1),
+                                        ("numParameters", 10**15 + 1), ("maxPositionEmbeddings", 2**32 + 1)])
+def test_architecture_fields_have_the_bounds_of_the_config_fields_they_stand_for(key, value):
+    """Beyond them sizing would refuse the shape; the spec is refused first, naming the field."""
+    with pytest.raises(SpecError) as info:
+        parse_spec("svc", {"model": {"architecture": {**ARCH, key: value}}})
+    assert any(p.startswith(f"spec.model.architecture.{key}: must be <=") for p in info.value.problems)
