@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from kube_emulator import KubeEmulator  # noqa: E402
-from operator_harness import (DEPLOYMENTS, FAST_CONFIG, ISVC, NODES, SERVICES, add_gpu_node, inference_service,  # noqa: E402
+from operator_harness import (DEPLOYMENTS, ISVC, NODES, SERVICES, add_gpu_node, inference_service,  # noqa: E402
                               running_operator, serving_emulator, write_kubeconfig)
 
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}

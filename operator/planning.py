@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pagedinfer.engine import sizing
 from pagedinfer.operator.crd_model import Architecture, InferenceServiceSpec
