@@ -6,12 +6,13 @@ the operator does not retry on its own: fixing the ConfigMap (or the spec) sizes
 """
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 
-from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, condition, eventually, inference_service,
-                              isvc_of, reconciles, running_operator)
+from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, FAST_CONFIG, ISVC, condition, eventually,
+                              inference_service, isvc_of, reconciles, running_operator)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,8 +69,9 @@ async def test_a_bad_config_map_is_named_counted_and_fixed_by_editing_it(emulato
 
 
 async def test_a_config_map_created_after_the_service_sizes_it(emulator):
-    """ModelConfigUnavailable (no ConfigMap yet) is sized as soon as the ConfigMap appears."""
-    async with running_operator():
+    """ModelConfigUnavailable (no ConfigMap yet) is sized as soon as the ConfigMap appears, not at the next
+    retry (set here far beyond the test's timeout)."""
+    async with running_operator(dataclasses.replace(FAST_CONFIG, no_nodes_retry_seconds=3600)):
         await emulator.create(ISVC, inference_service("llama", SPEC))
         await eventually(lambda: condition(isvc_of(emulator), "Sized")["reason"] == "ModelConfigUnavailable")
         await emulator.create(CONFIGMAPS, config_map(json.dumps(GOOD)))
