@@ -289,7 +289,8 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
     scale_down = _collect(problems, lambda: _rules("scaleDown", raw.get("scaleDown"), DEFAULT_SCALE_DOWN),
                           DEFAULT_SCALE_DOWN)
     parsed = _collect(problems, lambda: AutoscalingSpec(
-        enabled=enabled,
+        # with a metric already reported bad, "enabled needs a metric" would only repeat it
+        enabled=False if enabled is True and len(metrics) < len(metrics_raw) else enabled,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         metrics=tuple(metrics),

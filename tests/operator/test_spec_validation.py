@@ -191,6 +191,7 @@ def test_every_problem_of_the_whole_spec_is_listed_at_once():
     for field in expected:
         assert sum(field in p for p in info.value.problems) >= 1, (field, info.value.problems)
     assert sum("maxReplicas" in p or "minReplicas" in p for p in info.value.problems) == 1  # named once
+    assert not any("at least one metric" in p for p in info.value.problems)  # the bad ones are named instead
 
 
 def test_a_valid_autoscaling_spec_is_parsed_once_for_the_reconciler():
