@@ -1,7 +1,10 @@
 """`pagedinfer plan`: the KV-cache plan for a model on a GPU, without a GPU.
 
 Uses exactly the sizing functions the operator uses, so both print the same
-num_gpu_blocks for the same inputs.
+num_gpu_blocks for the same inputs, and the dtype the engine itself picks on
+`--device` (`sizing.resolve_dtype`). `--device cpu` plans a CPU engine:
+`--gpu-memory` is then its --cpu-memory-budget, and the activation reserve
+is the one the engine estimates on a CPU.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import argparse
 import json
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.config import DTYPES
 from pagedinfer.engine.hf_config import load_hf_config
 
 
@@ -33,16 +37,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="token budget of one step; sets the activation reserve (default 2048)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence that must fit (default: the model's max_position_embeddings)")
-    p.add_argument("--dtype", default="auto", help="weight/KV dtype (default: the config's torch_dtype)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weight/KV dtype (default auto: the config's torch_dtype; if it names none, bfloat16 on a"
+                        " GPU and float32 on a CPU; a float16 model runs in float32 on a CPU)")
+    p.add_argument("--device", default="cuda", choices=sizing.DEVICE_TYPES,
+                   help="where the engine runs (default cuda); decides dtype auto, and with cpu --gpu-memory is"
+                        " the engine's --cpu-memory-budget")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = sizing.ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype)
+    shape = sizing.ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype,
+                                             device=args.device)
+    cpu_reserve = None
+    if args.device == "cpu":
+        cpu_reserve = sizing.estimate_activation_reserve_bytes(shape, args.max_num_batched_tokens, "cpu")
     result = sizing.plan_kv_cache(sizing.SizingInputs(
         shape=shape,
         gpu_memory_bytes=sizing.parse_bytes(args.gpu_memory, name="--gpu-memory"),
+        activation_reserve_bytes=cpu_reserve,
         gpu_memory_utilization=args.gpu_memory_utilization,
         block_size=args.block_size,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass
 
 from pagedinfer.engine.host_memory import available_host_memory
-from pagedinfer.engine.sizing import VALID_BLOCK_SIZES
+from pagedinfer.engine.sizing import ENGINE_DTYPES, VALID_BLOCK_SIZES
 
 PREEMPTION_MODES = ("recompute", "swap")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", *ENGINE_DTYPES)
 DEVICES = ("auto", "cpu", "cuda")
 
 

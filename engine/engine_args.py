@@ -39,7 +39,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = True) -> 
     g.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
                    help="when the pool runs out: recompute (free and redo) or swap (to host memory)")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="weight and KV dtype (default auto: the config's, float32 on CPU for float16 models)")
+                   help="weight and KV dtype (default auto: the config's torch_dtype; if it names none, bfloat16"
+                        " on a GPU and float32 on a CPU; a float16 model runs in float32 on a CPU)")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default auto")
     g.add_argument("--cpu-memory-budget", default="2GiB",
                    help="on CPU, the memory the engine treats as its device memory (default 2GiB)")

@@ -37,14 +37,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, model_config: dict, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return getattr(torch, name)
-    cfg = model_config.get("text_config") or model_config
-    declared = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-    dtype = getattr(torch, declared.removeprefix("torch."), torch.float32)
-    if device.type == "cpu" and dtype == torch.float16:
-        return torch.float32  # float16 matmuls are slow on CPUs
-    return dtype
+    """`sizing.resolve_dtype`'s answer (the one `plan` and the operator size with) as a torch dtype."""
+    return getattr(torch, sizing.resolve_dtype(name, model_config, device.type))
 
 
 def _rope_types(rope: object) -> list[str]:
@@ -120,8 +114,7 @@ class ModelRunner:
             reserve = self._profile_cuda_activation_bytes(max_model_len)
         else:
             total_bytes = self.config.cpu_memory_budget_bytes
-            reserve = sizing.estimate_activation_reserve_bytes(shape, self.config.max_num_batched_tokens) \
-                - sizing.FIXED_OVERHEAD_BYTES
+            reserve = sizing.estimate_activation_reserve_bytes(shape, self.config.max_num_batched_tokens, "cpu")
         return sizing.plan_kv_cache(sizing.SizingInputs(
             shape=shape, gpu_memory_bytes=total_bytes,
             gpu_memory_utilization=self.config.gpu_memory_utilization, block_size=self.block_size,

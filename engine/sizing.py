@@ -19,6 +19,13 @@ Known answer: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, bf16) needs
 The activation reserve is measured by the engine's profiling pass when one
 ran; otherwise (operator, `plan`) it is estimated by
 `estimate_activation_reserve_bytes`, which grows with max_num_batched_tokens.
+
+The dtype (weights, activations and KV cache alike) is `resolve_dtype`'s
+answer for the device the engine runs on; the engine maps it to a torch
+dtype, so the three callers size the same pool. A config.json is read once,
+by `ModelShape.from_hf_config`, which checks every shape field it uses is an
+integer in [1, its bound in CONFIG_FIELD_BOUNDS] and raises
+`InvalidModelConfigError` naming the field and its value otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +36,28 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 VALID_BLOCK_SIZES = (8, 16, 32, 64, 128)
+DEVICE_TYPES = ("cpu", "cuda")
+# The dtypes the engine runs a model in (EngineConfig's --dtype choices besides auto).
+ENGINE_DTYPES = ("float32", "float16", "bfloat16")
+# What dtype auto means when config.json names none: bfloat16 on a GPU (as vLLM and
+# every recent checkpoint); float32 on a CPU, where half-precision matmuls are slow.
+DEFAULT_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
+# No GPU, MIG slice or CPU budget is larger than this (1 PiB): a bigger size is a typo.
+MAX_MEMORY_BYTES = 2**50
+# Upper bounds of the config.json fields sizing reads. Far above any published model
+# (about 200 layers, 128 heads, hidden 32k, vocab 256k, 10M positions), low enough that
+# a typo such as 1e9 layers is caught instead of sizing nonsense.
+CONFIG_FIELD_BOUNDS = {
+    "num_hidden_layers": 10_000,
+    "hidden_size": 2**20,
+    "num_attention_heads": 2**16,
+    "num_key_value_heads": 2**16,
+    "head_dim": 2**16,
+    "intermediate_size": 2**24,
+    "vocab_size": 2**24,
+    "max_position_embeddings": 2**32,
+    "num_parameters": 10**15,
+}
 
 _DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
@@ -57,18 +86,29 @@ class InsufficientMemoryError(ValueError):
     """Raised when no KV block, or not one max_model_len sequence, fits."""
 
 
+class InvalidModelConfigError(ValueError):
+    """A config.json that cannot describe a model; `field` and `value` say which entry and what it held."""
+
+    def __init__(self, field: str, value: Any, expected: str) -> None:
+        got = "" if value is None else f", got {value!r}"
+        super().__init__(f"config.json: {field} {expected}{got}")
+        self.field, self.value = field, value
+
+
 def parse_bytes(value: str | int | float, *, name: str = "memory") -> int:
     """Parse '80GiB', '81559Mi', '80G', '1.5e9' or a number of bytes."""
     if isinstance(value, bool):
         raise ValueError(f"{name}: expected a size such as '80GiB', got {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0 or not math.isfinite(value):
-            raise ValueError(f"{name}: must be a finite size >= 0, got {value!r}")
-        return int(value)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"{name}: cannot parse {value!r} as a size (examples: 80GiB, 81559Mi, 40G)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        size = float(value)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"{name}: cannot parse {value!r} as a size (examples: 80GiB, 81559Mi, 40G)")
+        size = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not 0 <= size <= MAX_MEMORY_BYTES:  # also refuses nan and inf
+        raise ValueError(f"{name}: must be a size from 0 to 1PiB, got {value!r}")
+    return int(size)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -79,9 +119,65 @@ def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES[key]
 
 
-def _positive_int(name: str, value: Any) -> int:
+def resolve_dtype(requested: str, config: Mapping[str, Any], device: str) -> str:
+    """The dtype the engine runs a model in on `device` ("cpu" or "cuda"): one of ENGINE_DTYPES.
+
+    An explicit `requested` dtype wins. For "auto": the config's `torch_dtype`
+    (or `dtype`, its newer name; a multimodal config's `text_config` first),
+    else DEFAULT_DTYPE[device]; on a CPU float16 becomes float32 (slow there).
+    The engine, `pagedinfer plan` and the operator all call this, so they size
+    the same pool. Raises InvalidModelConfigError for a dtype the engine cannot run.
+    """
+    if device not in DEVICE_TYPES:
+        raise ValueError(f"device: must be one of {DEVICE_TYPES}, got {device!r}")
+    if requested != "auto":
+        if requested not in ENGINE_DTYPES:
+            raise ValueError(f"dtype: must be auto or one of {ENGINE_DTYPES}, got {requested!r}")
+        return requested
+    field, declared = None, None
+    for cfg in (_text_config(config), config):
+        field = next((key for key in ("torch_dtype", "dtype") if cfg.get(key) is not None), None)
+        if field is not None:
+            declared = cfg[field]
+            break
+    if field is None:
+        return DEFAULT_DTYPE[device]
+    name = declared.removeprefix("torch.") if isinstance(declared, str) else None
+    if name not in ENGINE_DTYPES:
+        raise InvalidModelConfigError(field, declared, f"must be one of {', '.join(ENGINE_DTYPES)}")
+    return "float32" if device == "cpu" and name == "float16" else name
+
+
+def _text_config(config: Any) -> Mapping[str, Any]:
+    """The dict holding the language model's fields: `text_config` when there is one, else `config`."""
+    if not isinstance(config, Mapping):
+        raise InvalidModelConfigError("config.json", type(config).__name__, "must hold a JSON object")
+    text = config.get("text_config")
+    if text is None:
+        return config
+    if not isinstance(text, Mapping):
+        raise InvalidModelConfigError("text_config", text, "must be an object")
+    return text
+
+
+def _config_int(cfg: Mapping[str, Any], field: str, default: int | None = None) -> int:
+    """cfg[field] (default when absent or null) as an integer in [1, CONFIG_FIELD_BOUNDS[field]]."""
+    value = cfg.get(field)
+    if value is None:
+        if default is None:
+            raise InvalidModelConfigError(field, None, "is required")
+        return default
+    maximum = CONFIG_FIELD_BOUNDS[field]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise InvalidModelConfigError(field, value, f"must be an integer from 1 to {maximum}")
+    return value
+
+
+def _positive_int(name: str, value: Any, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: must be at most {maximum}, got {value!r}")
     return value
 
 
@@ -98,13 +194,16 @@ class ModelShape:
     max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("num_layers", self.num_layers)
-        _positive_int("num_kv_heads", self.num_kv_heads)
-        _positive_int("head_dim", self.head_dim)
-        _positive_int("num_parameters", self.num_parameters)
+        bounds = CONFIG_FIELD_BOUNDS
+        _positive_int("num_layers", self.num_layers, bounds["num_hidden_layers"])
+        _positive_int("num_kv_heads", self.num_kv_heads, bounds["num_key_value_heads"])
+        _positive_int("head_dim", self.head_dim, bounds["head_dim"])
+        _positive_int("num_parameters", self.num_parameters, bounds["num_parameters"])
         dtype_bytes(self.dtype)
         if self.hidden_size is not None:
-            _positive_int("hidden_size", self.hidden_size)
+            _positive_int("hidden_size", self.hidden_size, bounds["hidden_size"])
+        if self.max_position_embeddings is not None:
+            _positive_int("max_position_embeddings", self.max_position_embeddings, bounds["max_position_embeddings"])
 
     @property
     def dtype_bytes(self) -> int:
@@ -118,38 +217,42 @@ class ModelShape:
         return max(1, int(math.sqrt(self.num_parameters / (12 * self.num_layers))))
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any], dtype: str | None = None) -> "ModelShape":
-        """Build from a Hugging Face config.json (as a dict).
+    def from_hf_config(cls, config: Mapping[str, Any], dtype: str = "auto", device: str = "cuda") -> "ModelShape":
+        """Build from a Hugging Face config.json (as parsed), for an engine on `device`.
 
-        The parameter count is computed for a Llama-style decoder (attention,
-        gated MLP, norms, embeddings) when the config does not state one.
+        Every field read is checked (`_config_int`); InvalidModelConfigError
+        names the first bad one. The dtype is `resolve_dtype(dtype, config,
+        device)`. The parameter count is computed for a Llama-style decoder
+        (attention, gated MLP, norms, embeddings) when the config states none.
         """
-        cfg = dict(config.get("text_config") or config)
-        try:
-            layers = int(cfg["num_hidden_layers"])
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-        except KeyError as exc:
-            raise ValueError(f"config.json: missing field {exc.args[0]!r}") from None
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        cfg = _text_config(config)
+        layers = _config_int(cfg, "num_hidden_layers")
+        hidden = _config_int(cfg, "hidden_size")
+        heads = _config_int(cfg, "num_attention_heads")
+        kv_heads = _config_int(cfg, "num_key_value_heads", heads)
+        if cfg.get("head_dim") is None and hidden < heads:
+            raise InvalidModelConfigError("num_attention_heads", heads,
+                                          f"must be at most hidden_size ({hidden}) when head_dim is not set")
+        head_dim = _config_int(cfg, "head_dim", hidden // heads)
         num_parameters = cfg.get("num_parameters")
         if num_parameters is None:
-            vocab = int(cfg.get("vocab_size", 32000))
-            inter = int(cfg.get("intermediate_size", 4 * hidden))
+            vocab = _config_int(cfg, "vocab_size", 32000)
+            inter = _config_int(cfg, "intermediate_size", 4 * hidden)
             attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
             per_layer = attn + 3 * hidden * inter + 2 * hidden
             embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
             num_parameters = layers * per_layer + embed + hidden
-        chosen = dtype if dtype not in (None, "auto") else (cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        else:
+            num_parameters = _config_int(cfg, "num_parameters")
+        max_positions = cfg.get("max_position_embeddings")
         return cls(
             num_layers=layers,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            num_parameters=int(num_parameters),
-            dtype=str(chosen),
+            num_parameters=num_parameters,
+            dtype=resolve_dtype(dtype, config, device),
             hidden_size=hidden,
-            max_position_embeddings=cfg.get("max_position_embeddings"),
+            max_position_embeddings=None if max_positions is None else _config_int(cfg, "max_position_embeddings"),
         )
 
 
@@ -183,15 +286,19 @@ def weight_bytes_per_gpu(shape: ModelShape, tensor_parallel_size: int = 1) -> in
     return -(-shape.num_parameters * shape.dtype_bytes // tensor_parallel_size)
 
 
-def estimate_activation_reserve_bytes(shape: ModelShape, max_num_batched_tokens: int) -> int:
-    """Activation memory to keep free: a fixed overhead plus a per-token term.
+def estimate_activation_reserve_bytes(shape: ModelShape, max_num_batched_tokens: int, device: str = "cuda") -> int:
+    """Activation memory to keep free: a fixed overhead (on a GPU only) plus a per-token term.
 
-    per token = ACTIVATION_HIDDEN_MULTIPLE x hidden_size x dtype_bytes; the
-    engine replaces this estimate with a measured peak when it can profile.
+    per token = ACTIVATION_HIDDEN_MULTIPLE x hidden_size x dtype_bytes; on a
+    GPU the engine replaces this estimate with a measured peak. A CPU engine
+    has no CUDA context or workspaces: its runtime lives outside its budget.
     """
     _positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    if device not in DEVICE_TYPES:
+        raise ValueError(f"device: must be one of {DEVICE_TYPES}, got {device!r}")
     per_token = ACTIVATION_HIDDEN_MULTIPLE * shape.estimated_hidden_size * shape.dtype_bytes
-    return FIXED_OVERHEAD_BYTES + max_num_batched_tokens * per_token
+    fixed = FIXED_OVERHEAD_BYTES if device == "cuda" else 0
+    return fixed + max_num_batched_tokens * per_token
 
 
 @dataclass(frozen=True)

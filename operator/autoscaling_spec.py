@@ -27,7 +27,11 @@ Metric names and their direction:
   request); above target scales up. Target > 0.
 
 Every constructor validates and raises ValueError naming the offending field
-(dotted path under `spec.autoscaling`).
+(dotted path under `spec.autoscaling`). `parse_autoscaling_spec` reads the
+whole of `spec.autoscaling` and raises AutoscalingSpecError listing every
+problem at once; `spec_parser.parse_spec` calls it, so a spec the autoscaler
+would refuse is Valid=False InvalidSpec, and the autoscaler's daemon calls it
+too: both apply the same rules.
 """
 
 from __future__ import annotations
@@ -49,6 +53,14 @@ POLICY_TYPES = ("Pods", "Percent")
 SELECT_POLICIES = ("Max", "Min", "Disabled")
 SOURCE_TYPES = ("direct", "prometheus")
 MAX_WINDOW_SECONDS = 3600
+
+
+class AutoscalingSpecError(ValueError):
+    """Every problem found in `spec.autoscaling` (and the bounds it reads), each naming its field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 def _is_int(x: Any) -> bool:
@@ -107,13 +119,16 @@ class ScalingRules:
     select_policy: str = "Max"
 
     def __post_init__(self) -> None:
+        problems = []
         w = self.stabilization_window_seconds
         if not _is_finite_number(w) or not 0 <= w <= MAX_WINDOW_SECONDS:
-            raise ValueError(f"stabilizationWindowSeconds must be in [0, {MAX_WINDOW_SECONDS}], got {w!r}")
+            problems.append(f"stabilizationWindowSeconds must be in [0, {MAX_WINDOW_SECONDS}], got {w!r}")
         if not self.policies:
-            raise ValueError("policies must list at least one policy")
+            problems.append("policies must list at least one policy")
         if self.select_policy not in SELECT_POLICIES:
-            raise ValueError(f"selectPolicy must be one of {', '.join(SELECT_POLICIES)}, got {self.select_policy!r}")
+            problems.append(f"selectPolicy must be one of {', '.join(SELECT_POLICIES)}, got {self.select_policy!r}")
+        if problems:
+            raise AutoscalingSpecError(problems)
 
     @property
     def longest_period_seconds(self) -> int:
@@ -156,36 +171,37 @@ class AutoscalingSpec:
     scrape_concurrency: int = 8
 
     def __post_init__(self) -> None:
+        if problems := self.problems():
+            raise AutoscalingSpecError(problems)
+
+    def problems(self) -> list[str]:
+        """Every rule of the top-level fields this spec breaks (the parts check themselves)."""
+        out = []
         if not isinstance(self.enabled, bool):
-            raise ValueError(f"spec.autoscaling.enabled must be a boolean, got {self.enabled!r}")
+            out.append(f"spec.autoscaling.enabled must be a boolean, got {self.enabled!r}")
         if not _is_int(self.min_replicas) or self.min_replicas < 1:
-            raise ValueError(f"minReplicas must be an integer >= 1, got {self.min_replicas!r}")
-        if not _is_int(self.max_replicas) or self.max_replicas < self.min_replicas:
-            raise ValueError(
-                f"maxReplicas must be an integer >= minReplicas ({self.min_replicas}), "
-                f"got {self.max_replicas!r}"
-            )
-        if self.enabled and not self.metrics:
-            raise ValueError("spec.autoscaling.metrics must list at least one metric when enabled")
+            out.append(f"minReplicas must be an integer >= 1, got {self.min_replicas!r}")
+        elif not _is_int(self.max_replicas) or self.max_replicas < self.min_replicas:
+            out.append(f"maxReplicas must be an integer >= minReplicas ({self.min_replicas}), "
+                       f"got {self.max_replicas!r}")
+        if self.enabled is True and not self.metrics:
+            out.append("spec.autoscaling.metrics must list at least one metric when enabled")
         names = [m.name for m in self.metrics]
         if len(set(names)) != len(names):
-            raise ValueError(f"spec.autoscaling.metrics lists a metric twice: {names}")
+            out.append(f"spec.autoscaling.metrics lists a metric twice: {names}")
         if PREFIX_CACHE_HIT_RATE in names and KV_CACHE_USAGE not in names:
-            raise ValueError(
-                f"spec.autoscaling.metrics: {PREFIX_CACHE_HIT_RATE} needs {KV_CACHE_USAGE} listed too"
-                " (a low hit rate scales up only while KV usage is above its target)"
-            )
+            out.append(f"spec.autoscaling.metrics: {PREFIX_CACHE_HIT_RATE} needs {KV_CACHE_USAGE} listed too"
+                       " (a low hit rate scales up only while KV usage is above its target)")
         if not _is_finite_number(self.interval_seconds) or self.interval_seconds <= 0:
-            raise ValueError(f"spec.autoscaling.intervalSeconds must be positive, got {self.interval_seconds!r}")
+            out.append(f"spec.autoscaling.intervalSeconds must be positive, got {self.interval_seconds!r}")
         if not _is_finite_number(self.tolerance) or not 0 <= self.tolerance < 1:
-            raise ValueError(f"spec.autoscaling.tolerance must be in [0, 1), got {self.tolerance!r}")
+            out.append(f"spec.autoscaling.tolerance must be in [0, 1), got {self.tolerance!r}")
         t = self.scrape_timeout_seconds
         if not _is_finite_number(t) or t <= 0:
-            raise ValueError(f"spec.autoscaling.scrapeTimeoutSeconds must be positive, got {t!r}")
+            out.append(f"spec.autoscaling.scrapeTimeoutSeconds must be positive, got {t!r}")
         if not _is_int(self.scrape_concurrency) or self.scrape_concurrency < 1:
-            raise ValueError(
-                f"spec.autoscaling.scrapeConcurrency must be an integer >= 1, got {self.scrape_concurrency!r}"
-            )
+            out.append(f"spec.autoscaling.scrapeConcurrency must be an integer >= 1, got {self.scrape_concurrency!r}")
+        return out
 
     @property
     def history_seconds(self) -> float:
@@ -216,7 +232,7 @@ def prefix_caching_conflict(spec: Mapping[str, Any]) -> str | None:
     return None
 
 
-def parse_autoscaling_spec(spec: Mapping[str, Any]) -> AutoscalingSpec:
+def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = False) -> AutoscalingSpec:
     """Build an AutoscalingSpec from an InferenceService `spec` (camelCase keys).
 
     Reads `spec.autoscaling` and the bounds `spec.minReplicas` /
@@ -224,50 +240,83 @@ def parse_autoscaling_spec(spec: Mapping[str, Any]) -> AutoscalingSpec:
     `spec.replicas` into them). A ratio cannot grow zero replicas, so the
     autoscaler's floor is max(1, minReplicas); `maxReplicas` is required once
     autoscaling is enabled (as it is on an HPA). No `autoscaling`, or one
-    without `enabled: true`, gives a disabled spec. Raises ValueError naming
-    the field for wrong types or values.
+    without `enabled: true`, gives a disabled spec. Raises
+    AutoscalingSpecError listing every wrong type or value, each naming its
+    field. `bounds_checked`: the caller (spec_parser) reports bad
+    minReplicas/maxReplicas itself, so they are not listed again.
     """
     if not isinstance(spec, Mapping):
-        raise ValueError(f"spec must be an object, got {type(spec).__name__}")
+        raise AutoscalingSpecError([f"spec must be an object, got {type(spec).__name__}"])
+    problems: list[str] = []
+    bound_problems: list[str] = []
     raw = spec.get("autoscaling")
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise ValueError(f"spec.autoscaling must be an object, got {type(raw).__name__}")
+        raise AutoscalingSpecError([f"spec.autoscaling must be an object, got {type(raw).__name__}"])
     enabled = raw.get("enabled", False)
     min_replicas = spec.get("minReplicas", 0)
     if not _is_int(min_replicas) or min_replicas < 0:
-        raise ValueError(f"spec.minReplicas must be an integer >= 0, got {min_replicas!r}")
+        bound_problems.append(f"spec.minReplicas must be an integer >= 0, got {min_replicas!r}")
+        min_replicas = 0
     min_replicas = max(1, min_replicas)
     max_replicas = spec.get("maxReplicas")
     if max_replicas is None:
         if enabled is True:
-            raise ValueError("spec.maxReplicas is required when spec.autoscaling.enabled is true")
+            problems.append("spec.maxReplicas is required when spec.autoscaling.enabled is true")
         max_replicas = min_replicas
     elif not _is_int(max_replicas) or max_replicas < min_replicas:
-        raise ValueError(f"spec.maxReplicas must be an integer >= max(1, minReplicas), got {max_replicas!r}")
+        bound_problems.append(f"spec.maxReplicas must be an integer >= max(1, minReplicas), got {max_replicas!r}")
+        max_replicas = min_replicas
+    if not bounds_checked:
+        problems = bound_problems + problems
     metrics_raw = raw.get("metrics", [])
+    metrics: list[MetricTarget] = []
     if not isinstance(metrics_raw, list):
-        raise ValueError("spec.autoscaling.metrics must be a list")
-    metrics = tuple(_metric(i, m) for i, m in enumerate(metrics_raw))
+        problems.append("spec.autoscaling.metrics must be a list")
+        metrics_raw = []
+    for i, m in enumerate(metrics_raw):
+        _collect(problems, lambda: metrics.append(_metric(i, m)))
     if (conflict := prefix_caching_conflict(spec)) is not None:
-        raise ValueError(f"spec.autoscaling.metrics: {conflict}")
+        problems.append(f"spec.autoscaling.metrics: {conflict}")
     source_raw = raw.get("source") or {}
+    source = MetricsSource()
     if not isinstance(source_raw, Mapping):
-        raise ValueError("spec.autoscaling.source must be an object")
-    return AutoscalingSpec(
-        enabled=enabled,
+        problems.append("spec.autoscaling.source must be an object")
+    else:
+        source = _collect(problems, lambda: MetricsSource(type=source_raw.get("type", "direct"),
+                                                          url=source_raw.get("url")), source)
+    scale_up = _collect(problems, lambda: _rules("scaleUp", raw.get("scaleUp"), DEFAULT_SCALE_UP), DEFAULT_SCALE_UP)
+    scale_down = _collect(problems, lambda: _rules("scaleDown", raw.get("scaleDown"), DEFAULT_SCALE_DOWN),
+                          DEFAULT_SCALE_DOWN)
+    parsed = _collect(problems, lambda: AutoscalingSpec(
+        # with a metric already reported bad, "enabled needs a metric" would only repeat it
+        enabled=False if enabled is True and len(metrics) < len(metrics_raw) else enabled,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
-        metrics=metrics,
+        metrics=tuple(metrics),
         interval_seconds=raw.get("intervalSeconds", 15),
         tolerance=raw.get("tolerance", 0.1),
-        scale_up=_rules("scaleUp", raw.get("scaleUp"), DEFAULT_SCALE_UP),
-        scale_down=_rules("scaleDown", raw.get("scaleDown"), DEFAULT_SCALE_DOWN),
-        source=MetricsSource(type=source_raw.get("type", "direct"), url=source_raw.get("url")),
+        scale_up=scale_up,
+        scale_down=scale_down,
+        source=source,
         scrape_timeout_seconds=raw.get("scrapeTimeoutSeconds", 5),
         scrape_concurrency=raw.get("scrapeConcurrency", 8),
-    )
+    ))
+    if problems:
+        raise AutoscalingSpecError(problems)
+    return parsed
+
+
+def _collect(problems: list[str], build: Any, fallback: Any = None) -> Any:
+    """build(), or `fallback` with its ValueError's problems appended to `problems`."""
+    try:
+        return build()
+    except AutoscalingSpecError as e:
+        problems.extend(e.problems)
+    except ValueError as e:
+        problems.append(str(e))
+    return fallback
 
 
 def _metric(index: int, raw: Any) -> MetricTarget:
@@ -280,22 +329,27 @@ def _metric(index: int, raw: Any) -> MetricTarget:
 
 
 def _rules(field: str, raw: Any, default: ScalingRules) -> ScalingRules:
+    """One direction's rules; AutoscalingSpecError lists every bad policy and setting."""
     if raw is None:
         return default
     if not isinstance(raw, Mapping):
         raise ValueError(f"spec.autoscaling.{field} must be an object")
-    try:
-        policies_raw = raw.get("policies")
-        if policies_raw is None:
-            policies = default.policies
-        elif not isinstance(policies_raw, list) or not all(isinstance(p, Mapping) for p in policies_raw):
-            raise ValueError("policies must be a list of {type, value, periodSeconds}")
+    problems: list[str] = []
+    policies_raw = raw.get("policies")
+    policies = default.policies
+    if policies_raw is not None:
+        if not isinstance(policies_raw, list) or not all(isinstance(p, Mapping) for p in policies_raw):
+            problems.append("policies must be a list of {type, value, periodSeconds}")
         else:
-            policies = tuple(ScalingPolicy(p.get("type"), p.get("value"), p.get("periodSeconds")) for p in policies_raw)
-        return ScalingRules(
-            stabilization_window_seconds=raw.get("stabilizationWindowSeconds", default.stabilization_window_seconds),
-            policies=policies,
-            select_policy=raw.get("selectPolicy", "Max"),
-        )
-    except ValueError as e:
-        raise ValueError(f"spec.autoscaling.{field}.{e}") from None
+            built = [_collect(problems, lambda p=p: ScalingPolicy(p.get("type"), p.get("value"),
+                                                                  p.get("periodSeconds"))) for p in policies_raw]
+            # a list that had only bad entries is reported as such, not also as empty
+            policies = tuple(p for p in built if p is not None) or (default.policies if problems else ())
+    rules = _collect(problems, lambda: ScalingRules(
+        stabilization_window_seconds=raw.get("stabilizationWindowSeconds", default.stabilization_window_seconds),
+        policies=policies,
+        select_policy=raw.get("selectPolicy", "Max"),
+    ))
+    if problems:
+        raise AutoscalingSpecError([f"spec.autoscaling.{field}.{p}" for p in problems])
+    return rules

@@ -14,6 +14,15 @@ Placement: the pod gets exactly the constraints sizing looked at
 `nvidia.com/gpu.memory` of at least the memory it was sized for, so the pod
 never lands on an unlabelled or smaller node the plan does not hold on.
 
+Termination: Kubernetes takes a terminating pod out of the Service's
+endpoints while it sends SIGTERM, not before, and kube-proxy, ingress
+controllers and service meshes learn of it seconds later: until then they
+still send new connections to the pod. The engine container's preStop hook
+sleeps PRE_STOP_SLEEP_SECONDS first, so the server keeps accepting and
+serving them; then SIGTERM starts its drain (`pagedinfer serve
+--shutdown-grace-seconds`, 30 s by default), and the pod's
+terminationGracePeriodSeconds covers both with room to exit.
+
 Bookkeeping: each child carries `serving.pagedinfer.dev/spec-hash` (of its
 desired spec and labels), and the Deployment
 `serving.pagedinfer.dev/owner-generation`, the InferenceService generation
@@ -49,6 +58,10 @@ PVC_MODEL_ROOT = "/mnt/models"
 RUN_AS_USER = 1000
 # Generous: a 70B model can take many minutes to load from a cold cache.
 STARTUP_PROBE_SECONDS = 1800
+# How long a terminating engine keeps serving before SIGTERM, while endpoints are removed.
+PRE_STOP_SLEEP_SECONDS = 10
+# preStop + the engine's default drain (--shutdown-grace-seconds 30) + 20 s to exit.
+TERMINATION_GRACE_PERIOD_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
         "startupProbe": _probe("/health", 10, STARTUP_PROBE_SECONDS // 10),
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 15, 4),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_SECONDS)]}}},
         "securityContext": {
             "runAsNonRoot": True,
             "allowPrivilegeEscalation": False,
@@ -228,7 +242,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_SECONDS,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,

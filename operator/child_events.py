@@ -34,7 +34,7 @@ all, to the one its owner label names (an orphan the operator built:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import kopf
 
@@ -67,7 +67,7 @@ async def _live_owner(runtime: Runtime, namespace: str, name: str, uid: str | No
 
 
 async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], event_type: str | None,
-                         logger: Any) -> None:
+                         logger: Any, nodes: Iterable[Mapping[str, Any]]) -> None:
     """One watch event of a managed `kind` ("Deployment" or "Service") child."""
     meta = child["metadata"]
     what, namespace, uid = f"{kind} {meta['name']}", meta["namespace"], meta["uid"]
@@ -80,7 +80,7 @@ async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], 
     if event_type == "DELETED":
         if (owner := await _live_owner(runtime, namespace, name, owner_uid)) is not None:
             logger.info(f"{what} was deleted; creating it again.")
-            await reconcile(runtime, owner, logger)
+            await reconcile(runtime, owner, logger, nodes)
         return
     try:
         seen = fingerprint(child)
@@ -90,7 +90,7 @@ async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], 
                 if (owner := await _live_owner(runtime, namespace, name, owner_uid)) is not None:
                     why = "was changed outside the operator" if owner_uid else "has no controller"
                     logger.info(f"{what} {why}; reconciling {name}.")
-                    await reconcile(runtime, owner, logger)
+                    await reconcile(runtime, owner, logger, nodes)
             except (kopf.TemporaryError, ApiError):
                 runtime.child_fingerprints.pop(uid, None)
                 raise

@@ -4,7 +4,7 @@
 `SpecError` listing every problem.
 
 Defaults live here and in the CRD; the two are kept equal by a test.
-`spec.autoscaling` is reserved for the autoscaler and kept as the raw mapping.
+`spec.autoscaling` is the autoscaler's `AutoscalingSpec`, validated by the same parse.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from pagedinfer.operator.autoscaling_spec import AutoscalingSpec
 
 API_GROUP = "serving.pagedinfer.dev"
 API_VERSION = "v1alpha1"
@@ -151,7 +152,7 @@ class InferenceServiceSpec:
     replicas: int = 1
     min_replicas: int = 0
     max_replicas: int | None = None  # None: no upper bound
-    autoscaling: Mapping[str, Any] | None = None  # owned by the autoscaler
+    autoscaling: AutoscalingSpec | None = None  # parsed spec.autoscaling (disabled when absent)
 
     @property
     def served_model_name(self) -> str:

@@ -7,7 +7,13 @@
 - every event of a Deployment or Service the operator manages ->
   child_events.on_child_event (a deleted child is recreated, one edited by
   someone else is patched back; a Deployment's readiness goes into the
-  owner's status).
+  owner's status);
+- every event of a ConfigMap some InferenceService reads its model config
+  from -> config_map_events.on_config_map_event (those services are
+  reconciled: a fixed config is sized without a retry loop).
+
+Sizing reads the nodes from the `gpu_nodes` index and the ConfigMap
+handler its services from `model_config_maps` (both in `indexes`).
 
 All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
 startup and login handlers live in `settings`, the autoscaler's daemon in
@@ -21,28 +27,45 @@ from typing import Any
 import kopf
 
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the autoscaler's daemon)
-from pagedinfer.operator import child_events, reconciler, settings  # noqa: F401  (settings registers startup/login)
+from pagedinfer.operator import child_events, config_map_events, reconciler, settings  # noqa: F401  (startup/login)
 from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.indexes import nodes_in, referencing
 from pagedinfer.operator.registry import REGISTRY
 
 
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
-async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, **_: Any) -> None:
-    await reconciler.reconcile(settings.runtime_of(memo), body, logger)
+async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, gpu_nodes: kopf.Index,
+                                      **_: Any) -> None:
+    await reconciler.reconcile(settings.runtime_of(memo), body, logger, nodes_in(gpu_nodes))
 
 
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=REGISTRY)
-async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, **_: Any) -> None:
-    await child_events.on_child_event(settings.runtime_of(memo), "Deployment", body, type, logger)
+async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index,
+                           **_: Any) -> None:
+    await child_events.on_child_event(settings.runtime_of(memo), "Deployment", body, type, logger,
+                                      nodes_in(gpu_nodes))
 
 
 @kopf.on.event("", "v1", "services", labels=MANAGED, registry=REGISTRY)
-async def service_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, **_: Any) -> None:
-    await child_events.on_child_event(settings.runtime_of(memo), "Service", body, type, logger)
+async def service_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index,
+                        **_: Any) -> None:
+    await child_events.on_child_event(settings.runtime_of(memo), "Service", body, type, logger, nodes_in(gpu_nodes))
+
+
+def _referenced(name: str, namespace: str, model_config_maps: kopf.Index, **_: Any) -> bool:
+    return bool(referencing(model_config_maps, namespace, name))
+
+
+@kopf.on.event("", "v1", "configmaps", when=_referenced, registry=REGISTRY)
+async def config_map_event(body: kopf.Body, type: str | None, name: str, namespace: str, memo: Any, logger: Any,
+                           model_config_maps: kopf.Index, gpu_nodes: kopf.Index, **_: Any) -> None:
+    await config_map_events.on_config_map_event(settings.runtime_of(memo), body, type,
+                                                referencing(model_config_maps, namespace, name),
+                                                nodes_in(gpu_nodes), logger)
 

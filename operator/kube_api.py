@@ -1,4 +1,4 @@
-"""A small async Kubernetes REST client for the operator's own calls (children, nodes, status).
+"""A small async Kubernetes REST client for the operator's own calls (children, ConfigMaps, status).
 
 kopf talks to the API server through its own client; this one is for what
 the handlers do. It is built from the same `kopf.ConnectionInfo` that the
@@ -78,7 +78,6 @@ class ResourceRef:
         return "/".join(parts)
 
 
-NODES = ResourceRef("v1", "nodes", namespaced=False)
 CONFIGMAPS = ResourceRef("v1", "configmaps")
 SERVICES = ResourceRef("v1", "services")
 DEPLOYMENTS = ResourceRef("apps/v1", "deployments")

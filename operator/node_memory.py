@@ -20,7 +20,8 @@ the plan must hold wherever the scheduler puts the pod. Nodes without the
 label are left out of that minimum, so `require_gpu_memory` adds the other
 half: a required node-affinity expression that keeps the pod off every node
 whose label is missing or smaller than what the plan was sized for. Pure
-functions; the caller lists the nodes.
+functions; the nodes come from the operator's node index, which keeps of
+each node only `node_facts` (what these functions read).
 """
 
 from __future__ import annotations
@@ -174,6 +175,20 @@ def _allocatable_gpus(node: Mapping[str, Any]) -> int:
         return int(raw)
     except (TypeError, ValueError):
         return 0
+
+
+def node_facts(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What sizing reads of a node (name, labels, unschedulable, taints, GPU allocatable and capacity).
+
+    The node index holds this, not the whole Node (images, conditions and
+    addresses are most of a Node's bytes), so 1,000 nodes cost little memory.
+    """
+    meta, spec, status = (node.get(key) or {} for key in ("metadata", "spec", "status"))
+    gpus = {kind: {GPU_RESOURCE: status[kind].get(GPU_RESOURCE, 0)}
+            for kind in ("allocatable", "capacity") if isinstance(status.get(kind), Mapping) and status[kind]}
+    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+            "spec": {"unschedulable": spec.get("unschedulable"), "taints": list(spec.get("taints") or [])},
+            "status": gpus}
 
 
 def rejection_reason(node: Mapping[str, Any], placement: Placement) -> str | None:

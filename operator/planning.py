@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pagedinfer.engine import sizing
 from pagedinfer.operator.crd_model import Architecture, InferenceServiceSpec
@@ -107,29 +107,30 @@ def placement_for(spec: InferenceServiceSpec) -> Placement:
                      affinity=spec.affinity)
 
 
-def shape_from_architecture(arch: Architecture, dtype: str) -> sizing.ModelShape:
+def engine_device(cpu: bool) -> str:
+    """The device type of the engine pod: "cpu" for spec.resources.gpus 0, else "cuda"."""
+    return "cpu" if cpu else "cuda"
+
+
+def shape_from_architecture(arch: Architecture, dtype: str, cpu: bool = False) -> sizing.ModelShape:
+    """spec.model.architecture as a ModelShape; dtype auto is what the engine picks for a config naming none."""
     return sizing.ModelShape(
         num_layers=arch.num_layers,
         num_kv_heads=arch.num_kv_heads,
         head_dim=arch.head_dim,
         num_parameters=arch.num_parameters,
-        dtype="bfloat16" if dtype == "auto" else dtype,
+        dtype=sizing.resolve_dtype(dtype, {}, engine_device(cpu)),
         hidden_size=arch.hidden_size,
         max_position_embeddings=arch.max_position_embeddings,
     )
 
 
-def shape_from_config(config: Mapping[str, Any], dtype: str, cpu: bool = False) -> sizing.ModelShape:
-    """A config.json (dict) to a ModelShape; ValueError names what is missing.
+def shape_from_config(config: Any, dtype: str, cpu: bool = False) -> sizing.ModelShape:
+    """A parsed config.json to a ModelShape, its dtype as the engine resolves it on the pod's device.
 
-    `cpu`: dtype auto resolves as the engine resolves it on a CPU (the
-    config's dtype, float32 when it names none or float16).
+    Raises sizing.InvalidModelConfigError naming the bad field and its value.
     """
-    if cpu and dtype == "auto":
-        cfg = config.get("text_config") or config
-        declared = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
-        dtype = "float32" if declared == "float16" else declared
-    return sizing.ModelShape.from_hf_config(config, dtype=dtype)
+    return sizing.ModelShape.from_hf_config(config, dtype=dtype, device=engine_device(cpu))
 
 
 def needs_node_discovery(spec: InferenceServiceSpec) -> bool:
@@ -215,8 +216,7 @@ def _gib(num_bytes: int) -> str:
 
 def cpu_sizing_inputs(spec: InferenceServiceSpec, shape: sizing.ModelShape, budget_bytes: int) -> sizing.SizingInputs:
     """The SizingInputs the engine builds on a CPU (`ModelRunner.plan_kv_cache`) for the same flags."""
-    reserve = (sizing.estimate_activation_reserve_bytes(shape, spec.engine.max_num_batched_tokens)
-               - sizing.FIXED_OVERHEAD_BYTES)
+    reserve = sizing.estimate_activation_reserve_bytes(shape, spec.engine.max_num_batched_tokens, "cpu")
     return dataclasses.replace(sizing_inputs(spec, shape, budget_bytes), activation_reserve_bytes=reserve)
 
 

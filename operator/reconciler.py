@@ -2,7 +2,8 @@
 
 reconcile(): parse the spec (invalid: Valid=False, an Event, no children) ->
 plan the KV cache (cannot: Sized=False with the numbers, an Event, no
-children; retried later when waiting can help) -> build the Deployment and
+children; retried later when waiting can help; an invalid model config is
+also a counted reconcile error, `model_config_invalid`) -> build the Deployment and
 Service (pure) -> apply them (`children.apply_children`: a name clash is
 Applied=False ChildConflict, and a full ResourceQuota Applied=False
 QuotaExceeded, both retried; a manifest the API server refuses is
@@ -33,7 +34,7 @@ reconcile carries it to the Deployment.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import kopf
 
@@ -48,13 +49,15 @@ from pagedinfer.operator.status_writer import is_news, write_conditions
 APPLIED = status.true(status.APPLIED, status.REASON_CHILDREN_APPLIED, "The Deployment and Service match the spec.")
 
 
-async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any) -> None:
+async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
+                    nodes: Iterable[Mapping[str, Any]]) -> None:
+    """One reconcile of `body`; `nodes` are the cluster's nodes as the node index holds them."""
     started = time.monotonic()
     api = runtime.kube
     calls_before = api.calls
     result = "retry"
     try:
-        result = await _reconcile(runtime, api, body, logger)
+        result = await _reconcile(runtime, api, body, logger, nodes)
     except ApiError as exc:
         runtime.metrics.errors.labels(reason=f"api_{exc.status or 'network'}").inc()
         raise kopf.TemporaryError(f"Kubernetes API error, will retry: {exc}",
@@ -66,6 +69,9 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any) -> N
         runtime.metrics.errors.labels(reason="permanent").inc()
         result = "failed"
         raise
+    except Exception:  # a bug: kopf logs it and retries; the error alert must see it too
+        runtime.metrics.errors.labels(reason="unexpected").inc()
+        raise
     finally:
         runtime.metrics.reconciles.labels(result=result).inc()
         runtime.metrics.duration.observe(time.monotonic() - started)
@@ -74,10 +80,11 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any) -> N
 
 def autoscaling_enabled(spec: InferenceServiceSpec) -> bool:
     """Whether the autoscaler owns spec.replicas (the daemon in autoscaling_handlers runs)."""
-    return isinstance(spec.autoscaling, Mapping) and spec.autoscaling.get("enabled") is True
+    return spec.autoscaling is not None and spec.autoscaling.enabled
 
 
-async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], logger: Any) -> str:
+async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], logger: Any,
+                     nodes: Iterable[Mapping[str, Any]]) -> str:
     meta = body["metadata"]
     name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
     try:
@@ -90,12 +97,14 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
         return "invalid"
     valid = status.true(status.VALID, status.REASON_SPEC_VALID, "The spec is valid.")
     try:
-        plan, sized_note = await sizer.plan(runtime, spec, namespace)
+        plan, sized_note = await sizer.plan(runtime, spec, namespace, nodes)
     except sizer.SizingFailure as failure:
         deployed = await _deployed(api, namespace, name, uid)
         message = failure.message + (status.KEEPS_SERVING if deployed else "")
         await _report_failure(api, body, [valid], status.false(status.SIZED, failure.reason, message),
                               deployed, logger)
+        if failure.reason == status.REASON_MODEL_CONFIG_INVALID:
+            runtime.metrics.errors.labels(reason="model_config_invalid").inc()
         if failure.retry_seconds is not None:
             raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds)
         return "unsized"

@@ -1,22 +1,31 @@
 """Gather the sizing inputs from the cluster (nodes, ConfigMap, Hub) and plan the KV cache.
 
-The only I/O around the pure `planning` module. Failures come back as
-`SizingFailure(reason, message, retry_seconds)`: retry_seconds is None when
-waiting will not help (the spec must change), else the reconcile is retried
-after that long (new nodes may join, a ConfigMap may appear).
+The only I/O around the pure `planning` module. The nodes are not read
+here: they come from the operator's node index (`indexes.gpu_nodes`, kept
+by kopf from one watch), so a reconcile costs no node LIST. Failures come
+back as `SizingFailure(reason, message, retry_seconds)`: retry_seconds is
+None when waiting will not help (the spec or the ConfigMap must change),
+else the reconcile is retried after that long (new nodes may join, a
+ConfigMap may appear).
+
+A model config that cannot describe a model (not JSON, not an object, a
+shape field that is not a positive integer within `sizing`'s bounds, a
+dtype the engine cannot run) is ModelConfigInvalid, naming the field and
+its value; it is not retried: the reconcile runs again when the spec
+changes or the referenced ConfigMap does (`config_map_events`).
 """
 
 from __future__ import annotations
 
 import importlib.resources
 import json
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from pagedinfer.engine import sizing
 from pagedinfer.operator import planning, status
 from pagedinfer.operator.crd_model import InferenceServiceSpec
 from pagedinfer.operator.hf_config import ModelConfigError
-from pagedinfer.operator.kube_api import CONFIGMAPS, NODES
+from pagedinfer.operator.kube_api import CONFIGMAPS
 from pagedinfer.operator.node_memory import discover_gpu_memory
 from pagedinfer.operator.settings import Runtime
 
@@ -46,13 +55,13 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
     """Architecture inline, else the ConfigMap's config.json, else the Hub's, else the embedded model's.
 
     A config.json's dtype auto resolves as the engine will on the pod's device
-    (a CPU engine runs float16 models in float32).
+    (`sizing.resolve_dtype`).
     """
     model = spec.model
     retry = runtime.config.no_nodes_retry_seconds
-    unavailable = status.REASON_MODEL_CONFIG_UNAVAILABLE
+    unavailable, invalid = status.REASON_MODEL_CONFIG_UNAVAILABLE, status.REASON_MODEL_CONFIG_INVALID
     if model.architecture is not None:
-        return planning.shape_from_architecture(model.architecture, model.dtype)
+        return planning.shape_from_architecture(model.architecture, model.dtype, cpu=spec.resources.gpus == 0)
     config: dict[str, Any] | None
     if model.config_map_ref is not None:
         ref = model.config_map_ref
@@ -64,7 +73,7 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
         try:
             config = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise SizingFailure(unavailable, f"ConfigMap {ref.name} key {ref.key} is not JSON: {exc}", retry) from None
+            raise SizingFailure(invalid, f"ConfigMap {ref.name} key {ref.key} is not JSON: {exc}", None) from None
         source = f"ConfigMap {ref.name}"
     elif model.uri is not None and model.uri.scheme == "hf" and runtime.config.fetch_hf_config:
         assert runtime.fetcher is not None and model.uri.repo_id is not None
@@ -83,12 +92,16 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
                                          f"spec.model.architecture or spec.model.configMapRef{gpu_only}.", None)
     try:
         return planning.shape_from_config(config, model.dtype, cpu=spec.resources.gpus == 0)
-    except (ValueError, TypeError) as exc:
-        raise SizingFailure(unavailable, f"config.json from {source} is not usable: {exc}", None) from None
+    except ValueError as exc:
+        raise SizingFailure(invalid, f"The model config from {source} is invalid: {exc}", None) from None
 
 
-async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> tuple[planning.KVCachePlan, str]:
-    """The KV plan and a sentence saying where its numbers come from; SizingFailure when it cannot be made (yet)."""
+async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
+               nodes: Iterable[Mapping[str, Any]]) -> tuple[planning.KVCachePlan, str]:
+    """The KV plan and a sentence saying where its numbers come from; SizingFailure when it cannot be made (yet).
+
+    `nodes`: every node of the cluster as the node index holds it (`node_memory.node_facts`).
+    """
     if spec.resources.gpus == 0:
         return await _plan_cpu(runtime, spec, namespace)
     if not planning.needs_model_shape(spec):
@@ -102,7 +115,7 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> 
     if spec.resources.gpu_memory_bytes is not None:
         memory, source = spec.resources.gpu_memory_bytes, planning.SOURCE_SPEC
     else:
-        discovery = discover_gpu_memory(await runtime.kube.list(NODES), planning.placement_for(spec))
+        discovery = discover_gpu_memory(nodes, planning.placement_for(spec))
         if discovery.gpu_memory_bytes is None:
             raise SizingFailure(status.REASON_NO_MATCHING_NODES,
                                 f"No node to size the KV cache for: {discovery.message} Retrying in "
@@ -124,11 +137,13 @@ async def _plan_cpu(runtime: Runtime, spec: InferenceServiceSpec,
     itself within the budget the pod's memory leaves, and the message says why."""
     shape, unknown = None, ""
     if spec.model.architecture is not None:
-        shape = planning.shape_from_architecture(spec.model.architecture, spec.model.dtype)
+        shape = planning.shape_from_architecture(spec.model.architecture, spec.model.dtype, cpu=True)
     elif planning.needs_model_shape(spec):
         try:
             shape = await model_shape(runtime, spec, namespace)
         except SizingFailure as failure:
+            if failure.reason == status.REASON_MODEL_CONFIG_INVALID:
+                raise
             unknown = f" The operator cannot size it itself: {failure.message}"
     try:
         result = planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY)

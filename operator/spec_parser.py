@@ -5,7 +5,9 @@ the operator acts on. It checks everything the CRD's OpenAPI schema and CEL
 rules check (not every cluster enforces them: validation webhooks can be
 off, `kubectl apply --validate=false` exists, old API servers skip CEL), and
 raises `SpecError` (a ValueError) listing every problem, each prefixed by
-the dotted path of the field (`spec.engine.blockSize: ...`).
+the dotted path of the field (`spec.engine.blockSize: ...`). That includes
+every rule of `spec.autoscaling` (`autoscaling_spec.parse_autoscaling_spec`,
+the parse the autoscaler itself runs): a spec it would refuse is invalid.
 """
 
 from __future__ import annotations
@@ -39,8 +41,14 @@ from pagedinfer.operator.crd_model import (
     _HF_REPO,
     _QUANTITY,
 )
-from pagedinfer.operator.autoscaling_spec import prefix_caching_conflict
+from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
 from pagedinfer.operator.quantity import quantity_bytes
+
+
+# spec.model.architecture's fields and the config.json fields whose bounds (sizing) they share.
+ARCHITECTURE_FIELDS = {"numLayers": "num_hidden_layers", "numKVHeads": "num_key_value_heads", "headDim": "head_dim",
+                       "numParameters": "num_parameters", "hiddenSize": "hidden_size",
+                       "maxPositionEmbeddings": "max_position_embeddings"}
 
 
 class _Reader:
@@ -164,9 +172,8 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
         for key in ("numLayers", "numKVHeads", "headDim", "numParameters"):
             if key not in arch:
                 r.fail(f"{apath}.{key}", "is required")
-        values = {key: r.integer(arch, key, apath, None, minimum=1)
-                  for key in ("numLayers", "numKVHeads", "headDim", "numParameters", "hiddenSize",
-                              "maxPositionEmbeddings")}
+        values = {key: r.integer(arch, key, apath, None, minimum=1, maximum=sizing.CONFIG_FIELD_BOUNDS[field])
+                  for key, field in ARCHITECTURE_FIELDS.items()}
         if all(values[k] is not None for k in ("numLayers", "numKVHeads", "headDim", "numParameters")):
             architecture = Architecture(
                 num_layers=values["numLayers"], num_kv_heads=values["numKVHeads"], head_dim=values["headDim"],
@@ -346,11 +353,11 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
     max_replicas = r.integer(raw, "maxReplicas", "spec", None, minimum=1)
     if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
         r.fail("spec.minReplicas", f"must be <= maxReplicas ({max_replicas}), got {min_replicas}")
-    autoscaling = raw.get("autoscaling")
-    if autoscaling is not None and not isinstance(autoscaling, Mapping):
-        r.fail("spec.autoscaling", "must be an object")
-    if (conflict := prefix_caching_conflict(raw)) is not None:
-        r.fail("spec.autoscaling.metrics", conflict)
+    autoscaling: AutoscalingSpec | None = None
+    try:
+        autoscaling = parse_autoscaling_spec(raw, bounds_checked=True)
+    except AutoscalingSpecError as exc:
+        r.problems.extend(exc.problems)
     if engine.tensor_parallel_size > ENGINE_MAX_TENSOR_PARALLEL_SIZE:
         r.fail("spec.engine.tensorParallelSize",
                f"the pagedinfer engine runs one GPU per replica for now; must be"

@@ -8,7 +8,7 @@ condition was set for):
 - Valid:     SpecValid | InvalidSpec
 - Sized:     SizedFromNodeLabels | SizedFromSpec | SizedFromMemory | Override | SizedByEngine
              | NoMatchingNodes | InsufficientGPUMemory | InsufficientMemory (a CPU engine)
-             | ModelConfigUnavailable
+             | ModelConfigUnavailable | ModelConfigInvalid
 - Applied:   ChildrenApplied | ChildConflict | ApplyFailed | QuotaExceeded | NotDeployed
 - Available: MinimumReplicasAvailable | NoReplicasAvailable | ScaledToZero | NotDeployed
 - Ready:     AllReplicasReady | RolloutInProgress | ReplicasNotReady | NotDeployed
@@ -22,8 +22,8 @@ InferenceService's while an update is not applied yet or cannot be: Ready
 True with the current generation means that generation's pods are all ready.
 
 Phase (one word for `kubectl get`): Invalid, Pending (waiting for nodes,
-model config or room in a ResourceQuota), Failed (does not fit, or the
-children cannot be applied), Deploying, Ready.
+model config or room in a ResourceQuota), Failed (does not fit, the model
+config is invalid, or the children cannot be applied), Deploying, Ready.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ REASON_NO_MATCHING_NODES = "NoMatchingNodes"
 REASON_INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
 REASON_INSUFFICIENT_MEMORY = "InsufficientMemory"
 REASON_MODEL_CONFIG_UNAVAILABLE = "ModelConfigUnavailable"
+REASON_MODEL_CONFIG_INVALID = "ModelConfigInvalid"
 REASON_NOT_DEPLOYED = "NotDeployed"
 REASON_CHILDREN_APPLIED = "ChildrenApplied"
 REASON_CHILD_CONFLICT = "ChildConflict"
@@ -174,8 +175,9 @@ def phase_for(conditions: Iterable[Mapping[str, Any]]) -> str:
     if valid.get("status") == "False":
         return PHASE_INVALID
     if sized.get("status") == "False":
-        does_not_fit = sized.get("reason") in (REASON_INSUFFICIENT_GPU_MEMORY, REASON_INSUFFICIENT_MEMORY)
-        return PHASE_FAILED if does_not_fit else PHASE_PENDING
+        failed = sized.get("reason") in (REASON_INSUFFICIENT_GPU_MEMORY, REASON_INSUFFICIENT_MEMORY,
+                                         REASON_MODEL_CONFIG_INVALID)
+        return PHASE_FAILED if failed else PHASE_PENDING
     if sized.get("status") != "True":
         return PHASE_PENDING
     if by_type.get(APPLIED, {}).get("reason") == REASON_QUOTA_EXCEEDED:

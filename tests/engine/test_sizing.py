@@ -100,3 +100,64 @@ def test_plan_cli_prints_the_same_numbers_as_the_function(tmp_path):
     bad = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
                           "--gpu-memory", "8GiB"], capture_output=True, text=True)
     assert bad.returncode == 2 and "No room for the KV cache" in bad.stderr
+
+
+LLAMA3_8B_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+                    "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+BAD_CONFIGS = [
+    ({**LLAMA3_8B_CONFIG, "num_attention_heads": 0}, "num_attention_heads", 0),
+    ({**LLAMA3_8B_CONFIG, "num_attention_heads": 8192}, "num_attention_heads", 8192),  # head_dim would be 0
+    ({**LLAMA3_8B_CONFIG, "head_dim": [1]}, "head_dim", [1]),
+    ({**LLAMA3_8B_CONFIG, "max_position_embeddings": float("inf")}, "max_position_embeddings", float("inf")),
+    ({**LLAMA3_8B_CONFIG, "num_hidden_layers": 32.5}, "num_hidden_layers", 32.5),
+    ({**LLAMA3_8B_CONFIG, "num_hidden_layers": True}, "num_hidden_layers", True),
+    ({**LLAMA3_8B_CONFIG, "num_hidden_layers": 10**9}, "num_hidden_layers", 10**9),
+    ({**LLAMA3_8B_CONFIG, "num_key_value_heads": -8}, "num_key_value_heads", -8),
+    ({**LLAMA3_8B_CONFIG, "vocab_size": "128k"}, "vocab_size", "128k"),
+    ({**LLAMA3_8B_CONFIG, "torch_dtype": "int8"}, "torch_dtype", "int8"),
+    ({**LLAMA3_8B_CONFIG, "text_config": [1]}, "text_config", [1]),
+    ([LLAMA3_8B_CONFIG], "config.json", "list"),
+    ({"hidden_size": 4096, "num_attention_heads": 32}, "num_hidden_layers", None),
+]
+
+
+@pytest.mark.parametrize("config, field, value", BAD_CONFIGS)
+def test_a_bad_config_names_the_field_and_its_value(config, field, value):
+    with pytest.raises(sizing.InvalidModelConfigError) as info:
+        sizing.ModelShape.from_hf_config(config)
+    assert (info.value.field, info.value.value) == (field, value)
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize("config, field, value", BAD_CONFIGS[:4] + BAD_CONFIGS[-2:-1])
+def test_plan_answers_a_bad_config_with_one_line_and_exit_2(tmp_path, config, field, value):
+    text = json.dumps(config).replace("Infinity", "1e400")  # what a config.json holding 1e400 parses to
+    (tmp_path / "config.json").write_text(text)
+    run = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
+                          "--gpu-memory", "80GiB"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and field in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("memory", ["1e30GiB", "1e400", "2PiB", "-1"])
+def test_plan_refuses_a_gpu_memory_no_gpu_has(tmp_path, memory):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG))
+    run = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
+                          f"--gpu-memory={memory}"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--gpu-memory" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("requested, declared, device, expected", [
+    ("auto", None, "cuda", "bfloat16"),
+    ("auto", None, "cpu", "float32"),
+    ("auto", "float16", "cuda", "float16"),
+    ("auto", "float16", "cpu", "float32"),
+    ("auto", "bfloat16", "cpu", "bfloat16"),
+    ("auto", "torch.float32", "cuda", "float32"),
+    ("float16", "bfloat16", "cpu", "float16"),
+])
+def test_dtype_auto_is_decided_in_one_place(requested, declared, device, expected):
+    config = {} if declared is None else {"torch_dtype": declared}
+    assert sizing.resolve_dtype(requested, config, device) == expected
+    assert sizing.resolve_dtype(requested, {"text_config": config} if config else {}, device) == expected

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from kubelet_harness import ENGINE_PORT, add_ready_pod, loopback_ip, pod_manifest
-from operator_harness import DEPLOYMENTS, EVENTS, ISVC, eventually, running_operator
+from operator_harness import DEPLOYMENTS, EVENTS, ISVC, condition, eventually, running_operator
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
 from pagedinfer.operator.autoscaling_handlers import build_status, is_ready, metrics_url
 from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide
@@ -175,15 +175,21 @@ async def test_disabled_autoscaling_leaves_replicas_to_the_user(emulator):
 
 @pytest.mark.timeout(60)
 async def test_an_invalid_autoscaling_spec_is_reported_not_acted_on(emulator):
+    """The reconciler runs the autoscaler's own parse: Valid=False names every problem, nothing is deployed."""
     async with fake_engines(1) as engines, running_operator():
-        body = inference_service("svc", replicas=1)
+        body = inference_service("svc", replicas=1, intervalSeconds=-1)
         del body["spec"]["maxReplicas"]
         await emulator.create(ISVC, body)
         engines[0].kv_usage = 1.0
         await add_ready_pod(emulator, NS, pod_manifest("svc-0", "svc", engines[0].ip))
         events = await eventually(lambda: events_with_reason(emulator, "InvalidAutoscaling"))
         assert "spec.maxReplicas is required" in events[0]["message"]
-        assert replicas_of(emulator) == 1
+        valid = await eventually(lambda: condition(emulator.read(ISVC, NS, "svc"), "Valid"))
+        assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
+        assert "spec.maxReplicas is required" in valid["message"]
+        assert "spec.autoscaling.intervalSeconds must be positive, got -1" in valid["message"]
+        assert any("spec.maxReplicas" in e["message"] for e in events_with_reason(emulator, "InvalidSpec"))
+        assert replicas_of(emulator) == 1 and emulator.read(DEPLOYMENTS, NS, "svc") is None
 
 
 def test_only_running_ready_pods_with_an_ip_are_scraped():

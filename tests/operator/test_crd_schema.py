@@ -95,6 +95,8 @@ def test_every_cel_rule_has_an_operator_check():
     walk(SCHEMA)
     violations = {
         "minReplicas must be <= maxReplicas": {"minReplicas": 2, "maxReplicas": 1},
+        "maxReplicas is required when autoscaling.enabled is true": {
+            "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}},
         "engine.tensorParallelSize must be 1 when resources.gpus is 0 (CPU engine)":
             {"resources": {"gpus": 0}, "engine": {"tensorParallelSize": 2}},
         "engine.tensorParallelSize must be <= resources.gpus": {"resources": {"gpus": 1},

@@ -179,7 +179,7 @@ async def test_config_from_a_configmap_and_cpu_engines(emulator):
         assert args[args.index("--cpu-memory-budget") + 1] == str(2 * 2**30)
         sized = condition(isvc_of(emulator, "tiny"), "Sized")
         assert sized["reason"] == "SizedFromMemory" and "the default pod memory 3Gi" in sized["message"]
-    assert emulator.count("list", "nodes") == 0  # neither needed node discovery
+    assert emulator.count("list", "nodes") == 1  # the node index's one listing at start; sizing lists none
 
 
 async def test_a_missing_configmap_is_reported_and_picked_up_when_created(emulator):

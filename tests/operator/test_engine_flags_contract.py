@@ -49,6 +49,11 @@ def test_the_engine_cli_parses_every_built_command_line(raw):
     assert args.served_model_name == spec.served_model_name
     if spec.model.revision != "main":
         assert args.revision == spec.model.revision
+    # preStop keeps serving while endpoints go; SIGTERM's drain follows; both fit the grace period
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep" and 0 < float(pre_stop[1]) < args.shutdown_grace_seconds
+    grace = builders.build_deployment(OWNER, spec, plan)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert float(pre_stop[1]) + args.shutdown_grace_seconds + 10 <= grace
 
 
 def serve_flags():

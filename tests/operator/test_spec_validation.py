@@ -157,3 +157,53 @@ def test_autoscaling_on_the_hit_rate_with_prefix_caching_off_is_invalid_and_name
     (problem,) = caught.value.problems
     assert problem.startswith("spec.autoscaling.metrics: prefixCacheHitRate needs spec.engine.enablePrefixCaching")
     parse_spec("x", {"autoscaling": {"enabled": True, "metrics": metrics}, "maxReplicas": 4})
+
+
+AUTOSCALING_ON = {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.7}]}
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ({"autoscaling": AUTOSCALING_ON}, "spec.maxReplicas is required when spec.autoscaling.enabled is true"),
+    ({"maxReplicas": 4, "autoscaling": {**AUTOSCALING_ON, "intervalSeconds": -1}},
+     "spec.autoscaling.intervalSeconds must be positive, got -1"),
+    ({"maxReplicas": 4, "autoscaling": {"enabled": True}}, "spec.autoscaling.metrics must list at least one metric"),
+    ({"maxReplicas": 4, "autoscaling": {**AUTOSCALING_ON, "source": {"type": "prometheus"}}}, "source.url"),
+    ({"maxReplicas": 4, "autoscaling": {**AUTOSCALING_ON, "scaleDown": {"selectPolicy": "Fastest"}}},
+     "spec.autoscaling.scaleDown.selectPolicy"),
+    ({"autoscaling": []}, "spec.autoscaling must be an object"),
+])
+def test_an_autoscaling_spec_the_autoscaler_refuses_is_invalid(spec, problem):
+    with pytest.raises(SpecError) as info:
+        parse_spec("svc", spec)
+    assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_every_problem_of_the_whole_spec_is_listed_at_once():
+    spec = {"engine": {"blockSize": 24}, "minReplicas": 3, "maxReplicas": 2, "autoscaling": {
+        "enabled": "yes", "intervalSeconds": -1, "tolerance": 2, "scrapeConcurrency": 0,
+        "metrics": [{"name": "cpu", "target": 0.5}, {"name": "kvCacheUsage", "target": 7}],
+        "scaleUp": {"stabilizationWindowSeconds": -1, "policies": [{"type": "Nodes", "value": 0, "periodSeconds": 5}]}}}
+    with pytest.raises(SpecError) as info:
+        parse_spec("svc", spec)
+    expected = ["spec.engine.blockSize", "spec.minReplicas", "spec.autoscaling.enabled", "intervalSeconds",
+                "tolerance", "scrapeConcurrency", "metrics[0]", "metrics[1]", "scaleUp.stabilizationWindowSeconds",
+                "scaleUp.policies[].type"]
+    for field in expected:
+        assert sum(field in p for p in info.value.problems) >= 1, (field, info.value.problems)
+    assert sum("maxReplicas" in p or "minReplicas" in p for p in info.value.problems) == 1  # named once
+    assert not any("at least one metric" in p for p in info.value.problems)  # the bad ones are named instead
+
+
+def test_a_valid_autoscaling_spec_is_parsed_once_for_the_reconciler():
+    spec = parse_spec("svc", {"maxReplicas": 4, "autoscaling": AUTOSCALING_ON})
+    assert spec.autoscaling.enabled and spec.autoscaling.max_replicas == 4
+    assert parse_spec("svc", {}).autoscaling.enabled is False
+
+
+@pytest.mark.parametrize("key, value", [("numLayers", 10_001), ("headDim", 2**16 + 1),
+                                        ("numParameters", 10**15 + 1), ("maxPositionEmbeddings", 2**32 + 1)])
+def test_architecture_fields_have_the_bounds_of_the_config_fields_they_stand_for(key, value):
+    """Beyond them sizing would refuse the shape; the spec is refused first, naming the field."""
+    with pytest.raises(SpecError) as info:
+        parse_spec("svc", {"model": {"architecture": {**ARCH, key: value}}})
+    assert any(p.startswith(f"spec.model.architecture.{key}: must be <=") for p in info.value.problems)

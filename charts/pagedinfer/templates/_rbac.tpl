@@ -38,10 +38,12 @@ always in a ClusterRole.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# A model's config.json referenced by spec.model.configMapRef.
+# A model's config.json referenced by spec.model.configMapRef: read when
+# sizing, and watched so that a service whose ConfigMap was missing or
+# invalid is sized again when it is created or fixed.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
 # kopf posts warnings as Events; the reconciler and autoscaler post their own.
 - apiGroups: [""]
   resources: ["events"]
@@ -55,11 +57,11 @@ always in a ClusterRole.
 {{- end -}}
 
 {{- define "pagedinfer.rbac.clusterRules" -}}
-# Sizing lists the nodes to read their GPU memory and product (GPU Feature
-# Discovery labels).
+# Sizing reads the nodes' GPU memory and product (GPU Feature Discovery
+# labels) from an index kopf keeps by listing and watching the nodes.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- if and (include "pagedinfer.peering.enabled" .) (eq .Values.rbac.scope "cluster") }}
 # kopf peering between the operator replicas (cluster-wide operator).
 - apiGroups: ["kopf.dev"]

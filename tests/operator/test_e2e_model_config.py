@@ -1,0 +1,104 @@
+"""A bad model config in a ConfigMap is reported, counted and waited on, never retried in a loop.
+
+Sized=False ModelConfigInvalid names the field and the value, a Warning Event says the same, the
+reconcile error is counted (the chart's alert fires on that counter), no Deployment is made, and
+the operator does not retry on its own: fixing the ConfigMap (or the spec) sizes the service.
+"""
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, FAST_CONFIG, ISVC, condition, eventually,
+                              inference_service, isvc_of, reconciles, running_operator)
+
+pytestmark = pytest.mark.timeout(120)
+
+GOOD = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16"}
+SPEC = {"model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
+        "resources": {"gpuMemory": "80GiB"}}
+
+
+def config_map(text: str) -> dict:
+    return {"metadata": {"name": "llama-config", "namespace": "default"}, "data": {"config.json": text}}
+
+
+def model_config_errors(runtime) -> float:
+    return runtime.metrics.errors.labels(reason="model_config_invalid")._value.get()
+
+
+def warnings(emulator) -> list[str]:
+    return [e["message"] for e in emulator.read_all(EVENTS) if e.get("reason") == "ModelConfigInvalid"]
+
+
+@pytest.mark.parametrize("text, named", [
+    (json.dumps({**GOOD, "num_attention_heads": 0}), "num_attention_heads must be an integer from 1 to 65536, got 0"),
+    (json.dumps([GOOD]), "config.json must hold a JSON object, got 'list'"),
+    (json.dumps({**GOOD, "head_dim": [1]}), "head_dim must be an integer from 1 to 65536, got [1]"),
+    (json.dumps(GOOD)[:-1] + ', "max_position_embeddings": 1e400}', "max_position_embeddings must be an integer"
+                                                                     " from 1 to 4294967296, got inf"),
+    ("{not json", "is not JSON"),
+])
+async def test_a_bad_config_map_is_named_counted_and_fixed_by_editing_it(emulator, text, named):
+    await emulator.create(CONFIGMAPS, config_map(text))
+    async with running_operator() as runtime:
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        sized = await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "False"
+                                 and condition(isvc_of(emulator), "Sized"))
+        assert sized["reason"] == "ModelConfigInvalid" and named in sized["message"], sized
+        assert "ConfigMap llama-config" in sized["message"]
+        assert isvc_of(emulator)["status"]["phase"] == "Failed"
+        await eventually(lambda: any(named in message for message in warnings(emulator)))
+        assert model_config_errors(runtime) == 1
+        assert emulator.read(DEPLOYMENTS, "default", "llama") is None
+        # No retry of its own: with FAST_CONFIG's 0.3-0.5 s retry delays, a retrying
+        # operator would reconcile several times over these 2 seconds.
+        done = reconciles(runtime)
+        await asyncio.sleep(2)
+        assert reconciles(runtime) == done and model_config_errors(runtime) == 1
+
+        await emulator.merge(CONFIGMAPS, "default", "llama-config", {"data": {"config.json": json.dumps(GOOD)}})
+        await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
+        assert isvc_of(emulator)["status"]["kvCache"]["bytesPerToken"] == 128 * 1024
+        assert emulator.read(DEPLOYMENTS, "default", "llama") is not None
+        assert model_config_errors(runtime) == 1
+
+
+async def test_a_config_map_created_after_the_service_sizes_it(emulator):
+    """ModelConfigUnavailable (no ConfigMap yet) is sized as soon as the ConfigMap appears, not at the next
+    retry (set here far beyond the test's timeout)."""
+    async with running_operator(dataclasses.replace(FAST_CONFIG, no_nodes_retry_seconds=3600)):
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        await eventually(lambda: condition(isvc_of(emulator), "Sized")["reason"] == "ModelConfigUnavailable")
+        await emulator.create(CONFIGMAPS, config_map(json.dumps(GOOD)))
+        await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
+
+
+async def test_a_spec_change_also_retries_a_bad_config(emulator):
+    await emulator.create(CONFIGMAPS, config_map(json.dumps({**GOOD, "num_hidden_layers": -3})))
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        await eventually(lambda: condition(isvc_of(emulator), "Sized")["reason"] == "ModelConfigInvalid")
+        fixed = {"model": {"uri": "pvc://models/llama", "configMapRef": None,
+                           "architecture": {"numLayers": 32, "numKVHeads": 8, "headDim": 128,
+                                            "numParameters": 8_030_261_248}}}
+        await emulator.merge(ISVC, "default", "llama", {"spec": fixed})
+        await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
+
+
+async def test_config_maps_nobody_references_cost_no_reconcile(emulator):
+    await emulator.create(CONFIGMAPS, config_map(json.dumps(GOOD)))
+    async with running_operator() as runtime:
+        await emulator.create(ISVC, inference_service("llama", SPEC))
+        await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
+        done = reconciles(runtime)
+        await emulator.create(CONFIGMAPS, {"metadata": {"name": "other", "namespace": "default"},
+                                           "data": {"config.json": "{}"}})
+        await emulator.merge(CONFIGMAPS, "default", "llama-config", {"metadata": {"labels": {"a": "b"}}})
+        await eventually(lambda: reconciles(runtime) == done + 1)
+        await asyncio.sleep(1)
+        assert reconciles(runtime) == done + 1  # the referenced one only
