@@ -19,7 +19,7 @@ from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.model_source import resolve_model_dir
-from pagedinfer.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from pagedinfer.engine.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence
@@ -37,6 +37,7 @@ class _Request:
     metrics: RequestMetrics
     seqs: list[Sequence] = field(default_factory=list)
     outputs: list[CompletionOutput] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled as the prompt is computed
 
     @property
     def finished(self) -> bool:
@@ -146,6 +147,9 @@ class LLMEngine:
             raise ValueError(f"n: {params.n} completions exceed max_num_seqs={self.config.max_num_seqs}")
         if params.logprobs is not None and params.logprobs > self.runner.vocab_size:
             raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
+        biased = sorted(t for t in params.logit_bias or {} if t >= self.runner.vocab_size)
+        if biased:
+            raise ValueError(f"logit_bias: token ids {biased} are outside the vocabulary (ids < {self.runner.vocab_size})")
         outside = [t for t in params.stop_token_ids or () if t >= self.runner.vocab_size]
         if outside:
             raise ValueError(f"stop_token_ids: {outside} are outside the vocabulary (ids < {self.runner.vocab_size})")
@@ -163,6 +167,8 @@ class LLMEngine:
         req = _Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, RequestMetrics(now))
         req.outputs = [CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
                        for i in range(params.n)]
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None] * len(ids)
         seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now,
                        prompt=req.prompt, index=0)
         seq.num_forks_pending = params.n - 1
@@ -206,7 +212,11 @@ class LLMEngine:
         # Sequences whose last token is computed this step sample a new token.
         sampling = [it.seq for it in sched.scheduled
                     if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
-        logits, row_ids = self.runner.execute(sched, {s.seq_id for s in sampling})
+        prompt_rows = {it.seq.seq_id for it in sched.scheduled if it.seq.params.prompt_logprobs is not None
+                       and it.seq.num_computed_tokens < it.seq.num_prompt_tokens - 1}
+        logits, row_ids, prompt_logits = self.runner.execute(sched, {s.seq_id for s in sampling}, prompt_rows)
+        if prompt_logits:
+            self._record_prompt_logprobs(sched, prompt_logits)
         self.scheduler.after_step(sched)
         self.num_prompt_tokens += sum(
             max(0, min(it.seq.num_prompt_tokens - (it.seq.num_computed_tokens - it.num_new_tokens),
@@ -239,6 +249,33 @@ class LLMEngine:
                 del self.requests[req.request_id]
             outputs.append(self._output(req, finished))
         return outputs
+
+    def _record_prompt_logprobs(self, sched, prompt_logits: dict) -> None:
+        """Score this step's prompt positions (all requests at once) into their requests' prompt_logprobs.
+
+        A prompt recomputed after a preemption overwrites its entries with the same values.
+        """
+        import torch
+
+        from pagedinfer.engine.prompt_logprobs import prompt_logprobs
+
+        seqs = {it.seq.seq_id: it.seq for it in sched.scheduled}
+        rows, targets, ks, slots = [], [], [], []
+        for seq_id, part in prompt_logits.items():
+            seq = seqs[seq_id]
+            req = self.requests.get(seq.request_id)
+            if req is None or req.prompt_logprobs is None:
+                continue
+            count = part.logits.shape[0]
+            rows.append(part.logits)
+            targets.extend(seq.prompt_token_ids[part.first_target: part.first_target + count])
+            ks.extend([seq.params.prompt_logprobs] * count)
+            slots.extend((req, part.first_target + i) for i in range(count))
+        if not rows:
+            return
+        for (req, position), entry in zip(slots, prompt_logprobs(torch.cat(rows), targets, ks)):
+            req.prompt_logprobs[position] = {tid: Logprob(lp.logprob, lp.rank, self.tokenizer.decode([tid]))
+                                             for tid, lp in entry.items()}
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         req = self.requests[parent.request_id]
@@ -308,7 +345,8 @@ class LLMEngine:
                                  list(o.logprobs) if o.logprobs is not None else None) for o in req.outputs]
         return RequestOutput(request_id=req.request_id, prompt=req.prompt,
                              prompt_token_ids=req.prompt_token_ids, num_cached_tokens=first.num_cached_tokens,
-                             outputs=outs, finished=finished, metrics=req.metrics)
+                             outputs=outs, finished=finished, metrics=req.metrics,
+                             prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None)
 
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:

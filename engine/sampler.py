@@ -1,7 +1,7 @@
 """Token sampling for one step: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
 
 Order (as vLLM): logprobs are taken from the raw model distribution; then
-min_tokens masks EOS and stop tokens; repetition (prompt + output), presence
+logit_bias is added (`logit_bias.py`); min_tokens masks EOS and stop tokens; repetition (prompt + output), presence
 and frequency (output) penalties; greedy rows take the argmax; other rows are
 scaled by 1/temperature, cut by top-k, top-p and min-p, and drawn, all rows
 of the step in one batch of tensor operations (no per-row host round trip: on a
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.engine.logit_bias import apply_logit_bias
 from pagedinfer.engine.outputs import Logprob
 from pagedinfer.engine.sequence import Sequence
 
@@ -56,6 +57,7 @@ class Sampler:
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        apply_logit_bias(logits, seqs)
         for row, seq in enumerate(seqs):
             self._apply_penalties(logits[row], seq)
         tokens = logits.argmax(dim=-1)

@@ -4,7 +4,9 @@ Requests forbid unknown fields, so a typo such as `max_token` is a 400 that
 names the field instead of being silently ignored. Range checks here mirror
 `SamplingParams`; the engine validates again when the request is added.
 Extra vLLM-style sampling fields (`top_k`, `min_p`, `repetition_penalty`,
-`ignore_eos`, `min_tokens`) sit beside OpenAI's own.
+`ignore_eos`, `min_tokens`) sit beside OpenAI's own; the fields beyond
+sampling (`logit_bias`, `response_format`, `echo`, `tools`, ...) come from
+`extra_fields.py`'s mixins.
 
 Every optional field accepts JSON null and treats it as its default, as
 OpenAI declares them nullable and vLLM accepts null (`"n": null` is n=1).
@@ -16,6 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
                       field_validator, model_validator)
+
+from pagedinfer.engine.server.extra_fields import ChatExtras, CompletionExtras
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -77,7 +81,7 @@ class _SamplingFields(BaseModel):
         return self
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(CompletionExtras, _SamplingFields):
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1)] | TokenIds \
         | Annotated[list[TokenIds], Field(min_length=1)]
     max_tokens: StrictInt | None = Field(default=16, ge=1)
@@ -124,7 +128,7 @@ class ChatMessage(BaseModel):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(ChatExtras, _SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)

@@ -46,6 +46,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request
 
+from pagedinfer.engine.server import request_options
 from pagedinfer.engine.server.admission import check_waiting_limit
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
 from pagedinfer.engine.server.errors import ApiError, from_value_error
@@ -149,11 +150,12 @@ class Serving:
         return max_tokens
 
     def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int,
-                         num_logprobs: int | None) -> Any:
+                         num_logprobs: int | None, extra: dict[str, Any] | None = None) -> Any:
         from pagedinfer.engine import SamplingParams
 
         fields: dict[str, Any] = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
-                                      ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs)
+                                      ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs,
+                                      **(extra or {}))
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(req, name)
@@ -183,8 +185,8 @@ class Serving:
         return token_ids
 
     @staticmethod
-    def _render_chat(info: Any, req: ChatCompletionRequest) -> str:
-        """The messages through the chat template (worker thread)."""
+    def _render_chat(info: Any, req: ChatCompletionRequest, add_generation_prompt: bool = True) -> str:
+        """The messages through the chat template (worker thread); the tools too unless tool_choice is "none"."""
         messages = []
         for i, m in enumerate(req.messages):
             text = m.text()
@@ -194,10 +196,21 @@ class Serving:
             _check_unicode(text, f"messages.{i}.content")
             messages.append({"role": m.role, "content": text})
         try:
-            return info.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return info.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=False, **request_options.template_tools(req))
         except Exception as exc:  # noqa: BLE001 - template errors are about the messages
             raise ApiError(400, f"messages: the chat template rejected them: {exc}", param="messages",
                            code="invalid_parameter") from None
+
+    # ---- for /tokenize and /detokenize (tokenize_routes.py) ----
+    def admit_model(self, model: str | None) -> Any:
+        """The engine's info when it serves requests; `model`, when given, must be the served name."""
+        loop = self.engine_loop
+        return self._admit(loop.info.served_model_name if model is None and loop.info is not None else model)
+
+    render_chat = _render_chat
+    tokenize_text = _tokenize
+    off_loop = _off_loop
 
     async def prepare_completion(self, req: CompletionRequest) -> Plan:
         info = self._admit(req.model)
@@ -205,8 +218,9 @@ class Serving:
         self._check_waiting_limit(len(req.prompts()), req.n)  # shed load before tokenizing; submit decides
         prompts = await self._off_loop(
             lambda: [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()])
+        options = request_options.completion_options(info, req)
         max_tokens = self._check_lengths(info, prompts, req.max_tokens, "prompt")
-        params = self._sampling_params(req, max_tokens, req.logprobs)
+        params = self._sampling_params(req, max_tokens, req.logprobs, options)
         return self._plan("cmpl", info, prompts, params, req.logprobs, req)
 
     async def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
@@ -218,7 +232,7 @@ class Serving:
         requested, max_tokens_param = req.requested_max_tokens()
         max_tokens = self._check_lengths(info, prompts, requested, "messages", max_tokens_param)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self._sampling_params(req, max_tokens, num_logprobs)
+        params = self._sampling_params(req, max_tokens, num_logprobs, request_options.chat_options(info, req))
         return self._plan("chatcmpl", info, prompts, params, num_logprobs, req)
 
     @staticmethod

@@ -1,0 +1,63 @@
+"""From the request fields beyond sampling (`extra_fields.py`) to engine options.
+
+Each function checks what needs the model (token ids against its
+vocabulary, which features this server can serve) and raises an `ApiError`
+400 naming the field; `serving.py` calls them before the engine sees the
+request, so a refused request never holds a block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedinfer.engine.server.errors import ApiError
+
+
+def logit_bias(info: Any, req: Any) -> dict[int, float] | None:
+    """The request's logit_bias by token id; 400 naming logit_bias for an id outside the vocabulary."""
+    bias = req.logit_bias_by_id()
+    if not bias:
+        return None
+    limit = info.num_token_ids
+    outside = sorted(t for t in bias if t >= limit)
+    if outside:
+        raise ApiError(400, f"logit_bias: token ids {outside[:8]} are outside the model's vocabulary "
+                            f"(ids 0-{limit - 1})", param="logit_bias", code="invalid_parameter")
+    return bias
+
+
+def completion_options(info: Any, req: Any) -> dict[str, Any]:
+    """The SamplingParams fields a completion request's extras ask for."""
+    if req.echo:
+        raise ApiError(400, "echo: not supported yet", param="echo", code="invalid_parameter")
+    if req.best_of is not None and req.best_of > req.n:
+        raise ApiError(400, "best_of: values above n are not supported yet", param="best_of",
+                       code="invalid_parameter")
+    return _common_options(info, req)
+
+
+def chat_options(info: Any, req: Any) -> dict[str, Any]:
+    """The SamplingParams fields a chat request's extras ask for."""
+    if req.effective_tool_choice() != "none":
+        raise ApiError(400, "tool_choice: only 'none' is supported yet", param="tool_choice",
+                       code="invalid_parameter")
+    return _common_options(info, req)
+
+
+def _common_options(info: Any, req: Any) -> dict[str, Any]:
+    structured = [name for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+                  if getattr(req, name) is not None]
+    if req.response_format is not None and req.response_format.type != "text":
+        structured.append("response_format")
+    if structured:
+        raise ApiError(400, f"{structured[0]}: structured outputs are not supported yet", param=structured[0],
+                       code="invalid_parameter")
+    return {"logit_bias": logit_bias(info, req)}
+
+
+def template_tools(req: Any) -> dict[str, Any]:
+    """The chat template's `tools` argument: the request's tools, none when tool_choice is "none"."""
+    tools = getattr(req, "tools", None)
+    if not tools or req.effective_tool_choice() == "none":
+        return {}
+    return {"tools": [t.model_dump(exclude_none=True) for t in tools]}
