@@ -112,6 +112,8 @@ class CompletionExtras(_CommonExtras):
 
     @model_validator(mode="after")
     def _check_completion_extras(self):
+        if getattr(self, "max_tokens", None) == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 is allowed only with echo (to score the prompt alone)")
         if self.suffix:
             raise ValueError("suffix: this model has no fill-in-the-middle template; send the prompt alone")
         n = getattr(self, "n", 1) or 1

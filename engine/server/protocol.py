@@ -84,7 +84,7 @@ class _SamplingFields(BaseModel):
 class CompletionRequest(CompletionExtras, _SamplingFields):
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1)] | TokenIds \
         | Annotated[list[TokenIds], Field(min_length=1)]
-    max_tokens: StrictInt | None = Field(default=16, ge=1)
+    max_tokens: StrictInt | None = Field(default=16, ge=0)  # 0 only with echo (extra_fields.py)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @model_validator(mode="after")
@@ -166,8 +166,8 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None for an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

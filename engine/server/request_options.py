@@ -26,14 +26,16 @@ def logit_bias(info: Any, req: Any) -> dict[int, float] | None:
     return bias
 
 
-def completion_options(info: Any, req: Any) -> dict[str, Any]:
-    """The SamplingParams fields a completion request's extras ask for."""
-    if req.echo:
-        raise ApiError(400, "echo: not supported yet", param="echo", code="invalid_parameter")
-    if req.best_of is not None and req.best_of > req.n:
-        raise ApiError(400, "best_of: values above n are not supported yet", param="best_of",
-                       code="invalid_parameter")
-    return _common_options(info, req)
+def completion_options(info: Any, req: Any, shape: Any) -> dict[str, Any]:
+    """The SamplingParams fields a completion request's extras ask for (`shape`: its CompletionShape)."""
+    options = _common_options(info, req)
+    if shape.best_of is not None:
+        if shape.best_of > info.max_num_seqs:
+            raise ApiError(400, f"best_of: {shape.best_of} completions exceed this server's max_num_seqs "
+                                f"({info.max_num_seqs})", param="best_of", code="invalid_parameter")
+        options["n"] = shape.best_of
+    options["prompt_logprobs"] = shape.engine_prompt_logprobs(req.logprobs)
+    return options
 
 
 def chat_options(info: Any, req: Any) -> dict[str, Any]:

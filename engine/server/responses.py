@@ -27,7 +27,8 @@ MISSING_LOGPROB = -9999.0  # OpenAI's stand-in for "not in the top-k"; JSON has 
 
 def usage(plan: Plan, finals: list[Any]) -> dict:
     prompt_tokens = sum(len(p) for p in plan.prompts)
-    completion_tokens = sum(len(c.token_ids) for out in finals if out is not None for c in out.outputs)
+    completion_tokens = 0 if plan.completion.drop_generated else \
+        sum(len(c.token_ids) for out in finals if out is not None for c in out.outputs)
     cached_tokens = sum((out.num_cached_tokens or 0) for out in finals if out is not None)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
@@ -75,14 +76,79 @@ def _choices(plan: Plan, finals: list[Any]) -> list[tuple[int, Any]]:
     return sorted(pairs, key=lambda pair: pair[0])
 
 
+def _best_of(plan: Plan, finals: list[Any]) -> list[tuple[int, int, Any]]:
+    """(choice index, prompt index, completion): with best_of > n, each prompt's n best by cumulative logprob."""
+    shape = plan.completion
+    n = shape.n if shape.best_of is not None else plan.params.n
+    picked = []
+    for i, out in enumerate(finals):
+        candidates = sorted(out.outputs, key=lambda c: c.index)
+        if shape.best_of is not None:
+            candidates = sorted(candidates, key=_cumulative_logprob, reverse=True)[:n]
+        picked.extend((i * n + rank, i, c) for rank, c in enumerate(candidates))
+    return picked
+
+
+def _cumulative_logprob(c: Any) -> float:
+    return sum(step[token].logprob for token, step in zip(c.token_ids, c.logprobs or []))
+
+
+def _prompt_part(plan: Plan, tokenizer: Any, prompt_index: int, out: Any) -> tuple[str, dict | None]:
+    """An echoed prompt's text and, with logprobs, its OpenAI logprobs (the first token's null)."""
+    texts = plan.completion.prompt_texts
+    text = texts[prompt_index] if prompt_index < len(texts) and texts[prompt_index] is not None \
+        else tokenizer.decode(out.prompt_token_ids)
+    if plan.num_logprobs is None:
+        return text, None
+    k = plan.num_logprobs
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    offset = 0
+    for position, token_id in enumerate(out.prompt_token_ids):
+        step = out.prompt_logprobs[position] if out.prompt_logprobs else None
+        token = _decoded(tokenizer, token_id, step.get(token_id) if step else None)
+        tokens.append(token)
+        token_logprobs.append(float(step[token_id].logprob) if step else None)
+        tops.append((dict(_top_entries(tokenizer, step, k)) if k else {}) if step else None)
+        offsets.append(offset)
+        offset += len(token)
+    return text, {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _vllm_prompt_logprobs(out: Any) -> list | None:
+    if out.prompt_logprobs is None:
+        return None
+    return [None if step is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+                                       for t, lp in step.items()} for step in out.prompt_logprobs]
+
+
+def completion_choice(plan: Plan, tokenizer: Any, prompt_index: int, out: Any, c: Any, sent_chars: int = 0,
+                      sent_tokens: int = 0) -> tuple[str, dict | None]:
+    """(text, logprobs) of choice c from sent_chars/sent_tokens on, the echoed prompt leading a first part."""
+    shape = plan.completion
+    text, ids, steps = c.text[sent_chars:], c.token_ids[sent_tokens:], (c.logprobs or [])[sent_tokens:]
+    if shape.drop_generated:
+        text, ids, steps = "", [], []
+    logprobs = None
+    if plan.num_logprobs is not None and c.logprobs is not None:
+        logprobs = completion_logprobs(tokenizer, ids, steps, plan.num_logprobs, sent_chars)
+    if not shape.echo or sent_chars or sent_tokens:
+        return text, logprobs
+    prompt_text, prompt_logprobs = _prompt_part(plan, tokenizer, prompt_index, out)
+    if logprobs is not None and prompt_logprobs is not None:
+        logprobs["text_offset"] = [o + len(prompt_text) for o in logprobs["text_offset"]]
+        logprobs = {key: prompt_logprobs[key] + logprobs[key] for key in logprobs}
+    return prompt_text + text, logprobs
+
+
 def completion_response(plan: Plan, finals: list[Any], tokenizer: Any) -> dict:
     choices = []
-    for index, c in _choices(plan, finals):
-        logprobs = None
-        if plan.num_logprobs is not None and c.logprobs is not None:
-            logprobs = completion_logprobs(tokenizer, c.token_ids, c.logprobs, plan.num_logprobs, 0)
-        choices.append({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                         "stop_reason": c.stop_reason})
+    for index, prompt_index, c in _best_of(plan, finals):
+        text, logprobs = completion_choice(plan, tokenizer, prompt_index, finals[prompt_index], c)
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                  "stop_reason": c.stop_reason}
+        if plan.completion.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _vllm_prompt_logprobs(finals[prompt_index])
+        choices.append(choice)
     return {"id": plan.request_id, "object": "text_completion", "created": plan.created, "model": plan.model,
             "choices": choices, "usage": usage(plan, finals)}
 
@@ -147,10 +213,14 @@ class DeltaTracker:
             if not delta_text and new_tokens <= 0 and c.finish_reason is None:
                 continue
             logprobs = None
-            if self.plan.num_logprobs is not None and c.logprobs is not None and new_tokens > 0:
+            if not self.chat:
+                delta_text, logprobs = completion_choice(self.plan, self.tokenizer, prompt_index, output, c,
+                                                         sent_chars, sent_tokens)
+                if logprobs is not None and not logprobs["tokens"]:
+                    logprobs = None
+            elif self.plan.num_logprobs is not None and c.logprobs is not None and new_tokens > 0:
                 ids, steps = c.token_ids[sent_tokens:], c.logprobs[sent_tokens:]
-                logprobs = (chat_logprobs(self.tokenizer, ids, steps, self.plan.num_logprobs) if self.chat else
-                            completion_logprobs(self.tokenizer, ids, steps, self.plan.num_logprobs, sent_chars))
+                logprobs = chat_logprobs(self.tokenizer, ids, steps, self.plan.num_logprobs)
             self._sent_chars[index] = len(c.text)
             self._sent_tokens[index] = len(c.token_ids)
             choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": c.finish_reason}

@@ -38,16 +38,18 @@ the blocks of every prompt that has not finished at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request
 
 from pagedinfer.engine.server import request_options
 from pagedinfer.engine.server.admission import check_waiting_limit
+from pagedinfer.engine.server.completion_shape import CompletionShape
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
 from pagedinfer.engine.server.errors import ApiError, from_value_error
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -70,6 +72,7 @@ class Plan:
     stream: bool
     include_usage: bool
     arrival_time: float
+    completion: CompletionShape = field(default_factory=CompletionShape)  # echo, best_of, prompt_logprobs
 
 
 class Submission:
@@ -154,8 +157,8 @@ class Serving:
         from pagedinfer.engine import SamplingParams
 
         fields: dict[str, Any] = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
-                                      ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs,
-                                      **(extra or {}))
+                                      ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs)
+        fields.update(extra or {})
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(req, name)
@@ -218,10 +221,11 @@ class Serving:
         self._check_waiting_limit(len(req.prompts()), req.n)  # shed load before tokenizing; submit decides
         prompts = await self._off_loop(
             lambda: [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()])
-        options = request_options.completion_options(info, req)
-        max_tokens = self._check_lengths(info, prompts, req.max_tokens, "prompt")
-        params = self._sampling_params(req, max_tokens, req.logprobs, options)
-        return self._plan("cmpl", info, prompts, params, req.logprobs, req)
+        shape = CompletionShape.of(req, [p if isinstance(p, str) else None for p in req.prompts()])
+        options = request_options.completion_options(info, req, shape)
+        max_tokens = self._check_lengths(info, prompts, shape.engine_max_tokens(req.max_tokens), "prompt")
+        params = self._sampling_params(req, max_tokens, shape.engine_logprobs(req.logprobs), options)
+        return dataclasses.replace(self._plan("cmpl", info, prompts, params, req.logprobs, req), completion=shape)
 
     async def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
         info = self._admit(req.model)
