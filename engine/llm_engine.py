@@ -24,6 +24,7 @@ from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence
 from pagedinfer.engine.sizing import InsufficientMemoryError
+from pagedinfer.engine.structured.compiler import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class LLMEngine:
         eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
         self.sampler = Sampler(config.seed, self.eos_token_ids, self.runner.device)
+        self.structured = StructuredOutputs(self.tokenizer, self.runner.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -173,6 +175,8 @@ class LLMEngine:
                        prompt=req.prompt, index=0)
         seq.num_forks_pending = params.n - 1
         seq.detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        if params.structured_outputs is not None:
+            seq.grammar = self.structured.matcher_for(params.structured_outputs)  # compiled: a cache hit
         req.seqs.append(seq)
         self.requests[request_id] = req
         self.scheduler.add(seq)
@@ -288,6 +292,7 @@ class LLMEngine:
             child.first_scheduled_time = parent.first_scheduled_time
             child.detok = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids,
                                                  parent.params.skip_special_tokens)
+            child.grammar = parent.grammar.deep_copy() if parent.grammar is not None else None  # none consumed yet
             self.scheduler.fork(parent, child)
             req.seqs.append(child)
             children.append(child)
@@ -312,6 +317,8 @@ class LLMEngine:
         req.metrics.last_token_time = now
         finish: str | None = None
         stop_reason = None
+        # the grammar allows nothing more (complete) or rejected the token: the output ends with this token
+        grammar_done = seq.grammar is not None and (not seq.grammar.consume_token(token) or seq.grammar.is_stopped())
         if not p.ignore_eos and token in self.eos_token_ids and seq.num_output_tokens >= p.min_tokens:
             finish = "stop"
         elif p.stop_token_ids and token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
@@ -327,6 +334,8 @@ class LLMEngine:
                     at, stop = hit
                     seq.output_text = seq.output_text[:at + len(stop) if p.include_stop_str_in_output else at]
                     finish, stop_reason = "stop", stop
+        if finish is None and grammar_done:
+            finish = "stop"
         if finish is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
             finish = "length"
         if finish is None and p.stop_strings:

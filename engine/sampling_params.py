@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pagedinfer.engine.structured.params import StructuredOutputsParams
+
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's: a bias is in [-100, 100]
 
@@ -73,6 +75,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling (OpenAI's)
     prompt_logprobs: int | None = None  # each prompt token's logprob given its prefix, plus the top k
+    structured_outputs: StructuredOutputsParams | None = None  # JSON schema, regex, choice or grammar
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -101,6 +104,9 @@ class SamplingParams:
         if self.prompt_logprobs is not None and self.prompt_logprobs > 20:
             raise ValueError(f"prompt_logprobs: must be <= 20, got {self.prompt_logprobs}")
         _check_logit_bias(self.logit_bias)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs: expected StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         for s in stops:
             if not isinstance(s, str) or not s:

@@ -57,6 +57,7 @@ class ModelInfo:
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     tokenizer: Any  # the server's own copy, apart from the engine's (see serving.py)
+    structured: Any = None  # the engine's StructuredOutputs: the server compiles grammars into its cache
 
     @property
     def num_token_ids(self) -> int:

@@ -61,7 +61,8 @@ def engine_factory(engine_config: Any, served_model_name: str):
                          max_num_seqs=config.max_num_seqs, vocab_size=int(engine.runner.vocab_size),
                          block_size=config.block_size, num_gpu_blocks=int(engine.num_gpu_blocks),
                          gpu_memory_utilization=config.gpu_memory_utilization,
-                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer)
+                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer,
+                         structured=engine.structured)
         return engine, info
 
     return build

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedinfer.engine.server.errors import ApiError
+from pagedinfer.engine.server.errors import ApiError, from_value_error
 
 
 def logit_bias(info: Any, req: Any) -> dict[int, float] | None:
@@ -47,14 +47,37 @@ def chat_options(info: Any, req: Any) -> dict[str, Any]:
 
 
 def _common_options(info: Any, req: Any) -> dict[str, Any]:
-    structured = [name for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-                  if getattr(req, name) is not None]
-    if req.response_format is not None and req.response_format.type != "text":
-        structured.append("response_format")
-    if structured:
-        raise ApiError(400, f"{structured[0]}: structured outputs are not supported yet", param=structured[0],
-                       code="invalid_parameter")
-    return {"logit_bias": logit_bias(info, req)}
+    return {"logit_bias": logit_bias(info, req), "structured_outputs": structured_outputs(req)}
+
+
+def structured_outputs(req: Any) -> Any:
+    """The request's output constraint (response_format or one guided_* field), None when it has none."""
+    from pagedinfer.engine.structured.params import StructuredOutputsParams
+
+    fmt = req.response_format
+    try:
+        if fmt is not None and fmt.type == "json_schema":
+            return StructuredOutputsParams(json=fmt.json_schema.json_schema, field="response_format")
+        if fmt is not None and fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True, field="response_format")
+        for name, option in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                             ("guided_grammar", "grammar")):
+            value = getattr(req, name)
+            if value is not None:
+                return StructuredOutputsParams(**{option: value}, field=name)
+    except ValueError as exc:
+        raise from_value_error(exc) from None
+    return None
+
+
+def compile_structured(info: Any, spec: Any) -> None:
+    """Compile the constraint into the engine's grammar cache (tokenizer thread); 400 naming its field."""
+    if spec is None:
+        return
+    try:
+        info.structured.compile(spec)
+    except ValueError as exc:
+        raise from_value_error(exc) from None
 
 
 def template_tools(req: Any) -> dict[str, Any]:

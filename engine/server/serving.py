@@ -225,6 +225,7 @@ class Serving:
         options = request_options.completion_options(info, req, shape)
         max_tokens = self._check_lengths(info, prompts, shape.engine_max_tokens(req.max_tokens), "prompt")
         params = self._sampling_params(req, max_tokens, shape.engine_logprobs(req.logprobs), options)
+        await self._off_loop(lambda: request_options.compile_structured(info, params.structured_outputs))
         return dataclasses.replace(self._plan("cmpl", info, prompts, params, req.logprobs, req), completion=shape)
 
     async def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
@@ -237,6 +238,7 @@ class Serving:
         max_tokens = self._check_lengths(info, prompts, requested, "messages", max_tokens_param)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self._sampling_params(req, max_tokens, num_logprobs, request_options.chat_options(info, req))
+        await self._off_loop(lambda: request_options.compile_structured(info, params.structured_outputs))
         return self._plan("chatcmpl", info, prompts, params, num_logprobs, req)
 
     @staticmethod

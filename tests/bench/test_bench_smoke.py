@@ -45,3 +45,13 @@ def test_sampler_benchmark_times_every_case_against_the_per_row_peer(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     ratios = [line.split()[-1] for line in run.stdout.splitlines() if line.endswith("x")]
     assert len(ratios) == 4 and all(float(r[:-1]) > 0 for r in ratios), run.stdout
+
+
+@pytest.mark.slow
+def test_structured_outputs_benchmark_runs_and_checks_every_constrained_output(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "structured_outputs.py"), "--rows", "4", "--tokens",
+                          "6", "--repeats", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    for case in ("0%", "50%", "100%"):
+        assert case in run.stdout
