@@ -138,6 +138,21 @@ class ToolDefinition(BaseModel):
     function: FunctionDefinition
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class AssistantToolCall(BaseModel):
+    """A call in an assistant message of the history."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class NamedFunction(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: StrictStr

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
                       field_validator, model_validator)
 
-from pagedinfer.engine.server.extra_fields import ChatExtras, CompletionExtras
+from pagedinfer.engine.server.extra_fields import AssistantToolCall, ChatExtras, CompletionExtras
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -111,9 +111,19 @@ class TextContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | Annotated[list[TextContentPart], Field(min_length=1)] | None  # required, may be null
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | Annotated[list[TextContentPart], Field(min_length=1)] | None = None  # may be null
     name: StrictStr | None = None
+    tool_calls: Annotated[list[AssistantToolCall], Field(max_length=128)] | None = None  # assistant only
+    tool_call_id: StrictStr | None = None  # role "tool": the call this answers
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool message must name the call it answers")
+        return self
 
     def text(self) -> str | None:
         """The content as one string, text parts joined by newlines (as vLLM).

@@ -8,9 +8,11 @@ request, so a refused request never holds a block.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pagedinfer.engine.server.errors import ApiError, from_value_error
+from pagedinfer.engine.server.tools.choice import tool_plan
 
 
 def logit_bias(info: Any, req: Any) -> dict[int, float] | None:
@@ -38,12 +40,22 @@ def completion_options(info: Any, req: Any, shape: Any) -> dict[str, Any]:
     return options
 
 
-def chat_options(info: Any, req: Any) -> dict[str, Any]:
-    """The SamplingParams fields a chat request's extras ask for."""
-    if req.effective_tool_choice() != "none":
-        raise ApiError(400, "tool_choice: only 'none' is supported yet", param="tool_choice",
-                       code="invalid_parameter")
-    return _common_options(info, req)
+def chat_options(info: Any, req: Any) -> tuple[dict[str, Any], Any]:
+    """(the SamplingParams fields a chat request's extras ask for, its ToolPlan or None)."""
+    from pagedinfer.engine.structured.params import StructuredOutputsParams
+
+    options = _common_options(info, req)
+    try:
+        plan, schema = tool_plan(req, getattr(info.tokenizer, "chat_template", None))
+    except ValueError as exc:
+        raise from_value_error(exc) from None
+    if schema is not None:
+        if options["structured_outputs"] is not None:
+            raise ApiError(400, f"tool_choice: {req.effective_tool_choice()!r} constrains the output itself; "
+                                f"drop response_format and guided_* fields", param="tool_choice",
+                           code="invalid_parameter")
+        options["structured_outputs"] = StructuredOutputsParams(json=schema, field="tools")
+    return options, plan
 
 
 def _common_options(info: Any, req: Any) -> dict[str, Any]:
@@ -78,6 +90,27 @@ def compile_structured(info: Any, spec: Any) -> None:
         info.structured.compile(spec)
     except ValueError as exc:
         raise from_value_error(exc) from None
+
+
+def template_message(message: Any, text: str) -> dict[str, Any]:
+    """A history message as chat templates take it: tool calls' arguments as objects (transformers' convention)."""
+    out: dict[str, Any] = {"role": message.role, "content": text}
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                             for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON: the template gets it as sent
 
 
 def template_tools(req: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from pagedinfer.engine.server.serving import Plan
+from pagedinfer.engine.server.tools import calls as tool_calls
 
 MISSING_LOGPROB = -9999.0  # OpenAI's stand-in for "not in the top-k"; JSON has no -inf
 
@@ -159,8 +160,11 @@ def chat_response(plan: Plan, finals: list[Any], tokenizer: Any) -> dict:
         logprobs = None
         if plan.num_logprobs is not None and c.logprobs is not None:
             logprobs = chat_logprobs(tokenizer, c.token_ids, c.logprobs, plan.num_logprobs)
-        choices.append({"index": index, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        message, called = ({"role": "assistant", "content": c.text}, False) if plan.tools is None \
+            else tool_calls.message(plan.tools, c.text)
+        finish_reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
+        choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
+                        "stop_reason": c.stop_reason})
     return {"id": plan.request_id, "object": "chat.completion", "created": plan.created, "model": plan.model,
             "choices": choices, "usage": usage(plan, finals)}
 
@@ -224,7 +228,13 @@ class DeltaTracker:
             self._sent_chars[index] = len(c.text)
             self._sent_tokens[index] = len(c.token_ids)
             choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": c.finish_reason}
-            if self.chat:
+            if self.chat and self.plan.tools is not None:
+                choice["delta"], called = self._tool_delta(index, c, sent_chars)
+                if called and c.finish_reason == "stop":
+                    choice["finish_reason"] = "tool_calls"
+                if not choice["delta"] and c.finish_reason is None:
+                    continue
+            elif self.chat:
                 choice["delta"] = {"content": delta_text} if delta_text or c.finish_reason is None else {}
             else:
                 choice["text"] = delta_text
@@ -233,6 +243,19 @@ class DeltaTracker:
                 self._finished.add(index)
             out.append(sse(self._envelope([choice])))
         return out
+
+    def _tool_delta(self, index: int, c: Any, sent_chars: int) -> tuple[dict, bool]:
+        """A tools choice's delta: content up to where calls may start; at the end, the rest and the calls."""
+        plan = self.plan.tools
+        if c.finish_reason is None:
+            limit = max(sent_chars, tool_calls.streamable_chars(plan, c.text))
+            self._sent_chars[index] = limit
+            return ({"content": c.text[sent_chars:limit]} if limit > sent_chars else {}), False
+        content, calls = tool_calls.stream_finish(plan, c.text, sent_chars)
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = calls
+        return delta, bool(calls)
 
     def usage_chunk(self) -> str:
         payload = self._envelope([])

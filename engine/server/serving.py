@@ -73,6 +73,7 @@ class Plan:
     include_usage: bool
     arrival_time: float
     completion: CompletionShape = field(default_factory=CompletionShape)  # echo, best_of, prompt_logprobs
+    tools: Any = None  # chat: a tools.choice.ToolPlan when tool calls are to be returned
 
 
 class Submission:
@@ -197,7 +198,7 @@ class Serving:
                 raise ApiError(400, f"messages.{i}.content: may be null only for role 'assistant'",
                                param=f"messages.{i}.content", code="invalid_parameter")
             _check_unicode(text, f"messages.{i}.content")
-            messages.append({"role": m.role, "content": text})
+            messages.append(request_options.template_message(m, text))
         try:
             return info.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                       tokenize=False, **request_options.template_tools(req))
@@ -237,9 +238,10 @@ class Serving:
         requested, max_tokens_param = req.requested_max_tokens()
         max_tokens = self._check_lengths(info, prompts, requested, "messages", max_tokens_param)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self._sampling_params(req, max_tokens, num_logprobs, request_options.chat_options(info, req))
+        options, tools = request_options.chat_options(info, req)
+        params = self._sampling_params(req, max_tokens, num_logprobs, options)
         await self._off_loop(lambda: request_options.compile_structured(info, params.structured_outputs))
-        return self._plan("chatcmpl", info, prompts, params, num_logprobs, req)
+        return dataclasses.replace(self._plan("chatcmpl", info, prompts, params, num_logprobs, req), tools=tools)
 
     @staticmethod
     def _plan(kind: str, info: Any, prompts: list[list[int]], params: Any, num_logprobs: int | None,
