@@ -218,6 +218,9 @@ class LLMEngine:
                     if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
         prompt_rows = {it.seq.seq_id for it in sched.scheduled if it.seq.params.prompt_logprobs is not None
                        and it.seq.num_computed_tokens < it.seq.num_prompt_tokens - 1}
+        # the grammar masks of this step's constrained rows are computed while the forward runs
+        self.sampler.grammar_bitmask.prefetch([s.grammar for s in sampling if s.grammar is not None],
+                                              self.runner.vocab_size, self.runner.device)
         logits, row_ids, prompt_logits = self.runner.execute(sched, {s.seq_id for s in sampling}, prompt_rows)
         if prompt_logits:
             self._record_prompt_logprobs(sched, prompt_logits)

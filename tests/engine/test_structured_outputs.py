@@ -93,3 +93,15 @@ def test_a_spec_the_backend_cannot_serve_is_a_value_error_naming_it(llm, spec, n
         llm.generate(["x"], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(**spec)))
     assert needle in str(info.value)
     assert llm.get_stats().num_used_blocks == 0
+
+
+def test_a_spec_is_compiled_once_and_each_sequence_gets_its_own_matcher(llm):
+    structured = llm.llm_engine.structured
+    spec = StructuredOutputsParams(json=SCHEMAS["enums"])
+    same = StructuredOutputsParams(json=json.dumps(SCHEMAS["enums"]), field="guided_json")  # same schema as text
+    assert structured.compile(spec) is structured.compile(same)
+    first, second = structured.matcher_for(spec), structured.matcher_for(spec)
+    assert first is not second
+    brace = llm.get_tokenizer().encode("{", add_special_tokens=False)
+    assert first.consume_tokens(brace)
+    assert second.consume_tokens(brace)  # untouched by the first one's progress
