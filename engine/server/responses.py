@@ -184,6 +184,7 @@ class DeltaTracker:
         self._sent_chars: dict[int, int] = {}
         self._sent_tokens: dict[int, int] = {}
         self._finished: set[int] = set()  # choices whose finish chunk was sent
+        self._call_ids: dict[int, str] = {}  # named tool choice: each choice's call id, sent in its first chunk
         self.finals: list[Any] = [None] * len(plan.prompts)
 
     def _envelope(self, choices: list[dict]) -> dict:
@@ -247,6 +248,17 @@ class DeltaTracker:
     def _tool_delta(self, index: int, c: Any, sent_chars: int) -> tuple[dict, bool]:
         """A tools choice's delta: content up to where calls may start; at the end, the rest and the calls."""
         plan = self.plan.tools
+        if plan.mode == "named":  # the text is the call's arguments: streamed as they grow, as OpenAI does
+            fragment = {"arguments": c.text[sent_chars:]}
+            if index not in self._call_ids:
+                self._call_ids[index] = tool_calls.new_call_id()
+                call = {"index": 0, "id": self._call_ids[index], "type": "function",
+                        "function": {"name": plan.function, **fragment}}
+            elif fragment["arguments"]:
+                call = {"index": 0, "function": fragment}
+            else:
+                return {}, True
+            return {"tool_calls": [call]}, True
         if c.finish_reason is None:
             limit = max(sent_chars, tool_calls.streamable_chars(plan, c.text))
             self._sent_chars[index] = limit

@@ -100,15 +100,18 @@ def test_streamed_calls_accumulate_to_the_non_streamed_ones(client, tool_server)
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         whole = client.chat.completions.create(tool_choice=choice, **kwargs).choices[0].message.tool_calls
         calls: dict[int, dict] = {}
-        finish = None
+        finish, num_call_chunks = None, 0
         for chunk in client.chat.completions.create(tool_choice=choice, stream=True, **kwargs):
             for c in chunk.choices:
                 finish = c.finish_reason or finish
+                num_call_chunks += bool(c.delta.tool_calls)
                 for delta in c.delta.tool_calls or []:
                     entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
                     entry["name"] += delta.function.name or ""
                     entry["arguments"] += delta.function.arguments or ""
         assert finish == "tool_calls"
+        if choice != "required":  # a named call's arguments stream as they are generated
+            assert num_call_chunks > 1
         assert [calls[i] for i in sorted(calls)] == [
             {"name": c.function.name, "arguments": c.function.arguments} for c in whole]
 

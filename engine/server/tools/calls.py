@@ -23,8 +23,12 @@ def parse_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall]
     return (content or None) if calls else text, calls
 
 
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def openai_tool_calls(calls: list[ParsedCall]) -> list[dict]:
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return [{"id": new_call_id(), "type": "function",
              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
