@@ -56,6 +56,32 @@ class ResponseFormat(BaseModel):
         return self
 
 
+class VllmStructuredOutputs(BaseModel):
+    """vLLM's newer `structured_outputs` extra: one of json, regex, choice, grammar, json_object.
+
+    Its whitespace and fallback switches are accepted: output JSON here is
+    always compact and there is one backend, so they change nothing.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    json_schema: StrictStr | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+    disable_fallback: StrictBool | None = None
+    disable_any_whitespace: StrictBool | None = None
+    disable_additional_properties: StrictBool | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The StructuredOutputsParams fields asked for."""
+        given = {"json": self.json_schema, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        out = {k: v for k, v in given.items() if v is not None}
+        if self.json_object:
+            out["json_object"] = True
+        return out
+
+
 class _CommonExtras(BaseModel):
     """Fields of both /v1/completions and /v1/chat/completions."""
 
@@ -67,6 +93,7 @@ class _CommonExtras(BaseModel):
     guided_regex: StrictStr | None = None
     guided_choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
     guided_grammar: StrictStr | None = None
+    structured_outputs: VllmStructuredOutputs | None = None
     store: StrictBool | None = None
     metadata: dict[StrictStr, StrictStr] | None = None
     service_tier: StrictStr | None = None
@@ -87,8 +114,8 @@ class _CommonExtras(BaseModel):
 
     @model_validator(mode="after")
     def _one_structure(self):
-        asked = [name for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-                 if getattr(self, name) is not None]
+        asked = [name for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                   "structured_outputs") if getattr(self, name) is not None]
         if self.response_format is not None and self.response_format.type != "text":
             asked.append("response_format")
         if len(asked) > 1:

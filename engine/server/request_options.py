@@ -72,6 +72,8 @@ def structured_outputs(req: Any) -> Any:
             return StructuredOutputsParams(json=fmt.json_schema.json_schema, field="response_format")
         if fmt is not None and fmt.type == "json_object":
             return StructuredOutputsParams(json_object=True, field="response_format")
+        if req.structured_outputs is not None:
+            return StructuredOutputsParams(**req.structured_outputs.options(), field="structured_outputs")
         for name, option in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
                              ("guided_grammar", "grammar")):
             value = getattr(req, name)

@@ -77,15 +77,16 @@ def test_streamed_echo_concatenates_to_the_whole_response(server):
     assert whole.startswith("A paged KV cache")
 
 
-def test_best_of_returns_the_completions_with_the_highest_cumulative_logprob(server):
-    common = dict(prompt="Numbers:", max_tokens=5, temperature=1.0, seed=11, logprobs=0, ignore_eos=True)
-    every = post(server, n=4, **common)["choices"]
-    scores = {c["text"]: sum(c["logprobs"]["token_logprobs"]) for c in every}
-    best = post(server, n=2, best_of=4, **common)["choices"]
-    assert [c["index"] for c in best] == [0, 1]
-    assert [c["text"] for c in best] == sorted(scores, key=scores.get, reverse=True)[:2]
-    plain = post(server, n=1, best_of=4, **{k: v for k, v in common.items() if k != "logprobs"})["choices"]
-    assert plain[0]["text"] == best[0]["text"] and plain[0]["logprobs"] is None
+def test_best_of_returns_the_completions_with_the_highest_cumulative_logprob(openai_client, server):
+    common = dict(model=server.model, prompt="Numbers:", max_tokens=5, temperature=1.0, seed=11,
+                  extra_body={"ignore_eos": True})
+    every = openai_client.completions.create(n=4, logprobs=0, **common).choices
+    scores = {c.text: sum(c.logprobs.token_logprobs) for c in every}
+    best = openai_client.completions.create(n=2, best_of=4, logprobs=0, **common).choices
+    assert [c.index for c in best] == [0, 1]
+    assert [c.text for c in best] == sorted(scores, key=scores.get, reverse=True)[:2]
+    plain = openai_client.completions.create(n=1, best_of=4, **common).choices
+    assert plain[0].text == best[0].text and plain[0].logprobs is None
 
 
 def test_vllm_prompt_logprobs_field_reports_each_prompt_token(server, reference):

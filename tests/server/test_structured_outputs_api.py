@@ -86,3 +86,16 @@ def test_no_block_leaks_after_bad_constraints(server):
                                                           **fields}, timeout=30)
     metrics = server.wait_idle()
     assert metrics["pagedinfer_kv_cache_free_blocks"] == metrics["pagedinfer_kv_cache_num_blocks"]
+
+
+def test_vllm_structured_outputs_field(openai_client, server):
+    out = openai_client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "Pick"}], max_tokens=10, temperature=1.0,
+        extra_body={"structured_outputs": {"choice": ["up", "down"], "disable_any_whitespace": True}})
+    assert out.choices[0].message.content in ("up", "down")
+    schema = openai_client.completions.create(model=server.model, prompt="x", max_tokens=120, temperature=1.0,
+                                              extra_body={"structured_outputs": {"json": SCHEMA}})
+    jsonschema.validate(json.loads(schema.choices[0].text), SCHEMA)
+    r = httpx.post(server.url + "/v1/completions", json={"model": server.model, "prompt": "x", "max_tokens": 2,
+                                                         "structured_outputs": {"regex": "a", "choice": ["a"]}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
