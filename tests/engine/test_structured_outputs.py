@@ -105,3 +105,12 @@ def test_a_spec_is_compiled_once_and_each_sequence_gets_its_own_matcher(llm):
     brace = llm.get_tokenizer().encode("{", add_special_tokens=False)
     assert first.consume_tokens(brace)
     assert second.consume_tokens(brace)  # untouched by the first one's progress
+
+
+def test_constrained_rows_leave_the_unconstrained_rows_of_their_steps_unchanged(llm):
+    plain = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=12) for i in range(4)]
+    alone = [o.outputs[0].token_ids for o in llm.generate(["Hello"] * 4, plain)]
+    constrained = [SamplingParams(temperature=1.0, seed=i, max_tokens=40,
+                                  structured_outputs=StructuredOutputsParams(json=SCHEMAS["enums"])) for i in range(4)]
+    shared = llm.generate(["Hello"] * 4 + ["JSON: "] * 4, plain + constrained)
+    assert [o.outputs[0].token_ids for o in shared[:4]] == alone
