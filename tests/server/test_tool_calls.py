@@ -181,3 +181,26 @@ def test_bad_tool_requests_are_400s_naming_the_field(tool_server, fields, param)
     assert r.json()["error"]["param"] == param, r.text
     metrics = tool_server.wait_idle()
     assert metrics["pagedinfer_kv_cache_free_blocks"] == metrics["pagedinfer_kv_cache_num_blocks"]
+
+
+AUTO_CALL = r'Checking\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Lima)", "unit": "celsius"\}\}</tool_call>'
+
+
+def test_auto_reads_the_models_own_call_back_whole_and_streamed(client, tool_server):
+    # The random model is held by a regex to the Hermes format, so "auto" meets a real call in its text.
+    kwargs = dict(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK], tool_choice="auto",
+                  temperature=1.0, seed=2, max_tokens=200, extra_body={"guided_regex": AUTO_CALL})
+    out = client.chat.completions.create(**kwargs)
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert message.content == "Checking."
+    (call,) = message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
+    content, calls = "", []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            calls += c.delta.tool_calls or []
+    assert content.strip() == "Checking." and "<tool" not in content
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("get_weather", call.function.arguments)]
