@@ -184,7 +184,7 @@ class DeltaTracker:
         self._sent_chars: dict[int, int] = {}
         self._sent_tokens: dict[int, int] = {}
         self._finished: set[int] = set()  # choices whose finish chunk was sent
-        self._call_ids: dict[int, str] = {}  # named tool choice: each choice's call id, sent in its first chunk
+        self._streamed_args: dict[int, list[int]] = {}  # per choice, the argument characters sent per call
         self.finals: list[Any] = [None] * len(plan.prompts)
 
     def _envelope(self, choices: list[dict]) -> dict:
@@ -248,17 +248,9 @@ class DeltaTracker:
     def _tool_delta(self, index: int, c: Any, sent_chars: int) -> tuple[dict, bool]:
         """A tools choice's delta: content up to where calls may start; at the end, the rest and the calls."""
         plan = self.plan.tools
-        if plan.mode == "named":  # the text is the call's arguments: streamed as they grow, as OpenAI does
-            fragment = {"arguments": c.text[sent_chars:]}
-            if index not in self._call_ids:
-                self._call_ids[index] = tool_calls.new_call_id()
-                call = {"index": 0, "id": self._call_ids[index], "type": "function",
-                        "function": {"name": plan.function, **fragment}}
-            elif fragment["arguments"]:
-                call = {"index": 0, "function": fragment}
-            else:
-                return {}, True
-            return {"tool_calls": [call]}, True
+        if plan.mode in ("named", "required"):  # the calls' arguments stream as they grow, as OpenAI streams them
+            deltas = self._argument_deltas(index, tool_calls.growing_calls(plan, c.text))
+            return ({"tool_calls": deltas} if deltas else {}), True
         if c.finish_reason is None:
             limit = max(sent_chars, tool_calls.streamable_chars(plan, c.text))
             self._sent_chars[index] = limit
@@ -268,6 +260,20 @@ class DeltaTracker:
         if calls:
             delta["tool_calls"] = calls
         return delta, bool(calls)
+
+    def _argument_deltas(self, index: int, calls: list[tuple[str, str]]) -> list[dict]:
+        """OpenAI's tool_calls deltas for (name, arguments so far) calls: a call's first with id and name."""
+        sent = self._streamed_args.setdefault(index, [])
+        deltas = []
+        for i, (name, arguments) in enumerate(calls):
+            if i == len(sent):
+                deltas.append({"index": i, "id": tool_calls.new_call_id(), "type": "function",
+                               "function": {"name": name, "arguments": arguments}})
+                sent.append(len(arguments))
+            elif len(arguments) > sent[i]:
+                deltas.append({"index": i, "function": {"arguments": arguments[sent[i]:]}})
+                sent[i] = len(arguments)
+        return deltas
 
     def usage_chunk(self) -> str:
         payload = self._envelope([])

@@ -54,3 +54,17 @@ def test_streaming_holds_back_what_may_become_a_call():
     assert rest == "" and [d["function"]["name"] for d in deltas] == ["a"] and deltas[0]["index"] == 0
     rest, deltas = stream_finish(plan, "Sure, <tool", len("Sure, "))
     assert rest == "<tool" and deltas == []
+
+
+def test_required_calls_are_found_in_every_prefix_of_the_output():
+    from pagedinfer.engine.server.tools.required import scan
+
+    text = '[{"name":"a","parameters":{"s":"x}]\\"y","n":[1,{"k":2}]}},{"name":"b","parameters":{}}]'
+    final = [(c.name, c.arguments) for c in scan(text)]
+    assert final == [("a", '{"s":"x}]\\"y","n":[1,{"k":2}]}'), ("b", "{}")]
+    assert [json.loads(arguments) for _, arguments in final] == [{"s": 'x}]"y', "n": [1, {"k": 2}]}, {}]
+    for cut in range(len(text) + 1):
+        seen = scan(text[:cut])
+        assert len(seen) <= 2
+        for got, (name, arguments) in zip(seen, final):
+            assert got.name == name and arguments.startswith(got.arguments)

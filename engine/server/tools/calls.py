@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from pagedinfer.engine.server.tools import required
 from pagedinfer.engine.server.tools.choice import ToolPlan
 from pagedinfer.engine.server.tools.parsers import ParsedCall
 
@@ -15,12 +16,19 @@ def parse_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall]
         return None, [ParsedCall(plan.function, text)]
     if plan.mode == "required":
         try:
-            items = json.loads(text)
+            json.loads(text)
         except ValueError:  # cut by max_tokens: no valid list
             return text, []
-        return None, [ParsedCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+        return None, [ParsedCall(c.name, c.arguments) for c in required.scan(text)]
     content, calls = plan.parser.parse(text)
     return (content or None) if calls else text, calls
+
+
+def growing_calls(plan: ToolPlan, text: str) -> list[tuple[str, str]]:
+    """(name, arguments so far) of the calls in a constrained (named or required) output, finished or not."""
+    if plan.mode == "named":
+        return [(plan.function, text)]
+    return [(c.name, c.arguments) for c in required.scan(text)]
 
 
 def new_call_id() -> str:
@@ -59,6 +67,6 @@ def stream_finish(plan: ToolPlan, text: str, sent_chars: int) -> tuple[str, list
     _, calls = parse_calls(plan, text)
     if not calls:
         return text[sent_chars:], []
-    at = 0 if plan.mode != "auto" else max(0, text.find(plan.parser.marker))
+    at = max(0, text.find(plan.parser.marker))  # "auto" only: constrained calls stream as they grow
     deltas = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(calls))]
     return text[sent_chars:at].rstrip() if at > sent_chars else "", deltas
