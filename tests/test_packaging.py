@@ -94,3 +94,14 @@ def test_every_module_the_code_imports_comes_with_its_extra(extra, folders):
         if not dists & provided:
             missing[module] = sorted(dists)
     assert not missing, f"imported but not installed by the [{extra}] extra: {missing}"
+
+
+def test_every_subpackage_is_listed_for_setuptools():
+    """A folder with an __init__.py missing from [tool.setuptools] packages is left out of the wheel."""
+    import re
+
+    listed = set(re.findall(r'"(pagedinfer\.[\w.]+)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1]
+                            .split("]")[0]))
+    found = {"pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
+             for folder in ("engine", "kernels", "operator") for init in (REPO / folder).rglob("__init__.py")}
+    assert found == listed
