@@ -2,8 +2,9 @@
 
 Order (as vLLM): logprobs are taken from the raw model distribution; then
 logit_bias is added (`logit_bias.py`); a structured-output row's grammar
-masks the tokens it does not allow (`structured/bitmask.py`); min_tokens masks EOS and stop tokens; repetition (prompt + output), presence
-and frequency (output) penalties; greedy rows take the argmax; other rows are
+masks the tokens it does not allow (`structured/bitmask.py`); min_tokens
+masks EOS and stop tokens; repetition (prompt + output), presence and
+frequency (output) penalties; greedy rows take the argmax; other rows are
 scaled by 1/temperature, cut by top-k, top-p and min-p, and drawn, all rows
 of the step in one batch of tensor operations (no per-row host round trip: on a
 GPU a step of 256 sampled rows costs one sync, as in vLLM's sampler). A request
