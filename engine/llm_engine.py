@@ -151,7 +151,8 @@ class LLMEngine:
             raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
         biased = sorted(t for t in params.logit_bias or {} if t >= self.runner.vocab_size)
         if biased:
-            raise ValueError(f"logit_bias: token ids {biased} are outside the vocabulary (ids < {self.runner.vocab_size})")
+            raise ValueError(f"logit_bias: token ids {biased} are outside the vocabulary "
+                             f"(ids < {self.runner.vocab_size})")
         outside = [t for t in params.stop_token_ids or () if t >= self.runner.vocab_size]
         if outside:
             raise ValueError(f"stop_token_ids: {outside} are outside the vocabulary (ids < {self.runner.vocab_size})")

@@ -118,8 +118,9 @@ def _prompt_part(plan: Plan, tokenizer: Any, prompt_index: int, out: Any) -> tup
 def _vllm_prompt_logprobs(out: Any) -> list | None:
     if out.prompt_logprobs is None:
         return None
-    return [None if step is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-                                       for t, lp in step.items()} for step in out.prompt_logprobs]
+    return [None if step is None else
+            {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+             for t, lp in step.items()} for step in out.prompt_logprobs]
 
 
 def completion_choice(plan: Plan, tokenizer: Any, prompt_index: int, out: Any, c: Any, sent_chars: int = 0,

@@ -79,7 +79,8 @@ def test_a_named_function_returns_a_valid_call_of_it(client, tool_server, seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_required_returns_calls_of_the_given_tools(client, tool_server, seed):
     out = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK],
-                                         tool_choice="required", temperature=1.0, seed=seed, max_tokens=REQUIRED_MAX_TOKENS)
+                                         tool_choice="required", temperature=1.0, seed=seed,
+                                         max_tokens=REQUIRED_MAX_TOKENS)
     calls = out.choices[0].message.tool_calls
     assert calls and out.choices[0].finish_reason == "tool_calls"
     for call in calls:
@@ -182,7 +183,8 @@ def test_bad_tool_requests_are_400s_naming_the_field(tool_server, fields, param)
     assert metrics["pagedinfer_kv_cache_free_blocks"] == metrics["pagedinfer_kv_cache_num_blocks"]
 
 
-AUTO_CALL = r'Checking\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Lima)", "unit": "celsius"\}\}</tool_call>'
+AUTO_CALL = (r'Checking\. <tool_call>\{"name": "get_weather", "arguments": '
+             r'\{"city": "(Paris|Lima)", "unit": "celsius"\}\}</tool_call>')
 
 
 def test_auto_reads_the_models_own_call_back_whole_and_streamed(client, tool_server):
