@@ -3,8 +3,8 @@
 /tokenize takes either `prompt` (text, tokenized with the special tokens
 the completions endpoint adds unless `add_special_tokens` is false) or
 `messages` (rendered through the chat template exactly as /v1/chat/completions
-renders them, `add_generation_prompt` true by default, no special tokens
-added on top). It answers `{"count", "max_model_len", "tokens",
+renders them, with `tools` if given, `add_generation_prompt` true by
+default, no special tokens added on top). It answers `{"count", "max_model_len", "tokens",
 "token_strs"}`, `token_strs` only with `return_token_strs`. /detokenize takes
 `tokens` and answers `{"prompt"}`. `model` is optional (vLLM's); when given
 it must be the served name. Both run on the server's tokenizer thread.
@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from pagedinfer.engine.server.errors import ApiError
+from pagedinfer.engine.server.extra_fields import ToolDefinition
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, ChatMessage, ErrorResponse
 from pagedinfer.engine.server.serving import Serving
 
@@ -29,6 +30,7 @@ class TokenizeRequest(BaseModel):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None  # rendered with messages
     add_special_tokens: StrictBool | None = None  # default: True for prompt, False for messages (vLLM's)
     add_generation_prompt: StrictBool = True
     return_token_strs: StrictBool = False
@@ -64,7 +66,7 @@ def install_tokenize_routes(app: FastAPI, serving: Serving, dependencies: list[A
         def work() -> tuple[list[int], list[str] | None]:
             if body.messages is not None:
                 chat = ChatCompletionRequest.model_construct(messages=body.messages, model=info.served_model_name,
-                                                             tools=None, tool_choice=None)
+                                                             tools=body.tools, tool_choice=None)
                 text = serving.render_chat(info, chat, body.add_generation_prompt)
                 ids = serving.tokenize_text(info, text, "messages", bool(body.add_special_tokens))
             else:

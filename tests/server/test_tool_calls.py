@@ -205,3 +205,12 @@ def test_auto_reads_the_models_own_call_back_whole_and_streamed(client, tool_ser
             calls += c.delta.tool_calls or []
     assert content.strip() == "Checking." and "<tool" not in content
     assert [(c.function.name, c.function.arguments) for c in calls] == [("get_weather", call.function.arguments)]
+
+
+def test_tokenize_renders_tools_with_the_messages_as_chat_does(client, tool_server):
+    counted = httpx.post(tool_server.url + "/tokenize", json={"messages": QUESTION, "tools": [WEATHER]},
+                         timeout=30).json()["count"]
+    used = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER],
+                                          tool_choice="auto", max_tokens=1, temperature=0).usage.prompt_tokens
+    assert counted == used > httpx.post(tool_server.url + "/tokenize", json={"messages": QUESTION},
+                                        timeout=30).json()["count"]
