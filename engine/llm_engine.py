@@ -281,9 +281,11 @@ class LLMEngine:
             slots.extend((req, part.first_target + i) for i in range(count))
         if not rows:
             return
+        texts: dict[int, str] = {}  # each token decoded once per step
         for (req, position), entry in zip(slots, prompt_logprobs(torch.cat(rows), targets, ks)):
-            req.prompt_logprobs[position] = {tid: Logprob(lp.logprob, lp.rank, self.tokenizer.decode([tid]))
-                                             for tid, lp in entry.items()}
+            for tid in entry.keys() - texts.keys():
+                texts[tid] = self.tokenizer.decode([tid])
+            req.prompt_logprobs[position] = {tid: Logprob(lp.logprob, lp.rank, texts[tid]) for tid, lp in entry.items()}
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         req = self.requests[parent.request_id]
