@@ -23,11 +23,12 @@ from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.model_source import resolve_model_dir
-from pagedinfer.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from pagedinfer.engine.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
 from pagedinfer.engine.sizing import InsufficientMemoryError
+from pagedinfer.engine.structured.compiler import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class _Request:
     outputs: list[CompletionOutput] = field(default_factory=list)
     beam: BeamSearch | None = None  # beam search: its bookkeeping; its live beams are `group`
     group: SequenceGroup | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled as the prompt is computed
 
     @property
     def finished(self) -> bool:
@@ -117,6 +119,7 @@ class LLMEngine:
         eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
         self.sampler = Sampler(config.seed, self.eos_token_ids, self.runner.device)
+        self.structured = StructuredOutputs(self.tokenizer, self.runner.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -163,6 +166,10 @@ class LLMEngine:
             raise ValueError(f"n: {params.n} completions exceed max_num_seqs={self.config.max_num_seqs}")
         if params.logprobs is not None and params.logprobs > self.runner.vocab_size:
             raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
+        biased = sorted(t for t in params.logit_bias or {} if t >= self.runner.vocab_size)
+        if biased:
+            raise ValueError(f"logit_bias: token ids {biased} are outside the vocabulary "
+                             f"(ids < {self.runner.vocab_size})")
         outside = [t for t in params.stop_token_ids or () if t >= self.runner.vocab_size]
         if outside:
             raise ValueError(f"stop_token_ids: {outside} are outside the vocabulary (ids < {self.runner.vocab_size})")
@@ -190,10 +197,14 @@ class LLMEngine:
             return
         req.outputs = [CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
                        for i in range(params.n)]
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None] * len(ids)
         seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now,
                        prompt=req.prompt, index=0)
         seq.num_forks_pending = params.n - 1
         seq.detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        if params.structured_outputs is not None:
+            seq.grammar = self.structured.matcher_for(params.structured_outputs)  # compiled: a cache hit
         req.seqs.append(seq)
         self.requests[request_id] = req
         self.scheduler.add(seq)
@@ -233,7 +244,14 @@ class LLMEngine:
         # Sequences whose last token is computed this step sample a new token.
         sampling = [it.seq for it in sched.scheduled
                     if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
-        logits, row_ids = self.runner.execute(sched, {s.seq_id for s in sampling})
+        prompt_rows = {it.seq.seq_id for it in sched.scheduled if it.seq.params.prompt_logprobs is not None
+                       and it.seq.num_computed_tokens < it.seq.num_prompt_tokens - 1}
+        # the grammar masks of this step's constrained rows are computed while the forward runs
+        self.sampler.grammar_bitmask.prefetch([s.grammar for s in sampling if s.grammar is not None],
+                                              self.runner.vocab_size, self.runner.device)
+        logits, row_ids, prompt_logits = self.runner.execute(sched, {s.seq_id for s in sampling}, prompt_rows)
+        if prompt_logits:
+            self._record_prompt_logprobs(sched, prompt_logits)
         self.scheduler.after_step(sched)
         self.num_prompt_tokens += sum(
             max(0, min(it.seq.num_prompt_tokens - (it.seq.num_computed_tokens - it.num_new_tokens),
@@ -309,6 +327,35 @@ class LLMEngine:
         self.scheduler.fork(parent, child)
         return child
 
+    def _record_prompt_logprobs(self, sched, prompt_logits: dict) -> None:
+        """Score this step's prompt positions (all requests at once) into their requests' prompt_logprobs.
+
+        A prompt recomputed after a preemption overwrites its entries with the same values.
+        """
+        import torch
+
+        from pagedinfer.engine.prompt_logprobs import prompt_logprobs
+
+        seqs = {it.seq.seq_id: it.seq for it in sched.scheduled}
+        rows, targets, ks, slots = [], [], [], []
+        for seq_id, part in prompt_logits.items():
+            seq = seqs[seq_id]
+            req = self.requests.get(seq.request_id)
+            if req is None or req.prompt_logprobs is None:
+                continue
+            count = part.logits.shape[0]
+            rows.append(part.logits)
+            targets.extend(seq.prompt_token_ids[part.first_target: part.first_target + count])
+            ks.extend([seq.params.prompt_logprobs] * count)
+            slots.extend((req, part.first_target + i) for i in range(count))
+        if not rows:
+            return
+        texts: dict[int, str] = {}  # each token decoded once per step
+        for (req, position), entry in zip(slots, prompt_logprobs(torch.cat(rows), targets, ks)):
+            for tid in entry.keys() - texts.keys():
+                texts[tid] = self.tokenizer.decode([tid])
+            req.prompt_logprobs[position] = {tid: Logprob(lp.logprob, lp.rank, texts[tid]) for tid, lp in entry.items()}
+
     def _fork(self, parent: Sequence) -> list[Sequence]:
         req = self.requests[parent.request_id]
         children = []
@@ -320,6 +367,7 @@ class LLMEngine:
             child.first_scheduled_time = parent.first_scheduled_time
             child.detok = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids,
                                                  parent.params.skip_special_tokens)
+            child.grammar = parent.grammar.deep_copy() if parent.grammar is not None else None  # none consumed yet
             self.scheduler.fork(parent, child)
             req.seqs.append(child)
             children.append(child)
@@ -344,6 +392,8 @@ class LLMEngine:
         req.metrics.last_token_time = now
         finish: str | None = None
         stop_reason = None
+        # the grammar allows nothing more (complete) or rejected the token: the output ends with this token
+        grammar_done = seq.grammar is not None and (not seq.grammar.consume_token(token) or seq.grammar.is_stopped())
         if not p.ignore_eos and token in self.eos_token_ids and seq.num_output_tokens >= p.min_tokens:
             finish = "stop"
         elif p.stop_token_ids and token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
@@ -359,6 +409,8 @@ class LLMEngine:
                     at, stop = hit
                     seq.output_text = seq.output_text[:at + len(stop) if p.include_stop_str_in_output else at]
                     finish, stop_reason = "stop", stop
+        if finish is None and grammar_done:
+            finish = "stop"
         if finish is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
             finish = "length"
         if finish is None and p.stop_strings:
@@ -378,7 +430,8 @@ class LLMEngine:
                 for o in req.outputs]
         return RequestOutput(request_id=req.request_id, prompt=req.prompt,
                              prompt_token_ids=req.prompt_token_ids, num_cached_tokens=first.num_cached_tokens,
-                             outputs=outs, finished=finished, metrics=req.metrics)
+                             outputs=outs, finished=finished, metrics=req.metrics,
+                             prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None)
 
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:

@@ -12,6 +12,7 @@ the implementation were not set).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -179,11 +180,16 @@ class ModelRunner:
                 " not route attention through transformers' AttentionInterface")
         return out.logits[0]
 
-    def execute(self, sched: SchedulerOutput, sample_seq_ids: set[int]) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, sched: SchedulerOutput, sample_seq_ids: set[int],
+                prompt_logprob_seq_ids: frozenset[int] | set[int] = frozenset()
+                ) -> tuple[torch.Tensor, list[int], dict[int, PromptLogits]]:
         """Run the block copies and the forward of one step.
 
         Returns float32 logits [num_sampling, vocab] and the seq_ids of their
-        rows, for the sequences in sample_seq_ids (those whose last token is computed now).
+        rows, for the sequences in sample_seq_ids (those whose last token is
+        computed now); and, for the sequences in prompt_logprob_seq_ids, the
+        logits of the prompt positions computed this step that predict a
+        prompt token (position p predicts token p + 1), from the same forward.
         """
         if sched.blocks_to_swap_out:
             dispatch.swap_blocks(self.kv_cache, self.cpu_cache, _pairs(sched.blocks_to_swap_out), block_dim=2)
@@ -200,9 +206,14 @@ class ModelRunner:
         tables: list[list[int]] = []
         keep: list[int] = []
         keep_ids: list[int] = []
+        # (seq_id, first target position, flat index of its first row, rows)
+        prompt_keep: list[tuple[int, int, int, int]] = []
         for it in items:
             start = it.seq.num_computed_tokens
             end = start + it.num_new_tokens
+            if it.seq.seq_id in prompt_logprob_seq_ids and start < it.seq.num_prompt_tokens - 1:
+                last = min(end, it.seq.num_prompt_tokens - 1)  # the last prompt position predicts no prompt token
+                prompt_keep.append((it.seq.seq_id, start + 1, len(ids), last - start))
             ids.extend(it.seq.token_ids[start:end])
             pos.extend(range(start, end))
             seq_lens.append(end)
@@ -216,10 +227,26 @@ class ModelRunner:
         meta = build_attention_metadata(seq_lens, query_lens, tables, self.block_size, self.device)
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         positions = torch.tensor([pos], dtype=torch.long, device=self.device)
+        num_sampled = len(keep_ids)
+        for _, _, flat, count in prompt_keep:
+            keep.extend(range(flat, flat + count))
         if not keep:
             keep, keep_ids = [len(ids) - 1], []  # logits_to_keep must select something
         logits = self._forward(input_ids, positions, meta, torch.tensor(keep, device=self.device))
-        return logits[: len(keep_ids)].float(), keep_ids
+        prompt_logits: dict[int, PromptLogits] = {}
+        row = num_sampled
+        for seq_id, first_target, _, count in prompt_keep:
+            prompt_logits[seq_id] = PromptLogits(first_target, logits[row: row + count])
+            row += count
+        return logits[:num_sampled].float(), keep_ids, prompt_logits
+
+
+@dataclass(frozen=True)
+class PromptLogits:
+    """A sequence's prompt-position logits from one step: rows i predicts prompt token first_target + i."""
+
+    first_target: int  # the prompt position whose token row 0 predicts
+    logits: torch.Tensor  # [num_targets, vocab], the model's dtype
 
 
 def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device | str = "cpu") -> torch.Tensor:

@@ -47,6 +47,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    # with SamplingParams.prompt_logprobs: per prompt token, None for the first
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """Token sampling for one step: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
 
 Order (as vLLM): logprobs are taken from the raw model distribution; then
-min_tokens masks EOS and stop tokens; repetition (prompt + output), presence
-and frequency (output) penalties; greedy rows take the argmax; other rows are
+logit_bias is added (`logit_bias.py`); a structured-output row's grammar
+masks the tokens it does not allow (`structured/bitmask.py`); min_tokens
+masks EOS and stop tokens; repetition (prompt + output), presence and
+frequency (output) penalties; greedy rows take the argmax; other rows are
 scaled by 1/temperature, cut by top-k, top-p and min-p, and drawn, all rows
 of the step in one batch of tensor operations (no per-row host round trip: on a
 GPU a step of 256 sampled rows costs one sync, as in vLLM's sampler). A request
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.engine.logit_bias import apply_logit_bias
 from pagedinfer.engine.outputs import Logprob
 from pagedinfer.engine.sequence import Sequence
+from pagedinfer.engine.structured.bitmask import GrammarBitmask
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Sampler:
         self.eos_token_ids = eos_token_ids
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.seq_generators: dict[int, torch.Generator] = {}
+        self.grammar_bitmask = GrammarBitmask()
 
     def forget(self, seq_id: int) -> None:
         self.seq_generators.pop(seq_id, None)
@@ -56,6 +61,8 @@ class Sampler:
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        apply_logit_bias(logits, seqs)
+        self.grammar_bitmask.apply(logits, [(row, s.grammar) for row, s in enumerate(seqs) if s.grammar is not None])
         for row, seq in enumerate(seqs):
             self._apply_penalties(logits[row], seq)
         tokens = logits.argmax(dim=-1)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pagedinfer.engine.structured.params import StructuredOutputsParams
+
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's: a bias is in [-100, 100]
 
 
 def _check_int(name: str, value, minimum: int, allow_none: bool = False) -> None:
@@ -24,6 +27,16 @@ def _check_float(name: str, value, lo: float, hi: float, lo_open: bool = False, 
         raise ValueError(f"{name}: must be in {left}{lo}, {hi}{right}, got {value!r}")
 
 
+def _check_logit_bias(bias) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias: must be a dict of token id to bias, got {type(bias).__name__}")
+    for token, value in bias.items():
+        _check_int("logit_bias", token, 0)
+        _check_float("logit_bias", value, -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request's completions.
@@ -34,6 +47,11 @@ class SamplingParams:
     cannot be sampled from; in the limit it is the argmax anyway.
     top_k None means no top-k cut; -1 and 0, vLLM's spellings of it, are
     accepted and stored as None.
+    logit_bias adds its value, in [-100, 100], to the token's logit before
+    penalties, temperature and cuts, as OpenAI's; logprobs stay those of the
+    model's own distribution (vLLM's raw logprobs).
+    prompt_logprobs=k reports, per prompt token after the first, its logprob
+    given the tokens before it and the top k (None for the first, as vLLM).
     Penalties follow vLLM/OpenAI: presence and frequency act on generated
     tokens, repetition on prompt and generated tokens.
     """
@@ -55,6 +73,9 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling (OpenAI's)
+    prompt_logprobs: int | None = None  # each prompt token's logprob given its prefix, plus the top k
+    structured_outputs: StructuredOutputsParams | None = None  # JSON schema, regex, choice or grammar
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -79,6 +100,13 @@ class SamplingParams:
         _check_int("logprobs", self.logprobs, 0, allow_none=True)
         if self.logprobs is not None and self.logprobs > 20:
             raise ValueError(f"logprobs: must be <= 20, got {self.logprobs}")
+        _check_int("prompt_logprobs", self.prompt_logprobs, 0, allow_none=True)
+        if self.prompt_logprobs is not None and self.prompt_logprobs > 20:
+            raise ValueError(f"prompt_logprobs: must be <= 20, got {self.prompt_logprobs}")
+        _check_logit_bias(self.logit_bias)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs: expected StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         for s in stops:
             if not isinstance(s, str) or not s:

@@ -18,6 +18,10 @@ Pure Python, no torch. Every step:
 The watermark (steps 2 and 3) keeps blocks free for running sequences to grow
 into; when nothing runs it is not applied, so any request that fits the pool
 (every request does: max_model_len fits it) is admitted, and no queue can stall.
+A request with prompt_logprobs takes no prefix-cache hits: its cached
+prompt blocks would skip the forward that yields their logits, so the whole
+prompt is computed (and counted against the token budget) like an uncached
+one; its blocks still enter the cache for others.
 A request with n > 1 holds n seats of max_num_seqs from its admission on, the
 children it has yet to fork included.
 
@@ -175,7 +179,9 @@ class Scheduler:
                 seq = self.waiting[0]
                 if seats_taken + self.seats(seq) > self.config.max_num_seqs:
                     break
-                hits = self.kv.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
+                # a request for prompt logprobs needs every prompt position's logits: no prefix-cache hits
+                reuse = seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None
+                hits = self.kv.get_computed_blocks(seq) if reuse else []
                 num_hit_tokens = len(hits) * self.kv.block_size
                 remaining = seq.num_tokens - seq.num_computed_tokens - num_hit_tokens
                 if not self.config.enable_chunked_prefill and remaining > budget:

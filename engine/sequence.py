@@ -53,6 +53,7 @@ class Sequence:
     was_admitted: bool = False
     output_text: str = ""
     detok: Any = None  # incremental detokenizer state, owned by the engine
+    grammar: Any = None  # structured outputs: this sequence's llguidance matcher, advanced by each token
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

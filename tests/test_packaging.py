@@ -144,3 +144,14 @@ def test_engine_commands_in_an_operator_only_install_name_the_extra(tmp_path):
         assert f"pagedinfer {argv[0]}: error: needs the 'engine' extra" in lines[0]
         assert "pip install 'pagedinfer[engine]'" in lines[0]
     assert pagedinfer("operator", "--help").returncode == 0
+
+
+def test_every_subpackage_is_listed_for_setuptools():
+    """A folder with an __init__.py missing from [tool.setuptools] packages is left out of the wheel."""
+    import re
+
+    listed = set(re.findall(r'"(pagedinfer\.[\w.]+)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1]
+                            .split("]")[0]))
+    found = {"pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
+             for folder in ("engine", "kernels", "operator") for init in (REPO / folder).rglob("__init__.py")}
+    assert found == listed

@@ -29,6 +29,7 @@ from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatComple
 from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
 from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
+from pagedinfer.engine.server.tokenize_routes import install_tokenize_routes
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in access logs
 
@@ -148,6 +149,8 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
               dependencies=json_only)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await respond(await serving.prepare_chat(body), request, chat=True)
+
+    install_tokenize_routes(app, serving, json_only)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

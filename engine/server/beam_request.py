@@ -29,6 +29,20 @@ def check_not_beam_fields(req: Any) -> None:
                        code="invalid_parameter")
 
 
+def check_beam_options(req: Any, options: dict[str, Any]) -> None:
+    """400 naming the field when a use_beam_search request also asks for a feature beam search does not
+    apply (echo, prompt logprobs, best_of, logit_bias, structured outputs, tools), rather than ignoring it."""
+    if getattr(req, "echo", False):
+        raise ApiError(400, "echo: does not apply to beam search (use_beam_search: true); leave it unset",
+                       param="echo", code="invalid_parameter")
+    for key, value in options.items():
+        if value is None or (key == "n" and value == req.n):
+            continue
+        param = getattr(value, "field", None) or {"n": "best_of"}.get(key, key)
+        raise ApiError(400, f"{param}: does not apply to beam search (use_beam_search: true); leave it unset",
+                       param=param, code="invalid_parameter")
+
+
 def beam_search_params(req: Any, max_tokens: int) -> Any:
     """The BeamSearchParams of a use_beam_search request; 400 naming the field that does not apply."""
     from pagedinfer.engine.beam.params import BeamSearchParams

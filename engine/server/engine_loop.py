@@ -69,6 +69,7 @@ class ModelInfo:
     enable_prefix_caching: bool
     tokenizer: Any  # the server's own copy, apart from the engine's (see serving.py)
     max_chars_per_token: int | None = None  # prompt_chars.py; None: no sound bound for this tokenizer
+    structured: Any = None  # the engine's StructuredOutputs: the server compiles grammars into its cache
 
     @property
     def num_token_ids(self) -> int:

@@ -65,7 +65,8 @@ def engine_factory(engine_config: Any, served_model_name: str):
                          block_size=config.block_size, num_gpu_blocks=int(engine.num_gpu_blocks),
                          gpu_memory_utilization=config.gpu_memory_utilization,
                          enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer,
-                         max_chars_per_token=max_chars_per_token(tokenizer))
+                         max_chars_per_token=max_chars_per_token(tokenizer),
+                         structured=engine.structured)
         return engine, info
 
     return build

@@ -5,7 +5,8 @@ names the field instead of being silently ignored. Range checks here mirror
 `SamplingParams`; the engine validates again when the request is added.
 Extra vLLM-style sampling fields (`top_k`, `min_p`, `repetition_penalty`,
 `ignore_eos`, `min_tokens`, `use_beam_search`, `length_penalty`) sit beside
-OpenAI's own.
+OpenAI's own; the fields beyond sampling (`logit_bias`, `response_format`,
+`echo`, `tools`, ...) come from `extra_fields.py`'s mixins.
 
 Every optional field accepts JSON null and treats it as its default, as
 OpenAI declares them nullable and vLLM accepts null (`"n": null` is n=1).
@@ -17,6 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
                       field_validator, model_validator)
+
+from pagedinfer.engine.server.extra_fields import AssistantToolCall, ChatExtras, CompletionExtras
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -80,10 +83,10 @@ class _SamplingFields(BaseModel):
         return self
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(CompletionExtras, _SamplingFields):
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1)] | TokenIds \
         | Annotated[list[TokenIds], Field(min_length=1)]
-    max_tokens: StrictInt | None = Field(default=16, ge=1)
+    max_tokens: StrictInt | None = Field(default=16, ge=0)  # 0 only with echo (extra_fields.py)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("max_tokens")
@@ -115,9 +118,19 @@ class TextContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | Annotated[list[TextContentPart], Field(min_length=1)] | None  # required, may be null
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | Annotated[list[TextContentPart], Field(min_length=1)] | None = None  # may be null
     name: StrictStr | None = None
+    tool_calls: Annotated[list[AssistantToolCall], Field(max_length=128)] | None = None  # assistant only
+    tool_call_id: StrictStr | None = None  # role "tool": the call this answers
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool message must name the call it answers")
+        return self
 
     def text(self) -> str | None:
         """The content as one string, text parts joined by newlines (as vLLM).
@@ -132,7 +145,7 @@ class ChatMessage(BaseModel):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(ChatExtras, _SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
@@ -170,8 +183,8 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None for an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

@@ -51,16 +51,20 @@ prompt that has not finished at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request
 
+from pagedinfer.engine.server import request_options
 from pagedinfer.engine.server.admission import check_waiting_limit
-from pagedinfer.engine.server.beam_request import beam_search_params, check_beam_fits, check_not_beam_fields
+from pagedinfer.engine.server.beam_request import (beam_search_params, check_beam_fits, check_beam_options,
+                                                   check_not_beam_fields)
+from pagedinfer.engine.server.completion_shape import CompletionShape
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
 from pagedinfer.engine.server.errors import ApiError, from_value_error
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -84,6 +88,8 @@ class Plan:
     stream: bool
     include_usage: bool
     arrival_time: float
+    completion: CompletionShape = field(default_factory=CompletionShape)  # echo, best_of, prompt_logprobs
+    tools: Any = None  # chat: a tools.choice.ToolPlan when tool calls are to be returned
 
 
 class Submission:
@@ -165,14 +171,16 @@ class Serving:
         return max_tokens
 
     def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int,
-                         num_logprobs: int | None) -> Any:
+                         num_logprobs: int | None, extra: dict[str, Any] | None = None) -> Any:
         from pagedinfer.engine import SamplingParams
 
         if req.use_beam_search:
+            check_beam_options(req, extra or {})
             return beam_search_params(req, max_tokens)
         check_not_beam_fields(req)
         fields: dict[str, Any] = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
                                       ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs)
+        fields.update(extra or {})
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(req, name)
@@ -212,8 +220,8 @@ class Serving:
         return token_ids
 
     @staticmethod
-    def _render_chat(info: Any, req: ChatCompletionRequest) -> str:
-        """The messages through the chat template (worker thread)."""
+    def _render_chat(info: Any, req: ChatCompletionRequest, add_generation_prompt: bool = True) -> str:
+        """The messages through the chat template (worker thread); the tools too unless tool_choice is "none"."""
         messages = []
         for i, m in enumerate(req.messages):
             text = m.text()
@@ -221,12 +229,23 @@ class Serving:
                 raise ApiError(400, f"messages.{i}.content: may be null only for role 'assistant'",
                                param=f"messages.{i}.content", code="invalid_parameter")
             _check_unicode(text, f"messages.{i}.content")
-            messages.append({"role": m.role, "content": text})
+            messages.append(request_options.template_message(m, text))
         try:
-            return info.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return info.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=False, **request_options.template_tools(req))
         except Exception as exc:  # noqa: BLE001 - template errors are about the messages
             raise ApiError(400, f"messages: the chat template rejected them: {exc}", param="messages",
                            code="invalid_parameter") from None
+
+    # ---- for /tokenize and /detokenize (tokenize_routes.py) ----
+    def admit_model(self, model: str | None) -> Any:
+        """The engine's info when it serves requests; `model`, when given, must be the served name."""
+        loop = self.engine_loop
+        return self._admit(loop.info.served_model_name if model is None and loop.info is not None else model)
+
+    render_chat = _render_chat
+    tokenize_text = _tokenize
+    off_loop = _off_loop
 
     async def prepare_completion(self, req: CompletionRequest) -> Plan:
         info = self._admit(req.model)
@@ -237,9 +256,12 @@ class Serving:
                 self._check_chars(info, prompt, "prompt")  # on the loop: refused without queueing for a thread
         prompts = await self._off_loop(
             lambda: [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()])
-        max_tokens = self._check_lengths(info, prompts, req.max_tokens, "prompt")
-        params = self._sampling_params(req, max_tokens, req.logprobs)
-        return self._plan("cmpl", info, prompts, params, req.logprobs, req)
+        shape = CompletionShape.of(req, [p if isinstance(p, str) else None for p in req.prompts()])
+        options = request_options.completion_options(info, req, shape)
+        max_tokens = self._check_lengths(info, prompts, shape.engine_max_tokens(req.max_tokens), "prompt")
+        params = self._sampling_params(req, max_tokens, shape.engine_logprobs(req.logprobs), options)
+        await self._compile_constraint(info, params)
+        return dataclasses.replace(self._plan("cmpl", info, prompts, params, req.logprobs, req), completion=shape)
 
     async def prepare_chat(self, req: ChatCompletionRequest) -> Plan:
         info = self._admit(req.model)
@@ -250,8 +272,15 @@ class Serving:
         requested, max_tokens_param = req.requested_max_tokens()
         max_tokens = self._check_lengths(info, prompts, requested, "messages", max_tokens_param)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self._sampling_params(req, max_tokens, num_logprobs)
-        return self._plan("chatcmpl", info, prompts, params, num_logprobs, req)
+        options, tools = request_options.chat_options(info, req)
+        params = self._sampling_params(req, max_tokens, num_logprobs, options)
+        await self._compile_constraint(info, params)
+        return dataclasses.replace(self._plan("chatcmpl", info, prompts, params, num_logprobs, req), tools=tools)
+
+    async def _compile_constraint(self, info: Any, params: Any) -> None:
+        """Compile the request's output constraint off the loop (a beam search has none: check_beam_options)."""
+        spec = getattr(params, "structured_outputs", None)
+        await self._off_loop(lambda: request_options.compile_structured(info, spec))
 
     @staticmethod
     def _plan(kind: str, info: Any, prompts: list[list[int]], params: Any, num_logprobs: int | None,

@@ -55,3 +55,13 @@ def test_beam_sharing_benchmark_reports_both_peaks_and_frees_every_block(tmp_pat
     assert run.returncode == 0, run.stderr[-2000:]
     assert "one sequence:" in run.stdout and "beam width 4:" in run.stdout
     assert "blocks held after the request: 0" in run.stdout
+
+
+@pytest.mark.slow
+def test_structured_outputs_benchmark_runs_and_checks_every_constrained_output(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "structured_outputs.py"), "--rows", "4", "--tokens",
+                          "6", "--repeats", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    for case in ("0%", "50%", "100%"):
+        assert case in run.stdout

@@ -40,6 +40,11 @@ def test_chat_accepts_beam_search(openai_client, server):
     ({"stop": ["x"]}, "stop"),
     ({"logprobs": 0}, "logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"echo": True}, "echo"),
+    ({"best_of": 3}, "best_of"),
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_regex": "[ab]+"}, "guided_regex"),
 ])
 def test_beam_search_with_a_field_that_does_not_apply_is_a_400_naming_it(server, fields, param):
     body = {"model": server.model, "prompt": PROMPT, "max_tokens": 4, "n": 2, "use_beam_search": True, **fields}

@@ -1,0 +1,73 @@
+"""The grammar's allowed tokens as a bitmask over a whole step's constrained rows.
+
+For the rows whose sequence has a matcher, llguidance fills one int32
+bitmask row each (bit t of word t // 32 set: token t allowed) on the host,
+all rows in parallel on its own threads (`LLExecutor`). The engine starts
+that fill (`prefetch`) before the step's forward, on a worker thread, so
+the host work overlaps the forward (the matchers' states are known then:
+the last token was consumed in the previous step); the sampler then takes
+the mask (`apply`), filling synchronously only rows it was not prefetched
+for (children forked in this step). The mask goes to the device in one copy
+(non-blocking from pinned memory on CUDA) and one masked_fill sets the
+disallowed logits of those rows to -inf. Unconstrained rows are never
+touched, and nothing here waits on the device: a constrained row costs the
+step host work, overlapped with the forward, and no sync.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+
+class GrammarBitmask:
+    """Host buffers, the llguidance executor and the prefetch thread of one sampler."""
+
+    def __init__(self) -> None:
+        self._executor: Any = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._pending: tuple[list[Any], Future] | None = None
+
+    def _fill(self, matchers: list[Any], vocab: int, pin: bool) -> torch.Tensor:
+        from llguidance import LLExecutor
+        from llguidance.torch import fill_next_token_bitmask_par
+
+        if self._executor is None:
+            self._executor = LLExecutor()
+        host = torch.empty((len(matchers), (vocab + 31) // 32), dtype=torch.int32, pin_memory=pin)
+        fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], host)
+        return host
+
+    def prefetch(self, matchers: list[Any], vocab: int, device: torch.device) -> None:
+        """Start filling the masks of these matchers (this step's constrained rows) off the calling thread."""
+        if not matchers:
+            self._pending = None
+            return
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedinfer-grammar")
+        self._pending = (list(matchers), self._thread.submit(self._fill, list(matchers), vocab,
+                                                             device.type == "cuda"))
+
+    def apply(self, logits: torch.Tensor, rows: list[tuple[int, Any]]) -> None:
+        """Mask logits [n, vocab] in place for each (row, matcher)."""
+        pending, self._pending = self._pending, None
+        if not rows:
+            return
+        vocab = logits.shape[1]
+        matchers = [m for _, m in rows]
+        host = None
+        if pending is not None:
+            prefetched = pending[1].result()
+            position = {id(m): i for i, m in enumerate(pending[0])}
+            if all(id(m) in position for m in matchers):
+                host = prefetched[[position[id(m)] for m in matchers]] if len(matchers) != len(pending[0]) or \
+                    any(position[id(m)] != i for i, m in enumerate(matchers)) else prefetched
+        if host is None:
+            host = self._fill(matchers, vocab, logits.device.type == "cuda")
+        mask = host.to(logits.device, non_blocking=True)
+        bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+        allowed = ((mask[:, :, None] >> bits) & 1).view(len(rows), -1)[:, :vocab]
+        index = torch.tensor([row for row, _ in rows], device=logits.device)
+        logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))
