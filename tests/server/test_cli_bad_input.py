@@ -113,6 +113,13 @@ def test_seconds_may_be_zero_but_not_negative_or_infinite():
             cli_types.non_negative_seconds(text)
 
 
+def test_timeouts_must_be_positive_and_the_error_says_so():
+    assert cli_types.positive_seconds("0.5") == 0.5
+    for text in ("0", "-1", "inf", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="> 0"):  # not ">= 0": 0 is refused too
+            cli_types.positive_seconds(text)
+
+
 @pytest.mark.parametrize("text, expected", [("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
                                             ("https://llm.example:443/api", "https://llm.example:443/api"),
                                             ("http://[::1]:8000", "http://[::1]:8000")])
