@@ -117,13 +117,16 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
-               log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS) -> int:
+               log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
+               listener: socket.socket | None = None) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load or the engine failed.
 
-    An engine failure shuts the server down like SIGTERM, except that every
-    in-flight request has already been answered with a 500.
+    `listener`: a socket from `bind_listener(host, port)`, or None to bind one
+    here. An engine failure shuts the server down like SIGTERM, except that
+    every in-flight request has already been answered with a 500.
     """
-    listener = bind_listener(host, port)
+    if listener is None:
+        listener = bind_listener(host, port)
     server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop, header_timeout_seconds)
 
     def exit_if_the_engine_fails() -> None:

@@ -64,6 +64,7 @@ def test_serve_on_a_port_in_use_exits_2_naming_it_before_loading_the_model(tmp_p
     last_line = proc.stderr.strip().splitlines()[-1]
     assert "--port" in last_line and str(port) in last_line and "in use" in last_line, proc.stderr[-2000:]
     assert "engine ready" not in proc.stderr and "Loading" not in proc.stderr  # the model was never loaded
+    assert f"http://127.0.0.1:{port}" not in proc.stderr  # nor the address announced as if served
 
 
 def test_no_parser_takes_an_abbreviated_flag():
