@@ -18,6 +18,14 @@ line and headers (the client's state leaves IDLE). If it passes first, the
 client gets a 408 in OpenAI's error shape with `Connection: close` (written
 raw: h11 only sends a response to a request it has parsed) and the connection
 is closed.
+
+One more read has no deadline in uvicorn: the rest of a body nobody read
+(a GET /health with a Content-Length, a 401 or 404 sent before the body).
+Once the response is complete uvicorn discards that rest to keep the
+connection, and each byte of it cancels the keep-alive timer, so one byte now
+and then held the connection forever. Here the rest must arrive within the
+same deadline, counted from its first byte after the response; if it does
+not, the connection is closed (the response was already sent).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Proto
 
     class HeaderTimeoutH11Protocol(H11Protocol):
         _header_deadline: asyncio.TimerHandle | None = None
+        _discard_deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -62,10 +71,29 @@ def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Proto
                 self._disarm_header_deadline()  # the headers are in (or the connection is done)
             elif self._header_deadline is None and not self.transport.is_closing():
                 self._arm_header_deadline()  # a later request on a kept-alive connection has begun
+            if not self._discarding_body():
+                self._disarm_discard_deadline()
+            elif self._discard_deadline is None and not self.transport.is_closing():
+                self._discard_deadline = self.loop.call_later(header_timeout_seconds, self._discard_deadline_passed)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_deadline()
+            self._disarm_discard_deadline()
             super().connection_lost(exc)
+
+        def _discarding_body(self) -> bool:
+            """The response is complete and the client is still sending a body nobody reads."""
+            return self.conn.our_state is h11.DONE and self.conn.their_state is h11.SEND_BODY
+
+        def _disarm_discard_deadline(self) -> None:
+            if self._discard_deadline is not None:
+                self._discard_deadline.cancel()
+                self._discard_deadline = None
+
+        def _discard_deadline_passed(self) -> None:
+            self._discard_deadline = None
+            if self._discarding_body() and not self.transport.is_closing():
+                self.transport.close()
 
         def _arm_header_deadline(self) -> None:
             self._header_deadline = self.loop.call_later(header_timeout_seconds, self._header_deadline_passed)
