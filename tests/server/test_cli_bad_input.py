@@ -67,6 +67,18 @@ def test_serve_on_a_port_in_use_exits_2_naming_it_before_loading_the_model(tmp_p
     assert f"http://127.0.0.1:{port}" not in proc.stderr  # nor the address announced as if served
 
 
+def test_a_port_another_server_has_bound_is_refused_before_it_listens():
+    """SO_REUSEADDR let a second socket bind a port whose first socket was bound but not yet listening."""
+    from pagedinfer.engine.server.launcher import bind_listener
+
+    first = bind_listener("127.0.0.1", 0)
+    try:
+        with pytest.raises(ValueError, match="--port"):
+            bind_listener("127.0.0.1", first.getsockname()[1]).close()
+    finally:
+        first.close()
+
+
 def test_no_parser_takes_an_abbreviated_flag():
     from pagedinfer.engine.cli import build_parser
 
