@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-width", type=int, default=None,
                    help="beam search with this many beams instead of sampling: prints each prompt's"
                         " beam-width best sequences, best first (docs/beam-search.md)")
-    p.add_argument("--length-penalty", type=float, default=1.0,
+    p.add_argument("--length-penalty", type=float, default=None,
                    help="with --beam-width: score = cumulative logprob / generated length ** this (default 1.0)")
     p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens even past EOS")
     p.add_argument("--json", action="store_true", help="print one JSON object per completion")
@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or str(default_model_dir())  # the embedded model, as `serve` defaults to
     if args.beam_width is not None:
         params = beam_search_params(args)
+    elif args.length_penalty is not None:
+        raise ValueError("--length-penalty: applies only with --beam-width")
     else:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, n=args.n, ignore_eos=args.ignore_eos)
@@ -82,7 +84,7 @@ def beam_search_params(args: argparse.Namespace):
         raise ValueError(f"--n: {args.n} does not match --beam-width {args.beam_width} (beam search returns"
                          f" beam-width sequences; leave --n out)")
     return BeamSearchParams(beam_width=args.beam_width, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
-                            length_penalty=args.length_penalty)
+                            length_penalty=1.0 if args.length_penalty is None else args.length_penalty)
 
 
 def print_beams(prompts: list[str], num_prompt_tokens: list[int], outputs: list, as_json: bool) -> int:

@@ -64,12 +64,17 @@ def beam_search_params(req: Any, max_tokens: int) -> Any:
 
 
 def check_beam_fits(info: Any, prompts: list[list[int]], params: Any) -> None:
-    """400 naming `n` when the beams of the longest prompt could not fit the server's KV pool (or its
-    max_num_seqs), before anything is queued."""
+    """400 naming `n` when the beams of any prompt could not fit the server's KV pool (or its
+    max_num_seqs), before anything is queued.
+
+    Every prompt length is checked: the blocks a group may need are not monotonic in it (a prompt
+    ending just past a block boundary leaves every beam its own partial block), so the longest
+    prompt can fit where a shorter one does not."""
     from pagedinfer.engine.beam.group import check_beam_request
 
     try:
-        check_beam_request(max(len(p) for p in prompts), params, info.max_num_seqs, info.num_gpu_blocks,
-                           info.block_size, width_name="n")
+        for num_prompt_tokens in sorted({len(p) for p in prompts}):
+            check_beam_request(num_prompt_tokens, params, info.max_num_seqs, info.num_gpu_blocks,
+                               info.block_size, width_name="n")
     except ValueError as exc:
         raise from_value_error(exc) from None

@@ -67,7 +67,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pagedinfer.engine.engine_args import engine_config_from_args
     from pagedinfer.engine.server.app import ServerSettings
     from pagedinfer.engine.server.auth import resolve_api_key
-    from pagedinfer.engine.server.launcher import build_app, default_model_dir, run_server
+    from pagedinfer.engine.server.launcher import bind_listener, build_app, default_model_dir, run_server
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pagedinfer.engine.model_source import resolve_model_dir
@@ -84,9 +84,10 @@ def run_serve(args: argparse.Namespace) -> int:
     # a Hub id names the model as given (as vLLM does), not by its snapshot's commit folder
     hub_id = args.model if args.model and model != args.model else None
     app, engine_loop = build_app(engine_config, settings, args.served_model_name or hub_id)
+    listener = bind_listener(args.host, args.port)  # a port in use is an error before the address is announced
     print(f"pagedinfer serve: http://{args.host}:{args.port} (model {model})", file=sys.stderr, flush=True)
     return run_server(app, engine_loop, args.host, args.port, args.shutdown_grace_seconds, args.log_level,
-                      args.request_header_timeout_seconds)
+                      args.request_header_timeout_seconds, listener=listener)
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:

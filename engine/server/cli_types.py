@@ -37,23 +37,25 @@ def positive_int(text: str) -> int:
     return value
 
 
-def non_negative_seconds(text: str) -> float:
-    """A finite number of seconds >= 0 (0 means at once)."""
+def _seconds(text: str, allow_zero: bool) -> float:
+    bound = ">= 0" if allow_zero else "> 0"
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
     return value
+
+
+def non_negative_seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (0 means at once)."""
+    return _seconds(text, allow_zero=True)
 
 
 def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0."""
-    value = non_negative_seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
+    return _seconds(text, allow_zero=False)
 
 
 def http_url(text: str) -> str:

@@ -39,6 +39,7 @@ logger = logging.getLogger("pagedinfer.server")
 
 DEFAULT_MODEL_NAME = "pagedinfer-default"
 SHUTDOWN_BACKSTOP_SECONDS = 5.0
+LISTEN_BACKLOG = 2048  # uvicorn's default, which it sets again when it starts serving on the socket
 
 
 def served_name(model: str, served_model_name: str | None) -> str:
@@ -104,12 +105,20 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
-    """A socket bound to (host, port), not yet listening (uvicorn listens on it); ValueError naming the flag."""
+    """A socket bound to (host, port) and listening (uvicorn accepts on it); ValueError naming the flag.
+
+    It listens at once: with SO_REUSEADDR, Linux lets a second socket bind a
+    port whose first one is bound but not yet listening, so a second `serve`
+    started during the first one's start-up would pass this check and fail
+    later, at uvicorn's listen. Connections that come before uvicorn accepts
+    wait in the backlog.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT does not block a restart
     try:
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         flag = "--port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
@@ -118,13 +127,16 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
-               log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS) -> int:
+               log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
+               listener: socket.socket | None = None) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load or the engine failed.
 
-    An engine failure shuts the server down like SIGTERM, except that every
-    in-flight request has already been answered with a 500.
+    `listener`: a socket from `bind_listener(host, port)`, or None to bind one
+    here. An engine failure shuts the server down like SIGTERM, except that
+    every in-flight request has already been answered with a 500.
     """
-    listener = bind_listener(host, port)
+    if listener is None:
+        listener = bind_listener(host, port)
     server = uvicorn_server(app, host, port, shutdown_grace_seconds, log_level, engine_loop, header_timeout_seconds)
 
     def exit_if_the_engine_fails() -> None:

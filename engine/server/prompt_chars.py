@@ -23,8 +23,13 @@ model -> post-processor over the text (c characters):
 - A BPE model turns every symbol into part of exactly one token whose string
   holds at least that many symbols (a byte-fallback token `<0xE3>` stands
   for one byte), so a token stands for at most M symbols, M being the
-  longest token string in the vocabulary. Unknown symbols become one unk
-  token each, unless `fuse_unk` merges a run of them into one: no bound.
+  longest token string in the vocabulary. That needs every symbol to come
+  out as some token. A symbol not in the vocabulary becomes its UTF-8 bytes
+  (`byte_fallback`, when all 256 `<0xXX>` tokens exist), else one unk token,
+  unless `fuse_unk` merges a run of them into one: no bound. Without an unk
+  token it is silently dropped (440 characters of 'Ω' were 1 token), so a
+  BPE without one is bounded only where no symbol can be unknown: a
+  ByteLevel pre-tokenizer, whose 256 symbols are all in the vocabulary.
   WordPiece, Unigram and WordLevel map a whole word to one [UNK]: no bound.
 - An added token matched in the text stands for its content; one with
   lstrip/rstrip also swallows the whitespace around it without bound: no
@@ -98,6 +103,26 @@ def _pre_tokenizer_keeps_every_character(pre_tokenizer: dict | None) -> bool:
     return False
 
 
+def _has_byte_level(pre_tokenizer: dict | None) -> bool:
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_has_byte_level(p) for p in pre_tokenizer.get("pretokenizers", []))
+    return pre_tokenizer.get("type") == "ByteLevel"
+
+
+def _every_symbol_is_a_token(model: dict, pre_tokenizer: dict | None) -> bool:
+    """A BPE model turns each symbol it cannot merge into at least one token of its own (none dropped or fused)."""
+    vocab = model.get("vocab") or {}
+    if model.get("byte_fallback") and all(f"<0x{b:02X}>" in vocab for b in range(256)):
+        return True  # an unknown symbol becomes one token per UTF-8 byte
+    if model.get("unk_token") is not None:
+        return not model.get("fuse_unk")  # one unk per unknown symbol (an unk missing from vocab is an error)
+    from tokenizers import pre_tokenizers
+
+    return _has_byte_level(pre_tokenizer) and all(c in vocab for c in pre_tokenizers.ByteLevel.alphabet())
+
+
 def max_chars_per_token(tokenizer: Any) -> int | None:
     """The most characters of input text one token stands for; None where no sound bound is known."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -105,7 +130,7 @@ def max_chars_per_token(tokenizer: Any) -> int | None:
         return None  # a slow (Python) tokenizer: its pipeline is not declared
     spec = json.loads(backend.to_str())
     model = spec.get("model") or {}
-    if model.get("type") != "BPE" or (model.get("fuse_unk") and not model.get("byte_fallback")):
+    if model.get("type") != "BPE" or not _every_symbol_is_a_token(model, spec.get("pre_tokenizer")):
         return None
     shrink = _normalizer_shrink(spec.get("normalizer"))
     if shrink is None or not _pre_tokenizer_keeps_every_character(spec.get("pre_tokenizer")):

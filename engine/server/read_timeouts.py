@@ -18,13 +18,21 @@ line and headers (the client's state leaves IDLE). If it passes first, the
 client gets a 408 in OpenAI's error shape with `Connection: close` (written
 raw: h11 only sends a response to a request it has parsed) and the connection
 is closed.
+
+One more read has no deadline in uvicorn: the rest of a body nobody read
+(a GET /health with a Content-Length, a 401 or 404 sent before the body).
+Once the response is complete uvicorn discards that rest to keep the
+connection, and each byte of it cancels the keep-alive timer, so one byte now
+and then held the connection forever. Here the rest must arrive within the
+same deadline, counted from its first byte after the response; if it does
+not, the connection is closed (the response was already sent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Callable
 
 DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0  # the request line and headers, from the connection or the request's first byte
 DEFAULT_BODY_TIMEOUT_SECONDS = 30.0  # the whole body, from the end of the headers (1 MiB at 35 KB/s)
@@ -51,29 +59,43 @@ def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Proto
 
     class HeaderTimeoutH11Protocol(H11Protocol):
         _header_deadline: asyncio.TimerHandle | None = None
+        _discard_deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm_header_deadline()
+            self._keep_deadline("_header_deadline", True, self._header_deadline_passed)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:
-                self._disarm_header_deadline()  # the headers are in (or the connection is done)
-            elif self._header_deadline is None and not self.transport.is_closing():
-                self._arm_header_deadline()  # a later request on a kept-alive connection has begun
+            closing = self.transport.is_closing()
+            # headers awaited: the first request's, or a later one's on a kept-alive connection once it began
+            self._keep_deadline("_header_deadline", self.conn.their_state is h11.IDLE and not closing,
+                                self._header_deadline_passed)
+            self._keep_deadline("_discard_deadline", self._discarding_body() and not closing,
+                                self._discard_deadline_passed)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_header_deadline()
+            self._keep_deadline("_header_deadline", False, self._header_deadline_passed)
+            self._keep_deadline("_discard_deadline", False, self._discard_deadline_passed)
             super().connection_lost(exc)
 
-        def _arm_header_deadline(self) -> None:
-            self._header_deadline = self.loop.call_later(header_timeout_seconds, self._header_deadline_passed)
+        def _keep_deadline(self, attr: str, wanted: bool, on_expiry: Callable[[], None]) -> None:
+            """Arm the deadline `attr` if wanted and not armed (an armed one keeps its start); else cancel it."""
+            handle = getattr(self, attr)
+            if wanted and handle is None:
+                setattr(self, attr, self.loop.call_later(header_timeout_seconds, on_expiry))
+            elif not wanted and handle is not None:
+                handle.cancel()
+                setattr(self, attr, None)
 
-        def _disarm_header_deadline(self) -> None:
-            if self._header_deadline is not None:
-                self._header_deadline.cancel()
-                self._header_deadline = None
+        def _discarding_body(self) -> bool:
+            """The response is complete and the client is still sending a body nobody reads."""
+            return self.conn.our_state is h11.DONE and self.conn.their_state is h11.SEND_BODY
+
+        def _discard_deadline_passed(self) -> None:
+            self._discard_deadline = None
+            if self._discarding_body() and not self.transport.is_closing():
+                self.transport.close()
 
         def _header_deadline_passed(self) -> None:
             self._header_deadline = None

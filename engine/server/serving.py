@@ -18,7 +18,7 @@ A text prompt longer than max_model_len tokens can hold
 (`ModelInfo.max_prompt_chars`, from the tokenizer's bound on characters per
 token, `prompt_chars.py`) is refused by its length before it is tokenized:
 tokenizing a 1 MiB prompt only to refuse it took most of a second each, and
-eight of them held a 2-token request for 5.9 s. Chat messages are rendered
+eight of them held a 2-token request for 4.9 s. Chat messages are rendered
 first (a template may drop or add text), then checked the same way.
 
 Tokenization (and chat-template rendering) runs on a pool of

@@ -24,6 +24,7 @@ def test_generate_with_beam_width_prints_the_beams_best_first(tiny_llama, capsys
     (["--beam-width", "0"], "beam_width"),
     (["--beam-width", "2", "--temperature", "0.7"], "--temperature"),
     (["--beam-width", "2", "--n", "3"], "--n"),
+    (["--length-penalty", "2"], "--length-penalty"),  # sampling has no length penalty: not silently ignored
 ])
 def test_bad_beam_flags_exit_2_naming_the_flag(tiny_llama, capsys, flags, named):
     rc = main(["generate", "--model", str(tiny_llama), "--prompt", "hi", "--max-model-len", "128",

@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from pagedinfer.engine import LLM
+from pagedinfer.engine.beam.group import max_group_blocks
 from pagedinfer.engine.beam.params import BeamSearchParams
 
 PROMPT = [11, 52, 143, 200, 7, 99, 310, 18, 64, 5]
@@ -81,5 +82,12 @@ def test_more_beams_than_max_num_seqs_or_the_pool_holds_is_a_400_naming_n(tiny_l
         r = httpx.post(running.url + "/v1/completions", json={**body, "n": 4, "max_tokens": 200}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
         assert "KV blocks" in r.json()["error"]["message"]
+        # the longest of several prompts is not the one whose beams need most: with 144 tokens, a 32-token
+        # prompt's 4 beams need at most 38 blocks, a 17-token one's 41 (each beam owns its partial block)
+        assert [max_group_blocks(p, BeamSearchParams(4, 144), 16) for p in (32, 17)] == [38, 41]
+        prompts = [PROMPT * 3 + PROMPT[:2], PROMPT + PROMPT[:7]]
+        r = httpx.post(running.url + "/v1/completions", json={**body, "prompt": prompts, "n": 4, "max_tokens": 144},
+                       timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
     finally:
         stop_server(running)

@@ -64,6 +64,19 @@ def test_serve_on_a_port_in_use_exits_2_naming_it_before_loading_the_model(tmp_p
     last_line = proc.stderr.strip().splitlines()[-1]
     assert "--port" in last_line and str(port) in last_line and "in use" in last_line, proc.stderr[-2000:]
     assert "engine ready" not in proc.stderr and "Loading" not in proc.stderr  # the model was never loaded
+    assert f"http://127.0.0.1:{port}" not in proc.stderr  # nor the address announced as if served
+
+
+def test_a_port_another_server_has_bound_is_refused_before_it_listens():
+    """SO_REUSEADDR let a second socket bind a port whose first socket was bound but not yet listening."""
+    from pagedinfer.engine.server.launcher import bind_listener
+
+    first = bind_listener("127.0.0.1", 0)
+    try:
+        with pytest.raises(ValueError, match="--port"):
+            bind_listener("127.0.0.1", first.getsockname()[1]).close()
+    finally:
+        first.close()
 
 
 def test_no_parser_takes_an_abbreviated_flag():
@@ -111,6 +124,13 @@ def test_seconds_may_be_zero_but_not_negative_or_infinite():
     for text in ("-0.1", "inf", "nan", "soon"):
         with pytest.raises(argparse.ArgumentTypeError):
             cli_types.non_negative_seconds(text)
+
+
+def test_timeouts_must_be_positive_and_the_error_says_so():
+    assert cli_types.positive_seconds("0.5") == 0.5
+    for text in ("0", "-1", "inf", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="> 0"):  # not ">= 0": 0 is refused too
+            cli_types.positive_seconds(text)
 
 
 @pytest.mark.parametrize("text, expected", [("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),

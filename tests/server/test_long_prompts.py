@@ -96,6 +96,25 @@ def test_tokenizers_that_can_drop_text_have_no_bound():
     assert len(spaces.encode(" " * 10_000 + "a", add_special_tokens=False)) <= 2  # why: no bound could hold
 
 
+def test_a_bpe_without_an_unk_token_is_bounded_only_if_no_symbol_can_be_unknown():
+    """Without an unk token, BPE drops a symbol it does not know: 440 characters can be one token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    metaspace = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2, "\u2581": 3}, merges=[("a", "b")]))
+    metaspace.pre_tokenizer = pre_tokenizers.Metaspace()
+    partial_bytes = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")]))
+    partial_bytes.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    dropping = [PreTrainedTokenizerFast(tokenizer_object=t) for t in (metaspace, partial_bytes)]
+    assert len(dropping[0].encode("\u03a9" * 440, add_special_tokens=False)) <= 1  # why a bound cannot hold
+    assert dropping[1].encode("z" * 100, add_special_tokens=False) == []
+    assert [max_chars_per_token(t) for t in dropping] == [None, None]
+    whole_alphabet = _fast_tokenizer(model=models.BPE())  # byte-level, as GPT-2, Llama 3 and Qwen: no unk needed
+    assert max_chars_per_token(whole_alphabet) is not None
+    for text in CORPUS + ["\u03a9" * 440, "\U0001f642 " * 50]:
+        _assert_sound(whole_alphabet, text)
+
+
 @pytest.fixture(scope="module")
 def roomy_server(tiny_llama):
     running = start_server(tiny_llama, max_request_body_bytes=4 << 20)  # 1 MiB prompts reach the server

@@ -114,6 +114,16 @@ def test_a_trickled_body_gets_408_and_the_connection_closed(strict_server):
     assert metrics["pagedinfer_kv_cache_used_blocks"] == 0
 
 
+def test_the_unread_rest_of_a_body_trickled_after_the_response_does_not_hold_the_connection(strict_server):
+    """GET /health answers without reading the declared body; each byte of its rest cancelled keep-alive."""
+    opening = b"GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n"
+    clients = [SlowClient(strict_server.url, opening, b"a" * 100000) for _ in range(5)]
+    _trickle_until_all_closed(clients)
+    for c in clients:
+        assert c.received.startswith(b"HTTP/1.1 200"), c.received[:200]
+    assert httpx.get(strict_server.url + "/health").status_code == 200
+
+
 def test_requests_sent_at_once_are_unaffected(strict_server):
     with httpx.Client(base_url=strict_server.url, timeout=30) as client:
         for _ in range(3):  # one kept-alive connection, longer in all than the deadline
