@@ -41,6 +41,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--shutdown-grace-seconds", type=cli_types.non_negative_seconds, default=30.0,
                    help="on SIGTERM, how long in-flight requests may run before they are aborted (default 30)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    kv = serve.add_argument_group("KV-cache events (for a prefix-aware router; docs/router.md)")
+    kv.add_argument("--kv-events", action="store_true",
+                    help="publish the prefix cache's BlockStored/BlockRemoved/AllBlocksCleared events (vLLM's"
+                         " ZeroMQ format) on --host, and serve GET /kv_events (discovery) and"
+                         " GET /kv_events/snapshot")
+    kv.add_argument("--kv-events-port", type=cli_types.port_or_zero, default=5557,
+                    help="the PUB port; replay answers on the port above it; 0 binds any free ports"
+                         " (default 5557)")
     serve.set_defaults(func=run_serve)
 
     bench = sub.add_parser("bench", help="benchmarks", description="Benchmarks against a running server.")
@@ -72,7 +80,12 @@ def run_serve(args: argparse.Namespace) -> int:
                               max_request_body_bytes=args.max_request_body_bytes)
     # a Hub id names the model as given (as vLLM does), not by its snapshot's commit folder
     hub_id = args.model if args.model and model != args.model else None
-    app, engine_loop = build_app(engine_config, settings, args.served_model_name or hub_id)
+    kv_events = None
+    if args.kv_events:
+        from pagedinfer.engine.kv_events.publisher import KVEventsConfig
+
+        kv_events = KVEventsConfig(host=args.host, port=args.kv_events_port)
+    app, engine_loop = build_app(engine_config, settings, args.served_model_name or hub_id, kv_events)
     print(f"pagedinfer serve: http://{args.host}:{args.port} (model {model})", file=sys.stderr, flush=True)
     return run_server(app, engine_loop, args.host, args.port, args.shutdown_grace_seconds, args.log_level)
 

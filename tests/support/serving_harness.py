@@ -49,7 +49,7 @@ class RunningServer:
 
 def start_server(model_dir, *, api_key: str | None = None, served_model_name: str = "tiny",
                  max_waiting_requests: int | None = None, max_request_body_bytes: int = 1 << 20,
-                 **engine_overrides) -> RunningServer:
+                 kv_events=None, **engine_overrides) -> RunningServer:
     from pagedinfer.engine import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings
     from pagedinfer.engine.server.launcher import build_app
@@ -59,7 +59,7 @@ def start_server(model_dir, *, api_key: str | None = None, served_model_name: st
     engine_kwargs.update(engine_overrides)
     settings = ServerSettings(api_key=api_key, max_waiting_requests=max_waiting_requests,
                               max_request_body_bytes=max_request_body_bytes)
-    app, loop = build_app(EngineConfig(**engine_kwargs), settings, served_model_name)
+    app, loop = build_app(EngineConfig(**engine_kwargs), settings, served_model_name, kv_events)
     running = serve_app(app, loop, served_model_name, api_key)
     wait_healthy(running)
     return running
