@@ -18,6 +18,7 @@ SUBCOMMANDS = (
     "pagedinfer.engine.cli_plan",  # plan
     "pagedinfer.engine.server.cli",  # serve, bench
     "pagedinfer.operator.cli",  # operator
+    "pagedinfer.router.cli",  # router
 )
 
 
