@@ -31,6 +31,10 @@ from pathlib import Path
 
 import httpx
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "support"))
+from server_process import wait_process_healthy  # noqa: E402
+
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa"
          " quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -49,20 +53,6 @@ def cli() -> str:
 def start(args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([cli(), *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} never became healthy")
 
 
 def start_engine(host: str, blocks: int, max_model_len: int, log: Path) -> tuple[str, subprocess.Popen]:
@@ -152,7 +142,7 @@ def run_system(name: str, policy: str | None, args, convs, logs: Path) -> dict:
             procs.append(proc)
             urls.append(url)
         for url, proc in zip(urls, procs):
-            wait_healthy(url, proc)
+            wait_process_healthy(url, proc)
         target = urls[0]
         if policy is not None:
             port = free_port("127.0.0.1")
@@ -161,12 +151,12 @@ def run_system(name: str, policy: str | None, args, convs, logs: Path) -> dict:
                          logs / f"{name}-router.log")
             procs.append(proc)
             target = f"http://127.0.0.1:{port}"
-            wait_healthy(target, proc)
+            wait_process_healthy(target, proc)
             time.sleep(1.0)  # the router's KV feeds take their first snapshots
         result = asyncio.run(run_load(target, convs, args.max_tokens, args.concurrency))
         counters = [engine_counters(u) for u in urls]
     finally:
-        for proc in procs:
+        for proc in reversed(procs):  # the router first, so it never sees an engine go
             proc.terminate()
         for proc in procs:
             try:
@@ -185,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--tenants", type=int, default=16)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--system-words", type=int, default=120, help="words of each tenant's system prompt")
-    p.add_argument("--blocks", type=int, default=96, help="KV blocks per engine (16 tokens each)")
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--system-words", type=int, default=60, help="words of each tenant's system prompt")
+    p.add_argument("--blocks", type=int, default=160, help="KV blocks per engine (16 tokens each)")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=16)

@@ -139,3 +139,24 @@ async def _follow(url: str, prompts: list[list[int]]):
         await asyncio.gather(task, return_exceptions=True)
         assert feed.hashes == target
         return feed, set(feed.hashes)
+
+
+def test_a_kv_events_port_in_use_is_one_line_naming_the_flag_and_exit_2(tiny_llama):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cli = Path(sys.executable).with_name("pagedinfer")
+        run = subprocess.run([str(cli), "serve", "--model", str(tiny_llama), "--device", "cpu", "--port",
+                              str(free_port()), "--kv-events", "--kv-events-port", str(port)],
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("pagedinfer serve: error: --kv-events-port: cannot bind")
+
+
+def test_without_kv_events_discovery_says_so_and_the_snapshot_is_404(server):
+    assert httpx.get(server.url + "/kv_events", timeout=10).json() == {"enabled": False}
+    r = httpx.get(server.url + "/kv_events/snapshot", timeout=10)
+    assert r.status_code == 404 and "--kv-events" in r.json()["error"]["message"]
