@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.errors import error_body, error_response
+from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slices
 from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.metrics import RouterMetrics
 from pagedinfer.router.policy import Decision, pick
@@ -50,6 +51,7 @@ class RouterSettings:
     policy: str = "prefix"
     api_key: str | None = None
     tokenizer_dir: str | None = None  # None: the embedded model's tokenizer
+    discovery: DiscoverySettings | None = None  # follow a Service's ready endpoints instead of `engines`
 
 
 def route_header(decision: Decision | None) -> str:
@@ -73,9 +75,14 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         holder.update(client=client, state=state, metrics=RouterMetrics(state))
         app.state.router = state
         state.start()
+        discovery = asyncio.create_task(follow_endpoint_slices(settings.discovery, state.set_engines)) \
+            if settings.discovery is not None else None
         try:
             yield
         finally:
+            if discovery is not None:
+                discovery.cancel()
+                await asyncio.gather(discovery, return_exceptions=True)
             await state.stop()
             await client.aclose()
             tokenize_thread.shutdown(wait=False, cancel_futures=True)

@@ -15,8 +15,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "router", help="route OpenAI requests across engines by cached prefix",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics, sending each"
                     " request to one of the --engine servers (start them with --kv-events). See docs/router.md.")
-    p.add_argument("--engine", dest="engines", action="append", type=cli_types.http_url, required=True,
+    p.add_argument("--engine", dest="engines", action="append", type=cli_types.http_url, default=[],
                    metavar="URL", help="an engine's base URL, e.g. http://127.0.0.2:8000 (repeat for each)")
+    k = p.add_argument_group("in a cluster (instead of --engine)")
+    k.add_argument("--discover-service", default=None, metavar="NAME",
+                   help="follow the ready endpoints of this Service's EndpointSlices (the engines' headless"
+                        " Service); needs namespace-scoped list on endpointslices")
+    k.add_argument("--namespace", default=None,
+                   help="the Service's namespace (default: the pod's own, from its service account)")
+    k.add_argument("--engine-port-name", default="http", help="the EndpointSlice port of the engines' HTTP server")
+    k.add_argument("--kube-api", type=cli_types.http_url, default=None,
+                   help="the API server's URL (default: in-cluster, with the service-account token)")
     p.add_argument("--policy", choices=POLICIES, default="prefix",
                    help="prefix: longest cached prefix, spread under saturation (default); least-load;"
                         " round-robin")
@@ -40,9 +49,21 @@ def run_router(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if len(set(args.engines)) != len(args.engines):
         raise ValueError("--engine: each engine URL may be given once")
-    settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer)
+    if bool(args.engines) == bool(args.discover_service):
+        raise ValueError("give either --engine URL (repeated) or --discover-service NAME, not both or neither")
+    discovery = None
+    if args.discover_service:
+        from pagedinfer.router.discovery import DiscoverySettings, in_cluster_namespace
+
+        namespace = args.namespace or in_cluster_namespace()
+        if not namespace:
+            raise ValueError("--namespace: required outside a pod (no service-account namespace file)")
+        discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api)
+    settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer,
+                              discovery)
     app = create_router_app(settings)
-    print(f"pagedinfer router: http://{args.host}:{args.port} -> {', '.join(args.engines)} ({args.policy})",
+    upstream = ", ".join(args.engines) or f"service {args.discover_service}"
+    print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_keep_alive=5)

@@ -29,7 +29,7 @@ from pagedinfer.router.hashing import num_cached_blocks
 
 POLICIES = ("prefix", "least-load", "round-robin")
 SATURATION_SLACK = 2  # requests in flight above the least-loaded engine before a prefix hit spreads
-BOUNDED_LOAD_FACTOR = 1.25  # consistent hashing: an engine takes new keys up to this times the mean load
+BOUNDED_LOAD_FACTOR = 1.0  # consistent hashing: an engine takes a new key while under this times the mean load
 VIRTUAL_NODES = 64  # ring points per engine
 
 

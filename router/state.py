@@ -42,7 +42,28 @@ class RouterState:
     def __init__(self, urls: list[str], client: httpx.AsyncClient) -> None:
         self.engines = {url: EngineRecord(url) for url in urls}
         self.client = client
-        self._tasks: list[asyncio.Task] = []
+        self._supervisors: dict[str, asyncio.Task] = {}
+        self._started = False
+
+    def set_engines(self, urls: list[str]) -> None:
+        """Follow exactly these engines (discovery): new ones are health-checked, gone ones forgotten at once.
+
+        A request still in flight on a removed engine finishes; its record is no
+        longer consulted for new requests.
+        """
+        for url in [u for u in self.engines if u not in urls]:
+            record = self.engines.pop(url)
+            self._cancel_feed(record)
+            task = self._supervisors.pop(url, None)
+            if task is not None:
+                task.cancel()
+            logger.info("engine %s removed (no longer a ready endpoint)", url)
+        for url in urls:
+            if url not in self.engines:
+                self.engines[url] = EngineRecord(url)
+                if self._started:
+                    self._supervisors[url] = asyncio.create_task(self._supervise(self.engines[url]))
+                logger.info("engine %s added", url)
 
     def views(self) -> list[EngineView]:
         return [e.view() for e in self.engines.values() if e.healthy]
@@ -52,17 +73,21 @@ class RouterState:
         return next((e.block_size for e in self.engines.values() if e.healthy and e.block_size), None)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._supervise(e)) for e in self.engines.values()]
+        self._started = True
+        self._supervisors = {url: asyncio.create_task(self._supervise(e)) for url, e in self.engines.items()}
 
     async def stop(self) -> None:
         for e in self.engines.values():
             self._cancel_feed(e)
-        for t in self._tasks:
+        tasks = list(self._supervisors.values())
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def mark_dead(self, url: str, why: str) -> None:
-        engine = self.engines[url]
+        engine = self.engines.get(url)
+        if engine is None:  # discovery removed it meanwhile
+            return
         if engine.healthy:
             logger.warning("engine %s dropped: %s", url, why)
         engine.healthy = False

@@ -18,11 +18,12 @@ class RunningRouter:
         self.thread.join(30)
 
 
-def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: str | None = None) -> RunningRouter:
+def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: str | None = None,
+                 discovery=None) -> RunningRouter:
     from pagedinfer.engine.server.launcher import uvicorn_server
     from pagedinfer.router.app import RouterSettings, create_router_app
 
-    app = create_router_app(RouterSettings(tuple(engine_urls), policy, api_key, str(tokenizer_dir)))
+    app = create_router_app(RouterSettings(tuple(engine_urls), policy, api_key, str(tokenizer_dir), discovery))
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -31,6 +32,7 @@ def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: st
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     router = RunningRouter(app, url, server, thread)
+    wait_for(lambda: server.started, "the router never started")
     wait_for(lambda: _healthy_engines(router) == len(engine_urls), "the router never saw every engine healthy")
     return router
 
