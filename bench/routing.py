@@ -171,6 +171,14 @@ def run_system(name: str, policy: str | None, args, convs, logs: Path) -> dict:
             "spread": max(per_engine) / max(1, min(per_engine))}
 
 
+def summarize(name: str, runs: list[dict]) -> dict:
+    """Medians over the repeats; the request spread is the worst run's."""
+    worst = max(runs, key=lambda r: r["spread"])
+    return {"system": name, **{k: statistics.median(r[k] for r in runs)
+                               for k in ("hit_rate", "ttft_p50", "ttft_p90", "tok_per_s")},
+            "requests_per_engine": worst["requests_per_engine"], "spread": worst["spread"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=4)
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--policies", default="round-robin,least-load,prefix")
+    p.add_argument("--repeats", type=int, default=1, help="runs per system, in rotated order; medians reported")
     p.add_argument("--smoke", action="store_true", help="2 engines, 4 tenants, 2 turns: checks the script runs")
     p.add_argument("--json-out", type=Path, default=None)
     p.add_argument("--logs", type=Path, default=Path("routing-logs"))
@@ -191,14 +200,27 @@ def main(argv: list[str] | None = None) -> int:
         args.max_tokens, args.policies = 2, "round-robin,prefix"
     args.logs.mkdir(parents=True, exist_ok=True)
     convs = workload(args.tenants, args.turns, args.system_words)
-    rows = [run_system(policy, policy, args, convs, args.logs) for policy in args.policies.split(",")]
-    rows.append(run_system(f"ceiling (1 engine, {args.engines} pools)", None, args, convs, args.logs))
-    print(f"{'system':<30}{'hit rate':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'tok/s':>9}  requests per engine")
+    systems = [(policy, policy) for policy in args.policies.split(",")]
+    systems.append((f"ceiling (1 engine, {args.engines} pools)", None))
+    runs: dict[str, list[dict]] = {name: [] for name, _ in systems}
+    for r in range(args.repeats):  # the order rotates, so a load change on a shared machine hits every system
+        for name, policy in systems[r % len(systems):] + systems[:r % len(systems)]:
+            runs[name].append(run_system(name, policy, args, convs, args.logs))
+    rows = [summarize(name, runs[name]) for name, _ in systems]
+    print(f"{'system':<30}{'hit rate':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'tok/s':>9}  requests per engine"
+          f"{' (medians of ' + str(args.repeats) + ' runs)' if args.repeats > 1 else ''}")
     for r in rows:
         print(f"{r['system']:<30}{r['hit_rate']:>9.1%}{r['ttft_p50']:>9.3f}s{r['ttft_p90']:>9.3f}s"
               f"{r['tok_per_s']:>9.1f}  {r['requests_per_engine']}")
+    by_name = {r["system"]: r for r in rows}
+    if "prefix" in by_name and "round-robin" in by_name:
+        prefix, rr, ceiling = by_name["prefix"], by_name["round-robin"], rows[-1]
+        print(f"prefix vs ceiling hit rate: {prefix['hit_rate'] / ceiling['hit_rate']:.1%} (target >= 90%)")
+        print(f"round-robin p90 TTFT / prefix p90 TTFT: {rr['ttft_p90'] / prefix['ttft_p90']:.2f}x (target >= 2x)")
+        print(f"prefix tok/s / round-robin tok/s: {prefix['tok_per_s'] / rr['tok_per_s']:.2f} (target >= 1)")
+        print(f"prefix: most / fewest requests per engine: {prefix['spread']:.2f} (target <= 1.5)")
     if args.json_out:
-        args.json_out.write_text(json.dumps(rows, indent=2))
+        args.json_out.write_text(json.dumps({"summary": rows, "runs": runs}, indent=2))
     return 0
 
 

@@ -54,7 +54,7 @@ def test_routing_benchmark_smoke_reports_every_policy_and_the_ceiling(tmp_path):
                           "--logs", str(tmp_path / "logs")], cwd=tmp_path, capture_output=True, text=True,
                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
-    rows = {r["system"]: r for r in json.loads(out.read_text())}
+    rows = {r["system"]: r for r in json.loads(out.read_text())["summary"]}
     assert set(rows) == {"round-robin", "prefix", "ceiling (1 engine, 2 pools)"}
     for r in rows.values():
         assert sum(r["requests_per_engine"]) == 8  # 4 tenants x 2 turns, every request answered
