@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
+from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
 from pagedinfer.engine.server.errors import error_body, error_response
 from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slices
 from pagedinfer.router.hashing import prefix_block_hashes
@@ -52,11 +53,12 @@ class RouterSettings:
     api_key: str | None = None
     tokenizer_dir: str | None = None  # None: the embedded model's tokenizer
     discovery: DiscoverySettings | None = None  # follow a Service's ready endpoints instead of `engines`
+    max_request_body_bytes: int = 1 << 20  # 413 above this, as the engine's server
 
 
-def route_header(decision: Decision | None) -> str:
+def route_header(decision: Decision | None, reason: str = "no-engine") -> str:
     if decision is None:
-        return "engine=none; matched_tokens=0; reason=no-engine"
+        return f"engine=none; matched_tokens=0; reason={reason}"
     return f"engine={decision.engine}; matched_tokens={decision.matched_tokens}; reason={decision.reason}"
 
 
@@ -121,9 +123,11 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         try:
             body = json.loads(raw)
         except ValueError:
-            return error_response(400, "the body is not valid JSON", code="invalid_json")
+            body = None
         if not isinstance(body, dict):
-            return error_response(400, "the body must be a JSON object", code="invalid_json")
+            response = error_response(400, "the body must be a JSON object", code="invalid_json")
+            response.headers[ROUTE_HEADER] = route_header(None, "invalid-request")
+            return response
         ids = await asyncio.get_running_loop().run_in_executor(
             tokenize_thread, tokenizer.prompt_ids, body, chat)
         state: RouterState = holder["state"]
@@ -187,6 +191,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await proxy(request, "/v1/chat/completions", chat=True)
 
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     return app
 

@@ -34,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: env PAGEDINFER_API_KEY, else"
                         " none); the header is passed on to the engines")
+    p.add_argument("--max-request-body-bytes", type=cli_types.positive_int, default=1 << 20,
+                   help="answer 413 to bodies larger than this (default 1 MiB)")
     p.add_argument("--tokenizer", default=None,
                    help="the engines' tokenizer directory (default: the embedded model's, as `serve`)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -60,7 +62,7 @@ def run_router(args: argparse.Namespace) -> int:
             raise ValueError("--namespace: required outside a pod (no service-account namespace file)")
         discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api)
     settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer,
-                              discovery)
+                              discovery, args.max_request_body_bytes)
     app = create_router_app(settings)
     upstream = ", ".join(args.engines) or f"service {args.discover_service}"
     print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",

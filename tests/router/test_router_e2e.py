@@ -59,3 +59,24 @@ def test_a_dead_engine_is_dropped_its_request_retried_and_with_none_left_the_rou
         assert httpx.get(router.url + "/health").status_code == 503
     finally:
         router.stop()
+
+
+def test_bad_bodies_are_refused_by_the_router_itself(router):
+    r = httpx.post(router.url + "/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and route_of(r)["reason"] == "invalid-request"
+    r = httpx.post(router.url + "/v1/completions", content=b"x" * ((1 << 20) + 1),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_an_api_key_is_required_on_v1_and_passed_on(engines, tiny_llama):
+    router = start_router([e.url for e in engines], tiny_llama, api_key="sesame")
+    try:
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+        assert httpx.post(router.url + "/v1/completions", json=body, timeout=60).status_code == 401
+        ok = httpx.post(router.url + "/v1/completions", json=body, timeout=60,
+                        headers={"Authorization": "Bearer sesame"})
+        assert ok.status_code == 200
+        assert httpx.get(router.url + "/health").status_code == 200  # probes need no key
+    finally:
+        router.stop()

@@ -160,3 +160,43 @@ def test_without_kv_events_discovery_says_so_and_the_snapshot_is_404(server):
     assert httpx.get(server.url + "/kv_events", timeout=10).json() == {"enabled": False}
     r = httpx.get(server.url + "/kv_events/snapshot", timeout=10)
     assert r.status_code == 404 and "--kv-events" in r.json()["error"]["message"]
+
+
+def test_a_feed_that_missed_batches_recovers_them_from_the_replay_socket(tiny_llama):
+    """The feed is handed only the newest batch, as after a gap; it replays the ones before it."""
+    running = start_server(tiny_llama, kv_events=KVEventsConfig(port=0))
+    try:
+        asyncio.run(_replay_gap(running.url))
+    finally:
+        stop_server(running)
+
+
+async def _replay_gap(url: str) -> None:
+    import zmq.asyncio
+
+    from pagedinfer.router.kv_feed import discover
+
+    ctx = zmq.asyncio.Context.instance()
+    async with httpx.AsyncClient() as client:
+        info = await discover(client, url)
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(info.pub_endpoint)
+        await asyncio.sleep(0.3)
+        for k in range(3):
+            r = await client.post(url + "/v1/completions", timeout=60,
+                                  json={"model": "tiny", "prompt": [(k + 3 * i) % 60 + 2 for i in range(40)],
+                                        "max_tokens": 2})
+            assert r.status_code == 200
+        snap = (await client.get(url + "/kv_events/snapshot")).json()
+        batches = []
+        while not batches or batches[-1].seq < snap["sequence"]:
+            _, seq, payload = await asyncio.wait_for(sub.recv_multipart(), 30)
+            batches.append(decode_batch(seq_from_bytes(seq), payload))
+        sub.close()
+        assert batches[0].seq == 0 and len(batches) >= 2
+
+        feed = KVFeed(url, lambda hashes, seq, block_size: None, client)  # state: nothing seen yet
+        await feed._receive(batches[-1], info, ctx)
+        assert (feed.num_replays, feed.num_snapshots, feed.seq) == (1, 0, batches[-1].seq)
+        assert feed.hashes == {bytes.fromhex(h) for h in snap["block_hashes"]}
