@@ -8,8 +8,9 @@ embedded model, 127.0.0.2-5, `--blocks` KV blocks each). The ceiling is one
 engine with the four pools together, clients talking to it directly.
 
 Reported per system: the aggregate prefix-cache hit rate from the engines'
-own counters (pagedinfer_prefix_cache_hits / _queries), TTFT p50/p90 (first
-streamed chunk), output tok/s over the whole run, and requests per engine.
+own counters (pagedinfer_prefix_cache_hits / _queries), TTFT p50/p90 (the
+first streamed chunk with content, not the opening role chunk), output tok/s
+over the whole run, and requests per engine.
 
     .venv/bin/python bench/routing.py            # the figures in docs/router.md
     .venv/bin/python bench/routing.py --smoke    # a tiny run (tests/bench)
@@ -97,11 +98,12 @@ async def run_load(url: str, convs: list[list[list[dict]]], max_tokens: int, con
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         chunk = json.loads(line[6:])
-                        if first is None and chunk.get("choices"):
-                            first = time.monotonic() - t0
+                        choices = chunk.get("choices") or [{}]
+                        if first is None and (choices[0].get("delta") or {}).get("content"):
+                            first = time.monotonic() - t0  # the first token, not the opening role chunk
                         if chunk.get("usage"):
                             tokens += chunk["usage"]["completion_tokens"]
-                ttfts.append(first)
+                ttfts.append(first if first is not None else time.monotonic() - t0)  # all deltas empty
 
         async def tenant(conv):
             for messages in conv:
@@ -184,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--tenants", type=int, default=16)
     p.add_argument("--turns", type=int, default=12)
-    p.add_argument("--system-words", type=int, default=60, help="words of each tenant's system prompt")
-    p.add_argument("--blocks", type=int, default=224, help="KV blocks per engine (16 tokens each)")
-    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--system-words", type=int, default=200, help="words of each tenant's system prompt")
+    p.add_argument("--blocks", type=int, default=352, help="KV blocks per engine (16 tokens each)")
+    p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--policies", default="round-robin,least-load,prefix")
