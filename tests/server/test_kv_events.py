@@ -85,7 +85,7 @@ def test_a_serve_process_publishes_the_block_hashes_a_consumer_computes_and_repl
         assert [b.events for b in replayed][:len(batches)] == [b.events for b in batches]
         sub.close()
     finally:
-        proc.terminate()
+        proc.kill()  # how it shuts down is tests/server/test_sigterm.py's business
         proc.wait(30)
 
 
