@@ -16,6 +16,11 @@ hashes to it takes it back out of the queue (O(1), from the middle) after
 its token ids are compared, so a hash collision is never reused silently.
 The hash is dropped only when the block is handed out for new content.
 
+KV events: with an `event_sink` set, the pool reports each hash it registers
+(BlockStored), each hash it drops on eviction (BlockRemoved) and a reset
+(AllBlocksCleared), in the order they happen, so a consumer's set of hashes
+equals `cached`'s keys (docs/router.md).
+
 Eviction order of the free queue: least recently freed first; callers free a
 request's blocks tail-first, so among blocks freed together the tail of a
 chain is evicted before its head, and a shared prefix survives longest.
@@ -26,9 +31,12 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
+
+from pagedinfer.engine.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 ROOT_HASH_SEED = b"pagedinfer-prefix-cache-v1"
+HASH_ALGORITHM = "blake2b-128(parent or seed, int64-le token ids)"  # named in the KV-event discovery answer
 
 
 def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int],
@@ -120,6 +128,7 @@ class BlockPool:
         self.cached: dict[bytes, Block] = {}
         self.num_cached_free_blocks = 0
         self.peak_num_used_blocks = 0  # high-water mark of num_used_blocks (reset_peak restarts it)
+        self.event_sink: Callable[[KVCacheEvent], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -142,10 +151,12 @@ class BlockPool:
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used_blocks)
         return out
 
-    def _evict(self, block: Block) -> None:
+    def _evict(self, block: Block, report: bool = True) -> None:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
+                if report and self.event_sink is not None:
+                    self.event_sink(BlockRemoved((block.block_hash,)))
             if block.in_free_queue or block.ref_cnt == 0:
                 self.num_cached_free_blocks -= 1
             block.block_hash = None
@@ -172,7 +183,8 @@ class BlockPool:
             raise RuntimeError(f"block {block.block_id} is free; cannot share it")
         block.ref_cnt += 1
 
-    def cache_block(self, block: Block, block_hash: bytes, token_ids: Sequence[int]) -> Block:
+    def cache_block(self, block: Block, block_hash: bytes, token_ids: Sequence[int],
+                    parent_hash: bytes | None = None) -> Block:
         """Register a full, computed block under its hash. Returns the block now canonical for it.
 
         If another block already holds this hash, that one stays canonical (the
@@ -186,6 +198,8 @@ class BlockPool:
         block.block_hash = block_hash
         block.token_ids = tuple(token_ids)
         self.cached[block_hash] = block
+        if self.event_sink is not None:
+            self.event_sink(BlockStored((block_hash,), parent_hash, block.token_ids, len(block.token_ids)))
         return block
 
     def free(self, blocks: Iterable[Block]) -> None:
@@ -205,7 +219,9 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (e.g. after weights change)."""
         for block in list(self.cached.values()):
-            self._evict(block)
+            self._evict(block, report=False)
+        if self.event_sink is not None:
+            self.event_sink(AllBlocksCleared())
 
     def check_invariants(self) -> None:
         free_ids = [b.block_id for b in self.free_queue]

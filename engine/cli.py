@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     ("pagedinfer.engine.cli_plan", None),  # plan: pure arithmetic over a config.json
     ("pagedinfer.engine.server.cli", "engine"),  # serve, bench
     ("pagedinfer.operator.cli", "operator"),  # operator
+    ("pagedinfer.router.cli", "router"),  # router
 )
 
 

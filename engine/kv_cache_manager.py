@@ -196,7 +196,8 @@ class KVCacheManager:
         hashes = self._full_block_hashes(seq, num_full * self.block_size)
         bs = self.block_size
         for i in range(done, num_full):
-            self.pool.cache_block(table[i], hashes[i], seq.token_ids[i * bs:(i + 1) * bs])
+            self.pool.cache_block(table[i], hashes[i], seq.token_ids[i * bs:(i + 1) * bs],
+                                  parent_hash=hashes[i - 1] if i else None)
         self.num_cached_blocks[seq.seq_id] = num_full
 
     def fork(self, parent: Sequence, child: Sequence, num_tokens: int | None = None) -> None:

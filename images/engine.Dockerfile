@@ -15,6 +15,7 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY kernels ./kernels
 COPY operator ./operator
+COPY router ./router
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}

@@ -153,5 +153,5 @@ def test_every_subpackage_is_listed_for_setuptools():
     listed = set(re.findall(r'"(pagedinfer\.[\w.]+)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1]
                             .split("]")[0]))
     found = {"pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
-             for folder in ("engine", "kernels", "operator") for init in (REPO / folder).rglob("__init__.py")}
+             for folder in ("engine", "kernels", "operator", "router") for init in (REPO / folder).rglob("__init__.py")}
     assert found == listed

@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedinfer.engine.kv_events.routes import install_kv_event_routes
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
@@ -88,7 +89,9 @@ def require_json_body(request: Request) -> None:
     raise ApiError(415, f"Content-Type: must be application/json ({got})", code="unsupported_media_type")
 
 
-def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings) -> FastAPI:
+def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings,
+               kv_events: Any = None) -> FastAPI:
+    """kv_events: the started KVEventPublisher (`--kv-events`), or None; closed with the app."""
     serving = Serving(engine_loop, settings.max_waiting_requests)
     started = int(time.time())
 
@@ -100,9 +103,12 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         finally:
             engine_loop.stop()
             serving.close()
+            if kv_events is not None:
+                kv_events.close()
 
     app = FastAPI(title="pagedinfer", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
+    install_kv_event_routes(app, kv_events)
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:

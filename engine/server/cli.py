@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pagedinfer.engine.server import cli_types
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
-from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
+from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,18 +39,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f" (default {DEFAULT_MAX_WAITING_REQUESTS})")
     g.add_argument("--max-request-body-bytes", type=cli_types.positive_int, default=1 << 20,
                    help="answer 413 to bodies larger than this (default 1 MiB)")
-    g.add_argument("--request-header-timeout-seconds", type=cli_types.positive_seconds,
-                   default=DEFAULT_HEADER_TIMEOUT_SECONDS,
-                   help="a request's line and headers must arrive within this many seconds of the connection"
-                        " opening (or of the request's first byte on a kept-alive connection), else 408 and close"
-                        f" (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})")
-    g.add_argument("--request-body-timeout-seconds", type=cli_types.positive_seconds,
-                   default=DEFAULT_BODY_TIMEOUT_SECONDS,
-                   help="a request's whole body must arrive within this many seconds of its headers, else 408 and"
-                        f" close (default {DEFAULT_BODY_TIMEOUT_SECONDS:g})")
+    add_read_timeout_args(g)
     g.add_argument("--shutdown-grace-seconds", type=cli_types.non_negative_seconds, default=30.0,
                    help="on SIGTERM, how long in-flight requests may run before they are aborted (default 30)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    kv = serve.add_argument_group("KV-cache events (for a prefix-aware router; docs/router.md)")
+    kv.add_argument("--kv-events", action="store_true",
+                    help="publish the prefix cache's BlockStored/BlockRemoved/AllBlocksCleared events (vLLM's"
+                         " ZeroMQ format) on --host, and serve GET /kv_events (discovery) and"
+                         " GET /kv_events/snapshot")
+    kv.add_argument("--kv-events-port", type=cli_types.port_or_zero, default=5557,
+                    help="the PUB port; replay answers on the port above it; 0 binds any free ports"
+                         " (default 5557)")
     serve.set_defaults(func=run_serve)
 
     bench = sub.add_parser("bench", help="benchmarks", description="Benchmarks against a running server.")
@@ -83,7 +83,12 @@ def run_serve(args: argparse.Namespace) -> int:
                               body_timeout_seconds=args.request_body_timeout_seconds)
     # a Hub id names the model as given (as vLLM does), not by its snapshot's commit folder
     hub_id = args.model if args.model and model != args.model else None
-    app, engine_loop = build_app(engine_config, settings, args.served_model_name or hub_id)
+    kv_events = None
+    if args.kv_events:
+        from pagedinfer.engine.kv_events.publisher import KVEventsConfig
+
+        kv_events = KVEventsConfig(host=args.host, port=args.kv_events_port)
+    app, engine_loop = build_app(engine_config, settings, args.served_model_name or hub_id, kv_events)
     listener = bind_listener(args.host, args.port)  # a port in use is an error before the address is announced
     print(f"pagedinfer serve: http://{args.host}:{args.port} (model {model})", file=sys.stderr, flush=True)
     return run_server(app, engine_loop, args.host, args.port, args.shutdown_grace_seconds, args.log_level,

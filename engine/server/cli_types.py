@@ -30,6 +30,14 @@ def port(text: str) -> int:
     return value
 
 
+def port_or_zero(text: str) -> int:
+    """A TCP port 1-65534 (the one above it is used too), or 0 for any free port."""
+    value = _int(text)
+    if not 0 <= value <= MAX_PORT - 1:
+        raise argparse.ArgumentTypeError(f"must be 0 (any free port) or a port from 1 to {MAX_PORT - 1}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _int(text)
     if value < 1:

@@ -50,8 +50,11 @@ def served_name(model: str, served_model_name: str | None) -> str:
     return Path(model).name or str(model)
 
 
-def engine_factory(engine_config: Any, served_model_name: str):
-    """A callable that loads the engine and the server's own tokenizer (run on the engine thread)."""
+def engine_factory(engine_config: Any, served_model_name: str, kv_events: Any = None):
+    """A callable that loads the engine and the server's own tokenizer (run on the engine thread).
+
+    kv_events: a KVEventPublisher the engine's block pool reports to, or None.
+    """
 
     def build() -> tuple[Any, ModelInfo]:
         from transformers import AutoTokenizer
@@ -59,6 +62,8 @@ def engine_factory(engine_config: Any, served_model_name: str):
         from pagedinfer.engine import LLMEngine
 
         engine = LLMEngine(engine_config)
+        if kv_events is not None:
+            engine.kv.pool.event_sink = kv_events.record
         tokenizer = AutoTokenizer.from_pretrained(str(engine_config.tokenizer or engine_config.model))
         config = engine.config
         info = ModelInfo(served_model_name=served_model_name, max_model_len=int(engine.max_model_len),
@@ -73,12 +78,23 @@ def engine_factory(engine_config: Any, served_model_name: str):
     return build
 
 
-def build_app(engine_config: Any, settings: ServerSettings, served_model_name: str | None = None):
-    """(app, engine_loop) for one model; nothing is loaded until the app's lifespan starts."""
+def build_app(engine_config: Any, settings: ServerSettings, served_model_name: str | None = None,
+              kv_events: Any = None):
+    """(app, engine_loop) for one model; nothing is loaded until the app's lifespan starts.
+
+    kv_events: a KVEventsConfig (`--kv-events`): its sockets are bound here, so a
+    port in use fails before the model loads.
+    """
     name = served_name(str(engine_config.model), served_model_name)
     metrics = ServerMetrics(name)
-    loop = EngineLoop(engine_factory(engine_config, name), observer=metrics)
-    return create_app(loop, metrics, settings), loop
+    publisher = None
+    if kv_events is not None:
+        from pagedinfer.engine.kv_events.publisher import KVEventPublisher
+
+        publisher = KVEventPublisher(kv_events, engine_config.block_size)
+        publisher.start()
+    loop = EngineLoop(engine_factory(engine_config, name, publisher), observer=metrics)
+    return create_app(loop, metrics, settings, publisher), loop
 
 
 def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float, log_level: str = "info",

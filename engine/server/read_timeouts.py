@@ -105,3 +105,18 @@ def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Proto
             self.transport.close()
 
     return HeaderTimeoutH11Protocol
+
+
+def add_read_timeout_args(group: Any) -> None:
+    """The two client read deadlines as flags, one definition for `serve` and `router`."""
+    from pagedinfer.engine.server import cli_types
+
+    group.add_argument("--request-header-timeout-seconds", type=cli_types.positive_seconds,
+                       default=DEFAULT_HEADER_TIMEOUT_SECONDS,
+                       help="a request's line and headers must arrive within this many seconds of the connection"
+                            " opening (or of the request's first byte on a kept-alive connection), else 408 and"
+                            f" close (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})")
+    group.add_argument("--request-body-timeout-seconds", type=cli_types.positive_seconds,
+                       default=DEFAULT_BODY_TIMEOUT_SECONDS,
+                       help="a request's whole body must arrive within this many seconds of its headers, else 408"
+                            f" and close (default {DEFAULT_BODY_TIMEOUT_SECONDS:g})")

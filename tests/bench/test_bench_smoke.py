@@ -65,3 +65,17 @@ def test_structured_outputs_benchmark_runs_and_checks_every_constrained_output(t
     assert run.returncode == 0, run.stderr[-2000:]
     for case in ("0%", "50%", "100%"):
         assert case in run.stdout
+
+
+@pytest.mark.slow
+def test_routing_benchmark_smoke_reports_every_policy_and_the_ceiling(tmp_path):
+    out = tmp_path / "routing.json"
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "routing.py"), "--smoke", "--json-out", str(out),
+                          "--logs", str(tmp_path / "logs")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = {r["system"]: r for r in json.loads(out.read_text())["summary"]}
+    assert set(rows) == {"round-robin", "prefix", "ceiling (1 engine, 2 pools)"}
+    for r in rows.values():
+        assert sum(r["requests_per_engine"]) == 8  # 4 tenants x 2 turns, every request answered
+        assert 0.0 < r["hit_rate"] <= 1.0  # the engines' own counters: turn 2 reuses turn 1's prefix

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from helm_chart import REPO
 
-IMAGES = {"engine": REPO / "images" / "engine.Dockerfile", "operator": REPO / "images" / "operator.Dockerfile"}
+IMAGES = {"engine": REPO / "images" / "engine.Dockerfile", "operator": REPO / "images" / "operator.Dockerfile",
+          "router": REPO / "images" / "router.Dockerfile"}
 PIP = Path(sys.executable).parent / "pip"
 # The engine dry run holds torch to the base image's release (as the image's own
 # constraint does), which these machines hold locally as a CPU wheel, so no
@@ -151,6 +152,14 @@ def test_the_operator_image_resolves_kopf_and_no_torch(resolved):
     assert {"pagedinfer", "kopf", "kubernetes", "prometheus-client", "aiohttp"} <= packages.keys()
     heavy = {name for name in packages if name in ("torch", "transformers", "triton") or name.startswith("nvidia-")}
     assert not heavy, f"the operator image would install {sorted(heavy)}"
+
+
+@pytest.mark.slow
+def test_the_router_image_resolves_zmq_and_tokenizers_and_no_torch_or_transformers(resolved):
+    packages = resolved["router"]
+    assert {"pagedinfer", "pyzmq", "msgpack", "tokenizers", "jinja2", "fastapi", "uvicorn", "httpx"} <= packages.keys()
+    heavy = {name for name in packages if name in ("torch", "transformers", "triton") or name.startswith("nvidia-")}
+    assert not heavy, f"the router image would install {sorted(heavy)}"
 
 
 @pytest.mark.slow

@@ -8,16 +8,14 @@ not how fast.
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import httpx
 import pytest
 from serving_harness import start_server, stop_server
+from slow_client import SlowClient, trickle_until_all_closed
 
 DEADLINE_SECONDS = 1.0
-LOOP_BOUND_SECONDS = 20 * DEADLINE_SECONDS
-TRICKLE_INTERVAL_SECONDS = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -28,64 +26,10 @@ def strict_server(tiny_llama):
     stop_server(running)
 
 
-class SlowClient:
-    """A socket that sends `opening`, then one byte of `trickle` per round, collecting whatever comes back."""
-
-    def __init__(self, url: str, opening: bytes, trickle: bytes) -> None:
-        host, port = url.removeprefix("http://").split(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=5)
-        self.sock.sendall(opening)
-        self.sock.setblocking(False)
-        self.trickle = trickle
-        self.received = b""
-        self.closed = False
-
-    def round(self) -> None:
-        """Read what arrived; send the next byte unless the server has closed the connection."""
-        try:
-            while True:
-                data = self.sock.recv(65536)
-                if not data:
-                    self.closed = True
-                    return
-                self.received += data
-        except BlockingIOError:
-            pass
-        except ConnectionError:
-            self.closed = True
-            return
-        try:
-            self.sock.send(self.trickle[:1] or b"x")
-            self.trickle = self.trickle[1:]
-        except (BlockingIOError, ConnectionError):
-            pass
-
-    def error(self) -> dict:
-        head, _, body = self.received.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 408"), self.received[:300]
-        assert b"connection: close" in head.lower()
-        return json.loads(body)["error"]
-
-
-def _trickle_until_all_closed(clients: list[SlowClient]) -> None:
-    end = time.monotonic() + LOOP_BOUND_SECONDS
-    try:
-        while not all(c.closed for c in clients) and time.monotonic() < end:
-            for c in clients:
-                if not c.closed:
-                    c.round()
-            time.sleep(TRICKLE_INTERVAL_SECONDS)
-        open_ones = sum(not c.closed for c in clients)
-        assert open_ones == 0, f"{open_ones} of {len(clients)} slow connections still open"
-    finally:
-        for c in clients:
-            c.sock.close()
-
-
 def test_headers_trickled_byte_by_byte_get_408_and_the_connection_closed(strict_server):
     opening = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
     clients = [SlowClient(strict_server.url, opening, b"X-Slow: " + b"a" * 1000) for _ in range(20)]
-    _trickle_until_all_closed(clients)
+    trickle_until_all_closed(clients)
     for c in clients:
         error = c.error()
         assert error["code"] == "request_timeout" and "headers" in error["message"], error
@@ -95,7 +39,7 @@ def test_headers_trickled_byte_by_byte_get_408_and_the_connection_closed(strict_
 def test_a_kept_alive_connection_whose_next_request_trickles_is_closed_too(strict_server):
     first = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
     client = SlowClient(strict_server.url, first, b"GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: " + b"a" * 1000)
-    _trickle_until_all_closed([client])
+    trickle_until_all_closed([client])
     assert client.received.startswith(b"HTTP/1.1 200"), client.received[:200]
     second = client.received[client.received.index(b"HTTP/1.1", 1):]
     assert second.startswith(b"HTTP/1.1 408"), second[:200]
@@ -106,7 +50,7 @@ def test_a_trickled_body_gets_408_and_the_connection_closed(strict_server):
     opening = (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:10])
     clients = [SlowClient(strict_server.url, opening, body[10:]) for _ in range(10)]
-    _trickle_until_all_closed(clients)
+    trickle_until_all_closed(clients)
     for c in clients:
         error = c.error()
         assert error["code"] == "request_timeout" and "body" in error["message"], error
@@ -118,7 +62,7 @@ def test_the_unread_rest_of_a_body_trickled_after_the_response_does_not_hold_the
     """GET /health answers without reading the declared body; each byte of its rest cancelled keep-alive."""
     opening = b"GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n"
     clients = [SlowClient(strict_server.url, opening, b"a" * 100000) for _ in range(5)]
-    _trickle_until_all_closed(clients)
+    trickle_until_all_closed(clients)
     for c in clients:
         assert c.received.startswith(b"HTTP/1.1 200"), c.received[:200]
     assert httpx.get(strict_server.url + "/health").status_code == 200

@@ -50,7 +50,7 @@ class RunningServer:
 def start_server(model_dir, *, api_key: str | None = None, served_model_name: str = "tiny",
                  max_waiting_requests: int | None = None, max_request_body_bytes: int = 1 << 20,
                  header_timeout_seconds: float | None = None, body_timeout_seconds: float | None = None,
-                 **engine_overrides) -> RunningServer:
+                 kv_events=None, **engine_overrides) -> RunningServer:
     from pagedinfer.engine import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings
     from pagedinfer.engine.server.launcher import build_app
@@ -61,7 +61,7 @@ def start_server(model_dir, *, api_key: str | None = None, served_model_name: st
     timeouts = {} if body_timeout_seconds is None else {"body_timeout_seconds": body_timeout_seconds}
     settings = ServerSettings(api_key=api_key, max_waiting_requests=max_waiting_requests,
                               max_request_body_bytes=max_request_body_bytes, **timeouts)
-    app, loop = build_app(EngineConfig(**engine_kwargs), settings, served_model_name)
+    app, loop = build_app(EngineConfig(**engine_kwargs), settings, served_model_name, kv_events)
     running = serve_app(app, loop, served_model_name, api_key, header_timeout_seconds)
     wait_healthy(running)
     return running

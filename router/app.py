@@ -1,0 +1,220 @@
+"""The router's HTTP front: OpenAI's routes, each request proxied to one engine.
+
+A completion is tokenized as the engine will tokenize it, hashed into the
+engine's block hashes, and handed to `policy.pick` with a snapshot of the
+engines' state; the chosen engine's answer is passed through as it arrives
+(a stream is never buffered). Every proxied response carries
+`x-pagedinfer-route: engine=URL; matched_tokens=N; reason=R`.
+
+Faults: an engine that refuses the connection, or answers 503 before any
+byte, is skipped and the request tried once more elsewhere (a refused
+connection also drops the engine at once); a stream that breaks after its
+first byte ends with an error event and [DONE]; no engine left: 503 with
+Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pagedinfer.engine.server.auth import ApiKeyMiddleware
+from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
+from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
+from pagedinfer.engine.server.errors import error_body, error_response
+from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slices
+from pagedinfer.router.hashing import prefix_block_hashes
+from pagedinfer.router.metrics import RouterMetrics
+from pagedinfer.router.policy import Decision, pick
+from pagedinfer.router.request_tokens import RequestTokenizer
+from pagedinfer.router.state import RouterState
+
+ROUTE_HEADER = "x-pagedinfer-route"
+RETRY_AFTER_SECONDS = 1
+DEFAULT_BLOCK_SIZE = 16  # until an engine's discovery says otherwise
+MAX_ATTEMPTS = 2
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
+FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    engines: tuple[str, ...]
+    policy: str = "prefix"
+    api_key: str | None = None
+    tokenizer_dir: str | None = None  # None: the embedded model's tokenizer
+    discovery: DiscoverySettings | None = None  # follow a Service's ready endpoints instead of `engines`
+    max_request_body_bytes: int = 1 << 20  # 413 above this, as the engine's server
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # the whole body, counted from its headers: else 408
+
+
+def route_header(decision: Decision | None, reason: str = "no-engine") -> str:
+    if decision is None:
+        return f"engine=none; matched_tokens=0; reason={reason}"
+    return f"engine={decision.engine}; matched_tokens={decision.matched_tokens}; reason={decision.reason}"
+
+
+def create_router_app(settings: RouterSettings) -> FastAPI:
+    from pagedinfer.engine.model_source import default_model_dir
+
+    tokenizer = RequestTokenizer(settings.tokenizer_dir or str(default_model_dir()))
+    tokenize_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-tokenize")
+    turns = itertools.count()
+    holder: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=1000))
+        state = RouterState(list(settings.engines), client)
+        holder.update(client=client, state=state, metrics=RouterMetrics(state))
+        app.state.router = state
+        state.start()
+        discovery = asyncio.create_task(follow_endpoint_slices(settings.discovery, state.set_engines)) \
+            if settings.discovery is not None else None
+        try:
+            yield
+        finally:
+            if discovery is not None:
+                discovery.cancel()
+                await asyncio.gather(discovery, return_exceptions=True)
+            await state.stop()
+            await client.aclose()
+            tokenize_thread.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="pagedinfer router", lifespan=lifespan)
+
+    def unavailable(message: str) -> Response:
+        response = error_response(503, message, code="no_engine", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        response.headers[ROUTE_HEADER] = route_header(None)
+        return response
+
+    @app.get("/health")
+    async def health() -> Response:
+        if holder["state"].views():
+            return JSONResponse({"status": "ok"})
+        return unavailable("no engine is healthy")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(holder["metrics"].render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        state: RouterState = holder["state"]
+        for view in state.views():
+            try:
+                r = await holder["client"].get(view.name + "/v1/models", headers=_forwarded(request))
+            except httpx.HTTPError as exc:
+                state.mark_dead(view.name, type(exc).__name__)
+                continue
+            return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
+        return unavailable("no engine is healthy")
+
+    async def proxy(request: Request, path: str, chat: bool) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            response = error_response(400, "the body must be a JSON object", code="invalid_json")
+            response.headers[ROUTE_HEADER] = route_header(None, "invalid-request")
+            return response
+        ids = await asyncio.get_running_loop().run_in_executor(
+            tokenize_thread, tokenizer.prompt_ids, body, chat)
+        state: RouterState = holder["state"]
+        client: httpx.AsyncClient = holder["client"]
+        metrics: RouterMetrics = holder["metrics"]
+        tried: set[str] = set()
+        refused: Response | None = None
+        for _ in range(MAX_ATTEMPTS):
+            views = [v for v in state.views() if v.name not in tried]
+            if not views:
+                break
+            block_size = state.block_size or DEFAULT_BLOCK_SIZE
+            hashes = prefix_block_hashes(ids, block_size) if ids else []
+            key = hashes[0] if hashes else json.dumps(ids).encode()
+            decision = pick(settings.policy, views, hashes, block_size, key, next(turns))
+            engine = state.engines[decision.engine]
+            tried.add(decision.engine)
+            engine.num_inflight += 1
+            try:
+                upstream = await client.send(
+                    client.build_request("POST", decision.engine + path, content=raw, headers=_forwarded(request)),
+                    stream=True)
+            except httpx.TransportError as exc:
+                engine.num_inflight -= 1
+                state.mark_dead(decision.engine, type(exc).__name__)
+                metrics.retries.inc()
+                continue
+            if upstream.status_code == 503:
+                refused = Response(await upstream.aread(), 503, media_type=upstream.headers.get("content-type"),
+                                   headers={"Retry-After": upstream.headers.get("retry-after",
+                                                                                str(RETRY_AFTER_SECONDS)),
+                                            ROUTE_HEADER: route_header(decision)})
+                await upstream.aclose()
+                engine.num_inflight -= 1
+                metrics.retries.inc()
+                continue
+            metrics.decisions.labels(decision.reason, decision.engine).inc()
+            metrics.matched_tokens.inc(decision.matched_tokens)
+            headers = {ROUTE_HEADER: route_header(decision)}
+            media_type = upstream.headers.get("content-type", "application/json")
+            if media_type.startswith("text/event-stream"):
+                return StreamingResponse(_passthrough(upstream, engine), upstream.status_code, headers,
+                                         media_type=media_type)
+            try:
+                content = await upstream.aread()
+            except httpx.HTTPError as exc:
+                state.mark_dead(decision.engine, type(exc).__name__)
+                metrics.retries.inc()
+                continue
+            finally:
+                await upstream.aclose()
+                engine.num_inflight -= 1
+            return Response(content, upstream.status_code, headers, media_type=media_type)
+        return refused if refused is not None else unavailable("no engine could take the request")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy(request, "/v1/completions", chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await proxy(request, "/v1/chat/completions", chat=True)
+
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
+                       body_timeout_seconds=settings.body_timeout_seconds)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    return app
+
+
+def _forwarded(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
+
+
+def _sse(payload: Any) -> bytes:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+
+
+async def _passthrough(upstream: httpx.Response, engine) -> Any:
+    """The engine's bytes as they arrive; a break after the first byte ends the stream with an error event."""
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as exc:
+        yield _sse(error_body(502, f"the engine's stream broke: {type(exc).__name__}", code="upstream_broken"))
+        yield _sse("[DONE]")
+    finally:
+        await upstream.aclose()
+        engine.num_inflight -= 1

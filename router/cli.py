@@ -1,0 +1,75 @@
+"""`pagedinfer router`: a prefix-aware OpenAI front for several `pagedinfer serve --kv-events` engines."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pagedinfer.engine.server import cli_types
+from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
+from pagedinfer.router.policy import POLICIES
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "router", help="route OpenAI requests across engines by cached prefix",
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics, sending each"
+                    " request to one of the --engine servers (start them with --kv-events). See docs/router.md.")
+    p.add_argument("--engine", dest="engines", action="append", type=cli_types.http_url, default=[],
+                   metavar="URL", help="an engine's base URL, e.g. http://127.0.0.2:8000 (repeat for each)")
+    k = p.add_argument_group("in a cluster (instead of --engine)")
+    k.add_argument("--discover-service", default=None, metavar="NAME",
+                   help="follow the ready endpoints of this Service's EndpointSlices (the engines' headless"
+                        " Service); needs namespace-scoped list on endpointslices")
+    k.add_argument("--namespace", default=None,
+                   help="the Service's namespace (default: the pod's own, from its service account)")
+    k.add_argument("--engine-port-name", default="http", help="the EndpointSlice port of the engines' HTTP server")
+    k.add_argument("--kube-api", type=cli_types.http_url, default=None,
+                   help="the API server's URL (default: in-cluster, with the service-account token)")
+    p.add_argument("--policy", choices=POLICIES, default="prefix",
+                   help="prefix: longest cached prefix, spread under saturation (default); least-load;"
+                        " round-robin")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=cli_types.port, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: env PAGEDINFER_API_KEY, else"
+                        " none); the header is passed on to the engines")
+    p.add_argument("--max-request-body-bytes", type=cli_types.positive_int, default=1 << 20,
+                   help="answer 413 to bodies larger than this (default 1 MiB)")
+    add_read_timeout_args(p)
+    p.add_argument("--tokenizer", default=None,
+                   help="the engines' tokenizer directory (default: the embedded model's, as `serve`)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=run_router)
+
+
+def run_router(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pagedinfer.engine.server.auth import resolve_api_key
+    from pagedinfer.engine.server.read_timeouts import header_timeout_protocol
+    from pagedinfer.router.app import RouterSettings, create_router_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if len(set(args.engines)) != len(args.engines):
+        raise ValueError("--engine: each engine URL may be given once")
+    if bool(args.engines) == bool(args.discover_service):
+        raise ValueError("give either --engine URL (repeated) or --discover-service NAME, not both or neither")
+    discovery = None
+    if args.discover_service:
+        from pagedinfer.router.discovery import DiscoverySettings, in_cluster_namespace
+
+        namespace = args.namespace or in_cluster_namespace()
+        if not namespace:
+            raise ValueError("--namespace: required outside a pod (no service-account namespace file)")
+        discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api)
+    settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer,
+                              discovery, args.max_request_body_bytes, args.request_body_timeout_seconds)
+    app = create_router_app(settings)
+    upstream = ", ".join(args.engines) or f"service {args.discover_service}"
+    print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                timeout_keep_alive=5, http=header_timeout_protocol(args.request_header_timeout_seconds))
+    return 0

@@ -1,0 +1,102 @@
+"""Engine discovery in a cluster: the ready endpoints of the engines' Service, from its EndpointSlices.
+
+The router lists `discovery.k8s.io/v1` EndpointSlices labelled
+`kubernetes.io/service-name=<service>` in its own namespace every
+`POLL_INTERVAL_SECONDS` (namespace-scoped `list` on endpointslices is all
+the RBAC it needs) and hands the set of engine URLs to the state owner:
+- an endpoint counts when `conditions.ready` is true (absent means ready, as
+  the API documents) and it is not `terminating`: a terminating pod is
+  removed at once and gets no new requests;
+- a new ready pod is added at the next poll, then health-checked (0.5 s), so
+  it gets traffic within about 2 s;
+- a failed list keeps the last known set (an API-server hiccup never empties
+  the router).
+
+Talks to the API server with httpx and the pod's service-account token; no
+kubernetes client library (the router image stays small).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import httpx
+
+logger = logging.getLogger("pagedinfer.router.discovery")
+
+POLL_INTERVAL_SECONDS = 1.0
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+@dataclass(frozen=True)
+class DiscoverySettings:
+    service: str  # the engines' (headless) Service
+    namespace: str
+    port_name: str = "http"  # the EndpointSlice port that serves HTTP
+    api_url: str | None = None  # None: in-cluster (KUBERNETES_SERVICE_HOST, the service-account token)
+
+
+def in_cluster_namespace() -> str | None:
+    path = SERVICE_ACCOUNT_DIR / "namespace"
+    return path.read_text().strip() if path.is_file() else None
+
+
+def ready_engine_urls(slices: Iterable[dict[str, Any]], port_name: str = "http") -> list[str]:
+    """Engine URLs of the ready, not terminating endpoints (one address each), sorted."""
+    urls = set()
+    for s in slices:
+        ports = s.get("ports") or []
+        port = next((p.get("port") for p in ports if p.get("name") == port_name), None)
+        if port is None and len(ports) == 1:
+            port = ports[0].get("port")
+        if port is None:
+            continue
+        for endpoint in s.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("ready") is False or conditions.get("terminating") is True:
+                continue
+            addresses = endpoint.get("addresses") or []
+            if addresses:
+                host = addresses[0]
+                urls.add(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+    return sorted(urls)
+
+
+def _client_args(settings: DiscoverySettings) -> tuple[str, dict[str, str], Any]:
+    """(API base URL, headers, TLS verify) for the API server."""
+    if settings.api_url is not None:
+        return settings.api_url.rstrip("/"), {}, True
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        raise ValueError("--discover-service: not in a cluster (no KUBERNETES_SERVICE_HOST); pass --kube-api")
+    token = (SERVICE_ACCOUNT_DIR / "token").read_text().strip()
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{port}", {"Authorization": f"Bearer {token}"}, str(SERVICE_ACCOUNT_DIR / "ca.crt")
+
+
+async def follow_endpoint_slices(settings: DiscoverySettings, on_change: Callable[[list[str]], None]) -> None:
+    """Poll the Service's EndpointSlices until cancelled; on_change(urls) whenever the ready set changes."""
+    base, headers, verify = _client_args(settings)
+    url = f"{base}/apis/discovery.k8s.io/v1/namespaces/{settings.namespace}/endpointslices"
+    params = {"labelSelector": f"{SERVICE_NAME_LABEL}={settings.service}"}
+    last: list[str] | None = None
+    async with httpx.AsyncClient(headers=headers, verify=verify, timeout=10.0) as client:
+        while True:
+            try:
+                r = await client.get(url, params=params)
+                r.raise_for_status()
+                urls = ready_engine_urls(r.json().get("items") or [], settings.port_name)
+            except (httpx.HTTPError, ValueError) as exc:
+                logger.warning("cannot list the EndpointSlices of %s/%s: %s", settings.namespace, settings.service,
+                               exc)
+            else:
+                if urls != last:
+                    on_change(urls)
+                    last = urls
+            await asyncio.sleep(POLL_INTERVAL_SECONDS)

@@ -1,0 +1,46 @@
+"""The router's /metrics: decisions by reason and engine, engine health and cached blocks, retries."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from pagedinfer.engine.server.metrics import PREFIX
+
+ROUTER_PREFIX = PREFIX + "router_"
+
+
+class _EngineCollector:
+    def __init__(self, state) -> None:
+        self.state = state
+
+    def collect(self):
+        healthy = GaugeMetricFamily(ROUTER_PREFIX + "engine_healthy", "1 if the engine passes /health.",
+                                    labels=["engine"])
+        blocks = GaugeMetricFamily(ROUTER_PREFIX + "engine_cached_blocks",
+                                   "Prefix blocks the engine holds, per its KV events.", labels=["engine"])
+        inflight = GaugeMetricFamily(ROUTER_PREFIX + "engine_inflight_requests",
+                                     "Requests sent to the engine and not finished.", labels=["engine"])
+        for e in self.state.engines.values():
+            healthy.add_metric([e.url], float(e.healthy))
+            blocks.add_metric([e.url], float(len(e.hashes)))
+            inflight.add_metric([e.url], float(e.num_inflight))
+        yield healthy
+        yield blocks
+        yield inflight
+
+
+class RouterMetrics:
+    def __init__(self, state) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(state))
+        self.decisions = Counter(ROUTER_PREFIX + "decisions", "Routing decisions, by reason and engine.",
+                                 ["reason", "engine"], registry=self.registry)
+        self.retries = Counter(ROUTER_PREFIX + "retries", "Requests retried on another engine before any byte.",
+                               registry=self.registry)
+        self.matched_tokens = Counter(ROUTER_PREFIX + "matched_prompt_tokens",
+                                      "Prompt tokens cached on the chosen engine at decision time.",
+                                      registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,99 @@
+"""Token ids of a request, computed exactly as the engine's server computes them, without torch.
+
+transformers imports torch whenever torch is installed, so the router reads
+the same files itself: `tokenizer.json` through the `tokenizers` library and
+the chat template (tokenizer_config.json's `chat_template` or
+`chat_template.jinja`) through a sandboxed jinja2 environment configured as
+transformers configures it (trim_blocks, lstrip_blocks, `raise_exception`,
+the special tokens as variables). tests/router checks the ids against the
+engine's transformers tokenizer.
+
+Completions: a text prompt is encoded with special tokens, token ids are
+taken as given; chat: the messages go through the template with the
+generation prompt, and the text is encoded without special tokens
+(engine/server/serving.py). A request the router cannot tokenize routes as
+an unknown prefix; the engine then answers it with its own 4xx.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class RequestTokenizer:
+    def __init__(self, tokenizer_dir: str) -> None:
+        from tokenizers import Tokenizer
+
+        root = Path(tokenizer_dir)
+        try:
+            self.tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+            config = json.loads((root / "tokenizer_config.json").read_text()) \
+                if (root / "tokenizer_config.json").is_file() else {}
+        except Exception as exc:  # noqa: BLE001 - any loading failure names the directory
+            raise ValueError(f"--tokenizer: cannot load {root / 'tokenizer.json'}: {exc}") from None
+        self.special = {name: _token_text(config.get(name)) for name in _SPECIAL}
+        template = config.get("chat_template")
+        if template is None and (root / "chat_template.jinja").is_file():
+            template = (root / "chat_template.jinja").read_text()
+        self.template = _compile(template) if isinstance(template, str) else None
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if self.template is None:
+            raise ValueError("the tokenizer has no chat template")
+        return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+
+    def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int] | None:
+        """The token ids the engine will see for body's (first) prompt; None if there are none."""
+        try:
+            if chat:
+                return self._chat_ids(body.get("messages"))
+            return self._completion_ids(body.get("prompt"))
+        except Exception:  # noqa: BLE001 - malformed input: the engine will name what is wrong
+            return None
+
+    def _completion_ids(self, prompt: Any) -> list[int] | None:
+        if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+            prompt = prompt[0]  # a batch of prompts routes by its first
+        if isinstance(prompt, str) and prompt:
+            return self.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        return None
+
+    def _chat_ids(self, messages: Any) -> list[int] | None:
+        if not isinstance(messages, list) or not messages:
+            return None
+        rendered = []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, list):  # text parts joined by newlines, as the engine's protocol does
+                content = "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+            elif content is None:
+                content = ""
+            rendered.append({"role": m.get("role"), "content": content})
+        return self.encode(self.render_chat(rendered), add_special_tokens=False)
+
+
+def _compile(template: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)

@@ -1,0 +1,129 @@
+"""The router's view of its engines, owned by one asyncio loop (no locks: one owner).
+
+Each engine has a supervisor task: it polls GET /health; while the engine
+is healthy a KVFeed keeps its cached-hash set current. An engine that fails a
+health check or a connection is dropped at once: marked unhealthy, its
+hashes forgotten, its feed cancelled; the supervisor keeps polling and a
+restarted engine comes back from a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import httpx
+
+from pagedinfer.router.kv_feed import KVFeed
+from pagedinfer.router.policy import EngineView
+
+logger = logging.getLogger("pagedinfer.router")
+
+HEALTH_INTERVAL_SECONDS = 0.5
+HEALTH_TIMEOUT_SECONDS = 2.0
+
+
+@dataclass
+class EngineRecord:
+    url: str
+    healthy: bool = False
+    hashes: set[bytes] = field(default_factory=set)
+    block_size: int | None = None
+    kv_seq: int | None = None
+    num_inflight: int = 0
+    feed_task: asyncio.Task | None = None
+
+    def view(self) -> EngineView:
+        return EngineView(self.url, self.num_inflight, self.hashes)
+
+
+class RouterState:
+    def __init__(self, urls: list[str], client: httpx.AsyncClient) -> None:
+        self.engines = {url: EngineRecord(url) for url in urls}
+        self.client = client
+        self._supervisors: dict[str, asyncio.Task] = {}
+        self._started = False
+
+    def set_engines(self, urls: list[str]) -> None:
+        """Follow exactly these engines (discovery): new ones are health-checked, gone ones forgotten at once.
+
+        A request still in flight on a removed engine finishes; its record is no
+        longer consulted for new requests.
+        """
+        for url in [u for u in self.engines if u not in urls]:
+            record = self.engines.pop(url)
+            self._cancel_feed(record)
+            task = self._supervisors.pop(url, None)
+            if task is not None:
+                task.cancel()
+            logger.info("engine %s removed (no longer a ready endpoint)", url)
+        for url in urls:
+            if url not in self.engines:
+                self.engines[url] = EngineRecord(url)
+                if self._started:
+                    self._supervisors[url] = asyncio.create_task(self._supervise(self.engines[url]))
+                logger.info("engine %s added", url)
+
+    def views(self) -> list[EngineView]:
+        return [e.view() for e in self.engines.values() if e.healthy]
+
+    @property
+    def block_size(self) -> int | None:
+        return next((e.block_size for e in self.engines.values() if e.healthy and e.block_size), None)
+
+    def start(self) -> None:
+        self._started = True
+        self._supervisors = {url: asyncio.create_task(self._supervise(e)) for url, e in self.engines.items()}
+
+    async def stop(self) -> None:
+        for e in self.engines.values():
+            self._cancel_feed(e)
+        tasks = list(self._supervisors.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def mark_dead(self, url: str, why: str) -> None:
+        engine = self.engines.get(url)
+        if engine is None:  # discovery removed it meanwhile
+            return
+        if engine.healthy:
+            logger.warning("engine %s dropped: %s", url, why)
+        engine.healthy = False
+        engine.hashes = set()
+        engine.kv_seq = None
+        self._cancel_feed(engine)
+
+    def _cancel_feed(self, engine: EngineRecord) -> None:
+        if engine.feed_task is not None:
+            engine.feed_task.cancel()
+            engine.feed_task = None
+
+    async def _supervise(self, engine: EngineRecord) -> None:
+        while True:
+            try:
+                ok = (await self.client.get(engine.url + "/health", timeout=HEALTH_TIMEOUT_SECONDS)).status_code == 200
+            except httpx.HTTPError as exc:
+                ok, why = False, f"{type(exc).__name__}"
+            else:
+                why = "unhealthy"
+            if ok and not engine.healthy:
+                engine.healthy = True
+                engine.feed_task = asyncio.create_task(self._follow(engine))
+            elif not ok and engine.healthy:
+                self.mark_dead(engine.url, why)
+            await asyncio.sleep(HEALTH_INTERVAL_SECONDS)
+
+    async def _follow(self, engine: EngineRecord) -> None:
+        def update(hashes: set[bytes], seq: int | None, block_size: int) -> None:
+            engine.hashes, engine.kv_seq, engine.block_size = hashes, seq, block_size
+
+        feed = KVFeed(engine.url, update, self.client)
+        try:
+            await feed.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a feed that fails leaves the engine routable by load only
+            logger.warning("KV events of %s unavailable (%s); routing it by load only", engine.url, exc)
+            engine.hashes = set()

@@ -1,0 +1,91 @@
+"""The picker, table by table: pure decisions over engine views."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pagedinfer.router.hashing import prefix_block_hashes
+from pagedinfer.router.policy import SATURATION_SLACK, EngineView, bounded_load_capacity, pick
+
+BS = 4
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+PROMPT = list(range(20))  # 5 full blocks
+H = prefix_block_hashes(PROMPT, BS)
+
+
+def views(*specs):
+    """specs: (name, inflight, number of the prompt's leading blocks cached)."""
+    return [EngineView(name, load, frozenset(H[:cached])) for name, load, cached in specs]
+
+
+@pytest.mark.parametrize("specs, engine, matched, reason", [
+    ([("a", 0, 0), ("b", 0, 3)], "b", 12, "prefix-hit"),  # the longest cached prefix wins
+    ([("a", 0, 2), ("b", 1, 5)], "b", 20, "prefix-hit"),  # a little load does not move a hit
+    ([("a", 0, 2), ("b", 0, 2)], "a", 8, "prefix-hit"),  # equal match and load: ring order, deterministic
+    ([("a", 0, 0), ("b", SATURATION_SLACK + 1, 5)], "a", 0, "prefix-spread"),  # saturated: spread
+    ([("a", 0, 1), ("b", SATURATION_SLACK + 1, 5)], "a", 4, "prefix-spread"),  # spread to the next best match
+])
+def test_prefix_policy(specs, engine, matched, reason):
+    d = pick("prefix", views(*specs), H, BS, H[0], 0)
+    assert (d.engine, d.matched_tokens, d.reason) == (engine, matched, reason)
+
+
+def test_an_unknown_prefix_goes_by_consistent_hashing_and_the_same_key_meets_the_same_engine():
+    engines = views(("a", 0, 0), ("b", 0, 0), ("c", 0, 0), ("d", 0, 0))
+    chosen = {pick("prefix", engines, [], BS, bytes([k]), 0).engine for k in range(64)}
+    assert chosen == {"a", "b", "c", "d"}  # keys spread over the ring
+    for k in range(64):
+        assert len({pick("prefix", engines, [], BS, bytes([k]), t).engine for t in range(5)}) == 1
+
+
+def test_consistent_hashing_skips_an_engine_over_its_bounded_load():
+    key = b"tenant-7"
+    idle = views(("a", 0, 0), ("b", 0, 0), ("c", 0, 0))
+    home = pick("prefix", idle, [], BS, key, 0).engine
+    loaded = [EngineView(v.name, 10 if v.name == home else 0) for v in idle]
+    assert 10 >= bounded_load_capacity([10, 0, 0])
+    assert pick("prefix", loaded, [], BS, key, 0).engine != home
+
+
+def test_removing_an_engine_moves_only_its_keys():
+    four = views(("a", 0, 0), ("b", 0, 0), ("c", 0, 0), ("d", 0, 0))
+    three = [v for v in four if v.name != "d"]
+    for k in range(200):
+        before = pick("prefix", four, [], BS, k.to_bytes(2, "big"), 0).engine
+        after = pick("prefix", three, [], BS, k.to_bytes(2, "big"), 0).engine
+        assert before == "d" or before == after
+
+
+@pytest.mark.parametrize("policy, loads, turn, engine", [
+    ("round-robin", (0, 0, 0), 0, "a"), ("round-robin", (0, 0, 0), 4, "b"),
+    ("least-load", (3, 1, 2), 0, "b"),
+])
+def test_load_policies(policy, loads, turn, engine):
+    d = pick(policy, [EngineView(n, load) for n, load in zip("abc", loads)], H, BS, H[0], turn)
+    assert (d.engine, d.reason) == (engine, policy)
+
+
+def test_bad_policy_and_no_engine_are_value_errors():
+    with pytest.raises(ValueError, match="policy"):
+        pick("random", views(("a", 0, 0)), H, BS, H[0], 0)
+    with pytest.raises(ValueError, match="no healthy engine"):
+        pick("prefix", [], H, BS, H[0], 0)
+
+
+def test_two_routers_fed_the_same_requests_agree_on_at_least_99_percent_of_choices():
+    """Two router processes (different hash seeds, so nothing may hang on Python's hash()) replay the same
+    requests, each applying the cache its chosen engines report and the same finishes."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import json, router_simulation; print(json.dumps(router_simulation.choices()))"
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                           env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(SUPPORT)}) for seed in ("1", "2")]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    first, second = (json.loads(r.stdout) for r in runs)
+    agree = sum(a == b for a, b in zip(first, second)) / len(first)
+    assert len(first) == 400 and agree >= 0.99
+    assert len(set(first)) == 4  # and the tenants spread over every engine
