@@ -12,6 +12,12 @@ for (children forked in this step). The mask goes to the device in one copy
 disallowed logits of those rows to -inf. Unconstrained rows are never
 touched, and nothing here waits on the device: a constrained row costs the
 step host work, overlapped with the forward, and no sync.
+
+Invariant: from `prefetch` until `apply` returns, the matchers handed to
+`prefetch` belong to the grammar thread: llguidance holds each one borrowed
+while it fills it, and any other call on it then raises "Already mutably
+borrowed". The engine thread touches none of them in between (n > 1
+children get fresh matchers from the compile cache, not copies).
 """
 
 from __future__ import annotations
