@@ -106,7 +106,7 @@ class _CommonExtras(BaseModel):
         if len(value) > MAX_LOGIT_BIAS_ENTRIES:
             raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(value)}")
         for key, bias in value.items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):  # isdigit alone admits "²", which int() refuses
                 raise ValueError(f"keys are token ids (non-negative integers), got {key!r}")
             if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                 raise ValueError(f"the bias of token {key} must be in [-100, 100], got {bias!r}")

@@ -84,6 +84,8 @@ BAD = [
     ("logit-bias-above-100", COMPLETIONS, {"logit_bias": {"1": 101}}, "logit_bias", "[-100, 100]"),
     ("logit-bias-below-minus-100", CHAT, {"logit_bias": {"1": -100.5}}, "logit_bias", "[-100, 100]"),
     ("logit-bias-key-not-an-id", CHAT, {"logit_bias": {"hello": 1}}, "logit_bias", "token ids"),
+    # str.isdigit() is true for superscripts, which int() refuses: this was a 500
+    ("logit-bias-key-a-superscript-digit", COMPLETIONS, {"logit_bias": {"\u00b2": 1}}, "logit_bias", "token ids"),
     ("suffix-without-fim", COMPLETIONS, {"suffix": "tail"}, "suffix", "fill-in-the-middle"),
     ("best-of-below-n", COMPLETIONS, {"best_of": 1, "n": 2}, "best_of", ">= n"),
     ("tool-without-name", CHAT, {"tools": [{"type": "function", "function": {"parameters": {}}}]},
