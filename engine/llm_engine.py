@@ -367,7 +367,10 @@ class LLMEngine:
             child.first_scheduled_time = parent.first_scheduled_time
             child.detok = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids,
                                                  parent.params.skip_special_tokens)
-            child.grammar = parent.grammar.deep_copy() if parent.grammar is not None else None  # none consumed yet
+            # a fresh matcher, not a copy of the parent's: the grammar thread may still be filling this step's
+            # masks, and llguidance holds each matcher it fills borrowed (the parent has consumed nothing yet)
+            child.grammar = self.structured.matcher_for(parent.params.structured_outputs) \
+                if parent.grammar is not None else None
             self.scheduler.fork(parent, child)
             req.seqs.append(child)
             children.append(child)

@@ -9,9 +9,11 @@ does here:
   `guided_regex`, `guided_choice`, `guided_grammar` (structured outputs,
   `engine/structured/`), completions' `echo`, `best_of` and vLLM's
   `prompt_logprobs`, chat's `tools`, `tool_choice`, `parallel_tool_calls`.
-- accepted and ignored (they describe the caller or OpenAI's own storage and
-  tiers, nothing a self-hosted engine has): `user`, `store`, `metadata`,
-  `service_tier`.
+- accepted and ignored (they describe the caller or OpenAI's own storage,
+  tiers, prompt-cache routing and reasoning models, nothing a self-hosted
+  engine has): `user`, `store`, `metadata`, `service_tier`; on chat also
+  `safety_identifier`, `prompt_cache_key`, `reasoning_effort`, `verbosity`,
+  and `modalities` when it asks for text only.
 - `suffix` (fill-in-the-middle) is refused with a 400 naming it unless null
   or empty: no model this engine serves declares a fill-in-the-middle template.
 
@@ -106,7 +108,7 @@ class _CommonExtras(BaseModel):
         if len(value) > MAX_LOGIT_BIAS_ENTRIES:
             raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(value)}")
         for key, bias in value.items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):  # isdigit alone admits "²", which int() refuses
                 raise ValueError(f"keys are token ids (non-negative integers), got {key!r}")
             if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                 raise ValueError(f"the bias of token {key} must be in [-100, 100], got {bias!r}")
@@ -195,6 +197,13 @@ class ChatExtras(_CommonExtras):
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
+    # accepted and ignored: the caller's identity, OpenAI's prompt-cache routing (prefix caching here is
+    # automatic), options of OpenAI's reasoning models; text is the only output modality
+    safety_identifier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    reasoning_effort: StrictStr | None = None
+    verbosity: StrictStr | None = None
+    modalities: list[Literal["text"]] | None = None
 
     @model_validator(mode="after")
     def _check_tools(self):

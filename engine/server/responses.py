@@ -98,11 +98,17 @@ def _cumulative_logprob(c: Any) -> float:
     return sum(step[token].logprob for token, step in zip(c.token_ids, c.logprobs or []))
 
 
+def _echoed_text(plan: Plan, tokenizer: Any, prompt_index: int, out: Any) -> str:
+    """The prompt as echoed: as sent, or its token ids decoded."""
+    texts = plan.completion.prompt_texts
+    if prompt_index < len(texts) and texts[prompt_index] is not None:
+        return texts[prompt_index]
+    return tokenizer.decode(out.prompt_token_ids)
+
+
 def _prompt_part(plan: Plan, tokenizer: Any, prompt_index: int, out: Any) -> tuple[str, dict | None]:
     """An echoed prompt's text and, with logprobs, its OpenAI logprobs (the first token's null)."""
-    texts = plan.completion.prompt_texts
-    text = texts[prompt_index] if prompt_index < len(texts) and texts[prompt_index] is not None \
-        else tokenizer.decode(out.prompt_token_ids)
+    text = _echoed_text(plan, tokenizer, prompt_index, out)
     if plan.num_logprobs is None:
         return text, None
     k = plan.num_logprobs
@@ -129,14 +135,17 @@ def _vllm_prompt_logprobs(out: Any) -> list | None:
 
 def completion_choice(plan: Plan, tokenizer: Any, prompt_index: int, out: Any, c: Any, sent_chars: int = 0,
                       sent_tokens: int = 0) -> tuple[str, dict | None]:
-    """(text, logprobs) of choice c from sent_chars/sent_tokens on, the echoed prompt leading a first part."""
+    """(text, logprobs) of choice c from sent_chars/sent_tokens on, the echoed prompt leading a first part.
+
+    With echo, the generated tokens' text_offset counts the prompt's text before them, in every part."""
     shape = plan.completion
     text, ids, steps = c.text[sent_chars:], c.token_ids[sent_tokens:], (c.logprobs or [])[sent_tokens:]
     if shape.drop_generated:
         text, ids, steps = "", [], []
     logprobs = None
     if plan.num_logprobs is not None and c.logprobs is not None:
-        logprobs = completion_logprobs(tokenizer, ids, steps, plan.num_logprobs, sent_chars)
+        echoed_chars = len(_echoed_text(plan, tokenizer, prompt_index, out)) if shape.echo and sent_tokens else 0
+        logprobs = completion_logprobs(tokenizer, ids, steps, plan.num_logprobs, echoed_chars + sent_chars)
     if not shape.echo or sent_chars or sent_tokens:
         return text, logprobs
     prompt_text, prompt_logprobs = _prompt_part(plan, tokenizer, prompt_index, out)

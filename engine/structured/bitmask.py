@@ -6,12 +6,20 @@ all rows in parallel on its own threads (`LLExecutor`). The engine starts
 that fill (`prefetch`) before the step's forward, on a worker thread, so
 the host work overlaps the forward (the matchers' states are known then:
 the last token was consumed in the previous step); the sampler then takes
-the mask (`apply`), filling synchronously only rows it was not prefetched
-for (children forked in this step). The mask goes to the device in one copy
-(non-blocking from pinned memory on CUDA) and one masked_fill sets the
-disallowed logits of those rows to -inf. Unconstrained rows are never
-touched, and nothing here waits on the device: a constrained row costs the
-step host work, overlapped with the forward, and no sync.
+the mask (`apply`). In a step that forked children (the prompt of an n > 1
+request just finished), which were not prefetched, it fills the whole
+step's mask again, synchronously. The mask goes to the device in one copy
+(non-blocking from pinned memory on CUDA when the prefetched mask is used
+as is) and one masked_fill sets the disallowed logits of those rows to
+-inf. Unconstrained rows are never touched: a step without constrained
+rows does nothing here, and one with them adds host work, overlapped with
+the forward, and the copies of the mask and of its row index.
+
+Invariant: from `prefetch` until `apply` returns, the matchers handed to
+`prefetch` belong to the grammar thread: llguidance holds each one borrowed
+while it fills it, and any other call on it then raises "Already mutably
+borrowed". The engine thread touches none of them in between (n > 1
+children get fresh matchers from the compile cache, not copies).
 """
 
 from __future__ import annotations

@@ -39,10 +39,6 @@ class StructuredOutputs:
         self._tokenizer: Any = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
 
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
     def _ll_tokenizer(self) -> Any:
         if self._tokenizer is None:
             import llguidance.hf

@@ -28,6 +28,9 @@ class StructuredOutputsParams:
             given.append("json_object")
         if len(given) != 1:
             raise ValueError(f"{self.field}: exactly one of json, json_object, regex, choice, grammar; got {given}")
+        if self.regex is not None and (len(self.regex) - len(self.regex.rstrip("\\"))) % 2:
+            # llguidance's regex-to-grammar drops it and serves the rest: refuse what it would not report
+            raise ValueError(f"{self.field}: the regex ends in a lone backslash, which escapes nothing")
         if self.choice is not None:
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise ValueError(f"{self.field}: choice must be a non-empty list of non-empty strings")

@@ -114,3 +114,31 @@ def test_constrained_rows_leave_the_unconstrained_rows_of_their_steps_unchanged(
                                   structured_outputs=StructuredOutputsParams(json=SCHEMAS["enums"])) for i in range(4)]
     shared = llm.generate(["Hello"] * 4 + ["JSON: "] * 4, plain + constrained)
     assert [o.outputs[0].token_ids for o in shared[:4]] == alone
+
+
+def test_forking_n_completions_while_the_step_masks_are_still_filling_leaves_the_parent_matcher_alone(llm):
+    # On a GPU the forward returns before it has run, so the engine forks a prompt's n > 1 children while the
+    # grammar thread may still be filling this step's masks; llguidance holds each matcher it fills borrowed
+    # ("Already mutably borrowed" for anything else touching it), so a fork must not read the parent's matcher.
+    engine = llm.llm_engine
+    spec = StructuredOutputsParams(json=SCHEMAS["nested-object"])
+    engine.add_request("fork-during-fill", "Pick: ", SamplingParams(n=3, max_tokens=8, structured_outputs=spec))
+    parent = engine.requests["fork-during-fill"].seqs[0]
+    engine.scheduler.after_step(engine.scheduler.schedule())  # the prompt's blocks, as a step before the fork
+    others = [engine.structured.matcher_for(spec) for _ in range(4000)]  # a fill long enough to fork during
+    bitmask = engine.sampler.grammar_bitmask
+    bitmask.prefetch([parent.grammar] + others, engine.runner.vocab_size, engine.runner.device)
+    try:
+        while True:  # until the grammar thread holds the parent's matcher
+            try:
+                parent.grammar.is_accepting()
+            except RuntimeError:
+                break
+        children = engine._fork(parent)
+        assert len(children) == 2 and all(c.grammar is not None and c.grammar is not parent.grammar
+                                          for c in children)
+    finally:
+        bitmask._pending[1].result()
+        bitmask._pending = None
+        engine.abort_request("fork-during-fill")
+    assert llm.get_stats().num_used_blocks == 0

@@ -77,6 +77,33 @@ def test_streamed_echo_concatenates_to_the_whole_response(server):
     assert whole.startswith("A paged KV cache")
 
 
+def test_streamed_echo_logprobs_concatenate_to_the_whole_responses(server):
+    # every chunk's text_offset counts the echoed prompt: a chunk's first offset is where its text starts in
+    # the whole streamed text (it counted the generated text only, after the first chunk)
+    body = {"model": server.model, "prompt": "A paged KV cache", "max_tokens": 6, "temperature": 0, "echo": True,
+            "logprobs": 1, "n": 2}
+    whole = post(server, **{k: v for k, v in body.items() if k != "model"})["choices"]
+    import json
+
+    streamed = {c["index"]: {"text": "", "tokens": [], "token_logprobs": [], "chunk_starts": []} for c in whole}
+    with httpx.stream("POST", server.url + COMPLETIONS, json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    got, logprobs = streamed[choice["index"]], choice["logprobs"]
+                    if logprobs and logprobs["tokens"]:
+                        got["chunk_starts"].append((logprobs["text_offset"][0], len(got["text"])))
+                        got["tokens"] += logprobs["tokens"]
+                        got["token_logprobs"] += logprobs["token_logprobs"]
+                    got["text"] += choice["text"]
+    for c in whole:
+        got = streamed[c["index"]]
+        assert got["text"] == c["text"] and got["tokens"] == c["logprobs"]["tokens"]
+        assert got["token_logprobs"] == c["logprobs"]["token_logprobs"]
+        assert len(got["chunk_starts"]) > 1  # the generated tokens came in chunks of their own
+        assert all(offset == before for offset, before in got["chunk_starts"]), got["chunk_starts"]
+
+
 def test_best_of_returns_the_completions_with_the_highest_cumulative_logprob(openai_client, server):
     common = dict(model=server.model, prompt="Numbers:", max_tokens=5, temperature=1.0, seed=11,
                   extra_body={"ignore_eos": True})

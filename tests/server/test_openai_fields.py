@@ -24,6 +24,17 @@ def test_the_openai_client_sends_every_default_field_without_a_400(openai_client
     assert chat.choices[0].message.content is not None
 
 
+def test_the_openai_clients_newer_chat_options_are_accepted_and_change_nothing(openai_client, server):
+    # arguments of the client's chat.completions.create that describe the caller, OpenAI's prompt cache or
+    # reasoning models: none changes what this engine does (they were 400s "unknown field")
+    kwargs = dict(model=server.model, messages=[{"role": "user", "content": "Tell me"}], max_tokens=6, temperature=0)
+    plain = openai_client.chat.completions.create(**kwargs)
+    decorated = openai_client.chat.completions.create(
+        **kwargs, safety_identifier="user-hash", prompt_cache_key="tenant-a", reasoning_effort="low", verbosity="low",
+        modalities=["text"])
+    assert decorated.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_ignored_fields_change_nothing(openai_client, server):
     plain = openai_client.chat.completions.create(
         model=server.model, messages=[{"role": "user", "content": "Tell me"}], max_tokens=6, temperature=0)
@@ -84,8 +95,11 @@ BAD = [
     ("logit-bias-above-100", COMPLETIONS, {"logit_bias": {"1": 101}}, "logit_bias", "[-100, 100]"),
     ("logit-bias-below-minus-100", CHAT, {"logit_bias": {"1": -100.5}}, "logit_bias", "[-100, 100]"),
     ("logit-bias-key-not-an-id", CHAT, {"logit_bias": {"hello": 1}}, "logit_bias", "token ids"),
+    # str.isdigit() is true for superscripts, which int() refuses: this was a 500
+    ("logit-bias-key-a-superscript-digit", COMPLETIONS, {"logit_bias": {"\u00b2": 1}}, "logit_bias", "token ids"),
     ("suffix-without-fim", COMPLETIONS, {"suffix": "tail"}, "suffix", "fill-in-the-middle"),
     ("best-of-below-n", COMPLETIONS, {"best_of": 1, "n": 2}, "best_of", ">= n"),
+    ("audio-modality", CHAT, {"modalities": ["text", "audio"]}, "modalities.1", "text"),
     ("tool-without-name", CHAT, {"tools": [{"type": "function", "function": {"parameters": {}}}]},
      "tools.0.function.name", "required"),
     ("tool-choice-unknown-function", CHAT, {"tools": [WEATHER_TOOL], "tool_choice": {

@@ -65,6 +65,8 @@ BAD = [
     ("guided-json-not-json", {"guided_json": "{nope"}, "guided_json", "not valid JSON"),
     ("regex-matching-nothing", {"guided_regex": r"a[^\s\S]"}, "guided_regex", "matches no output"),
     ("regex-malformed", {"guided_regex": "(abc"}, "guided_regex", "regex"),
+    # llguidance's regex-to-grammar drops a final lone backslash: "ab\\" was served as "ab"
+    ("regex-trailing-backslash", {"guided_regex": "ab\\"}, "guided_regex", "backslash"),
     ("grammar-unknown-rule", {"guided_grammar": "start: foo"}, "guided_grammar", "foo"),
     ("choice-empty-string", {"guided_choice": [""]}, "guided_choice", "non-empty"),
     ("two-constraints", {"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "only one"),
