@@ -27,6 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
+SELF="$ROOT/scripts/build_images.sh"
 
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
 # image name | Dockerfile | tag (what the chart and the CRD expect) | pip requirements it resolves
@@ -42,23 +43,34 @@ CACHE="${PAGEDINFER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pagedinfer}"
 # (perhaps overlay) is left alone.
 BUILDAH=(buildah --root "$CACHE/containers/storage" --runroot "${XDG_RUNTIME_DIR:-/run}/pagedinfer-containers"
          --storage-driver vfs)
-PYTHON="${PYTHON:-python3}"
+# The Python whose pip resolves the images' packages: the project's venv (scripts/setup.sh).
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PYTHON" ] || PYTHON=python3
+
+PYTHON_VERSION='import sys; print("%d.%d" % sys.version_info[:2])'
 
 log() { printf '[build_images] %s\n' "$*" >&2; }
 now() { date +%s.%N; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.0f", b / 1048576 }'; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
+skip_or_fail() {
+    if [ "${CI:-}" != "true" ]; then
+        log "SKIPPED: $*; no image built"
+        exit 0
+    fi
+    log "FAILED: $* (CI=true: the images must be built)"
+    exit 1
+}
+
 ensure_tools() {
+    [ "$(id -u)" -eq 0 ] || skip_or_fail "needs root (buildah's chroot isolation and its vfs store)"
     local missing=()
     for tool in buildah debootstrap; do
         command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
-    if [ "${CI:-}" != "true" ]; then
-        log "SKIPPED: ${missing[*]} not installed (Debian: apt-get install buildah debootstrap); no image built"
-        exit 0
-    fi
+    [ "${CI:-}" = "true" ] || skip_or_fail "${missing[*]} not installed (Debian: apt-get install buildah debootstrap)"
     log "CI: installing ${missing[*]}"
     local start; start="$(now)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap >/dev/null \
@@ -74,48 +86,72 @@ debian_mirror() {
     echo "${PAGEDINFER_DEBIAN_MIRROR:-${uri:-http://deb.debian.org/debian}}"
 }
 
-base_image() {
-    # Prints the local base image's name, building what is not cached.
-    local mirror key tarball name start
-    mirror="$(debian_mirror)"
+rootfs_tarball() {
+    # Prints the path of the debootstrapped root filesystem's tarball, made if
+    # not cached (keyed by the suite, packages, architecture and this recipe).
+    local key tarball rootfs="$WORK/rootfs" mirror start
     key="$(printf '%s\n' "$SUITE" minbase "$BASE_PACKAGES" "$(dpkg --print-architecture)" \
-        "$(sed -n '/^base_image()/,/^}/p' "$0")" | sha256sum | cut -c1-16)"
+        "$(sed -n '/^rootfs_tarball()/,/^}/p' "$SELF")" | sha256sum | cut -c1-16)"
+    tarball="$CACHE/rootfs/debian-${SUITE}-minbase-${key}.tar"
+    if [ -f "$tarball" ]; then
+        echo "$tarball"; return
+    fi
+    mirror="$(debian_mirror)"
+    start="$(now)"
+    log "debootstrap $SUITE from $mirror (cached afterwards as $tarball)"
+    debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$rootfs" "$mirror" >"$WORK/debootstrap.log" 2>&1 \
+        || { tail -20 "$WORK/debootstrap.log" >&2; exit 1; }
+    # No apt cache or lists, and none of this machine's network identity
+    # (debootstrap copies its resolv.conf and hostname); the runtime mounts
+    # its own /etc/hosts and /etc/resolv.conf onto these files.
+    rm -rf "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+        "$rootfs"/etc/hostname
+    printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$rootfs/etc/hosts"
+    : >"$rootfs/etc/resolv.conf"
+    # /etc/xdg/pip: where builds mount their pip.conf (an empty directory).
+    mkdir -p "$rootfs/etc/xdg/pip" "$(dirname "$tarball")"
+    tar --numeric-owner -C "$rootfs" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
+    rm -rf "$rootfs"
+    find "$(dirname "$tarball")" -name "debian-*.tar" ! -path "$tarball" -delete  # other recipes' tarballs
+    log "debootstrap: $(since "$start") s, $(du -h "$tarball" | cut -f1) tarball"
+    echo "$tarball"
+}
+
+base_image() {
+    # Prints the local base image's name, built from the root filesystem if
+    # not in the store: the tarball plus a venv at /opt/venv on PATH.
+    local tarball key name start ctr python
+    tarball="$(rootfs_tarball)"
+    key="$(printf '%s\n' "$(basename "$tarball")" "$(sed -n '/^base_image()/,/^}/p' "$SELF")" | sha256sum | cut -c1-16)"
     name="localhost/pagedinfer-base:${SUITE}-${key}"
     if "${BUILDAH[@]}" inspect --type image "$name" >/dev/null 2>&1; then
         log "base $name: cached"
         echo "$name"; return
     fi
-    tarball="$CACHE/rootfs/debian-${SUITE}-minbase-${key}.tar"
-    if [ ! -f "$tarball" ]; then
-        start="$(now)"
-        local rootfs="$WORK/rootfs"
-        log "debootstrap $SUITE from $mirror (cached afterwards as $tarball)"
-        debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$rootfs" "$mirror" >"$WORK/debootstrap.log" 2>&1 \
-            || { tail -20 "$WORK/debootstrap.log" >&2; exit 1; }
-        # No apt cache or lists, and none of this machine's network identity
-        # (debootstrap copies its resolv.conf and hostname); the runtime mounts
-        # its own /etc/hosts and /etc/resolv.conf onto these empty files.
-        rm -rf "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
-            "$rootfs"/etc/hostname
-        printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$rootfs/etc/hosts"
-        : >"$rootfs/etc/resolv.conf"
-        # /etc/xdg/pip: where builds mount their pip.conf (an empty directory).
-        mkdir -p "$rootfs/etc/xdg/pip"
-        mkdir -p "$(dirname "$tarball")"
-        tar --numeric-owner -C "$rootfs" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
-        rm -rf "$rootfs"
-        log "debootstrap: $(since "$start") s, $(du -h "$tarball" | cut -f1) tarball"
-    fi
     start="$(now)"
-    local ctr
     ctr="$("${BUILDAH[@]}" from scratch)"
     "${BUILDAH[@]}" add "$ctr" "$tarball" / >/dev/null
     "${BUILDAH[@]}" run --isolation chroot --network host "$ctr" -- python3 -m venv /opt/venv
+    python="$("${BUILDAH[@]}" run --isolation chroot --network host "$ctr" -- python3 -c "$PYTHON_VERSION")"
     "${BUILDAH[@]}" config --env PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        --env LANG=C.UTF-8 --cmd python3 --label "dev.pagedinfer.base-key=$key" "$ctr"
+        --env LANG=C.UTF-8 --cmd python3 --label "dev.pagedinfer.python=$python" "$ctr"
     "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$name" >/dev/null
+    # Bases of other recipes (a layer stays while an image still uses it).
+    "${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}}' | grep '^localhost/pagedinfer-base:' | grep -vxF "$name" \
+        | xargs -r "${BUILDAH[@]}" rmi --force >/dev/null 2>&1 || true
     log "base $name: $(since "$start") s"
     echo "$name"
+}
+
+check_python() {
+    # The wheelhouse is resolved here for the base's Python: their versions must match.
+    local ours theirs
+    ours="$("$PYTHON" -c "$PYTHON_VERSION")"
+    theirs="$("${BUILDAH[@]}" inspect --type image --format '{{index .OCIv1.Config.Labels "dev.pagedinfer.python"}}' "$1")"
+    if [ "$ours" != "$theirs" ]; then
+        log "$PYTHON is Python $ours, the base image's is $theirs: set PYTHON to a Python $theirs"
+        exit 1
+    fi
 }
 
 torch_version() {
@@ -179,6 +215,7 @@ main() {
     WORK="$(mktemp -d)"
     trap 'rm -rf "$WORK"' EXIT
     base="$(base_image)"
+    check_python "$base"
     for spec in "${IMAGES[@]}"; do
         IFS='|' read -r name dockerfile tag requirements <<<"$spec"
         if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
