@@ -8,8 +8,9 @@
 # 1. The base: `debootstrap --variant=minbase` of Debian bookworm (python3,
 #    python3-venv) from the Debian mirror apt uses, plus a venv at /opt/venv on
 #    PATH, so `python -m pip` works as in the public python images. The root
-#    filesystem is cached as a tarball under $PAGEDINFER_CACHE_DIR keyed by its
-#    inputs, and the base image is reused while its key label matches.
+#    filesystem is cached as a tarball under $PAGEDINFER_CACHE_DIR
+#    (~/.cache/pagedinfer) keyed by its inputs, and the base image stays in
+#    the store under a tag carrying its own key.
 # 2. Each image: `buildah bud` of its Dockerfile in images/ (the same files
 #    `docker build` takes), with --build-arg BASE_IMAGE=<the local base>. Its
 #    Python packages are resolved here by pip, as this machine's pip is
@@ -22,8 +23,8 @@
 #    import`), and <image>.json: its tag, id, size, build seconds and the
 #    buildah storage flags, which tests/images read.
 #
-# Without buildah or debootstrap this is a skip (exit 0, saying what to
-# install); with CI=true it installs them with apt-get, or fails.
+# Without buildah or debootstrap, or without root, this is a skip (exit 0,
+# saying why); with CI=true it installs them with apt-get, or fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -178,8 +179,8 @@ build_image() {
     start="$(now)"
     wheelhouse "$WORK/wheels/$name" "$@"
     local wheels_s; wheels_s="$(since "$start")"
-    printf '[global]\nno-index = true\nfind-links = /mnt\n' >"$WORK/pip.conf"
-    mkdir -p "$WORK/pip-$name" && cp "$WORK/pip.conf" "$WORK/pip-$name/pip.conf"
+    mkdir -p "$WORK/pip-$name"
+    printf '[global]\nno-index = true\nfind-links = /mnt\n' >"$WORK/pip-$name/pip.conf"
     start="$(now)"
     "${BUILDAH[@]}" bud --quiet --isolation chroot --network host --layers=false \
         --build-arg "BASE_IMAGE=$base" \
@@ -208,8 +209,17 @@ build_image() {
 }
 
 main() {
+    local selected=("$@") start base known=" "
+    for spec in "${IMAGES[@]}"; do
+        known+="${spec%%|*} "
+    done
+    for name in "${selected[@]}"; do
+        if [[ "$known" != *" $name "* ]]; then
+            echo "build_images.sh: unknown image '$name' (images:${known% })" >&2
+            exit 2
+        fi
+    done
     ensure_tools
-    local selected=("$@") start base
     start="$(now)"
     mkdir -p "$OUT" "$CACHE"
     WORK="$(mktemp -d)"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
-from built_images import BuiltImage, ImageContainer, WorkingContainer
+from built_images import BuiltImage, ImageContainer, WorkingContainer, skip_or_fail
 from dockerfiles import canonical
 
 pytestmark = pytest.mark.slow
@@ -84,3 +87,34 @@ def test_the_archive_is_an_oci_layout_naming_the_chart_tag_whose_blobs_match_the
             digest = f"sha256:{hashlib.file_digest(data, 'sha256').hexdigest()}"
             assert (digest, member.size) == (descriptor["digest"], descriptor["size"])
         assert all(layer["mediaType"].endswith("tar+gzip") for layer in manifest["layers"])
+
+
+def test_containerd_imports_the_operator_archive_under_the_charts_tag(operator_image, tmp_path):
+    """What `kind load image-archive` runs in a node: `ctr images import --all-platforms --digests`, unpacked.
+
+    A containerd of its own (root, state and socket under tmp_path); the CPU
+    engine's archive is written by the same `buildah push` and checked above.
+    """
+    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+        skip_or_fail("containerd not installed (apt-get install containerd)")
+    config = tmp_path / "config.toml"
+    socket = tmp_path / "containerd.sock"
+    config.write_text(f'version = 2\nroot = "{tmp_path / "root"}"\nstate = "{tmp_path / "state"}"\n'
+                      f'[grpc]\n  address = "{socket}"\n')
+    with (tmp_path / "containerd.log").open("wb") as log:
+        daemon = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    ctr = ["ctr", "--address", str(socket), "--namespace", "k8s.io"]
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run([*ctr, "version"], capture_output=True, timeout=30).returncode != 0:
+            assert daemon.poll() is None and time.monotonic() < deadline, (tmp_path / "containerd.log").read_text()
+            time.sleep(0.2)
+        imported = subprocess.run([*ctr, "images", "import", "--all-platforms", "--digests", "--snapshotter=native",
+                                   str(operator_image.archive)], capture_output=True, text=True, timeout=600)
+        assert imported.returncode == 0, imported.stderr
+        names = subprocess.run([*ctr, "images", "ls", "--quiet"], capture_output=True, text=True,
+                               timeout=60).stdout.split()
+        assert operator_image.tag in names
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)

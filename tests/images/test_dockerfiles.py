@@ -104,7 +104,8 @@ def test_the_operator_image_resolves_kopf_and_no_torch(resolved):
 @pytest.mark.slow
 def test_the_cuda_engine_image_resolves_torch_triton_transformers_and_no_cuda_wheels(resolved):
     packages = resolved["engine"]
-    assert {"pagedinfer", "torch", "triton", "transformers", "fastapi", "uvicorn", "prometheus-client"} <= packages.keys()
+    expected = {"pagedinfer", "torch", "triton", "transformers", "fastapi", "uvicorn", "prometheus-client"}
+    assert expected <= packages.keys()
     assert packages["torch"].split("+")[0] == base_torch_version()
     assert not [name for name in packages if name.startswith("nvidia-")], "the dry run pulled CUDA wheels"
 
