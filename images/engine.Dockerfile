@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The engine image: `pagedinfer serve` (engine, Triton kernels, OpenAI-compatible
-# server) on a CUDA PyTorch base. The operator runs it in every engine pod.
+# server: pagedinfer[gpu]) on a CUDA PyTorch base. The operator runs it in every engine pod.
 #
 #   docker build -f images/engine.Dockerfile -t ghcr.io/pagedinfer/pagedinfer:0.1.0 .
 #
@@ -16,7 +16,10 @@ COPY engine ./engine
 COPY kernels ./kernels
 COPY operator ./operator
 COPY router ./router
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# pip runs from /, not /src: `python -m` puts the working directory on sys.path,
+# where operator/ would shadow the standard library's operator module.
+WORKDIR /
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
 
 FROM ${BASE_IMAGE}
 # The base image's torch (built for its CUDA) is kept: the constraint stops pip
@@ -24,7 +27,7 @@ FROM ${BASE_IMAGE}
 COPY --from=wheel /wheels /wheels
 RUN python -c "import torch; print('torch==' + torch.__version__)" > /tmp/constraints.txt \
     && python -m pip install --no-cache-dir -c /tmp/constraints.txt \
-        "$(ls /wheels/pagedinfer-*.whl)[engine]" \
+        "$(ls /wheels/pagedinfer-*.whl)[gpu]" \
     && rm -rf /wheels /tmp/constraints.txt \
     && useradd --uid 1000 --user-group --create-home --home-dir /home/pagedinfer --shell /usr/sbin/nologin pagedinfer
 ENV HOME=/home/pagedinfer \

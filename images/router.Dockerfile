@@ -14,7 +14,10 @@ COPY engine ./engine
 COPY kernels ./kernels
 COPY operator ./operator
 COPY router ./router
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# pip runs from /, not /src: `python -m` puts the working directory on sys.path,
+# where operator/ would shadow the standard library's operator module.
+WORKDIR /
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
 
 FROM ${BASE_IMAGE}
 COPY --from=wheel /wheels /wheels

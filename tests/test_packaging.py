@@ -79,17 +79,39 @@ def _with_dependencies(requirements: list[str]) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("extra, folders", [("engine", ["engine", "kernels"]), ("operator", ["operator"])])
-def test_every_module_the_code_imports_comes_with_its_extra(extra, folders):
-    """An image installs `.[engine]` or `.[operator]` only: an import outside it fails there, not here."""
+def _extra_requirements(extra: str) -> list[str]:
+    """The requirements `pagedinfer[extra]` installs, its own `pagedinfer[other]` entries expanded."""
     declared = [Requirement(r) for r in metadata.requires("pagedinfer") or ()]
-    requirements = [str(r) for r in declared if r.marker and r.marker.evaluate({"extra": extra})
-                    and not r.marker.evaluate({"extra": ""})]
+    requirements = []
+    for r in declared:
+        if not (r.marker and r.marker.evaluate({"extra": extra}) and not r.marker.evaluate({"extra": ""})):
+            continue
+        if canonicalize_name(r.name) == "pagedinfer":
+            requirements += [req for other in sorted(r.extras) for req in _extra_requirements(other)]
+        else:
+            requirements.append(str(r).split(";")[0])
+    return requirements
+
+
+# Imports that only the Triton kernel modules make: kernels/dispatch.py imports
+# them on first use with CUDA tensors, so the CPU engine ([engine]) goes without.
+GPU_ONLY_IMPORTS = {"triton"}
+
+
+@pytest.mark.parametrize("extra, folders, absent_allowed", [
+    ("gpu", ["engine", "kernels"], set()),
+    ("engine", ["engine", "kernels"], GPU_ONLY_IMPORTS),
+    ("operator", ["operator"], set()),
+    ("router", ["router"], set()),
+])
+def test_every_module_the_code_imports_comes_with_its_extra(extra, folders, absent_allowed):
+    """An image installs `.[gpu]`, `.[engine]` or `.[operator]` only: an import outside it fails there, not here."""
+    requirements = _extra_requirements(extra)
     assert requirements, f"no [{extra}] extra in the installed metadata"
-    provided = _with_dependencies([r.split(";")[0] for r in requirements])
+    provided = _with_dependencies(requirements)
     owners = metadata.packages_distributions()
     missing = {}
-    for module in set().union(*(_third_party_imports(REPO / f) for f in folders)):
+    for module in set().union(*(_third_party_imports(REPO / f) for f in folders)) - absent_allowed:
         dists = {canonicalize_name(d) for d in owners.get(module, [module])}
         if not dists & provided:
             missing[module] = sorted(dists)
@@ -155,3 +177,20 @@ def test_every_subpackage_is_listed_for_setuptools():
     found = {"pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
              for folder in ("engine", "kernels", "operator", "router") for init in (REPO / folder).rglob("__init__.py")}
     assert found == listed
+
+
+def test_the_cpu_engine_generates_without_triton():
+    """What lets [engine] (the CPU engine image) leave out triton: with it unimportable, as there, a CPU
+    generation runs (torch only probes for it; our kernels import it for CUDA tensors alone)."""
+    code = (
+        "import sys\n"
+        "sys.modules.update(dict.fromkeys(%r))  # `import triton` raises ImportError\n"
+        "from pathlib import Path\n"
+        "import pagedinfer.engine\n"
+        "from pagedinfer.engine.llm import LLM\n"
+        "from pagedinfer.engine.sampling_params import SamplingParams\n"
+        "llm = LLM(model=str(Path(pagedinfer.engine.__file__).parent / 'default_model'))\n"
+        "out = llm.generate(['Hello'], SamplingParams(temperature=0.0, max_tokens=4))\n"
+        "assert len(out[0].outputs[0].token_ids) == 4, out\n" % sorted(GPU_ONLY_IMPORTS)
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=240)

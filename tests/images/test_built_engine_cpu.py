@@ -1,0 +1,91 @@
+"""The CPU engine image, run: the engine pod the operator builds for a `gpus: 0` service serves from it.
+
+The container is the one `pagedinfer.operator.builders` makes for
+examples/cpu-default-model.yaml (its command, flags and environment, its
+emptyDirs), started from the built image as its pod would start it (uid 1000,
+read-only root; tests/support/built_images.py), on a free port of 127.0.0.1.
+It must answer /health, a completion through the `openai` client and
+/metrics, and drain an in-flight request on SIGTERM, then exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from importlib.resources import files
+
+import httpx
+import openai
+import pytest
+import yaml
+from built_images import ImageContainer, ProcessView
+from dockerfiles import REPO
+from pagedinfer.operator import builders, planning
+from pagedinfer.operator.spec_parser import parse_spec
+from server_process import free_port, wait_process_healthy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+EXAMPLE = REPO / "examples" / "cpu-default-model.yaml"
+
+
+def operator_engine_container(port: int) -> tuple[str, list[str], dict[str, str], list[str]]:
+    """(served model name, command, env, emptyDir mount paths) of the example's engine pod, listening on port."""
+    example = yaml.safe_load(EXAMPLE.read_text())
+    spec = parse_spec(example["metadata"]["name"], example["spec"])
+    config = json.loads((files("pagedinfer.engine") / "default_model" / "config.json").read_text())
+    shape = planning.shape_from_config(config, spec.model.dtype, cpu=True)  # as the operator sizes it
+    container = builders.build_pod_spec(spec, planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY))[
+        "containers"][0]
+    args = list(container["args"])
+    args[args.index("--host") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
+    env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+    # buildah's chroot gives the process the host's /dev, /dev/shm included.
+    mounts = [m["mountPath"] for m in container["volumeMounts"] if m["mountPath"] != "/dev/shm"]
+    return spec.served_model_name, [*container["command"], *args], env, mounts
+
+
+def running_requests(url: str) -> float:
+    lines = [line for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+             if line.startswith("pagedinfer_num_requests_running{")]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_the_cpu_engine_image_serves_the_operators_engine_pod_and_drains_on_sigterm(engine_cpu_container, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    model, command, env, mounts = operator_engine_container(port)
+    volumes = {path: tmp_path / "volumes" / path.strip("/") for path in mounts}
+    with ImageContainer(engine_cpu_container, command, tmp_path, env=env, volumes=volumes) as container:
+        wait_process_healthy(url, container.process, timeout_seconds=300)
+        view = ProcessView.of(container.main_pid())
+        assert (view.uid, view.gid, view.capabilities) == (builders.RUN_AS_USER, builders.RUN_AS_USER, 0)
+        assert view.root_read_only
+
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=120, max_retries=0)
+        completion = client.completions.create(model=model, prompt="Hello", max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        assert completion.usage.completion_tokens == 8 and completion.choices[0].finish_reason == "length"
+        assert completion.choices[0].text
+        finished = [line for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+                    if line.startswith("pagedinfer_request_success_total{") and 'finished_reason="length"' in line]
+        assert finished and float(finished[0].split()[-1]) == 1.0, finished
+
+        outcome: list[str] = []
+
+        def stream() -> None:
+            chunks = client.completions.create(model=model, prompt="Keep talking", max_tokens=64, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True})
+            outcome.extend(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        deadline = time.monotonic() + 120
+        while running_requests(url) < 1 and streamer.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code, log = container.terminate(timeout_seconds=120)
+        streamer.join(60)
+    assert code == 0, log[-3000:]
+    assert outcome == ["length"], log[-3000:]  # the request in flight at SIGTERM ran to its end
+    assert "Read-only file system" not in log and "Traceback" not in log, log[-3000:]
