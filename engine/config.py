@@ -54,7 +54,7 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     preemption_mode: str = "recompute"
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # ranks (GPUs) of one replica; >1: engine/distributed
     cpu_memory_budget_bytes: int = 2 << 30
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
     tokenizer: str | None = None
@@ -74,8 +74,6 @@ class EngineConfig:
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_model_len", self.max_model_len, allow_none=True)
         _positive("tensor_parallel_size", self.tensor_parallel_size)
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size: this engine runs one GPU per replica; use 1")
         if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) \
                 or not math.isfinite(self.swap_space) or self.swap_space < 0:
             raise ValueError(f"swap_space (--swap-space): must be a number of GiB >= 0, got {self.swap_space!r}")
