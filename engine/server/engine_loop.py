@@ -211,6 +211,7 @@ class EngineLoop:
         self._abort_all(engine, "the server is shutting down")
         self._publish_stats(engine)
         self._settle_pending(num_applied_seqs)
+        engine.shutdown()  # a tensor-parallel engine's other ranks stop with it
 
     def _apply_inbox(self, engine: Any) -> int:
         """Apply every queued command in order; the number of sequences the adds among them asked for."""

@@ -19,8 +19,28 @@ GRACE_SECONDS = 2.0
 KEY = "sk-sigterm-4d2f8a"
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat fields after the command name ([] once the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")  # a zombie awaiting its reaper has exited
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of pid's live child processes."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return [c for c in pids if _alive(c) and int(_stat(c)[1] if _stat(c) else -1) == pid]
+
+
 @pytest.mark.slow
-def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_path):
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_path, tp):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cli = Path(sys.executable).with_name("pagedinfer")
@@ -29,10 +49,12 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
     proc = subprocess.Popen(
         [str(cli), "serve", "--model", str(tiny_llama), "--served-model-name", "tiny", "--port", str(port),
          "--device", "cpu", "--max-model-len", "1024", "--num-gpu-blocks-override", "256",
-         "--shutdown-grace-seconds", str(GRACE_SECONDS)],
+         "--shutdown-grace-seconds", str(GRACE_SECONDS), "--tensor-parallel-size", str(tp)],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_process_healthy(url, proc)
+        ranks = _children(proc.pid)
+        assert len(ranks) == tp - 1  # rank 0 is the server itself
         outcomes: list[str] = []
         body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True, "stream": True}
 
@@ -72,6 +94,10 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
         for c in clients:
             c.join(30)
         assert code == 0
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in ranks if _alive(pid)], "a tensor-parallel rank outlived the server"
         assert len(outcomes) == 16  # every client got an answer: none hangs
         assert set(outcomes) <= {"finished", "aborted", "refused", "refused 503"}, outcomes
         assert "aborted" in outcomes  # 1000 tokens each cannot all finish within the grace period
