@@ -21,12 +21,14 @@ def _positive(name: str, value, allow_none: bool = False) -> None:
         raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
 
 
-def _check_swap_space_fits(swap_space_gib: float) -> None:
-    """The host swap pool (allocated in swap mode only) must fit in the host memory still available."""
+def _check_swap_space_fits(swap_space_gib: float, num_ranks: int) -> None:
+    """The host swap pools (swap mode only; one per tensor-parallel rank) must fit in the host memory available."""
     bound = available_host_memory()
-    if bound is not None and swap_space_gib * 2**30 > bound.available_bytes:
+    if bound is not None and swap_space_gib * num_ranks * 2**30 > bound.available_bytes:
+        per_rank = f" x {num_ranks} tensor-parallel ranks" if num_ranks > 1 else ""
         raise ValueError(
-            f"swap_space (--swap-space): {swap_space_gib:g} GiB of host memory for swapped-out KV blocks does not"
+            f"swap_space (--swap-space): {swap_space_gib:g} GiB{per_rank} of host memory for swapped-out KV blocks"
+            " does not"
             f" fit in the {bound.available_bytes / 2**30:.2f} GiB this host has available ({bound.source});"
             " lower it, or use preemption_mode recompute, which needs no host pool")
 
@@ -84,7 +86,7 @@ class EngineConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode: must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if self.preemption_mode == "swap":
-            _check_swap_space_fits(self.swap_space)
+            _check_swap_space_fits(self.swap_space, self.tensor_parallel_size)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
         if not isinstance(self.enable_prefix_caching, bool):

@@ -145,7 +145,12 @@ class WorkerSet:
         self._raise_if_dead(what)
         try:
             yield
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # e.g. KeyboardInterrupt mid-step: the ranks are out of step
+                self.error = TensorParallelError(f"tensor-parallel step interrupted while {what}"
+                                                 f" ({type(exc).__name__}); the replica was stopped")
+                _terminate(self.procs)
+                raise
             deadline = time.monotonic() + _FAILURE_WAIT_SECONDS
             while time.monotonic() < deadline:
                 self._raise_if_dead(what)  # raises, naming the dead rank
