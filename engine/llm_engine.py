@@ -220,6 +220,11 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def check_health(self) -> None:
+        """Raise (naming the rank) if a rank of a tensor-parallel replica has failed; cheap, never blocks."""
+        if self.runner.workers is not None:
+            self.runner.workers.check()
+
     def shutdown(self) -> None:
         """Stop the other ranks of a tensor-parallel replica (idempotent; a no-op with one rank)."""
         if self.runner.workers is not None:

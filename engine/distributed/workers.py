@@ -137,6 +137,12 @@ class WorkerSet:
         _terminate(self.procs)
         raise error
 
+    def check(self) -> None:
+        """Raise the replica's error if a rank has failed (a non-blocking look at the children)."""
+        if self.error is not None:
+            raise self.error
+        self._raise_if_dead("idle")
+
     @contextlib.contextmanager
     def guard(self, what: str):
         """Run a collective section; any failure is reported as the rank that caused it."""

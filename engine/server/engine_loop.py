@@ -206,6 +206,7 @@ class EngineLoop:
             else:
                 self._publish_stats(engine)
                 self._settle_pending(num_applied_seqs)
+                self._check_health(engine)
                 self._wake.wait(IDLE_WAIT_SECONDS)
         num_applied_seqs = self._apply_inbox(engine)
         self._abort_all(engine, "the server is shutting down")
@@ -267,6 +268,16 @@ class EngineLoop:
             sink.push(output)
         self._notify("on_outputs", outputs)
         self._publish_stats(engine)
+
+    def _check_health(self, engine: Any) -> None:
+        """While idle: a dead tensor-parallel rank makes the server unhealthy now, not at the next request."""
+        if self.engine_error is not None:
+            return
+        try:
+            engine.check_health()
+        except Exception as exc:  # noqa: BLE001 - reported through /health and every later request
+            logger.error("engine unhealthy: %s", exc)
+            self.engine_error = exc
 
     def _abort_all(self, engine: Any, message: str, status_code: int = 503, code: str = "shutting_down") -> None:
         request_ids = list(self._sinks)
