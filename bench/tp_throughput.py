@@ -3,7 +3,8 @@
 Same workload, same run: a random Llama (default: hidden 768, 12 layers, 12
 heads, 4 KV heads, ~104M parameters) generates greedy tokens for random
 prompts, first with tensor_parallel_size=1 and N torch threads, then with
-tensor_parallel_size=N and one thread per rank (the same cores). Also
+tensor_parallel_size=N and one thread per rank (the same cores), and, as a
+second baseline, tensor_parallel_size=1 with one thread. Also
 reports the share of rank 0's step time spent broadcasting the step's inputs.
 Both runs must produce the same tokens (checked; a mismatch is exit 1).
 
@@ -79,21 +80,25 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(0)
     prompts = [[rng.randrange(8, vocab) for _ in range(args.prompt_len)] for _ in range(args.num_prompts)]
     one = run(str(model_dir), 1, args.tp_size, prompts, args.max_tokens)
+    one_thread = run(str(model_dir), 1, 1, prompts, args.max_tokens)
     split = run(str(model_dir), args.tp_size, 1, prompts, args.max_tokens)
-    same = one.pop("tokens") == split.pop("tokens")
+    same = one.pop("tokens") == split.pop("tokens") == one_thread.pop("tokens")
     print(f"model: hidden {args.hidden_size}, {args.num_layers} layers, {args.num_heads} heads, "
           f"{args.num_kv_heads} KV heads; {args.num_prompts} prompts x {args.prompt_len} tokens,"
           f" {args.max_tokens} output tokens each")
-    for r in (one, split):
+    for r in (one, one_thread, split):
         print(f"tp={r['tensor_parallel_size']} x {r['threads_per_rank']} thread(s)/rank:"
               f" {r['output_tokens_per_s']:8.1f} output tokens/s"
               f" ({r['sharded_weight_bytes_per_rank'] / 2**20:.1f} MiB of sharded weights per rank)")
-    print(f"speed-up tp={args.tp_size} vs tp=1: {split['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x")
+    print(f"speed-up tp={args.tp_size} vs tp=1 x {args.tp_size} threads:"
+          f" {split['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x;"
+          f" vs tp=1 x 1 thread: {split['output_tokens_per_s'] / one_thread['output_tokens_per_s']:.2f}x")
     print(f"step broadcast: {split['mean_broadcast_ms']:.3f} ms each,"
           f" {100 * split['broadcast_share_of_generate']:.2f}% of rank 0's time")
     print(f"same tokens: {same}")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"tp1": one, "tp": split, "same_tokens": same}, indent=2))
+        Path(args.json_out).write_text(json.dumps({"tp1": one, "tp1_one_thread": one_thread, "tp": split,
+                                                   "same_tokens": same}, indent=2))
     return 0 if same else 1
 
 

@@ -10,8 +10,11 @@ class's `_tp_plan` ("lm_head": "colwise_gather_output"). Styles:
 - colwise_gather_output: the LM head's vocab rows, its logits gathered so that
   every rank holds the full row (padded to a multiple of N, then trimmed);
 - replicated_*: left whole (norms).
-Embeddings and norms stay whole on every rank. Tied LM heads are untied (the
-embedding keeps its full table, the head its shard).
+Beyond the plan, the input embedding is vocab-parallel too (rank r keeps the
+same vocab rows as its LM-head shard, looks up the ids it holds, zeros for the
+others, and the ranks all-reduce), so that every rank holds about 1/N of the
+weights, as the sizing (`weights / tensor_parallel_size`) assumes. A tied LM
+head and embedding share their shard.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import nn
 from pagedinfer.engine.distributed.group import TPGroup
 
 _REPLICATED = ("replicated_with_grad_allreduce", "replicated")
+_VOCAB = "embedding_vocab_parallel"  # our own style for the input embedding
 
 
 def check_divisible(num_attention_heads: int, num_kv_heads: int, tensor_parallel_size: int) -> None:
@@ -52,24 +56,42 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def _vocab_rows(weight: torch.Tensor, group: TPGroup) -> torch.Tensor:
+    """Rank r's rows [r*ceil(V/N), (r+1)*ceil(V/N)) of a [V, hidden] table, zero-padded to ceil(V/N)."""
+    rows = -(-weight.shape[0] // group.world_size)
+    shard = weight[group.rank * rows:(group.rank + 1) * rows]
+    padded = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    padded[: shard.shape[0]] = shard
+    return padded
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rank r holds vocab rows [r*R, (r+1)*R); each id is looked up on the rank holding it, then all-reduced."""
+
+    def __init__(self, embedding: nn.Embedding, group: TPGroup, weight: nn.Parameter | None = None) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.weight = weight if weight is not None else \
+            nn.Parameter(_vocab_rows(embedding.weight.data, group), requires_grad=False)
+        self.first_id = group.rank * self.weight.shape[0]
+        self.group = group
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.first_id
+        held = (local >= 0) & (local < self.weight.shape[0])
+        out = nn.functional.embedding(torch.where(held, local, 0), self.weight)
+        return self.group.all_reduce(out * held.unsqueeze(-1).to(out.dtype))
+
+
 class GatherOutputLinear(nn.Module):
     """The LM head: this rank's vocab rows (zero-padded to out_per_rank), logits gathered whole on every rank."""
 
     def __init__(self, linear: nn.Linear, group: TPGroup) -> None:
         super().__init__()
-        n, r = group.world_size, group.rank
         self.out_features = linear.out_features
-        rows = -(-linear.out_features // n)
-        shard = linear.weight.data[r * rows:(r + 1) * rows]
-        weight = torch.zeros(rows, linear.in_features, dtype=shard.dtype, device=shard.device)
-        weight[: shard.shape[0]] = shard
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        bias = None
-        if linear.bias is not None:
-            bias = torch.zeros(rows, dtype=shard.dtype, device=shard.device)
-            b = linear.bias.data[r * rows:(r + 1) * rows]
-            bias[: b.shape[0]] = b
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.weight = nn.Parameter(_vocab_rows(linear.weight.data, group), requires_grad=False)
+        self.bias = None if linear.bias is None else \
+            nn.Parameter(_vocab_rows(linear.bias.data[:, None], group)[:, 0], requires_grad=False)
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +127,9 @@ def planned_modules(model: nn.Module) -> list[tuple[str, str]]:
         style = next((s for pattern, s in rules if pattern.match(name)), None)
         if style is not None and style not in _REPLICATED:
             found.append((name, style))
+    embedding = model.get_input_embeddings()
+    if found and isinstance(embedding, (nn.Embedding, VocabParallelEmbedding)):
+        found.append((next(n for n, m in model.named_modules() if m is embedding), _VOCAB))
     return found
 
 
@@ -122,10 +147,12 @@ def shard_model(model: nn.Module, group: TPGroup) -> list[str]:
     if not planned:
         raise ValueError(f"tensor_parallel_size: {type(model).__name__} declares no tensor-parallel plan"
                          " (config.base_model_tp_plan); it can only run with tensor_parallel_size 1")
+    head = model.get_output_embeddings()
+    tied_weight = head.weight if head is not None else None  # the embedding's own table when tied
     sharded: list[str] = []
     for name, style in planned:
         module = model.get_submodule(name)
-        if not isinstance(module, nn.Linear):
+        if style != _VOCAB and not isinstance(module, nn.Linear):
             raise ValueError(f"tensor_parallel_size: plan style {style!r} for {name}, a"
                              f" {type(module).__name__}, is not supported (only nn.Linear layers are sharded)")
         if style == "colwise":
@@ -136,6 +163,11 @@ def shard_model(model: nn.Module, group: TPGroup) -> list[str]:
             new = RowParallelLinear(module, group)
         elif style == "colwise_gather_output":
             new = GatherOutputLinear(module, group)
+        elif style == _VOCAB:
+            head = model.get_output_embeddings()
+            tied = isinstance(head, GatherOutputLinear) and head.weight.shape[1] == module.embedding_dim \
+                and module.weight is tied_weight
+            new = VocabParallelEmbedding(module, group, head.weight if tied else None)
         else:
             raise ValueError(f"tensor_parallel_size: plan style {style!r} of {name} is not supported"
                              " (colwise, rowwise, colwise_gather_output, replicated)")
@@ -147,5 +179,5 @@ def shard_model(model: nn.Module, group: TPGroup) -> list[str]:
 
 def planned_parameter_bytes(model: nn.Module) -> int:
     """Bytes of the parameters of the layers the plan splits (after sharding: this rank's shards)."""
-    return sum(p.numel() * p.element_size() for name, _ in planned_modules(model)
-               for p in model.get_submodule(name).parameters())
+    params = {id(p): p for name, _ in planned_modules(model) for p in model.get_submodule(name).parameters()}
+    return sum(p.numel() * p.element_size() for p in params.values())  # a tied head and embedding count once
