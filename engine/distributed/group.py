@@ -47,6 +47,7 @@ class TPGroup:
     def join(cls, store: dist.Store, rank: int, world_size: int, device: torch.device) -> "TPGroup":
         control = dist.ProcessGroupGloo(dist.PrefixStore("control/", store), rank, world_size, CONTROL_TIMEOUT)
         if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL communicators and Triton launches use the current device
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = STEP_TIMEOUT
             compute = dist.ProcessGroupNCCL(dist.PrefixStore("compute/", store), rank, world_size, options)
