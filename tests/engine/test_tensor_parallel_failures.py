@@ -10,9 +10,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from proc_tree import alive, children, wait_gone
 
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.distributed.step_message import STEP, Message, StepInputs
@@ -21,25 +21,8 @@ from pagedinfer.engine.distributed.workers import TensorParallelError
 pytestmark = pytest.mark.slow
 SETTINGS = dict(device="cpu", dtype="float32", tensor_parallel_size=2, num_gpu_blocks_override=64,
                 max_model_len=256)
+WORKER = b"pagedinfer.engine.distributed.worker"
 LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-
-
-def _gone(pid: int) -> bool:
-    """True once pid has exited (a zombie awaiting its reaper counts as exited)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
-
-
-def _wait_gone(pid: int, seconds: float = 60.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_rank1_killed_mid_generation_stops_the_engine_naming_it(tiny_llama):
@@ -70,9 +53,9 @@ def test_rank1_killed_mid_generation_stops_the_engine_naming_it(tiny_llama):
 def test_rank1_raising_stops_the_engine_with_its_error(tiny_llama):
     llm = LLM(str(tiny_llama), **SETTINGS)
     workers = llm.llm_engine.runner.workers
-    # a step only rank 1 runs, writing to a block its pool does not have: rank 1 raises
-    workers.send(Message(STEP, StepInputs([5], [1], [1], [[10**6]], [0])))
-    with pytest.raises(TensorParallelError, match=r"rank 1 .*failed.*(Index|Runtime)Error"):
+    # a step only rank 1 runs, copying a block its pool does not have: rank 1 raises before any collective
+    workers.send(Message(STEP, StepInputs([5], [1], [1], [[0]], [0], blocks_to_copy=((10**6, 1),))))
+    with pytest.raises(TensorParallelError, match=r"rank 1 .*failed.*ValueError: block_mapping"):
         for _ in range(200):  # the next steps notice (gloo reports the closed connection at once)
             llm.generate(["Hello"], SamplingParams(max_tokens=2))
     assert workers.procs[0].poll() == 1
@@ -98,11 +81,21 @@ def test_no_child_outlives_rank0(tiny_llama, tmp_path, sig):
             assert rank0.poll() is None and time.monotonic() < deadline, "rank 0 did not start its replica"
             time.sleep(0.1)
         (child,) = json.loads(pids_file.read_text())
-        assert not _gone(child)
+        assert alive(child)
         os.kill(rank0.pid, sig)
         rank0.wait(60)
-        assert _wait_gone(child), f"rank 1 (pid {child}) outlived rank 0 killed by {sig.name}"
+        assert not wait_gone([child]), f"rank 1 (pid {child}) outlived rank 0 killed by {sig.name}"
     finally:
         if rank0.poll() is None:
             rank0.kill()
             rank0.wait()
+
+
+def test_a_layer_that_does_not_split_is_a_value_error_and_leaves_no_child(make_model):
+    model = make_model("llama", intermediate_size=129)  # the heads split in two, the MLP does not
+    before = children(os.getpid(), WORKER)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: 2 does not divide model\.layers\.0\.mlp\.gate_proj's"
+                                         r" 129 output features"):
+        LLM(str(model), **SETTINGS)
+    assert children(os.getpid(), WORKER) <= before
+

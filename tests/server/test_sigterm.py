@@ -13,29 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proc_tree import children, wait_gone
 from server_process import free_port, wait_process_healthy
 
 GRACE_SECONDS = 2.0
 KEY = "sk-sigterm-4d2f8a"
-
-
-def _stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat fields after the command name ([] once the process is gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")  # a zombie awaiting its reaper has exited
-
-
-def _children(pid: int) -> list[int]:
-    """Pids of pid's live child processes."""
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-    return [c for c in pids if _alive(c) and int(_stat(c)[1] if _stat(c) else -1) == pid]
 
 
 @pytest.mark.slow
@@ -53,7 +35,7 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
         stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_process_healthy(url, proc)
-        ranks = _children(proc.pid)
+        ranks = children(proc.pid)
         assert len(ranks) == tp - 1  # rank 0 is the server itself
         outcomes: list[str] = []
         body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True, "stream": True}
@@ -94,10 +76,7 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
         for c in clients:
             c.join(30)
         assert code == 0
-        deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [pid for pid in ranks if _alive(pid)], "a tensor-parallel rank outlived the server"
+        assert not wait_gone(ranks, 30), "a tensor-parallel rank outlived the server"
         assert len(outcomes) == 16  # every client got an answer: none hangs
         assert set(outcomes) <= {"finished", "aborted", "refused", "refused 503"}, outcomes
         assert "aborted" in outcomes  # 1000 tokens each cannot all finish within the grace period

@@ -5,33 +5,19 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from proc_tree import children
 from serving_harness import start_server, stop_server
-
-
-def _rank_pids() -> set[int]:
-    """This process's tensor-parallel worker children."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == os.getpid() and b"pagedinfer.engine.distributed.worker" in cmdline:
-            found.add(int(proc.name))
-    return found
 
 
 @pytest.mark.slow
 def test_a_dead_rank_makes_an_idle_server_unhealthy_and_refuse_requests(tiny_llama):
-    before = _rank_pids()
+    before = children(os.getpid(), b"pagedinfer.engine.distributed.worker")
     running = start_server(tiny_llama, tensor_parallel_size=2)
     try:
-        (rank1,) = _rank_pids() - before
+        (rank1,) = children(os.getpid(), b"pagedinfer.engine.distributed.worker") - before
         ok = httpx.post(running.url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2},
                         timeout=60)
         assert ok.status_code == 200
