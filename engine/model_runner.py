@@ -12,6 +12,7 @@ the implementation were not set).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from pagedinfer.engine.hf_config import load_hf_config
 from pagedinfer.engine.scheduler import SchedulerOutput
 from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from pagedinfer.engine.distributed.workers import WorkerSet
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +96,7 @@ class ModelRunner:
 
         self.config = config
         self.group = group
-        self.workers = None  # rank 0 of a tensor-parallel replica: its WorkerSet (set by the launcher)
+        self.workers: WorkerSet | None = None  # rank 0 of a replica: the other ranks (set by the launcher)
         self.device = tp_device(config, group.rank if group else 0)
         self.hf_config_dict = load_hf_config(config.model)
         check_rope(self.hf_config_dict)
