@@ -21,12 +21,14 @@ def _positive(name: str, value, allow_none: bool = False) -> None:
         raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
 
 
-def _check_swap_space_fits(swap_space_gib: float) -> None:
-    """The host swap pool (allocated in swap mode only) must fit in the host memory still available."""
+def _check_swap_space_fits(swap_space_gib: float, num_ranks: int) -> None:
+    """The host swap pools (swap mode only; one per tensor-parallel rank) must fit in the host memory available."""
     bound = available_host_memory()
-    if bound is not None and swap_space_gib * 2**30 > bound.available_bytes:
+    if bound is not None and swap_space_gib * num_ranks * 2**30 > bound.available_bytes:
+        per_rank = f" x {num_ranks} tensor-parallel ranks" if num_ranks > 1 else ""
         raise ValueError(
-            f"swap_space (--swap-space): {swap_space_gib:g} GiB of host memory for swapped-out KV blocks does not"
+            f"swap_space (--swap-space): {swap_space_gib:g} GiB{per_rank} of host memory for swapped-out KV blocks"
+            " does not"
             f" fit in the {bound.available_bytes / 2**30:.2f} GiB this host has available ({bound.source});"
             " lower it, or use preemption_mode recompute, which needs no host pool")
 
@@ -54,7 +56,7 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     preemption_mode: str = "recompute"
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # ranks (GPUs) of one replica; >1: engine/distributed
     cpu_memory_budget_bytes: int = 2 << 30
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
     tokenizer: str | None = None
@@ -74,8 +76,6 @@ class EngineConfig:
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_model_len", self.max_model_len, allow_none=True)
         _positive("tensor_parallel_size", self.tensor_parallel_size)
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size: this engine runs one GPU per replica; use 1")
         if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) \
                 or not math.isfinite(self.swap_space) or self.swap_space < 0:
             raise ValueError(f"swap_space (--swap-space): must be a number of GiB >= 0, got {self.swap_space!r}")
@@ -86,7 +86,7 @@ class EngineConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode: must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if self.preemption_mode == "swap":
-            _check_swap_space_fits(self.swap_space)
+            _check_swap_space_fits(self.swap_space, self.tensor_parallel_size)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
         if not isinstance(self.enable_prefix_caching, bool):

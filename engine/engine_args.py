@@ -44,7 +44,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = True) -> 
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default auto")
     g.add_argument("--cpu-memory-budget", default="2GiB",
                    help="on CPU, the memory the engine treats as its device memory (default 2GiB)")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per replica (only 1 is supported)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (on CPU: processes) per replica; the attention and MLP weights and the KV"
+                        " heads are split across them (default 1)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampling of unseeded requests (default 0)")
 
 

@@ -102,3 +102,7 @@ class LLM:
 
     def get_stats(self) -> EngineStats:
         return self.llm_engine.get_stats()
+
+    def shutdown(self) -> None:
+        """Stop the child processes of a tensor-parallel engine (also done at exit)."""
+        self.llm_engine.shutdown()

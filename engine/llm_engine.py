@@ -61,15 +61,23 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         import transformers
 
-        from pagedinfer.engine.model_runner import ModelRunner
-        from pagedinfer.engine.sampler import Sampler
+        from pagedinfer.engine.distributed.launch import create_runner
 
         model_dir = resolve_model_dir(str(config.model), config.revision)
         tokenizer_dir = resolve_model_dir(str(config.tokenizer), config.revision, "tokenizer") \
             if config.tokenizer else model_dir
         config = dataclasses.replace(config, model=model_dir, tokenizer=tokenizer_dir)
         self.config = config
-        self.runner = ModelRunner(config)  # first: a bad model is named as the model
+        self.runner = create_runner(config)  # first: a bad model is named as the model
+        try:
+            self._init_after_runner(config, transformers)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _init_after_runner(self, config: EngineConfig, transformers) -> None:
+        from pagedinfer.engine.sampler import Sampler
+
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.tokenizer or config.model)
         except Exception as exc:  # a missing or corrupt tokenizer: report it, never a traceback
@@ -222,6 +230,16 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def check_health(self) -> None:
+        """Raise (naming the rank) if a rank of a tensor-parallel replica has failed; cheap, never blocks."""
+        if self.runner.workers is not None:
+            self.runner.workers.check()
+
+    def shutdown(self) -> None:
+        """Stop the other ranks of a tensor-parallel replica (idempotent; a no-op with one rank)."""
+        if self.runner.workers is not None:
+            self.runner.workers.shutdown()
 
     # ----- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.attention import StepContext, register
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.distributed import sharding
+from pagedinfer.engine.distributed.group import TPGroup
+from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
 from pagedinfer.engine.hf_config import load_hf_config
 from pagedinfer.engine.scheduler import SchedulerOutput
 from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from pagedinfer.engine.distributed.workers import WorkerSet
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +42,17 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' requested but no CUDA device is available")
     return torch.device(name)
+
+
+def tp_device(config: EngineConfig, rank: int) -> torch.device:
+    """The device of tensor-parallel rank `rank`: cuda:<rank> on CUDA, the CPU otherwise."""
+    device = resolve_device(config.device)
+    if device.type != "cuda" or config.tensor_parallel_size == 1:
+        return device
+    if torch.cuda.device_count() < config.tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size: {config.tensor_parallel_size} GPUs per replica, but"
+                         f" {torch.cuda.device_count()} are visible")
+    return torch.device("cuda", rank)
 
 
 def resolve_dtype(name: str, model_config: dict, device: torch.device) -> torch.dtype:
@@ -65,11 +83,16 @@ def check_rope(model_config: dict) -> None:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    """One rank's model and KV pool. With tensor parallelism (`group`), rank 0's runner
+    also drives the other ranks (`workers`): it sends each step before running it."""
+
+    def __init__(self, config: EngineConfig, group: TPGroup | None = None) -> None:
         import transformers
 
         self.config = config
-        self.device = resolve_device(config.device)
+        self.group = group
+        self.workers: WorkerSet | None = None  # rank 0 of a replica: the other ranks (set by the launcher)
+        self.device = tp_device(config, group.rank if group else 0)
         self.hf_config_dict = load_hf_config(config.model)
         check_rope(self.hf_config_dict)
         self.dtype = resolve_dtype(config.dtype, self.hf_config_dict, self.device)
@@ -82,12 +105,16 @@ class ModelRunner:
                              f" {type(exc).__name__}: {exc}") from None
         except Exception as exc:  # e.g. safetensors' or huggingface_hub's own error types
             raise ValueError(f"model: cannot load {config.model!r}: {type(exc).__name__}: {exc}") from None
+        if group is not None:
+            sharding.shard_model(self.model, group)
         self.model.to(self.device).eval()
         if self.model.config._attn_implementation != attn_name:
             raise RuntimeError(f"transformers did not set attention implementation {attn_name!r}")
         text_cfg = self.model.config.get_text_config()
         self.num_layers = int(text_cfg.num_hidden_layers)
-        self.num_kv_heads = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads)
+        tp = config.tensor_parallel_size
+        # this rank's KV heads (all of them without tensor parallelism): its pool holds only these
+        self.num_kv_heads = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads) // tp
         self.head_dim = int(getattr(text_cfg, "head_dim", None)
                             or text_cfg.hidden_size // text_cfg.num_attention_heads)
         self.hidden_size = int(text_cfg.hidden_size)
@@ -96,6 +123,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + \
             sum(b.numel() * b.element_size() for b in self.model.buffers())
+        # of the layers the model's tensor-parallel plan splits: 1/N of them per rank
+        self.sharded_weight_bytes = sharding.planned_parameter_bytes(self.model)
         self.kv_cache: torch.Tensor | None = None
         self.cpu_cache: torch.Tensor | None = None
 
@@ -138,14 +167,9 @@ class ModelRunner:
             nb = -(-n // self.block_size)
             tables.append(list(range(next_block, next_block + nb)))
             next_block += nb
-        from pagedinfer.kernels.metadata import build_attention_metadata
-
-        meta = build_attention_metadata(lens, lens, tables, self.block_size, self.device)
-        ids = torch.zeros(1, num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.cat([torch.arange(n, device=self.device) for n in lens]).unsqueeze(0)
         # as many logits rows as a real step may keep (one per running sequence), not one per profiled sequence
-        keep = torch.arange(num_tokens - min(self.config.max_num_seqs, num_tokens), num_tokens, device=self.device)
-        self._forward(ids, pos, meta, keep).float()
+        keep = list(range(num_tokens - min(self.config.max_num_seqs, num_tokens), num_tokens))
+        self.run_step(StepInputs([0] * num_tokens, lens, lens, tables, keep)).float()
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         self.kv_cache, self.key_caches, self.value_caches = None, [], []
@@ -155,6 +179,11 @@ class ModelRunner:
         return int(peak + non_torch)
 
     def allocate_kv_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        """This rank's pools (rank 0 of a replica first tells the other ranks to allocate theirs)."""
+        if self.workers is not None:
+            with self.workers.guard("allocating the KV cache"):
+                self.workers.send(Message(ALLOCATE, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks))
+        self.kv_cache, self.key_caches, self.value_caches, self.cpu_cache = None, [], [], None
         shape = (2, self.num_layers, num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         # On CPU, empty (pages are touched only when written): slots never written
         # are masked by the attention, so their contents never matter.
@@ -191,16 +220,9 @@ class ModelRunner:
         logits of the prompt positions computed this step that predict a
         prompt token (position p predicts token p + 1), from the same forward.
         """
-        if sched.blocks_to_swap_out:
-            dispatch.swap_blocks(self.kv_cache, self.cpu_cache, _pairs(sched.blocks_to_swap_out), block_dim=2)
-        if sched.blocks_to_swap_in:
-            dispatch.swap_blocks(self.cpu_cache, self.kv_cache, _pairs(sched.blocks_to_swap_in), block_dim=2)
-        if sched.blocks_to_copy:
-            dispatch.copy_blocks(self.key_caches, self.value_caches, _pairs(sched.blocks_to_copy, self.device))
         # decodes (one new token) first, as the attention metadata requires
         items = sorted(sched.scheduled, key=lambda it: it.num_new_tokens != 1)
         ids: list[int] = []
-        pos: list[int] = []
         seq_lens: list[int] = []
         query_lens: list[int] = []
         tables: list[list[int]] = []
@@ -215,30 +237,56 @@ class ModelRunner:
                 last = min(end, it.seq.num_prompt_tokens - 1)  # the last prompt position predicts no prompt token
                 prompt_keep.append((it.seq.seq_id, start + 1, len(ids), last - start))
             ids.extend(it.seq.token_ids[start:end])
-            pos.extend(range(start, end))
             seq_lens.append(end)
             query_lens.append(it.num_new_tokens)
             tables.append(list(it.block_ids))
             if it.seq.seq_id in sample_seq_ids:
                 keep.append(len(ids) - 1)
                 keep_ids.append(it.seq.seq_id)
-        from pagedinfer.kernels.metadata import build_attention_metadata
-
-        meta = build_attention_metadata(seq_lens, query_lens, tables, self.block_size, self.device)
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        positions = torch.tensor([pos], dtype=torch.long, device=self.device)
         num_sampled = len(keep_ids)
         for _, _, flat, count in prompt_keep:
             keep.extend(range(flat, flat + count))
         if not keep:
             keep, keep_ids = [len(ids) - 1], []  # logits_to_keep must select something
-        logits = self._forward(input_ids, positions, meta, torch.tensor(keep, device=self.device))
+        logits = self.run_step(StepInputs(ids, seq_lens, query_lens, tables, keep, sched.blocks_to_copy,
+                                          sched.blocks_to_swap_out, sched.blocks_to_swap_in))
         prompt_logits: dict[int, PromptLogits] = {}
         row = num_sampled
         for seq_id, first_target, _, count in prompt_keep:
             prompt_logits[seq_id] = PromptLogits(first_target, logits[row: row + count])
             row += count
         return logits[:num_sampled].float(), keep_ids, prompt_logits
+
+    def run_step(self, step: StepInputs) -> torch.Tensor:
+        """Block moves, then the forward; logits of step.logits_rows (whole rows on every rank).
+
+        Rank 0 of a tensor-parallel replica first broadcasts `step`, so that
+        every rank runs the same moves and forward on its own heads.
+        """
+        if self.workers is None:
+            return self._run_step(step)
+        with self.workers.guard("running a step"):
+            self.workers.send(Message(STEP, step))
+            return self._run_step(step)
+
+    def _run_step(self, step: StepInputs) -> torch.Tensor:
+        if step.blocks_to_swap_out:
+            dispatch.swap_blocks(self.kv_cache, self.cpu_cache, _pairs(step.blocks_to_swap_out), block_dim=2)
+        if step.blocks_to_swap_in:
+            dispatch.swap_blocks(self.cpu_cache, self.kv_cache, _pairs(step.blocks_to_swap_in), block_dim=2)
+        if step.blocks_to_copy:
+            dispatch.copy_blocks(self.key_caches, self.value_caches, _pairs(step.blocks_to_copy, self.device))
+        from pagedinfer.kernels.metadata import build_attention_metadata
+
+        meta = build_attention_metadata(step.seq_lens, step.query_lens, step.block_tables, self.block_size,
+                                        self.device)
+        input_ids = torch.tensor([step.token_ids], dtype=torch.long, device=self.device)
+        positions = torch.tensor([step.positions], dtype=torch.long, device=self.device)
+        return self._forward(input_ids, positions, meta, torch.tensor(step.logits_rows, device=self.device))
+
+
+def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor(pairs, dtype=torch.long, device=device).view(-1, 2)
 
 
 @dataclass(frozen=True)
@@ -247,7 +295,3 @@ class PromptLogits:
 
     first_target: int  # the prompt position whose token row 0 predicts
     logits: torch.Tensor  # [num_targets, vocab], the model's dtype
-
-
-def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device | str = "cpu") -> torch.Tensor:
-    return torch.tensor(pairs, dtype=torch.long, device=device).view(-1, 2)

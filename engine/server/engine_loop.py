@@ -233,6 +233,8 @@ class EngineLoop:
             self._serve(engine)
         except BaseException as exc:  # noqa: BLE001 - see "Failure" above
             self._fail(exc)
+        finally:
+            engine.shutdown()  # a tensor-parallel engine's other ranks stop with it
 
     def _serve(self, engine: Any) -> None:
         while not self._stop_requested:
@@ -246,6 +248,7 @@ class EngineLoop:
             else:
                 self._publish_stats(engine)
                 self._settle_pending(num_applied_seqs)
+                engine.check_health()  # a dead tensor-parallel rank fails the server now, not at the next request
                 self._wake.wait(IDLE_WAIT_SECONDS)
         num_applied_seqs = self._apply_inbox(engine)
         self._abort_all(engine, "the server is shutting down")

@@ -79,3 +79,17 @@ def test_routing_benchmark_smoke_reports_every_policy_and_the_ceiling(tmp_path):
     for r in rows.values():
         assert sum(r["requests_per_engine"]) == 8  # 4 tenants x 2 turns, every request answered
         assert 0.0 < r["hit_rate"] <= 1.0  # the engines' own counters: turn 2 reuses turn 1's prefix
+
+
+def test_tp_throughput_benchmark_runs_and_both_runs_agree(tmp_path):
+    out = tmp_path / "tp.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "tp_throughput.py"), "--hidden-size", "64", "--num-layers", "2",
+         "--num-heads", "4", "--num-kv-heads", "2", "--intermediate-size", "128", "--num-prompts", "3",
+         "--prompt-len", "8", "--max-tokens", "4", "--json-out", str(out), "--model-dir", str(tmp_path / "m")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "same tokens: True" in run.stdout and "step broadcast" in run.stdout
+    result = json.loads(out.read_text())
+    assert result["tp"]["broadcasts"] > 0
+    assert result["tp"]["sharded_weight_bytes_per_rank"] * 2 == result["tp1"]["sharded_weight_bytes_per_rank"]

@@ -77,6 +77,13 @@ def test_swap_mode_refuses_a_swap_space_larger_than_the_host_has():
     EngineConfig(model="m", preemption_mode="recompute", swap_space=1e9)  # recompute allocates no host pool
 
 
+def test_each_tensor_parallel_rank_holds_its_own_host_pool():
+    gib = available_host_memory().available_bytes / 2**30
+    EngineConfig(model="m", preemption_mode="swap", swap_space=0.6 * gib)
+    with pytest.raises(ValueError, match=r"GiB x 2 tensor-parallel ranks of host memory .* does not fit"):
+        EngineConfig(model="m", preemption_mode="swap", swap_space=0.6 * gib, tensor_parallel_size=2)
+
+
 def test_llm_raises_the_same_value_error(tiny_llama):
     with pytest.raises(ValueError, match=r"--swap-space.*available"):
         LLM(model=str(tiny_llama), preemption_mode="swap", swap_space=1e9, dtype="float32")

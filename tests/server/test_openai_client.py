@@ -4,6 +4,20 @@ from __future__ import annotations
 
 import openai
 import pytest
+from serving_harness import start_server, stop_server
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def server(request, tiny_llama):
+    """Every test runs against one process and against a tensor-parallel replica of two ranks."""
+    running = start_server(tiny_llama, tensor_parallel_size=request.param)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def openai_client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_completion_returns_text_and_usage(openai_client, server):

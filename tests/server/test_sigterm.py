@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proc_tree import children, wait_gone
 from server_process import free_port, wait_process_healthy
 
 GRACE_SECONDS = 2.0
@@ -20,7 +21,8 @@ KEY = "sk-sigterm-4d2f8a"
 
 
 @pytest.mark.slow
-def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_path):
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_path, tp):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cli = Path(sys.executable).with_name("pagedinfer")
@@ -29,10 +31,12 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
     proc = subprocess.Popen(
         [str(cli), "serve", "--model", str(tiny_llama), "--served-model-name", "tiny", "--port", str(port),
          "--device", "cpu", "--max-model-len", "1024", "--num-gpu-blocks-override", "256",
-         "--shutdown-grace-seconds", str(GRACE_SECONDS)],
+         "--shutdown-grace-seconds", str(GRACE_SECONDS), "--tensor-parallel-size", str(tp)],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_process_healthy(url, proc)
+        ranks = children(proc.pid)
+        assert len(ranks) == tp - 1  # rank 0 is the server itself
         outcomes: list[str] = []
         body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True, "stream": True}
 
@@ -72,6 +76,7 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
         for c in clients:
             c.join(30)
         assert code == 0
+        assert not wait_gone(ranks, 30), "a tensor-parallel rank outlived the server"
         assert len(outcomes) == 16  # every client got an answer: none hangs
         assert set(outcomes) <= {"finished", "aborted", "refused", "refused 503"}, outcomes
         assert "aborted" in outcomes  # 1000 tokens each cannot all finish within the grace period

@@ -1,0 +1,187 @@
+"""Rank 0's side: start ranks 1..N-1 as child processes, watch them, stop them.
+
+The children are `python -m pagedinfer.engine.distributed.worker` processes
+(not multiprocessing: nothing of the user's __main__ is re-run), given the
+engine config on stdin. They report through the replica's TCPStore:
+`rank<r>/ready` (a JSON of their parameter bytes) or `rank<r>/error`.
+
+Failure contract: if a child exits or raises, rank 0's next (or current)
+collective fails within about a second (gloo reports the closed connection);
+`guard()` turns that into a RuntimeError naming the rank and its error, stops
+the other children, and every later step raises the same error. A child never
+outlives rank 0: it polls its parent pid (SIGTERM or SIGKILL of rank 0 alike),
+and a dead rank 0 also closes its gloo connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.distributed import step_message
+from pagedinfer.engine.distributed.channel import StepChannel
+from pagedinfer.engine.distributed.group import TPGroup, create_store
+from pagedinfer.engine.distributed.step_message import Message
+
+logger = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.05
+_FAILURE_WAIT_SECONDS = 5.0  # after a failed collective: how long to wait for the culprit to exit
+_STOP_WAIT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What a rank says once its shard is loaded."""
+
+    rank: int
+    weight_bytes: int          # all its parameters and buffers
+    sharded_weight_bytes: int  # those of the layers the tensor-parallel plan splits
+
+
+class TensorParallelError(RuntimeError):
+    """A rank of the replica failed; the engine cannot step any more."""
+
+
+def _terminate(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.wait(_STOP_WAIT_SECONDS)
+
+
+class WorkerSet:
+    """Ranks 1..N-1 of one replica, as seen from rank 0."""
+
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        n = config.tensor_parallel_size
+        self.world_size = n
+        self.store = create_store(n)
+        self.procs: list[subprocess.Popen] = []
+        self.reports: list[RankReport] = []
+        self.error: TensorParallelError | None = None
+        self._finalizer = weakref.finalize(self, _terminate, self.procs)
+        blob = pickle.dumps(config)
+        for rank in range(1, n):
+            cmd = [sys.executable, "-m", "pagedinfer.engine.distributed.worker", "--rank", str(rank),
+                   "--world-size", str(n), "--store-port", str(self.store.port), "--parent-pid", str(os.getpid()),
+                   "--num-threads", str(torch.get_num_threads())]
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE)
+            proc.stdin.write(blob)
+            proc.stdin.close()
+            self.procs.append(proc)
+        self.group = self._while_alive(lambda: TPGroup.join(self.store, 0, n, device), "joining the process group")
+        self.channel = StepChannel(self.group, step_message.capacity_words(
+            config.max_num_batched_tokens, config.max_num_seqs))
+
+    # ----- start-up -------------------------------------------------------------------
+    def _while_alive(self, fn, what: str):
+        """fn() in a thread, while watching the children: a child that dies is named, never waited on."""
+        result: list = []
+        thread = threading.Thread(target=lambda: result.append(_capture(fn)), name="pagedinfer-tp-join",
+                                  daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(_POLL_SECONDS)
+            self._raise_if_dead(what)
+        value, exc = result[0]
+        if exc is not None:
+            self.shutdown()
+            raise exc
+        return value
+
+    def wait_ready(self) -> None:
+        """Block until every child has loaded its shard (or raise naming the one that failed)."""
+        pending = set(range(1, self.world_size))
+        while pending:
+            for rank in sorted(pending):
+                if self.store.check([f"rank{rank}/ready"]):
+                    info = json.loads(self.store.get(f"rank{rank}/ready"))
+                    self.reports.append(RankReport(rank, info["weight_bytes"], info["sharded_weight_bytes"]))
+                    pending.discard(rank)
+            self._raise_if_dead("loading the model")
+            if pending:
+                time.sleep(_POLL_SECONDS)
+        self.reports.sort(key=lambda r: r.rank)
+
+    # ----- health ---------------------------------------------------------------------
+    def _rank_error(self, rank: int, proc: subprocess.Popen) -> str:
+        if self.store.check([f"rank{rank}/error"]):
+            return self.store.get(f"rank{rank}/error").decode(errors="replace")
+        return f"exited with code {proc.returncode}" if proc.returncode is not None else "is not responding"
+
+    def _raise_if_dead(self, what: str) -> None:
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                self._fail(TensorParallelError(
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) failed while {what}: "
+                    f"{self._rank_error(rank, proc)}"))
+
+    def _fail(self, error: TensorParallelError) -> None:
+        self.error = error
+        logger.error("%s; stopping the replica", error)
+        _terminate(self.procs)
+        raise error
+
+    def check(self) -> None:
+        """Raise the replica's error if a rank has failed (a non-blocking look at the children)."""
+        if self.error is not None:
+            raise self.error
+        self._raise_if_dead("idle")
+
+    @contextlib.contextmanager
+    def guard(self, what: str):
+        """Run a collective section; any failure is reported as the rank that caused it."""
+        if self.error is not None:
+            raise self.error
+        self._raise_if_dead(what)
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # e.g. KeyboardInterrupt mid-step: the ranks are out of step
+                self.error = TensorParallelError(f"tensor-parallel step interrupted while {what}"
+                                                 f" ({type(exc).__name__}); the replica was stopped")
+                _terminate(self.procs)
+                raise
+            deadline = time.monotonic() + _FAILURE_WAIT_SECONDS
+            while time.monotonic() < deadline:
+                self._raise_if_dead(what)  # raises, naming the dead rank
+                time.sleep(_POLL_SECONDS)
+            self._fail(TensorParallelError(f"tensor-parallel step failed on rank 0 while {what}:"
+                                           f" {type(exc).__name__}: {exc}"))
+
+    def send(self, message: Message) -> None:
+        self.channel.send(message)
+
+    # ----- stop -----------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Tell the children to stop (if they still listen), then make sure they are gone."""
+        if self.error is None and all(p.poll() is None for p in self.procs):
+            with contextlib.suppress(Exception):
+                self.channel.send(Message(step_message.STOP))
+            deadline = time.monotonic() + _STOP_WAIT_SECONDS
+            while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+                time.sleep(_POLL_SECONDS)
+        _terminate(self.procs)
+        self._finalizer.detach()
+
+
+def _capture(fn):
+    try:
+        return fn(), None
+    except BaseException as exc:  # noqa: BLE001 - re-raised by the caller's thread
+        return None, exc
