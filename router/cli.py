@@ -48,6 +48,7 @@ def run_router(args: argparse.Namespace) -> int:
     import uvicorn
 
     from pagedinfer.engine.server.auth import resolve_api_key
+    from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
     from pagedinfer.engine.server.read_timeouts import header_timeout_protocol
     from pagedinfer.router.app import RouterSettings, create_router_app
 
@@ -70,6 +71,7 @@ def run_router(args: argparse.Namespace) -> int:
     upstream = ", ".join(args.engines) or f"service {args.discover_service}"
     print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",
           file=sys.stderr, flush=True)
+    exit_zero_after_sigterm()
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_keep_alive=5, http=header_timeout_protocol(args.request_header_timeout_seconds))
     return 0

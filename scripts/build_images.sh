@@ -35,6 +35,7 @@ VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
 IMAGES=(
     "operator|images/operator.Dockerfile|ghcr.io/pagedinfer/pagedinfer-operator:${VERSION}|$ROOT[operator]"
     "engine-cpu|images/engine-cpu.Dockerfile|ghcr.io/pagedinfer/pagedinfer:${VERSION}-cpu|$ROOT[engine] torch==TORCH_VERSION"
+    "router|images/router.Dockerfile|ghcr.io/pagedinfer/pagedinfer-router:${VERSION}|$ROOT[router]"
 )
 SUITE=bookworm
 BASE_PACKAGES=python3,python3-venv

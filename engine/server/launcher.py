@@ -8,10 +8,8 @@ with a 503 error (streams: an error event and [DONE]). uvicorn's own
 graceful timeout, a few seconds later, is only a backstop that cancels
 responses still stuck. Then the lifespan stops the engine loop.
 
-uvicorn re-raises the signal it caught once it is done, to let the previous
-handler run. For SIGTERM the previous handler would be the default one,
-which kills the process with status 143; `run_server` installs a no-op
-SIGTERM handler first, so a graceful shutdown exits 0.
+uvicorn re-raises the signal it caught once it is done; `run_server` makes
+that harmless first (`graceful_exit.py`), so a graceful shutdown exits 0.
 
 The listening socket is bound before anything else starts: a port already in
 use (or a host that is not ours) fails in milliseconds as a flag error (exit
@@ -22,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import signal
 import socket
 import threading
 from pathlib import Path
@@ -31,6 +28,7 @@ from typing import Any
 from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
+from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
 from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.prompt_chars import max_chars_per_token
@@ -162,8 +160,7 @@ def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown
         server.should_exit = True
 
     threading.Thread(target=exit_if_the_engine_fails, name="pagedinfer-engine-watch", daemon=True).start()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    exit_zero_after_sigterm()
     server.run(sockets=[listener])
     if engine_loop.load_error is not None:
         logger.error("the model could not be loaded: %s", engine_loop.load_error)

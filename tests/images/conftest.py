@@ -21,6 +21,11 @@ def engine_cpu_image() -> BuiltImage:
 
 
 @pytest.fixture(scope="session")
+def router_image() -> BuiltImage:
+    return built_image("router")
+
+
+@pytest.fixture(scope="session")
 def operator_container(operator_image):
     container = WorkingContainer.create(operator_image)
     yield container
@@ -30,6 +35,13 @@ def operator_container(operator_image):
 @pytest.fixture(scope="session")
 def engine_cpu_container(engine_cpu_image):
     container = WorkingContainer.create(engine_cpu_image)
+    yield container
+    container.remove()
+
+
+@pytest.fixture(scope="session")
+def router_container(router_image):
+    container = WorkingContainer.create(router_image)
     yield container
     container.remove()
 

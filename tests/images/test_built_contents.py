@@ -17,13 +17,14 @@ from dockerfiles import canonical
 
 pytestmark = pytest.mark.slow
 
-IMAGE_NAMES = ["operator", "engine-cpu"]
+IMAGE_NAMES = ["operator", "engine-cpu", "router"]
 LIST_DISTRIBUTIONS = ("import importlib.metadata as m, json; "
                       "print('DISTRIBUTIONS', json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
 MIB = 2**20
-# Each image's size ceiling: the operator has no torch; the CPU engine no CUDA
-# libraries and no triton (the CUDA image's torch alone is several GB).
-SIZE_CEILING_BYTES = {"operator": 500 * MIB, "engine-cpu": 2048 * MIB}
+# Each image's size ceiling: the operator and the router have no torch; the CPU
+# engine no CUDA libraries and no triton (the CUDA image's torch alone is several GB).
+SIZE_CEILING_BYTES = {"operator": 500 * MIB, "engine-cpu": 2048 * MIB, "router": 500 * MIB}
+WITHOUT_TORCH = ("operator", "router")
 
 
 def fixture_of(request, name: str, what: str):
@@ -57,7 +58,7 @@ def test_the_image_holds_exactly_what_pip_resolved_for_it(name, resolved, base_d
     added = {n: v for n, v in installed.items() if base_distributions.get(n) != v}
     assert added == resolved[name]
     heavy = sorted(n for n in added if n == "triton" or n.startswith("nvidia-")
-                   or (name == "operator" and n in ("torch", "transformers")))
+                   or (name in WITHOUT_TORCH and n in ("torch", "transformers")))
     assert not heavy, f"{name} holds {heavy}"
 
 

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import httpx
+from router_harness import start_router_process
 from server_process import free_port
 from slow_client import SlowClient, trickle_until_all_closed
 
@@ -18,24 +12,11 @@ DEADLINE_SECONDS = 1.0
 def test_the_router_process_closes_trickled_headers_and_bodies_with_408(tiny_llama, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cli = Path(sys.executable).with_name("pagedinfer")
-    log = (tmp_path / "router.log").open("w")
-    proc = subprocess.Popen(
-        [str(cli), "router", "--engine", f"http://127.0.0.1:{free_port()}", "--tokenizer", str(tiny_llama),
-         "--port", str(port), "--request-header-timeout-seconds", str(DEADLINE_SECONDS),
-         "--request-body-timeout-seconds", str(DEADLINE_SECONDS), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = start_router_process(url, [
+        "--engine", f"http://127.0.0.1:{free_port()}", "--tokenizer", str(tiny_llama), "--port", str(port),
+        "--request-header-timeout-seconds", str(DEADLINE_SECONDS),
+        "--request-body-timeout-seconds", str(DEADLINE_SECONDS), "--log-level", "warning"], tmp_path / "router.log")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "router.log").read_text()[-2000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code in (200, 503):
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the router never answered /health"
-            time.sleep(0.1)
         slow_headers = [SlowClient(url, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n", b"X-Slow: " + b"a" * 1000)
                         for _ in range(5)]
         body = b'{"model": "tiny", "prompt": "' + b"hello " * 100 + b'"}'

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -35,6 +39,29 @@ def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: st
     wait_for(lambda: server.started, "the router never started")
     wait_for(lambda: _healthy_engines(router) == len(engine_urls), "the router never saw every engine healthy")
     return router
+
+
+def start_router_process(url: str, args: list[str], log_path: Path) -> subprocess.Popen:
+    """`pagedinfer router ARGS` from this venv, once it answers /health (200, or 503 without a healthy engine)."""
+    cli = Path(sys.executable).with_name("pagedinfer")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([str(cli), "router", *args], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def answers() -> bool:
+        assert proc.poll() is None, log_path.read_text()[-2000:]
+        try:
+            return httpx.get(url + "/health", timeout=2).status_code in (200, 503)
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(answers, "the router never answered /health")
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return proc
 
 
 def _healthy_engines(router: RunningRouter) -> int:
