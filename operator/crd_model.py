@@ -44,8 +44,9 @@ MAX_NAME_LENGTH = 47
 
 
 # The CRD reserves tensorParallelSize (and sizing splits weights and KV heads
-# by it), but the engine runs one GPU per replica: a larger value would start
-# pods that fail, so it is refused up front.
+# by it). The engine runs tensor-parallel replicas (--tensor-parallel-size), but
+# the pods the operator builds do not yet request N GPUs and a shared-memory
+# volume: a larger value would start pods that fail, so it is refused up front.
 ENGINE_MAX_TENSOR_PARALLEL_SIZE = 1
 
 

@@ -360,8 +360,9 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
         r.problems.extend(exc.problems)
     if engine.tensor_parallel_size > ENGINE_MAX_TENSOR_PARALLEL_SIZE:
         r.fail("spec.engine.tensorParallelSize",
-               f"the pagedinfer engine runs one GPU per replica for now; must be"
-               f" <= {ENGINE_MAX_TENSOR_PARALLEL_SIZE}, got {engine.tensor_parallel_size}")
+               f"the operator does not yet deploy tensor-parallel engines (pods request no N GPUs and"
+               f" no shared-memory volume for the ranks); must be <= {ENGINE_MAX_TENSOR_PARALLEL_SIZE},"
+               f" got {engine.tensor_parallel_size}")
     if resources.gpus == 0 and engine.tensor_parallel_size != 1:
         r.fail("spec.engine.tensorParallelSize", "must be 1 when spec.resources.gpus is 0 (CPU engine)")
     if resources.gpus and engine.tensor_parallel_size > resources.gpus:

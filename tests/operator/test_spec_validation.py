@@ -125,8 +125,9 @@ def test_an_hf_token_secret_is_a_reference_and_env_may_set_hf_token_without_one(
     assert parse_spec("s", {"engine": {"env": env}}).engine.env[0]["name"] == "HF_TOKEN"
 
 
-def test_tensor_parallelism_beyond_what_the_engine_runs_is_refused_with_the_reason():
-    with pytest.raises(SpecError, match="one GPU per replica"):
+def test_tensor_parallelism_beyond_what_the_operator_deploys_is_refused_with_the_reason():
+    # the engine itself runs tensor-parallel replicas: the reason is the operator's pods, not the engine
+    with pytest.raises(SpecError, match="operator does not yet deploy tensor-parallel engines"):
         parse_spec("svc", {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}})
 
 
