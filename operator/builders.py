@@ -183,6 +183,12 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
     return out
 
 
+def _shm_size_limit(spec: InferenceServiceSpec) -> str:
+    """The memory-backed /dev/shm: 1 GiB for the process plus 1 GiB per rank for NCCL's shared-memory
+    transport buffers between the ranks of a tensor-parallel replica (2Gi for one rank)."""
+    return f"{1 + spec.engine.tensor_parallel_size}Gi"
+
+
 def _env(spec: InferenceServiceSpec, model_env: list[dict]) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
@@ -254,7 +260,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
         "volumes": [
             cache_volume,
             {"name": "tmp", "emptyDir": {}},
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _shm_size_limit(spec)}},
             *model_volumes,
         ],
     }

@@ -43,11 +43,10 @@ _HF_REPO = re.compile(r"[A-Za-z0-9][-._A-Za-z0-9]*/[A-Za-z0-9][-._A-Za-z0-9]*")
 MAX_NAME_LENGTH = 47
 
 
-# The CRD reserves tensorParallelSize (and sizing splits weights and KV heads
-# by it). The engine runs tensor-parallel replicas (--tensor-parallel-size), but
-# the pods the operator builds do not yet request N GPUs and a shared-memory
-# volume: a larger value would start pods that fail, so it is refused up front.
-ENGINE_MAX_TENSOR_PARALLEL_SIZE = 1
+# spec.engine.tensorParallelSize: one replica's ranks, one GPU each, all in one pod
+# on one node (the pod requests N GPUs; spec.resources.gpus defaults to N and,
+# when set to a GPU count, must equal it). Multi-node replicas are refused.
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 
 
 class SpecError(ValueError):

@@ -64,6 +64,7 @@ class KVCachePlan:
     bytes_per_token: int | None = None
     bytes_per_block: int | None = None
     cpu_memory_budget_bytes: int | None = None
+    tensor_parallel_size: int | None = None  # GPU plans: ranks per replica; sizes above are per rank's GPU
 
     @classmethod
     def from_result(cls, source: str, result: sizing.SizingResult, **memory_bytes: int) -> "KVCachePlan":
@@ -79,6 +80,7 @@ class KVCachePlan:
     def to_status(self) -> dict[str, Any]:
         fields = {
             "source": self.source,
+            "tensorParallelSize": self.tensor_parallel_size,
             "blockSize": self.block_size,
             "numGpuBlocks": self.num_gpu_blocks,
             "maxTokens": self.max_tokens,
@@ -157,11 +159,14 @@ def plan_for(spec: InferenceServiceSpec, shape: sizing.ModelShape | None,
     if spec.resources.gpus == 0:
         return cpu_plan(spec, shape)
     if engine.num_gpu_blocks_override is not None:
-        return override_plan(spec, shape)
-    if shape is None or gpu_memory_bytes is None:
+        plan = override_plan(spec, shape)
+    elif shape is None or gpu_memory_bytes is None:
         raise ValueError("plan_for: a GPU engine needs the model shape and the GPU memory")
-    result = sizing.plan_kv_cache(sizing_inputs(spec, shape, gpu_memory_bytes))
-    return KVCachePlan.from_result(source, result, gpu_memory_bytes=result.gpu_memory_bytes)
+    else:
+        result = sizing.plan_kv_cache(sizing_inputs(spec, shape, gpu_memory_bytes))
+        plan = KVCachePlan.from_result(source, result, gpu_memory_bytes=result.gpu_memory_bytes)
+    # numGpuBlocks is per replica: every rank holds that many blocks of its 1/N of the KV heads
+    return dataclasses.replace(plan, tensor_parallel_size=engine.tensor_parallel_size)
 
 
 def cpu_plan(spec: InferenceServiceSpec, shape: sizing.ModelShape | None) -> KVCachePlan:

@@ -96,6 +96,15 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
         raise SizingFailure(invalid, f"The model config from {source} is invalid: {exc}", None) from None
 
 
+def _per_node_gpus(spec: InferenceServiceSpec) -> str:
+    """For a pod of several GPUs: that they must all be on one node (multi-node replicas are not deployed)."""
+    n = spec.resources.gpus
+    if n <= 1:
+        return ""
+    return (f" A replica with tensorParallelSize {spec.engine.tensor_parallel_size} needs {n} allocatable"
+            f" nvidia.com/gpu on one node; replicas across nodes are not supported (docs/operator.md).")
+
+
 async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
                nodes: Iterable[Mapping[str, Any]]) -> tuple[planning.KVCachePlan, str]:
     """The KV plan and a sentence saying where its numbers come from; SizingFailure when it cannot be made (yet).
@@ -118,7 +127,8 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
         discovery = discover_gpu_memory(nodes, planning.placement_for(spec))
         if discovery.gpu_memory_bytes is None:
             raise SizingFailure(status.REASON_NO_MATCHING_NODES,
-                                f"No node to size the KV cache for: {discovery.message} Retrying in "
+                                f"No node to size the KV cache for: {discovery.message}{_per_node_gpus(spec)}"
+                                f" Retrying in "
                                 f"{runtime.config.no_nodes_retry_seconds:g}s. {SCALE_FROM_ZERO_HINT}",
                                 runtime.config.no_nodes_retry_seconds)
         memory, source, where = discovery.gpu_memory_bytes, planning.SOURCE_NODE_LABELS, " " + discovery.message

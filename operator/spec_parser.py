@@ -12,6 +12,7 @@ the parse the autoscaler itself runs): a spec it would refuse is invalid.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any, Mapping
@@ -22,12 +23,12 @@ from pagedinfer.operator.crd_model import (
     ConfigMapRef,
     DEFAULT_IMAGE,
     DTYPES,
-    ENGINE_MAX_TENSOR_PARALLEL_SIZE,
     EngineSpec,
     HF_TOKEN_ENV,
     InferenceServiceSpec,
     MANAGED_FLAGS,
     MAX_NAME_LENGTH,
+    TENSOR_PARALLEL_SIZES,
     MODEL_SCHEMES,
     ModelSpec,
     ModelUri,
@@ -308,7 +309,7 @@ def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
     memory = r.string(res, "memory", path, None, pattern=_QUANTITY)
     memory_bytes = quantity_bytes(memory) if memory is not None and _QUANTITY.fullmatch(memory) else None
     return ResourcesSpec(
-        gpus=r.integer(res, "gpus", path, 1, minimum=0, maximum=16) or 0,
+        gpus=r.integer(res, "gpus", path, None, minimum=0, maximum=16),
         gpu_product=r.string(res, "gpuProduct", path, None, max_length=63),
         gpu_memory_bytes=gpu_memory,
         cpu=cpu,
@@ -358,16 +359,16 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
         autoscaling = parse_autoscaling_spec(raw, bounds_checked=True)
     except AutoscalingSpecError as exc:
         r.problems.extend(exc.problems)
-    if engine.tensor_parallel_size > ENGINE_MAX_TENSOR_PARALLEL_SIZE:
-        r.fail("spec.engine.tensorParallelSize",
-               f"the operator does not yet deploy tensor-parallel engines (pods request no N GPUs and"
-               f" no shared-memory volume for the ranks); must be <= {ENGINE_MAX_TENSOR_PARALLEL_SIZE},"
-               f" got {engine.tensor_parallel_size}")
-    if resources.gpus == 0 and engine.tensor_parallel_size != 1:
+    tp = engine.tensor_parallel_size
+    if tp not in TENSOR_PARALLEL_SIZES:
+        r.fail("spec.engine.tensorParallelSize", f"must be one of {list(TENSOR_PARALLEL_SIZES)}, got {tp}")
+    if resources.gpus is None:  # defaults to one GPU per rank
+        resources = dataclasses.replace(resources, gpus=tp)
+    if resources.gpus == 0 and tp != 1:
         r.fail("spec.engine.tensorParallelSize", "must be 1 when spec.resources.gpus is 0 (CPU engine)")
-    if resources.gpus and engine.tensor_parallel_size > resources.gpus:
-        r.fail("spec.engine.tensorParallelSize", f"must be <= spec.resources.gpus ({resources.gpus}), "
-                                                 f"got {engine.tensor_parallel_size}")
+    if resources.gpus and tp != resources.gpus:
+        r.fail("spec.engine.tensorParallelSize", f"must equal spec.resources.gpus ({resources.gpus}): each rank"
+                                                 f" uses one GPU of the pod, got {tp}")
     if model.architecture and model.architecture.num_kv_heads % engine.tensor_parallel_size:
         r.fail("spec.engine.tensorParallelSize", f"{engine.tensor_parallel_size} does not divide "
                                                  f"spec.model.architecture.numKVHeads "

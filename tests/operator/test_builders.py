@@ -22,7 +22,7 @@ SPECS = {
     "pvc": {"model": {"uri": "pvc://models/llama/8b", "architecture": ARCH, "cacheClaimName": "hf-cache"},
             "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
     "file": {"model": {"uri": "file:///models/llama", "architecture": ARCH},
-             "resources": {"gpus": 2}},
+             "engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}},
     "override": {"model": {"uri": "pvc://models/llama", "architecture": ARCH}, "engine": {"numGpuBlocksOverride": 100}},
     "cpu": {"resources": {"gpus": 0}, "engine": {"enablePrefixCaching": False, "enableChunkedPrefill": False,
                                                  "maxModelLen": 512}},

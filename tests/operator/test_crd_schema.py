@@ -76,7 +76,9 @@ def test_schema_defaults_equal_the_operators_defaults():
                         ("tensorParallelSize", "tensor_parallel_size"), ("image", "image")]:
         assert engine[field]["default"] == getattr(defaults, attr), field
     spec = SCHEMA["properties"]["spec"]["properties"]
-    assert spec["resources"]["properties"]["gpus"]["default"] == parse_spec("x", {}).resources.gpus
+    # gpus has no schema default: the operator defaults it to engine.tensorParallelSize (one GPU per rank)
+    assert "default" not in spec["resources"]["properties"]["gpus"]
+    assert parse_spec("x", {}).resources.gpus == engine["tensorParallelSize"]["default"]
     assert spec["replicas"]["default"] == parse_spec("x", {}).replicas
 
 
@@ -99,11 +101,11 @@ def test_every_cel_rule_has_an_operator_check():
             "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}},
         "engine.tensorParallelSize must be 1 when resources.gpus is 0 (CPU engine)":
             {"resources": {"gpus": 0}, "engine": {"tensorParallelSize": 2}},
-        "engine.tensorParallelSize must be <= resources.gpus": {"resources": {"gpus": 1},
-                                                                "engine": {"tensorParallelSize": 2}},
+        "resources.gpus must equal engine.tensorParallelSize (one GPU per rank; leave gpus unset to default to it)":
+            {"resources": {"gpus": 1}, "engine": {"tensorParallelSize": 2}},
         "engine.tensorParallelSize must divide model.architecture.numKVHeads": {
-            "resources": {"gpus": 3}, "engine": {"tensorParallelSize": 3},
-            "model": {"architecture": {"numLayers": 1, "numKVHeads": 8, "headDim": 8, "numParameters": 1}}},
+            "engine": {"tensorParallelSize": 4},
+            "model": {"architecture": {"numLayers": 1, "numKVHeads": 2, "headDim": 8, "numParameters": 1}}},
         "set at most one of architecture and configMapRef": {"model": {
             "architecture": {"numLayers": 1, "numKVHeads": 8, "headDim": 8, "numParameters": 1},
             "configMapRef": {"name": "c"}}},

@@ -44,15 +44,14 @@ def test_the_formula_holds_exactly():
 
 def test_tensor_parallelism_splits_weights_and_kv_heads():
     one = spec()
-    # The engine runs tensorParallelSize 1 for now (parse_spec refuses more); the plan already splits.
-    one4 = parse_spec("llama", {"model": {"architecture": LLAMA3_8B}, "resources": {"gpus": 4}})
-    four = dataclasses.replace(one4, engine=dataclasses.replace(one4.engine, tensor_parallel_size=4))
+    four = parse_spec("llama", {"model": {"architecture": LLAMA3_8B}, "engine": {"tensorParallelSize": 4}})
     shape = planning.shape_from_architecture(one.model.architecture, "auto")
     p1 = planning.plan_for(one, shape, H100_BYTES, "spec")
     p4 = planning.plan_for(four, shape, H100_BYTES, "spec")
     assert p4.bytes_per_block * 4 == p1.bytes_per_block
     assert p4.weight_bytes_per_gpu * 4 == p1.weight_bytes_per_gpu
     assert p4.num_gpu_blocks > 4 * p1.num_gpu_blocks
+    assert (p4.to_status()["tensorParallelSize"], p1.to_status()["tensorParallelSize"]) == (4, 1)
 
 
 def test_a_model_that_does_not_fit_raises_with_the_numbers():
@@ -134,7 +133,7 @@ def test_status_fields_are_camel_case_and_complete():
     s = spec()
     plan = planning.plan_for(s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES,
                              "node-labels")
-    assert set(plan.to_status()) == {"source", "blockSize", "numGpuBlocks", "maxTokens", "gpuMemoryBytes",
+    assert set(plan.to_status()) == {"source", "tensorParallelSize", "blockSize", "numGpuBlocks", "maxTokens", "gpuMemoryBytes",
                                      "weightBytesPerGpu", "bytesPerToken", "bytesPerBlock"}  # no CPU budget
 
 

@@ -52,8 +52,9 @@ def test_bad_model_uris_are_rejected_with_the_expected_form(uri):
     ({"engine": {"apiKeySecretRef": {"key": "k"}}}, "spec.engine.apiKeySecretRef.name"),
     ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 0}}, "spec.engine.tensorParallelSize"),
     ({"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
-    ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
-    ({"engine": {"tensorParallelSize": 3}, "resources": {"gpus": 3}, "model": {"architecture": ARCH}},
+    ({"engine": {"tensorParallelSize": 1}, "resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
+    ({"engine": {"tensorParallelSize": 16}}, "spec.engine.tensorParallelSize"),
+    ({"engine": {"tensorParallelSize": 2}, "model": {"architecture": {**ARCH, "numKVHeads": 1}}},
      "spec.engine.tensorParallelSize"),
     ({"resources": {"gpus": -1}}, "spec.resources.gpus"),
     ({"resources": {"gpuMemory": "lots"}}, "spec.resources.gpuMemory"),
@@ -125,10 +126,16 @@ def test_an_hf_token_secret_is_a_reference_and_env_may_set_hf_token_without_one(
     assert parse_spec("s", {"engine": {"env": env}}).engine.env[0]["name"] == "HF_TOKEN"
 
 
-def test_tensor_parallelism_beyond_what_the_operator_deploys_is_refused_with_the_reason():
-    # the engine itself runs tensor-parallel replicas: the reason is the operator's pods, not the engine
-    with pytest.raises(SpecError, match="operator does not yet deploy tensor-parallel engines"):
-        parse_spec("svc", {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}})
+def test_tensor_parallelism_requests_one_gpu_per_rank_and_refuses_what_one_pod_cannot_run():
+    # gpus defaults to N: the pod requests one GPU per rank
+    spec = parse_spec("svc", {"engine": {"tensorParallelSize": 4}})
+    assert (spec.engine.tensor_parallel_size, spec.resources.gpus) == (4, 4)
+    assert parse_spec("svc", {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}).resources.gpus == 2
+    assert parse_spec("svc", {}).resources.gpus == 1
+    with pytest.raises(SpecError, match=r"must equal spec.resources.gpus \(4\)"):
+        parse_spec("svc", {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 4}})
+    with pytest.raises(SpecError, match=r"must be one of \[1, 2, 4, 8\], got 3"):
+        parse_spec("svc", {"engine": {"tensorParallelSize": 3}})
 
 
 def test_extra_args_may_not_abbreviate_a_managed_flag_and_values_are_never_echoed():
