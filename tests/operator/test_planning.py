@@ -5,8 +5,10 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pagedinfer.engine import sizing
 from pagedinfer.operator import planning
@@ -18,6 +20,7 @@ LLAMA3_8B_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention
                     "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
                     "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
 H100_BYTES = 81559 * 2**20
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def spec(**engine):
@@ -153,3 +156,25 @@ def test_pagedinfer_plan_gives_the_same_number(tmp_path):
                           "--gpu-memory", "81559Mi", "--max-model-len", "8192", "--json"],
                          check=True, capture_output=True, text=True, cwd="/").stdout
     assert json.loads(out)["num_gpu_blocks"] == plan.num_gpu_blocks
+
+
+LLAMA3_70B_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+                     "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+                     "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+                     "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
+def test_the_tensor_parallel_example_and_pagedinfer_plan_give_the_same_numbers(tmp_path):
+    example = yaml.safe_load((EXAMPLES / "llama3-70b-tensor-parallel.yaml").read_text())
+    s = parse_spec(example["metadata"]["name"], example["spec"])
+    assert (s.engine.tensor_parallel_size, s.resources.gpus) == (4, 4)
+    shape = planning.shape_from_architecture(s.model.architecture, s.model.dtype)
+    status = planning.plan_for(s, shape, H100_BYTES, "node-labels").to_status()
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_70B_CONFIG))
+    out = subprocess.run([sys.executable, "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
+                          "--gpu-memory", "81559Mi", "--max-model-len", "8192", "--tensor-parallel-size", "4",
+                          "--json"], check=True, capture_output=True, text=True, cwd="/").stdout
+    cli = json.loads(out)
+    assert status["tensorParallelSize"] == 4
+    assert (status["numGpuBlocks"], status["maxTokens"], status["bytesPerBlock"], status["weightBytesPerGpu"]) == (
+        cli["num_gpu_blocks"], cli["max_tokens"], cli["bytes_per_block"], cli["weight_bytes_per_gpu"])
