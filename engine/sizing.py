@@ -192,6 +192,7 @@ class ModelShape:
     dtype: str = "bfloat16"
     hidden_size: int | None = None  # None: estimated from num_parameters
     max_position_embeddings: int | None = None
+    num_attention_heads: int | None = None  # from a config.json; None when given inline (spec.model.architecture)
 
     def __post_init__(self) -> None:
         bounds = CONFIG_FIELD_BOUNDS
@@ -253,6 +254,7 @@ class ModelShape:
             dtype=resolve_dtype(dtype, config, device),
             hidden_size=hidden,
             max_position_embeddings=None if max_positions is None else _config_int(cfg, "max_position_embeddings"),
+            num_attention_heads=heads,
         )
 
 

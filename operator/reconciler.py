@@ -101,6 +101,10 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
     except sizer.SizingFailure as failure:
         deployed = await _deployed(api, namespace, name, uid)
         message = failure.message + (status.KEEPS_SERVING if deployed else "")
+        if failure.reason == status.REASON_INVALID_SPEC:  # known only from the model's config
+            await _report_failure(api, body, [], status.false(status.VALID, failure.reason, f"Invalid spec: {message}"),
+                                  deployed, logger)
+            return "invalid"
         await _report_failure(api, body, [valid], status.false(status.SIZED, failure.reason, message),
                               deployed, logger)
         if failure.reason == status.REASON_MODEL_CONFIG_INVALID:

@@ -96,6 +96,16 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
         raise SizingFailure(invalid, f"The model config from {source} is invalid: {exc}", None) from None
 
 
+def _check_heads_divide(spec: InferenceServiceSpec, shape: sizing.ModelShape) -> None:
+    """tensorParallelSize must divide the KV and attention heads of the model's config (Valid=False otherwise;
+    spec_parser checks spec.model.architecture, which states no attention heads)."""
+    tp = spec.engine.tensor_parallel_size
+    for what, heads in (("KV heads", shape.num_kv_heads), ("attention heads", shape.num_attention_heads)):
+        if heads is not None and heads % tp:
+            raise SizingFailure(status.REASON_INVALID_SPEC, f"spec.engine.tensorParallelSize: {tp} does not divide"
+                                                            f" the model's {heads} {what}", None)
+
+
 def _per_node_gpus(spec: InferenceServiceSpec) -> str:
     """For a pod of several GPUs: that they must all be on one node (multi-node replicas are not deployed)."""
     n = spec.resources.gpus
@@ -120,6 +130,7 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
         result = planning.plan_for(spec, shape, None, planning.SOURCE_ENGINE)
         return result, sized_message(result)
     shape = await model_shape(runtime, spec, namespace)
+    _check_heads_divide(spec, shape)
     where = ""
     if spec.resources.gpu_memory_bytes is not None:
         memory, source = spec.resources.gpu_memory_bytes, planning.SOURCE_SPEC

@@ -102,3 +102,19 @@ async def test_config_maps_nobody_references_cost_no_reconcile(emulator):
         await eventually(lambda: reconciles(runtime) == done + 1)
         await asyncio.sleep(1)
         assert reconciles(runtime) == done + 1  # the referenced one only
+
+
+async def test_a_tensor_parallel_size_the_configs_heads_do_not_divide_is_an_invalid_spec(emulator):
+    """The CRD cannot see a ConfigMap's head counts: the operator says Valid=False once it reads them."""
+    await emulator.create(CONFIGMAPS, config_map(json.dumps({**GOOD, "num_key_value_heads": 2})))
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", {**SPEC, "engine": {"tensorParallelSize": 4},
+                                                                "resources": {"gpuMemory": "80GiB"}}))
+        valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
+                                 and condition(isvc_of(emulator), "Valid"))
+        assert valid["reason"] == "InvalidSpec"
+        assert "spec.engine.tensorParallelSize: 4 does not divide the model's 2 KV heads" in valid["message"]
+        assert emulator.read(DEPLOYMENTS, "default", "llama") is None
+        await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"tensorParallelSize": 2}}})
+        await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
+        assert condition(isvc_of(emulator), "Valid")["status"] == "True"
