@@ -13,7 +13,7 @@ import argparse
 import json
 
 from pagedinfer.engine import sizing
-from pagedinfer.engine.config import DTYPES
+from pagedinfer.engine.engine_args import add_plan_args
 from pagedinfer.engine.hf_config import load_hf_config
 
 
@@ -27,19 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a model directory holding config.json, or the path of a config.json")
     p.add_argument("--gpu-memory", required=True,
                    help="memory of one GPU (or MIG slice), e.g. 80GiB, 81559Mi, 141G")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory the engine may use (default 0.9)")
-    p.add_argument("--block-size", type=int, default=16, choices=sizing.VALID_BLOCK_SIZES,
-                   help="tokens per KV block (default 16)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="GPUs per replica; weights and KV heads are split across them (default 1)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="token budget of one step; sets the activation reserve (default 2048)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest sequence that must fit (default: the model's max_position_embeddings)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weight/KV dtype (default auto: the config's torch_dtype; if it names none, bfloat16 on a"
-                        " GPU and float32 on a CPU; a float16 model runs in float32 on a CPU)")
+    add_plan_args(p)
     p.add_argument("--device", default="cuda", choices=sizing.DEVICE_TYPES,
                    help="where the engine runs (default cuda); decides dtype auto, and with cpu --gpu-memory is"
                         " the engine's --cpu-memory-budget")

@@ -10,7 +10,10 @@ deliberate change edits the snapshot in the same commit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,54 @@ def test_no_option_of_the_snapshot_is_lost_renamed_or_changed(command):
     assert set(expected) <= set(actual), f"lost or renamed: {sorted(set(expected) - set(actual))}"
     for flag, option in expected.items():
         assert actual[flag] == option, flag
+
+
+def test_every_engine_option_is_a_config_field_an_llm_keyword_and_a_flag_of_serve_and_generate():
+    """The flags of serve and generate are EngineConfig's flag fields; parsed, they build the config."""
+    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.engine.engine_args import engine_config_from_args
+    from pagedinfer.engine.options import flag_fields
+
+    names = {flag.name for _, flag in flag_fields(EngineConfig)}
+    assert {f.name for f in dataclasses.fields(EngineConfig)} - {f.name for f, _ in flag_fields(EngineConfig)} \
+        == {"watermark"}  # the one field that is not an option
+    for command in ("serve", "generate"):
+        assert names <= set(describe(subcommand(command)))
+    args = build_parser().parse_args(["serve", "--model", "m", "--block-size", "32", "--no-enable-prefix-caching",
+                                      "--cpu-memory-budget", "3GiB", "--dtype", "float32", "--seed", "7"])
+    config = engine_config_from_args(args)
+    assert config == EngineConfig(model="m", block_size=32, enable_prefix_caching=False,
+                                  cpu_memory_budget_bytes=3 << 30, dtype="float32", seed=7)
+    assert engine_config_from_args(build_parser().parse_args(["generate"]), model="m") == EngineConfig(model="m")
+
+
+def test_served_model_name_is_the_servers_option_only():
+    """EngineConfig.served_model_name was never read; the name lives in ServeArgs (--served-model-name)."""
+    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.engine.server.serve_args import ServeArgs
+
+    assert "served_model_name" not in {f.name for f in dataclasses.fields(EngineConfig)}
+    args = build_parser().parse_args(["serve", "--served-model-name", "llama", "--port", "9000"])
+    assert ServeArgs.from_args(args) == ServeArgs(served_model_name="llama", port=9000)
+
+
+def test_the_managed_flags_are_the_fields_marked_managed_with_their_no_forms():
+    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.engine.options import managed_flags
+    from pagedinfer.engine.server.serve_args import ServeArgs
+    from pagedinfer.operator.crd_model import MANAGED_FLAGS
+
+    assert MANAGED_FLAGS == managed_flags(EngineConfig, ServeArgs)
+    assert {"--enable-prefix-caching", "--no-enable-prefix-caching", "--cpu-memory-budget", "--api-key"} \
+        <= set(MANAGED_FLAGS)
+    assert not {"--seed", "--device", "--preemption-mode", "--tokenizer", "--log-level"} & set(MANAGED_FLAGS)
+
+
+def test_the_definition_modules_and_the_operators_spec_import_no_torch():
+    """The operator derives its managed flags from the options' definition: importing them loads no torch."""
+    code = ("import sys\n"
+            "import pagedinfer.engine.engine_args, pagedinfer.engine.server.serve_args\n"
+            "import pagedinfer.operator.crd_model, pagedinfer.operator.spec_parser\n"
+            "bad = sorted(m for m in ('torch', 'transformers', 'triton', 'fastapi', 'uvicorn') if m in sys.modules)\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
