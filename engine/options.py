@@ -69,7 +69,8 @@ def field_default(cls: type, name: str) -> Any:
     return default
 
 
-def _default(field: dataclasses.Field, flag: Flag) -> Any:
+def flag_default(field: dataclasses.Field, flag: Flag) -> Any:
+    """The flag's default: Flag.cli_default when set, else the field's (None for a required field)."""
     if flag.cli_default is not _SAME:
         return flag.cli_default
     return None if field.default is _MISSING else field.default
@@ -90,7 +91,7 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
             raise KeyError(f"{cls.__name__} has no flag fields {unknown}")
         fields = [by_name[n] for n in names]
     for field, flag in fields:
-        default = _default(field, flag)
+        default = flag_default(field, flag)
         kwargs: dict[str, Any] = {"default": default, "help": (help_for or {}).get(field.name, flag.help)}
         if isinstance(default, bool):
             kwargs["action"] = argparse.BooleanOptionalAction if default else "store_true"
@@ -119,6 +120,6 @@ def managed_flags(*classes: type) -> tuple[str, ...]:
         for field, flag in flag_fields(cls):
             if flag.managed:
                 out.append(flag.name)
-                if _default(field, flag) is True:
+                if flag_default(field, flag) is True:
                     out.append("--no-" + flag.name.removeprefix("--"))
     return tuple(out)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pagedinfer.engine import options
 from pagedinfer.engine.cli import build_parser
 
 SNAPSHOT = Path(__file__).parent / "data" / "cli_options.json"
@@ -104,3 +106,53 @@ def test_the_definition_modules_and_the_operators_spec_import_no_torch():
             "bad = sorted(m for m in ('torch', 'transformers', 'triton', 'fastapi', 'uvicorn') if m in sys.modules)\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def documented_flags(doc: Path, header: str) -> dict[str, str]:
+    """{flag: its Default cell} of the Markdown table whose header row starts with `header`."""
+    lines = doc.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lower().startswith(header.lower()))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        first, default = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        for flag in re.findall(r"`(--[a-z0-9-]+)`", first):
+            rows[flag] = default
+    return rows
+
+
+def shown(value) -> str:
+    """How the README writes a default: on/off for a switch, 4.0 as 4."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def test_the_readmes_engine_flag_table_is_the_definitions_flags_with_their_defaults():
+    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.engine.options import flag_fields
+
+    rows = documented_flags(REPO / "README.md", "| flag | default | meaning |")
+    expected = {}
+    for field, flag in flag_fields(EngineConfig):
+        default = options.flag_default(field, flag)
+        expected[flag.name] = default
+        if default is True:
+            expected["--no-" + flag.name[2:]] = default
+    assert set(rows) == set(expected)
+    for name, default in expected.items():
+        if default is not None:
+            assert rows[name] == shown(default), name
+
+
+def test_the_server_docs_flag_table_is_the_servers_flags():
+    from pagedinfer.engine.options import flag_fields
+    from pagedinfer.engine.server.serve_args import ServeArgs
+
+    rows = documented_flags(REPO / "docs" / "server.md", "| Flag | Default | What |")
+    timeouts = {"--request-header-timeout-seconds", "--request-body-timeout-seconds"}
+    assert set(rows) == {flag.name for _, flag in flag_fields(ServeArgs)} | timeouts | {"--model"}
