@@ -2,7 +2,7 @@
 
 Uses exactly the sizing functions the operator uses, so both print the same
 num_gpu_blocks for the same inputs, and the dtype the engine itself picks on
-`--device` (`sizing.resolve_dtype`). `--device cpu` plans a CPU engine:
+`--device` (`model_shape.resolve_dtype`). `--device cpu` plans a CPU engine:
 `--gpu-memory` is then its --cpu-memory-budget, and the activation reserve
 is the one the engine estimates on a CPU.
 """
@@ -13,6 +13,7 @@ import argparse
 import json
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape
 from pagedinfer.engine.engine_args import add_plan_args
 from pagedinfer.engine.hf_config import load_hf_config
 
@@ -28,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory", required=True,
                    help="memory of one GPU (or MIG slice), e.g. 80GiB, 81559Mi, 141G")
     add_plan_args(p)
-    p.add_argument("--device", default="cuda", choices=sizing.DEVICE_TYPES,
+    p.add_argument("--device", default="cuda", choices=DEVICE_TYPES,
                    help="where the engine runs (default cuda); decides dtype auto, and with cpu --gpu-memory is"
                         " the engine's --cpu-memory-budget")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -36,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = sizing.ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype,
+    shape = ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype,
                                              device=args.device)
     cpu_reserve = None
     if args.device == "cpu":

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from pagedinfer.engine.host_memory import available_host_memory
 from pagedinfer.engine.options import flag_field
-from pagedinfer.engine.sizing import ENGINE_DTYPES, VALID_BLOCK_SIZES, parse_bytes
+from pagedinfer.engine.model_shape import ENGINE_DTYPES
+from pagedinfer.engine.sizing import VALID_BLOCK_SIZES, parse_bytes
 
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", *ENGINE_DTYPES)

@@ -18,6 +18,7 @@ import re
 from typing import Any, Mapping
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.model_shape import CONFIG_FIELD_BOUNDS
 from pagedinfer.operator.crd_model import (
     Architecture,
     ConfigMapRef,
@@ -173,7 +174,7 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
         for key in ("numLayers", "numKVHeads", "headDim", "numParameters"):
             if key not in arch:
                 r.fail(f"{apath}.{key}", "is required")
-        values = {key: r.integer(arch, key, apath, None, minimum=1, maximum=sizing.CONFIG_FIELD_BOUNDS[field])
+        values = {key: r.integer(arch, key, apath, None, minimum=1, maximum=CONFIG_FIELD_BOUNDS[field])
                   for key, field in ARCHITECTURE_FIELDS.items()}
         if all(values[k] is not None for k in ("numLayers", "numKVHeads", "headDim", "numParameters")):
             architecture = Architecture(
