@@ -1,4 +1,9 @@
-"""Engine configuration: one frozen dataclass, validated when built."""
+"""Engine configuration: one frozen dataclass, validated when built, that defines every engine option.
+
+Its fields are the options of `LLM(**kwargs)`, and through their metadata
+(`options.flag_field`) the flags of `pagedinfer serve`, `generate` and `plan`
+and the operator's managed flags. Pure: the operator imports it (no torch).
+"""
 
 from __future__ import annotations
 

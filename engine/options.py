@@ -36,19 +36,23 @@ class Flag:
     """The command-line side of one dataclass field."""
 
     name: str  # "--block-size"; argparse's dest is the name without dashes, "-" as "_"
-    help: str
+    help: str | None  # None: --help lists the flag without text
     type: Callable[[str], Any] | None = None  # argparse `type=`; None: the text itself (or a bool switch)
     choices: tuple[Any, ...] | None = None
     managed: bool = False  # the operator sets it on every pod; extraArgs may not (nor abbreviate it)
     cli_default: Any = _SAME  # the flag's default where it differs from the field's (a text `parse` reads)
     parse: Callable[[Any], Any] | None = None  # the parsed flag value -> the field's value
 
+    def __post_init__(self) -> None:
+        if not self.name.startswith("--") or self.name != self.name.lower() or " " in self.name:
+            raise ValueError(f"flag: must be a lower-case long flag such as --block-size, got {self.name!r}")
+
     @property
     def dest(self) -> str:
         return self.name.removeprefix("--").replace("-", "_")
 
 
-def flag_field(default: Any = _MISSING, *, flag: str, help: str, **kwargs: Any) -> Any:
+def flag_field(default: Any = _MISSING, *, flag: str, help: str | None, **kwargs: Any) -> Any:
     """A dataclass field (with `default`, or required without one) that is also the flag `flag`."""
     metadata = {"flag": Flag(flag, help, **kwargs)}
     if default is _MISSING:

@@ -156,3 +156,26 @@ def test_the_server_docs_flag_table_is_the_servers_flags():
     rows = documented_flags(REPO / "docs" / "server.md", "| Flag | Default | What |")
     timeouts = {"--request-header-timeout-seconds", "--request-body-timeout-seconds"}
     assert set(rows) == {flag.name for _, flag in flag_fields(ServeArgs)} | timeouts | {"--model"}
+
+
+def test_a_flag_field_derives_switches_defaults_and_parsing():
+    @dataclasses.dataclass(frozen=True)
+    class Toy:
+        size: int = options.flag_field(4, flag="--size", type=int, help="h", managed=True)
+        on: bool = options.flag_field(True, flag="--on", help="h", managed=True)
+        off: bool = options.flag_field(False, flag="--off", help="h")
+        budget_bytes: int = options.flag_field(1024, flag="--budget", cli_default="1KiB", help="h",
+                                               parse=lambda text: {"1KiB": 1024, "2KiB": 2048}[text])
+        plain: float = 0.5  # no flag
+
+    parser = argparse.ArgumentParser()
+    options.add_flags(parser, Toy)
+    assert options.values_from_args(Toy, parser.parse_args([])) == {"size": 4, "on": True, "off": False,
+                                                                     "budget_bytes": 1024}
+    args = parser.parse_args(["--size", "8", "--no-on", "--off", "--budget", "2KiB"])
+    assert Toy(**options.values_from_args(Toy, args)) == Toy(size=8, on=False, off=True, budget_bytes=2048)
+    assert options.managed_flags(Toy) == ("--size", "--on", "--no-on")
+    with pytest.raises(KeyError, match="no flag fields"):
+        options.add_flags(argparse.ArgumentParser(), Toy, ("plain",))
+    with pytest.raises(ValueError, match="flag: must be a lower-case long flag"):
+        options.flag_field(1, flag="-s", help="h")
