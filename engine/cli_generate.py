@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate completions for prompts (offline, no server)",
                        description="Generate completions with the paged engine. Without --model it uses the"
                                    " small model embedded in the package, as `serve` does.")
-    add_engine_args(p, model_required=False)
+    add_engine_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")

@@ -2,7 +2,7 @@
 
 Uses exactly the sizing functions the operator uses, so both print the same
 num_gpu_blocks for the same inputs, and the dtype the engine itself picks on
-`--device` (`sizing.resolve_dtype`). `--device cpu` plans a CPU engine:
+`--device` (`model_shape.resolve_dtype`). `--device cpu` plans a CPU engine:
 `--gpu-memory` is then its --cpu-memory-budget, and the activation reserve
 is the one the engine estimates on a CPU.
 """
@@ -13,7 +13,8 @@ import argparse
 import json
 
 from pagedinfer.engine import sizing
-from pagedinfer.engine.config import DTYPES
+from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape
+from pagedinfer.engine.engine_args import add_plan_args
 from pagedinfer.engine.hf_config import load_hf_config
 
 
@@ -27,20 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a model directory holding config.json, or the path of a config.json")
     p.add_argument("--gpu-memory", required=True,
                    help="memory of one GPU (or MIG slice), e.g. 80GiB, 81559Mi, 141G")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory the engine may use (default 0.9)")
-    p.add_argument("--block-size", type=int, default=16, choices=sizing.VALID_BLOCK_SIZES,
-                   help="tokens per KV block (default 16)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="GPUs per replica; weights and KV heads are split across them (default 1)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="token budget of one step; sets the activation reserve (default 2048)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest sequence that must fit (default: the model's max_position_embeddings)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weight/KV dtype (default auto: the config's torch_dtype; if it names none, bfloat16 on a"
-                        " GPU and float32 on a CPU; a float16 model runs in float32 on a CPU)")
-    p.add_argument("--device", default="cuda", choices=sizing.DEVICE_TYPES,
+    add_plan_args(p)
+    p.add_argument("--device", default="cuda", choices=DEVICE_TYPES,
                    help="where the engine runs (default cuda); decides dtype auto, and with cpu --gpu-memory is"
                         " the engine's --cpu-memory-budget")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -48,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = sizing.ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype,
+    shape = ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype,
                                              device=args.device)
     cpu_reserve = None
     if args.device == "cpu":

@@ -1,4 +1,9 @@
-"""Engine configuration: one frozen dataclass, validated when built."""
+"""Engine configuration: one frozen dataclass, validated when built, that defines every engine option.
+
+Its fields are the options of `LLM(**kwargs)`, and through their metadata
+(`options.flag_field`) the flags of `pagedinfer serve`, `generate` and `plan`
+and the operator's managed flags. Pure: the operator imports it (no torch).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import os
 from dataclasses import dataclass
 
 from pagedinfer.engine.host_memory import available_host_memory
-from pagedinfer.engine.sizing import ENGINE_DTYPES, VALID_BLOCK_SIZES
+from pagedinfer.engine.options import flag_field
+from pagedinfer.engine.model_shape import ENGINE_DTYPES
+from pagedinfer.engine.sizing import VALID_BLOCK_SIZES, parse_bytes
 
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", *ENGINE_DTYPES)
@@ -33,35 +40,81 @@ def _check_swap_space_fits(swap_space_gib: float, num_ranks: int) -> None:
             " lower it, or use preemption_mode recompute, which needs no host pool")
 
 
+def _cpu_memory_budget_bytes(text: str) -> int:
+    return parse_bytes(text, name="--cpu-memory-budget")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything that shapes one engine. Field names follow vLLM's flags.
+    """Everything that shapes one engine: the one definition of each engine option.
+
+    Each field is at once the config value, the `LLM(**kwargs)` keyword and,
+    through its metadata (`engine/options.py`), the flag of `pagedinfer
+    serve` and `generate` (and of `plan` where it shares one): its name, help,
+    type, choices and whether the operator sets it (`managed`: the
+    operator's MANAGED_FLAGS and the CRD's CEL rule on extraArgs are derived
+    from it). Field names follow vLLM's flags.
 
     max_model_len None means the model's max_position_embeddings.
     num_gpu_blocks_override None means: size the pool by profiling.
     On CPU the "device memory" is cpu_memory_budget_bytes.
     """
 
-    model: str
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    swap_space: float = 4.0  # GiB of host memory for swapped-out KV blocks (swap mode; must fit what is available)
-    dtype: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    preemption_mode: str = "recompute"
-    tensor_parallel_size: int = 1  # ranks (GPUs) of one replica; >1: engine/distributed
-    cpu_memory_budget_bytes: int = 2 << 30
-    watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
-    tokenizer: str | None = None
-    served_model_name: str | None = None
-    revision: str | None = None  # of a Hub model id; None: main
+    model: str = flag_field(
+        flag="--model", cli_default=None, managed=True,
+        help="Hugging Face model directory (config.json + safetensors + tokenizer)")
+    revision: str | None = flag_field(
+        None, flag="--revision", managed=True,
+        help="revision of a Hugging Face model id (--model org/name), resolved from the local"
+             " cache when HF_HUB_OFFLINE=1")  # None: main
+    tokenizer: str | None = flag_field(
+        None, flag="--tokenizer", help="tokenizer directory (default: the model directory)")
+    block_size: int = flag_field(
+        16, flag="--block-size", type=int, choices=VALID_BLOCK_SIZES, managed=True,
+        help="tokens per KV-cache block (default 16)")
+    gpu_memory_utilization: float = flag_field(
+        0.9, flag="--gpu-memory-utilization", type=float, managed=True,
+        help="fraction of device memory for weights, activations and the KV cache (default 0.9)")
+    num_gpu_blocks_override: int | None = flag_field(
+        None, flag="--num-gpu-blocks-override", type=int, managed=True,
+        help="use this many KV blocks instead of profiling (the operator passes its sizing here);"
+             " if it does not fit after profiling on a GPU, the smaller number is used")
+    enable_prefix_caching: bool = flag_field(
+        True, flag="--enable-prefix-caching", managed=True,
+        help="reuse KV blocks of shared prompt prefixes (default on)")
+    enable_chunked_prefill: bool = flag_field(
+        True, flag="--enable-chunked-prefill", managed=True,
+        help="split long prompts across steps and mix them with decodes (default on)")
+    max_num_seqs: int = flag_field(
+        256, flag="--max-num-seqs", type=int, managed=True, help="most sequences in one step (default 256)")
+    max_num_batched_tokens: int = flag_field(
+        2048, flag="--max-num-batched-tokens", type=int, managed=True, help="token budget of one step (default 2048)")
+    max_model_len: int | None = flag_field(
+        None, flag="--max-model-len", type=int, managed=True,
+        help="longest prompt + completion (default: the model's max_position_embeddings)")
+    swap_space: float = flag_field(
+        4.0, flag="--swap-space", type=float, managed=True,
+        help="GiB of host memory for KV blocks swapped out by preemption (default 4); with"
+             " --preemption-mode swap it must fit in the host memory available (MemAvailable, or the"
+             " cgroup's limit less its working set if lower)")
+    preemption_mode: str = flag_field(
+        "recompute", flag="--preemption-mode", choices=PREEMPTION_MODES,
+        help="when the pool runs out: recompute (free and redo) or swap (to host memory)")
+    dtype: str = flag_field(
+        "auto", flag="--dtype", choices=DTYPES, managed=True,
+        help="weight and KV dtype (default auto: the config's torch_dtype; if it names none, bfloat16"
+             " on a GPU and float32 on a CPU; a float16 model runs in float32 on a CPU)")
+    device: str = flag_field("auto", flag="--device", choices=DEVICES, help="default auto")
+    cpu_memory_budget_bytes: int = flag_field(
+        2 << 30, flag="--cpu-memory-budget", cli_default="2GiB", parse=_cpu_memory_budget_bytes, managed=True,
+        help="on CPU, the memory the engine treats as its device memory (default 2GiB)")
+    tensor_parallel_size: int = flag_field(
+        1, flag="--tensor-parallel-size", type=int, managed=True,
+        help="GPUs (on CPU: processes) per replica; the attention and MLP weights and the KV"
+             " heads are split across them (default 1)")  # >1: engine/distributed
+    seed: int = flag_field(
+        0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
+    watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not str(self.model):

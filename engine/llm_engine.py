@@ -11,23 +11,21 @@ skip the sampler: their rows go to their search (`engine/beam/group.py`).
 from __future__ import annotations
 
 import logging
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from pagedinfer.engine import engine_setup as setup
 from pagedinfer.engine.beam import group as beam_group
 from pagedinfer.engine.beam.params import BeamSearchParams
 from pagedinfer.engine.beam.search import BeamSearch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.model_source import resolve_model_dir
 from pagedinfer.engine.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
-from pagedinfer.engine.sizing import InsufficientMemoryError
 from pagedinfer.engine.structured.compiler import StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -59,80 +57,40 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        import transformers
-
+        """Build the engine in the steps of `engine_setup.py`; a failure stops any tensor-parallel rank started."""
         from pagedinfer.engine.distributed.launch import create_runner
 
-        model_dir = resolve_model_dir(str(config.model), config.revision)
-        tokenizer_dir = resolve_model_dir(str(config.tokenizer), config.revision, "tokenizer") \
-            if config.tokenizer else model_dir
-        config = dataclasses.replace(config, model=model_dir, tokenizer=tokenizer_dir)
-        self.config = config
+        self.config = config = setup.resolve_model_paths(config)
         self.runner = create_runner(config)  # first: a bad model is named as the model
         try:
-            self._init_after_runner(config, transformers)
+            self._init_after_runner(config)
         except BaseException:
             self.shutdown()
             raise
 
-    def _init_after_runner(self, config: EngineConfig, transformers) -> None:
+    def _init_after_runner(self, config: EngineConfig) -> None:
         from pagedinfer.engine.sampler import Sampler
 
-        try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-        except Exception as exc:  # a missing or corrupt tokenizer: report it, never a traceback
-            raise ValueError(f"tokenizer: cannot load from {config.tokenizer or config.model!r}:"
-                             f" {type(exc).__name__}: {exc}") from None
-        model_max = self.runner.max_position_embeddings
-        max_model_len = config.max_model_len or model_max or 2048
-        if model_max and max_model_len > model_max:
-            raise ValueError(
-                f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings ({model_max})")
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens: without chunked prefill it must be >= max_model_len ({max_model_len}),"
-                f" got {config.max_num_batched_tokens}; enable chunked prefill or lower max_model_len")
-        self.max_model_len = max_model_len
-        # The plan (profiled on a GPU, estimated within --cpu-memory-budget on a CPU)
-        # bounds any override: an override that does not fit is lowered, with a warning.
-        plan = self.runner.plan_kv_cache(max_model_len)
-        num_blocks = plan.num_gpu_blocks
-        if config.num_gpu_blocks_override is not None:
-            if config.num_gpu_blocks_override > plan.num_gpu_blocks:
-                logger.warning("num_gpu_blocks_override=%d does not fit (%s); using %d blocks",
-                               config.num_gpu_blocks_override,
-                               "after profiling" if self.runner.device.type == "cuda"
-                               else f"within cpu_memory_budget_bytes={config.cpu_memory_budget_bytes}",
-                               plan.num_gpu_blocks)
-            else:
-                num_blocks = config.num_gpu_blocks_override
-        needed = -(-max_model_len // config.block_size)
-        if num_blocks < needed:
-            raise InsufficientMemoryError(
-                f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed} blocks of"
-                f" {config.block_size} tokens but the pool has {num_blocks}. Lower max_model_len to at most"
-                f" {num_blocks * config.block_size} or give the pool more blocks.")
-        bytes_per_block = plan.bytes_per_block
-        # The host pool only holds swapped-out sequences: recompute preemption never uses it.
-        num_cpu_blocks = int(config.swap_space * 2**30) // bytes_per_block if config.preemption_mode == "swap" else 0
-        self.num_gpu_blocks = num_blocks
-        self.num_cpu_blocks = num_cpu_blocks
-        self.bytes_per_block = bytes_per_block
-        self.sizing = plan
-        self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
-        self.kv = KVCacheManager(num_blocks, config.block_size, num_cpu_blocks,
+        self.tokenizer = setup.load_tokenizer(config.tokenizer or config.model)
+        self.max_model_len = setup.resolve_max_model_len(config, self.runner.max_position_embeddings)
+        self.sizing = self.runner.plan_kv_cache(self.max_model_len)
+        self.bytes_per_block = self.sizing.bytes_per_block
+        self.num_gpu_blocks = setup.choose_num_gpu_blocks(config, self.sizing.num_gpu_blocks, self.max_model_len,
+                                                          self.runner.device.type)
+        self.num_cpu_blocks = setup.num_swap_blocks(config, self.bytes_per_block)
+        self.runner.allocate_kv_cache(self.num_gpu_blocks, self.num_cpu_blocks)
+        self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.num_cpu_blocks,
                                  config.enable_prefix_caching, config.watermark)
-        self.scheduler = Scheduler(config, self.kv, max_model_len)
-        gen_eos = getattr(self.runner.model.generation_config, "eos_token_id", None)
-        eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
-        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.eos_token_ids = setup.eos_token_ids(
+            getattr(self.runner.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id)
         self.sampler = Sampler(config.seed, self.eos_token_ids, self.runner.device)
         self.structured = StructuredOutputs(self.tokenizer, self.runner.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host swap blocks",
-                    num_blocks, config.block_size, bytes_per_block, num_cpu_blocks)
+                    self.num_gpu_blocks, config.block_size, self.bytes_per_block, self.num_cpu_blocks)
 
     # ----- requests ---------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:

@@ -24,6 +24,7 @@ from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
 from pagedinfer.engine.hf_config import load_hf_config
+from pagedinfer.engine.model_shape import ModelShape, resolve_dtype as resolve_dtype_name
 from pagedinfer.engine.scheduler import SchedulerOutput
 from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata
@@ -56,8 +57,8 @@ def tp_device(config: EngineConfig, rank: int) -> torch.device:
 
 
 def resolve_dtype(name: str, model_config: dict, device: torch.device) -> torch.dtype:
-    """`sizing.resolve_dtype`'s answer (the one `plan` and the operator size with) as a torch dtype."""
-    return getattr(torch, sizing.resolve_dtype(name, model_config, device.type))
+    """`model_shape.resolve_dtype`'s answer (the one `plan` and the operator size with) as a torch dtype."""
+    return getattr(torch, resolve_dtype_name(name, model_config, device.type))
 
 
 def _rope_types(rope: object) -> list[str]:
@@ -129,8 +130,8 @@ class ModelRunner:
         self.cpu_cache: torch.Tensor | None = None
 
     # ----- sizing --------------------------------------------------------------------
-    def model_shape(self) -> sizing.ModelShape:
-        return sizing.ModelShape(
+    def model_shape(self) -> ModelShape:
+        return ModelShape(
             num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             num_parameters=max(1, sum(p.numel() for p in self.model.parameters())),
             dtype=str(self.dtype).removeprefix("torch."), hidden_size=self.hidden_size,

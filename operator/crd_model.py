@@ -13,6 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.options import field_default, managed_flags
+from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.operator.autoscaling_spec import AutoscalingSpec
 
 API_GROUP = "serving.pagedinfer.dev"
@@ -24,13 +27,9 @@ DEFAULT_IMAGE = "ghcr.io/pagedinfer/pagedinfer:0.1.0"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 MODEL_SCHEMES = ("hf", "pvc", "s3", "file")
 # Flags the operator sets itself; extraArgs may neither repeat nor abbreviate them
-# (spec_parser.managed_flag_of; the CRD's CEL rule on extraArgs lists the same flags).
-MANAGED_FLAGS = (
-    "--model", "--revision", "--host", "--port", "--block-size", "--gpu-memory-utilization",
-    "--num-gpu-blocks-override", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--swap-space",
-    "--tensor-parallel-size", "--dtype", "--served-model-name", "--api-key", "--cpu-memory-budget",
-)
+# (spec_parser.managed_flag_of; the CRD's CEL rule on extraArgs lists the same flags, a test
+# keeps them equal). Derived from the options' one definition, the fields marked managed.
+MANAGED_FLAGS = managed_flags(EngineConfig, ServeArgs)
 RESERVED_ENV = ("PAGEDINFER_API_KEY", "HF_HOME", "HF_HUB_OFFLINE", "HOME")
 # Set by the operator only when spec.model.hfTokenSecretRef is (env may set it otherwise).
 HF_TOKEN_ENV = "HF_TOKEN"
@@ -112,19 +111,24 @@ class ModelSpec:
     hf_token_secret_ref: SecretKeyRef | None = None  # hf:// only: the pod's HF_TOKEN, from this Secret
 
 
+def _engine(name: str) -> Any:
+    """The engine's own default of option `name` (EngineConfig), which the CRD's default equals (a test)."""
+    return field_default(EngineConfig, name)
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     image: str = DEFAULT_IMAGE
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    swap_space_gib: float = 4.0
-    tensor_parallel_size: int = 1
-    num_gpu_blocks_override: int | None = None  # None: the operator sizes the pool
+    block_size: int = _engine("block_size")
+    gpu_memory_utilization: float = _engine("gpu_memory_utilization")
+    max_model_len: int | None = _engine("max_model_len")  # None: the model's max_position_embeddings
+    max_num_seqs: int = _engine("max_num_seqs")
+    max_num_batched_tokens: int = _engine("max_num_batched_tokens")
+    enable_prefix_caching: bool = _engine("enable_prefix_caching")
+    enable_chunked_prefill: bool = _engine("enable_chunked_prefill")
+    swap_space_gib: float = _engine("swap_space")
+    tensor_parallel_size: int = _engine("tensor_parallel_size")
+    num_gpu_blocks_override: int | None = _engine("num_gpu_blocks_override")  # None: the operator sizes the pool
     extra_args: tuple[str, ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
     api_key_secret_ref: SecretKeyRef | None = None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.model_shape import ModelShape, resolve_dtype
 from pagedinfer.operator.crd_model import Architecture, InferenceServiceSpec
 from pagedinfer.operator.node_memory import Placement
 
@@ -114,25 +115,25 @@ def engine_device(cpu: bool) -> str:
     return "cpu" if cpu else "cuda"
 
 
-def shape_from_architecture(arch: Architecture, dtype: str, cpu: bool = False) -> sizing.ModelShape:
+def shape_from_architecture(arch: Architecture, dtype: str, cpu: bool = False) -> ModelShape:
     """spec.model.architecture as a ModelShape; dtype auto is what the engine picks for a config naming none."""
-    return sizing.ModelShape(
+    return ModelShape(
         num_layers=arch.num_layers,
         num_kv_heads=arch.num_kv_heads,
         head_dim=arch.head_dim,
         num_parameters=arch.num_parameters,
-        dtype=sizing.resolve_dtype(dtype, {}, engine_device(cpu)),
+        dtype=resolve_dtype(dtype, {}, engine_device(cpu)),
         hidden_size=arch.hidden_size,
         max_position_embeddings=arch.max_position_embeddings,
     )
 
 
-def shape_from_config(config: Any, dtype: str, cpu: bool = False) -> sizing.ModelShape:
+def shape_from_config(config: Any, dtype: str, cpu: bool = False) -> ModelShape:
     """A parsed config.json to a ModelShape, its dtype as the engine resolves it on the pod's device.
 
-    Raises sizing.InvalidModelConfigError naming the bad field and its value.
+    Raises model_shape.InvalidModelConfigError naming the bad field and its value.
     """
-    return sizing.ModelShape.from_hf_config(config, dtype=dtype, device=engine_device(cpu))
+    return ModelShape.from_hf_config(config, dtype=dtype, device=engine_device(cpu))
 
 
 def needs_node_discovery(spec: InferenceServiceSpec) -> bool:
@@ -152,7 +153,7 @@ def cpu_memory(spec: InferenceServiceSpec) -> tuple[str, int]:
     return DEFAULT_CPU_MEMORY, DEFAULT_CPU_MEMORY_BYTES
 
 
-def plan_for(spec: InferenceServiceSpec, shape: sizing.ModelShape | None,
+def plan_for(spec: InferenceServiceSpec, shape: ModelShape | None,
              gpu_memory_bytes: int | None, source: str) -> KVCachePlan:
     """The plan for one engine; raises sizing.InsufficientMemoryError when nothing fits."""
     engine = spec.engine
@@ -169,7 +170,7 @@ def plan_for(spec: InferenceServiceSpec, shape: sizing.ModelShape | None,
     return dataclasses.replace(plan, tensor_parallel_size=engine.tensor_parallel_size)
 
 
-def cpu_plan(spec: InferenceServiceSpec, shape: sizing.ModelShape | None) -> KVCachePlan:
+def cpu_plan(spec: InferenceServiceSpec, shape: ModelShape | None) -> KVCachePlan:
     """The plan of a CPU engine (gpus: 0), whose pod gets the memory `cpu_memory` names as request and limit.
 
     The engine's --cpu-memory-budget is that memory less CPU_RUNTIME_OVERHEAD_BYTES,
@@ -204,7 +205,7 @@ def cpu_plan(spec: InferenceServiceSpec, shape: sizing.ModelShape | None) -> KVC
     return KVCachePlan.from_result(SOURCE_MEMORY, result, cpu_memory_budget_bytes=budget)
 
 
-def override_plan(spec: InferenceServiceSpec, shape: sizing.ModelShape | None) -> KVCachePlan:
+def override_plan(spec: InferenceServiceSpec, shape: ModelShape | None) -> KVCachePlan:
     """spec.engine.numGpuBlocksOverride as the plan, with the bytes per block when the shape is known."""
     engine = spec.engine
     per_block = None
@@ -219,7 +220,7 @@ def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.2f} GiB"
 
 
-def cpu_sizing_inputs(spec: InferenceServiceSpec, shape: sizing.ModelShape, budget_bytes: int) -> sizing.SizingInputs:
+def cpu_sizing_inputs(spec: InferenceServiceSpec, shape: ModelShape, budget_bytes: int) -> sizing.SizingInputs:
     """The SizingInputs the engine builds on a CPU (`ModelRunner.plan_kv_cache`) for the same flags."""
     reserve = sizing.estimate_activation_reserve_bytes(shape, spec.engine.max_num_batched_tokens, "cpu")
     return dataclasses.replace(sizing_inputs(spec, shape, budget_bytes), activation_reserve_bytes=reserve)
@@ -245,7 +246,7 @@ def cpu_shortfall_message(inputs: sizing.SizingInputs, memory: str) -> str:
             f" {needed}. Set spec.resources.memory to at least {least_mib}Mi, or lower spec.engine.maxModelLen.")
 
 
-def sizing_inputs(spec: InferenceServiceSpec, shape: sizing.ModelShape, gpu_memory_bytes: int) -> sizing.SizingInputs:
+def sizing_inputs(spec: InferenceServiceSpec, shape: ModelShape, gpu_memory_bytes: int) -> sizing.SizingInputs:
     """The exact SizingInputs `pagedinfer plan` builds from the same flags."""
     engine = spec.engine
     return sizing.SizingInputs(

@@ -22,6 +22,7 @@ import json
 from typing import Any, Iterable, Mapping
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.model_shape import ModelShape
 from pagedinfer.operator import planning, status
 from pagedinfer.operator.crd_model import InferenceServiceSpec
 from pagedinfer.operator.hf_config import ModelConfigError
@@ -51,11 +52,11 @@ def _embedded_default_config() -> dict[str, Any] | None:
         return None
 
 
-async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> sizing.ModelShape:
+async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> ModelShape:
     """Architecture inline, else the ConfigMap's config.json, else the Hub's, else the embedded model's.
 
     A config.json's dtype auto resolves as the engine will on the pod's device
-    (`sizing.resolve_dtype`).
+    (`model_shape.resolve_dtype`).
     """
     model = spec.model
     retry = runtime.config.no_nodes_retry_seconds
@@ -96,7 +97,7 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
         raise SizingFailure(invalid, f"The model config from {source} is invalid: {exc}", None) from None
 
 
-def _check_heads_divide(spec: InferenceServiceSpec, shape: sizing.ModelShape) -> None:
+def _check_heads_divide(spec: InferenceServiceSpec, shape: ModelShape) -> None:
     """tensorParallelSize must divide the KV and attention heads of the model's config (Valid=False otherwise;
     spec_parser checks spec.model.architecture, which states no attention heads)."""
     tp = spec.engine.tensor_parallel_size

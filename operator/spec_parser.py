@@ -18,6 +18,7 @@ import re
 from typing import Any, Mapping
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.model_shape import CONFIG_FIELD_BOUNDS
 from pagedinfer.operator.crd_model import (
     Architecture,
     ConfigMapRef,
@@ -173,7 +174,7 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
         for key in ("numLayers", "numKVHeads", "headDim", "numParameters"):
             if key not in arch:
                 r.fail(f"{apath}.{key}", "is required")
-        values = {key: r.integer(arch, key, apath, None, minimum=1, maximum=sizing.CONFIG_FIELD_BOUNDS[field])
+        values = {key: r.integer(arch, key, apath, None, minimum=1, maximum=CONFIG_FIELD_BOUNDS[field])
                   for key, field in ARCHITECTURE_FIELDS.items()}
         if all(values[k] is not None for k in ("numLayers", "numKVHeads", "headDim", "numParameters")):
             architecture = Architecture(
@@ -235,14 +236,15 @@ def managed_flag_of(arg: str) -> str | None:
 def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
     path = "spec.engine"
     engine = r.mapping(raw, path)
-    block_size = r.integer(engine, "blockSize", path, 16)
+    d = EngineSpec()  # the defaults: the engine's own (crd_model._engine)
+    block_size = r.integer(engine, "blockSize", path, d.block_size)
     if block_size not in sizing.VALID_BLOCK_SIZES:
         r.fail(f"{path}.blockSize", f"must be one of {', '.join(map(str, sizing.VALID_BLOCK_SIZES))}, "
                                     f"got {block_size!r}")
-    util = r.number(engine, "gpuMemoryUtilization", path, 0.9)
+    util = r.number(engine, "gpuMemoryUtilization", path, d.gpu_memory_utilization)
     if not 0.0 < util <= 1.0:
         r.fail(f"{path}.gpuMemoryUtilization", f"must be in (0, 1], got {util}")
-    swap = r.number(engine, "swapSpaceGiB", path, 4.0)
+    swap = r.number(engine, "swapSpaceGiB", path, d.swap_space_gib)
     if swap < 0:
         r.fail(f"{path}.swapSpaceGiB", f"must be >= 0, got {swap}")
     extra = engine.get("extraArgs") or []
@@ -270,16 +272,18 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
         api_key = SecretKeyRef(*named) if named else None
     spec = EngineSpec(
         image=r.string(engine, "image", path, DEFAULT_IMAGE) or DEFAULT_IMAGE,
-        block_size=block_size if block_size in sizing.VALID_BLOCK_SIZES else 16,
+        block_size=block_size if block_size in sizing.VALID_BLOCK_SIZES else d.block_size,
         gpu_memory_utilization=util,
-        max_model_len=r.integer(engine, "maxModelLen", path, None, minimum=1),
-        max_num_seqs=r.integer(engine, "maxNumSeqs", path, 256, minimum=1) or 256,
-        max_num_batched_tokens=r.integer(engine, "maxNumBatchedTokens", path, 2048, minimum=1) or 2048,
-        enable_prefix_caching=r.boolean(engine, "enablePrefixCaching", path, True),
-        enable_chunked_prefill=r.boolean(engine, "enableChunkedPrefill", path, True),
+        max_model_len=r.integer(engine, "maxModelLen", path, d.max_model_len, minimum=1),
+        max_num_seqs=r.integer(engine, "maxNumSeqs", path, d.max_num_seqs, minimum=1) or d.max_num_seqs,
+        max_num_batched_tokens=r.integer(engine, "maxNumBatchedTokens", path, d.max_num_batched_tokens,
+                                         minimum=1) or d.max_num_batched_tokens,
+        enable_prefix_caching=r.boolean(engine, "enablePrefixCaching", path, d.enable_prefix_caching),
+        enable_chunked_prefill=r.boolean(engine, "enableChunkedPrefill", path, d.enable_chunked_prefill),
         swap_space_gib=swap,
-        tensor_parallel_size=r.integer(engine, "tensorParallelSize", path, 1, minimum=1) or 1,
-        num_gpu_blocks_override=r.integer(engine, "numGpuBlocksOverride", path, None, minimum=1),
+        tensor_parallel_size=r.integer(engine, "tensorParallelSize", path, d.tensor_parallel_size,
+                                       minimum=1) or d.tensor_parallel_size,
+        num_gpu_blocks_override=r.integer(engine, "numGpuBlocksOverride", path, d.num_gpu_blocks_override, minimum=1),
         extra_args=tuple(extra),
         env=env,
         api_key_secret_ref=api_key,

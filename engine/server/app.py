@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedinfer.engine.kv_events.routes import install_kv_event_routes
+from pagedinfer.engine.options import field_default
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
@@ -29,6 +30,7 @@ from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatComple
                                                CompletionResponse, ErrorResponse, ModelList)
 from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
+from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
 from pagedinfer.engine.server.tokenize_routes import install_tokenize_routes
 
@@ -39,7 +41,7 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in a
 class ServerSettings:
     api_key: str | None = None
     max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS  # None: no limit
-    max_request_body_bytes: int = 1 << 20
+    max_request_body_bytes: int = field_default(ServeArgs, "max_request_body_bytes")  # --max-request-body-bytes
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # the whole body, counted from its headers
 
     def __post_init__(self) -> None:

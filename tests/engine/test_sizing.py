@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from pagedinfer.engine import sizing
+from pagedinfer.engine.model_shape import InvalidModelConfigError, ModelShape, resolve_dtype
 
-LLAMA3_8B = sizing.ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, num_parameters=8_030_261_248,
+LLAMA3_8B = ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, num_parameters=8_030_261_248,
                               dtype="bfloat16", hidden_size=4096, max_position_embeddings=8192)
 
 
@@ -79,11 +80,11 @@ def test_shape_from_hf_config_counts_llama_parameters():
     cfg = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
            "intermediate_size": 14336, "vocab_size": 128256, "torch_dtype": "bfloat16",
            "max_position_embeddings": 8192}
-    shape = sizing.ModelShape.from_hf_config(cfg)
+    shape = ModelShape.from_hf_config(cfg)
     assert shape.head_dim == 128 and shape.num_kv_heads == 8
     assert shape.num_parameters == 8_030_261_248  # Llama-3-8B's published count
     with pytest.raises(ValueError, match="num_hidden_layers"):
-        sizing.ModelShape.from_hf_config({"hidden_size": 1})
+        ModelShape.from_hf_config({"hidden_size": 1})
 
 
 def test_plan_cli_prints_the_same_numbers_as_the_function(tmp_path):
@@ -93,7 +94,7 @@ def test_plan_cli_prints_the_same_numbers_as_the_function(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
                           "--gpu-memory", "80GiB", "--json"], capture_output=True, text=True, check=True).stdout
-    expected = sizing.plan_kv_cache(sizing.SizingInputs(shape=sizing.ModelShape.from_hf_config(cfg),
+    expected = sizing.plan_kv_cache(sizing.SizingInputs(shape=ModelShape.from_hf_config(cfg),
                                                         gpu_memory_bytes=80 * 2**30))
     assert json.loads(out)["num_gpu_blocks"] == expected.num_gpu_blocks
     assert json.loads(out)["bytes_per_token"] == 131072
@@ -124,8 +125,8 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("config, field, value", BAD_CONFIGS)
 def test_a_bad_config_names_the_field_and_its_value(config, field, value):
-    with pytest.raises(sizing.InvalidModelConfigError) as info:
-        sizing.ModelShape.from_hf_config(config)
+    with pytest.raises(InvalidModelConfigError) as info:
+        ModelShape.from_hf_config(config)
     assert (info.value.field, info.value.value) == (field, value)
     assert field in str(info.value)
 
@@ -159,5 +160,5 @@ def test_plan_refuses_a_gpu_memory_no_gpu_has(tmp_path, memory):
 ])
 def test_dtype_auto_is_decided_in_one_place(requested, declared, device, expected):
     config = {} if declared is None else {"torch_dtype": declared}
-    assert sizing.resolve_dtype(requested, config, device) == expected
-    assert sizing.resolve_dtype(requested, {"text_config": config} if config else {}, device) == expected
+    assert resolve_dtype(requested, config, device) == expected
+    assert resolve_dtype(requested, {"text_config": config} if config else {}, device) == expected

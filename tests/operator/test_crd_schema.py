@@ -10,7 +10,10 @@ import pytest
 import yaml
 
 from pagedinfer.operator import planning, status
-from pagedinfer.operator.crd_model import MANAGED_FLAGS, EngineSpec
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.options import field_default, flag_fields, managed_flags
+from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.operator.crd_model import DTYPES, MANAGED_FLAGS, EngineSpec
 from pagedinfer.operator.spec_parser import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,4 +156,23 @@ def test_the_extra_args_rule_lists_the_operators_managed_flags():
     listed = re.fullmatch(r"self\.all\(a, !a\.startsWith\('--'\) \|\| !\[(.*)\]\.exists\(f, "
                           r"f\.startsWith\(a\.split\('='\)\[0\]\)\)\)", rule)
     assert listed, rule
-    assert tuple(re.findall(r"'([^']*)'", listed.group(1))) == MANAGED_FLAGS
+    derived = managed_flags(EngineConfig, ServeArgs)
+    expected = ", ".join(f"'{flag}'" for flag in derived)
+    assert tuple(re.findall(r"'([^']*)'", listed.group(1))) == MANAGED_FLAGS == derived, \
+        f"the CEL list must be the flags marked managed, in order: [{expected}]"
+
+
+def test_the_crds_engine_defaults_are_the_engines_own():
+    """spec.engine's defaults (and spec.model.dtype's) are EngineConfig's, the options' one definition."""
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    engine = spec["engine"]["properties"]
+    for field, option in [("blockSize", "block_size"), ("gpuMemoryUtilization", "gpu_memory_utilization"),
+                          ("maxNumSeqs", "max_num_seqs"), ("maxNumBatchedTokens", "max_num_batched_tokens"),
+                          ("enablePrefixCaching", "enable_prefix_caching"),
+                          ("enableChunkedPrefill", "enable_chunked_prefill"), ("swapSpaceGiB", "swap_space"),
+                          ("tensorParallelSize", "tensor_parallel_size")]:
+        assert engine[field]["default"] == field_default(EngineConfig, option), field
+    dtype = spec["model"]["properties"]["dtype"]
+    assert dtype["default"] == field_default(EngineConfig, "dtype")
+    (dtype_flag,) = [flag for f, flag in flag_fields(EngineConfig) if f.name == "dtype"]
+    assert set(dtype["enum"]) == set(dtype_flag.choices) == set(DTYPES)

@@ -1,0 +1,103 @@
+"""The decisions LLMEngine makes once, when it is built: each a named step, most of them pure.
+
+In the order the engine takes them (`LLMEngine.__init__`):
+
+1. `resolve_model_paths`: --model and --tokenizer (a directory, or a Hub id
+   read from the local cache) become directories; the config holds those.
+2. `load_tokenizer`: a tokenizer that cannot be loaded is a ValueError naming it.
+3. `resolve_max_model_len` (the length policy): max_model_len, else the
+   model's max_position_embeddings, else 2048; never above the model's
+   positions; without chunked prefill one step's token budget must hold it.
+4. `choose_num_gpu_blocks` (sizing): the runner's plan (profiled on a GPU,
+   estimated within cpu_memory_budget_bytes on a CPU) bounds an override,
+   which is lowered with a warning when it does not fit; the pool must hold
+   one max_model_len sequence, else InsufficientMemoryError.
+5. `num_swap_blocks`: the host pool holds swapped-out sequences only, so
+   recompute preemption gets none.
+6. `eos_token_ids`: the generation config's EOS ids, else the tokenizer's.
+
+Steps 3 to 6 take plain values and return plain values: tests call them
+directly, without a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.model_source import resolve_model_dir
+from pagedinfer.engine.sizing import InsufficientMemoryError
+
+logger = logging.getLogger(__name__)
+
+# max_model_len when neither the config nor the model states one.
+FALLBACK_MAX_MODEL_LEN = 2048
+
+
+def resolve_model_paths(config: EngineConfig) -> EngineConfig:
+    """`config` with model and tokenizer as local directories (the tokenizer defaults to the model's)."""
+    model_dir = resolve_model_dir(str(config.model), config.revision)
+    tokenizer_dir = resolve_model_dir(str(config.tokenizer), config.revision, "tokenizer") \
+        if config.tokenizer else model_dir
+    return dataclasses.replace(config, model=model_dir, tokenizer=tokenizer_dir)
+
+
+def load_tokenizer(path: str) -> Any:
+    """The Hugging Face tokenizer at `path`; a missing or corrupt one is a ValueError, never a traceback."""
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise ValueError(f"tokenizer: cannot load from {path!r}: {type(exc).__name__}: {exc}") from None
+
+
+def resolve_max_model_len(config: EngineConfig, model_max_positions: int | None) -> int:
+    """The longest prompt + completion the engine accepts (the length policy above)."""
+    max_model_len = config.max_model_len or model_max_positions or FALLBACK_MAX_MODEL_LEN
+    if model_max_positions and max_model_len > model_max_positions:
+        raise ValueError(
+            f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings ({model_max_positions})")
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens: without chunked prefill it must be >= max_model_len ({max_model_len}),"
+            f" got {config.max_num_batched_tokens}; enable chunked prefill or lower max_model_len")
+    return max_model_len
+
+
+def choose_num_gpu_blocks(config: EngineConfig, planned_blocks: int, max_model_len: int, device_type: str) -> int:
+    """KV blocks of the device pool: the override if it fits in the plan's `planned_blocks`, else the plan's."""
+    num_blocks = planned_blocks
+    if config.num_gpu_blocks_override is not None:
+        if config.num_gpu_blocks_override > planned_blocks:
+            logger.warning("num_gpu_blocks_override=%d does not fit (%s); using %d blocks",
+                           config.num_gpu_blocks_override,
+                           "after profiling" if device_type == "cuda"
+                           else f"within cpu_memory_budget_bytes={config.cpu_memory_budget_bytes}",
+                           planned_blocks)
+        else:
+            num_blocks = config.num_gpu_blocks_override
+    needed = -(-max_model_len // config.block_size)
+    if num_blocks < needed:
+        raise InsufficientMemoryError(
+            f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed} blocks of"
+            f" {config.block_size} tokens but the pool has {num_blocks}. Lower max_model_len to at most"
+            f" {num_blocks * config.block_size} or give the pool more blocks.")
+    return num_blocks
+
+
+def num_swap_blocks(config: EngineConfig, bytes_per_block: int) -> int:
+    """Blocks of the host swap pool: swap_space GiB of them in swap mode, none for recompute."""
+    if config.preemption_mode != "swap":
+        return 0
+    return int(config.swap_space * 2**30) // bytes_per_block
+
+
+def eos_token_ids(generation_eos: int | list[int] | tuple[int, ...] | None, tokenizer_eos: int | None) -> set[int]:
+    """The ids that end a completion: the generation config's (one or several), else the tokenizer's."""
+    eos = generation_eos if generation_eos is not None else tokenizer_eos
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {eos}
