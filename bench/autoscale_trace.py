@@ -32,9 +32,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -69,8 +66,8 @@ def parse_trace(text: str) -> list[tuple[float, bool]]:
 
 
 async def replay(args: argparse.Namespace, work_dir: Path) -> list[Sample]:
-    from kubelet_harness import KubeletHarness, LoadGenerator
-    from operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
+    from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
+    from pagedinfer.testing.operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
     from pagedinfer.operator import autoscaling_handlers  # noqa: F401
     from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide
     from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec

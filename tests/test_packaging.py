@@ -26,8 +26,9 @@ def test_repo_root_is_not_on_sys_path():
     assert str(REPO) not in [str(Path(p).resolve()) for p in sys.path if p]
 
 
-def test_three_folders_form_one_namespace():
-    for name, folder in (("engine", "engine"), ("kernels", "kernels"), ("operator", "operator")):
+def test_the_folders_form_one_namespace():
+    for name, folder in (("engine", "engine"), ("kernels", "kernels"), ("operator", "operator"), ("router", "router"),
+                         ("testing", "testing")):
         module = importlib.import_module(f"pagedinfer.{name}")
         assert Path(module.__file__).resolve().parent == REPO / folder
 
@@ -103,6 +104,7 @@ GPU_ONLY_IMPORTS = {"triton"}
     ("engine", ["engine", "kernels"], GPU_ONLY_IMPORTS),
     ("operator", ["operator"], set()),
     ("router", ["router"], set()),
+    ("testing", ["testing"], set()),
 ])
 def test_every_module_the_code_imports_comes_with_its_extra(extra, folders, absent_allowed):
     """An image installs `.[gpu]`, `.[engine]` or `.[operator]` only: an import outside it fails there, not here."""
@@ -175,7 +177,8 @@ def test_every_subpackage_is_listed_for_setuptools():
     listed = set(re.findall(r'"(pagedinfer\.[\w.]+)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1]
                             .split("]")[0]))
     found = {"pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
-             for folder in ("engine", "kernels", "operator", "router") for init in (REPO / folder).rglob("__init__.py")}
+             for folder in ("engine", "kernels", "operator", "router", "testing")
+             for init in (REPO / folder).rglob("__init__.py")}
     assert found == listed
 
 
