@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pagedinfer.engine.server.bench_workload import RequestResult, build_workload, percentile, summarize
+from pagedinfer.engine.bench.workload import RequestResult, build_workload, percentile, summarize
 
 
 def test_workload_is_reproducible_from_its_seed():

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from pagedinfer.engine.server.bench_workload import (BenchRequest, RequestResult, build_workload, format_summary,
+from pagedinfer.engine.bench.workload import (BenchRequest, RequestResult, build_workload, format_summary,
                                                      summarize)
 
 PROBE_TIMEOUT_SECONDS = 10.0
