@@ -24,8 +24,8 @@ import sys
 import time
 from typing import Any
 
-from pagedinfer.engine.bench.workload import (BenchRequest, RequestResult, build_workload, format_summary,
-                                                     summarize)
+from pagedinfer.engine.bench.workload import (RequestResult, ScheduledChatRequest, build_workload, format_summary,
+                                              summarize)
 
 PROBE_TIMEOUT_SECONDS = 10.0
 
@@ -66,7 +66,8 @@ async def _served_models(http: Any, url: str, headers: dict[str, str]) -> list[s
         raise ValueError(f"--url: {url}/v1/models did not answer with an OpenAI model list") from None
 
 
-async def _one(http: Any, url: str, model: str, req: BenchRequest, headers: dict[str, str]) -> RequestResult:
+async def _one(http: Any, url: str, model: str, req: ScheduledChatRequest,
+               headers: dict[str, str]) -> RequestResult:
     messages = ([{"role": "system", "content": req.system_prompt}] if req.system_prompt else []) + \
         [{"role": "user", "content": req.user_prompt}]
     body = {"model": model, "messages": messages, "max_tokens": req.max_tokens, "temperature": 0,
@@ -111,8 +112,8 @@ async def run_bench(args: argparse.Namespace) -> tuple[Any, list[RequestResult]]
     url = args.url.rstrip("/")
     key = args.api_key or os.environ.get("PAGEDINFER_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    workload = build_workload(args.dataset, args.num_prompts, args.request_rate, args.input_tokens,
-                              args.output_tokens, args.shared_prefix_tokens, args.seed)
+    workload = build_workload(args.dataset, args.num_prompts, args.request_rate, args.input_words,
+                              args.output_tokens, args.shared_prefix_words, args.seed)
     limits = httpx.Limits(max_connections=args.max_concurrency or args.num_prompts + 8, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=args.timeout_seconds, limits=limits) as http:
         served = await _served_models(http, url, headers)
@@ -124,7 +125,7 @@ async def run_bench(args: argparse.Namespace) -> tuple[Any, list[RequestResult]]
         bar = tqdm(total=len(workload), desc="requests", unit="req", disable=args.no_progress, file=sys.stderr)
         start = time.perf_counter()
 
-        async def timed(req: BenchRequest) -> RequestResult:
+        async def timed(req: ScheduledChatRequest) -> RequestResult:
             delay = req.send_offset_seconds - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
