@@ -114,17 +114,13 @@ async def run_load(url: str, convs: list[list[list[dict]]], max_tokens: int, con
 
 
 def engine_counters(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
+    from pagedinfer.engine.bench.scrape import sample_totals
+    from pagedinfer.engine.server import metric_names as m
 
-    from pagedinfer.engine.server.metrics import PREFIX
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
-    return {"hits": out.get(PREFIX + "prefix_cache_hits_total", 0.0),
-            "queries": out.get(PREFIX + "prefix_cache_queries_total", 0.0),
-            "requests": out.get(PREFIX + "request_success_total", 0.0)}
+    names = {"hits": m.PREFIX_CACHE_HITS.sample, "queries": m.PREFIX_CACHE_QUERIES.sample,
+             "requests": m.REQUEST_SUCCESS.sample}
+    totals = sample_totals(httpx.get(url + "/metrics", timeout=10).text, names.values())
+    return {key: totals[name] or 0.0 for key, name in names.items()}
 
 
 def quantile(values: list[float], q: float) -> float:

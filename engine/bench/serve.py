@@ -24,26 +24,22 @@ import sys
 import time
 from typing import Any
 
+from pagedinfer.engine.bench.scrape import sample_totals
 from pagedinfer.engine.bench.workload import (RequestResult, ScheduledChatRequest, build_workload, format_summary,
                                               summarize)
+from pagedinfer.engine.server import metric_names
 
 PROBE_TIMEOUT_SECONDS = 10.0
 
 
-def _counter(metrics_text: str, name: str) -> float | None:
-    total = None
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-    return total
-
-
 async def _scrape(http: Any, url: str) -> tuple[float | None, float | None]:
+    """The server's prefix-cache (queries, hits) counters; (None, None) when it has no Prometheus /metrics."""
+    queries, hits = metric_names.PREFIX_CACHE_QUERIES.sample, metric_names.PREFIX_CACHE_HITS.sample
     try:
-        text = (await http.get(url + "/metrics")).text
+        totals = sample_totals((await http.get(url + "/metrics")).text, (queries, hits))
     except Exception:  # noqa: BLE001 - a server without /metrics still gets benchmarked
         return None, None
-    return _counter(text, "pagedinfer_prefix_cache_queries_total"), _counter(text, "pagedinfer_prefix_cache_hits_total")
+    return totals[queries], totals[hits]
 
 
 async def _served_models(http: Any, url: str, headers: dict[str, str]) -> list[str]:

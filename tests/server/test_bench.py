@@ -74,6 +74,21 @@ def test_bad_lengths_name_their_field(field):
         build_workload(**kwargs)
 
 
+def test_server_counters_are_read_by_the_prometheus_parser():
+    """A timestamp, a label value with a space or a quote, and `# HELP` text are exposition syntax, not values
+    (the hand-written line splitter this replaced read the timestamp as the value)."""
+    from pagedinfer.engine.bench.scrape import sample_totals
+
+    text = ('# HELP pagedinfer_prefix_cache_hits Prompt tokens found in the prefix cache.\n'
+            '# TYPE pagedinfer_prefix_cache_hits counter\n'
+            'pagedinfer_prefix_cache_hits_total{model_name="a b"} 5.0 1700000000000\n'
+            'pagedinfer_prefix_cache_hits_total{model_name="say \\"hi\\" 9"} 2.0\n')
+    totals = sample_totals(text, ["pagedinfer_prefix_cache_hits_total", "pagedinfer_prefix_cache_queries_total"])
+    assert totals == {"pagedinfer_prefix_cache_hits_total": 7.0, "pagedinfer_prefix_cache_queries_total": None}
+    with pytest.raises(ValueError, match="not Prometheus text exposition"):
+        sample_totals("<html>not metrics</html>", ["x"])
+
+
 def test_percentile_interpolates_between_order_statistics():
     assert percentile([], 50) is None
     assert percentile([5.0], 99) == 5.0
