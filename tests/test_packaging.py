@@ -75,14 +75,7 @@ def test_no_installed_path_or_finder_maps_plain_operator_to_our_folder():
 
 def _third_party_imports(folder: Path) -> set[str]:
     """Top-level modules imported anywhere under folder (lazy imports in functions too), minus stdlib and ours."""
-    names = set()
-    for path in folder.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names) - {"pagedinfer", "__future__"}
+    return _third_party_imports_of_files(set(folder.rglob("*.py")))
 
 
 def _module_file(name: str) -> Path | None:
@@ -118,6 +111,7 @@ def _served_files(folders: list[str]) -> set[Path]:
 
 
 def _third_party_imports_of_files(paths: set[Path]) -> set[str]:
+    """Top-level modules the files import (lazy imports in functions too), minus stdlib and ours."""
     names = set()
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
