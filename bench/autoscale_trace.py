@@ -1,7 +1,7 @@
 """Replay a bursty-then-idle load trace through the real autoscaling harness.
 
 The full operator (reconciler + autoscaler) runs under kopf against the
-emulated API server; the kubelet harness (tests/support/kubelet_harness.py)
+emulated API server; the kubelet harness (pagedinfer.testing.kubelet_harness)
 runs one real engine per replica (the Deployment's own command line: the
 engine's embedded model, a 32-block KV pool and max_model_len 256 from the
 spec) on 127.0.0.x:8000; a closed-loop load generator plays the trace

@@ -278,3 +278,16 @@ def test_the_cpu_engine_generates_without_triton():
         "assert len(out[0].outputs[0].token_ids) == 4, out\n" % sorted(GPU_ONLY_IMPORTS)
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=240)
+
+
+def test_nothing_outside_tests_reaches_into_tests_support():
+    """bench/ and the packages import test support from pagedinfer.testing; tests/support is tests' own (it is
+    on sys.path only under pytest, through tests/conftest.py)."""
+    support = {p.stem for p in (REPO / "tests" / "support").glob("*.py")}
+    offenders = []
+    for folder in ("bench", "engine", "kernels", "operator", "router", "testing", "scripts"):
+        for path in (REPO / folder).rglob("*.py"):
+            text = path.read_text()
+            if _third_party_imports_of_files({path}) & support or '"support"' in text or "tests/support" in text:
+                offenders.append(str(path.relative_to(REPO)))
+    assert not offenders, f"these reach into tests/support: {offenders}"
