@@ -1,7 +1,7 @@
 """Replay a bursty-then-idle load trace through the real autoscaling harness.
 
 The full operator (reconciler + autoscaler) runs under kopf against the
-emulated API server; the kubelet harness (tests/support/kubelet_harness.py)
+emulated API server; the kubelet harness (pagedinfer.testing.kubelet_harness)
 runs one real engine per replica (the Deployment's own command line: the
 engine's embedded model, a 32-block KV pool and max_model_len 256 from the
 spec) on 127.0.0.x:8000; a closed-loop load generator plays the trace
@@ -31,9 +31,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -69,8 +66,8 @@ def parse_trace(text: str) -> list[tuple[float, bool]]:
 
 
 async def replay(args: argparse.Namespace, work_dir: Path) -> list[Sample]:
-    from kubelet_harness import KubeletHarness, LoadGenerator
-    from operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
+    from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
+    from pagedinfer.testing.operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
     from pagedinfer.operator import autoscaling_handlers  # noqa: F401
     from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide
     from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec

@@ -33,12 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "support"))
-
-from kube_emulator import KubeEmulator  # noqa: E402
-from operator_harness import (DEPLOYMENTS, ISVC, NODES, SERVICES, add_gpu_node, inference_service,  # noqa: E402
-                              running_operator, serving_emulator, write_kubeconfig)
+from pagedinfer.testing.kube_emulator import KubeEmulator
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, NODES, SERVICES, add_gpu_node, inference_service,
+                                                 running_operator, serving_emulator, write_kubeconfig)
 
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 SPEC = {"model": {"uri": "hf://org/llama", "allowDownload": True, "architecture": ARCH}}

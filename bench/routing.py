@@ -32,9 +32,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "support"))
-from server_process import wait_process_healthy  # noqa: E402
+from pagedinfer.testing.server_process import wait_process_healthy
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa"
@@ -116,17 +114,13 @@ async def run_load(url: str, convs: list[list[list[dict]]], max_tokens: int, con
 
 
 def engine_counters(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
+    from pagedinfer.engine.bench.scrape import sample_totals
+    from pagedinfer.engine.server import metric_names as m
 
-    from pagedinfer.engine.server.metrics import PREFIX
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
-    return {"hits": out.get(PREFIX + "prefix_cache_hits_total", 0.0),
-            "queries": out.get(PREFIX + "prefix_cache_queries_total", 0.0),
-            "requests": out.get(PREFIX + "request_success_total", 0.0)}
+    names = {"hits": m.PREFIX_CACHE_HITS.sample, "queries": m.PREFIX_CACHE_QUERIES.sample,
+             "requests": m.REQUEST_SUCCESS.sample}
+    totals = sample_totals(httpx.get(url + "/metrics", timeout=10).text, names.values())
+    return {key: totals[name] or 0.0 for key, name in names.items()}
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from workload import BenchRequest, RunResult
+from workload import TokenIdsRequest, RunResult
 
-_WARMUP = [BenchRequest((10, 11, 12, 13), 4), BenchRequest(tuple(range(20, 60)), 8)]
+_WARMUP = [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)]
 
 
 def _load_hf_model(model_dir: str, attn_implementation: str = "sdpa"):
@@ -25,7 +25,8 @@ def _load_hf_model(model_dir: str, attn_implementation: str = "sdpa"):
 
 
 # ----- (a) transformers generate, padded static batches --------------------------------------
-def _generate_static_batch(model, batch: list[BenchRequest], pad_token_id: int) -> list[tuple[int, ...]]:
+def _generate_static_batch(model, batch: list[TokenIdsRequest],
+                           pad_token_id: int) -> list[tuple[int, ...]]:
     import torch
     from transformers import GenerationConfig
 
@@ -46,7 +47,7 @@ def _generate_static_batch(model, batch: list[BenchRequest], pad_token_id: int) 
     return [tuple(out[i, width:width + r.max_tokens].tolist()) for i, r in enumerate(batch)]
 
 
-def run_hf_static(model_dir: str, requests: list[BenchRequest], batch_size: int, num_threads: int,
+def run_hf_static(model_dir: str, requests: list[TokenIdsRequest], batch_size: int, num_threads: int,
                   pad_token_id: int, repeats: int = 1) -> RunResult:
     """Batches of batch_size in arrival order, left-padded; a batch runs until its longest output."""
     from transformers.utils import logging as hf_logging
@@ -74,7 +75,7 @@ def _result(system: str, runs: list[tuple[float, list[tuple[int, ...]]]], num_th
 
 
 # ----- (b) transformers continuous batching ----------------------------------------------------
-def run_hf_continuous(model_dir: str, requests: list[BenchRequest], budget_tokens: int, page_size: int,
+def run_hf_continuous(model_dir: str, requests: list[TokenIdsRequest], budget_tokens: int, page_size: int,
                       max_batch_tokens: int, max_requests_per_batch: int, num_threads: int,
                       pad_token_id: int, repeats: int = 1) -> RunResult:
     """transformers' ContinuousBatchingManager (sdpa on CPU, float32), same KV token budget as ours.
@@ -103,7 +104,7 @@ def run_hf_continuous(model_dir: str, requests: list[BenchRequest], budget_token
                    f"page_size={page_size}; num_blocks={budget_tokens // page_size}")
 
 
-def _collect_hf(manager, requests: list[BenchRequest], prefix: str) -> list[tuple[int, ...]]:
+def _collect_hf(manager, requests: list[TokenIdsRequest], prefix: str) -> list[tuple[int, ...]]:
     ids = [f"{prefix}-{i}" for i in range(len(requests))]
     for rid, r in zip(ids, requests):
         manager.add_request(list(r.prompt_token_ids), request_id=rid, max_new_tokens=r.max_tokens,
@@ -164,7 +165,7 @@ class PagedRun:
     num_preemptions: dict[str, int]
 
 
-def run_pagedinfer(model_dir: str, requests: list[BenchRequest], block_size: int, num_gpu_blocks: int,
+def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: int, num_gpu_blocks: int,
                    max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_threads: int,
                    repeats: int = 1, profile_path: str | None = None) -> PagedRun:
     """Step LLMEngine by hand; KV accounting after every step is kept out of the timed span.
@@ -206,7 +207,7 @@ def run_pagedinfer(model_dir: str, requests: list[BenchRequest], block_size: int
                     block_size, engine.max_model_len, dict(stats.num_preemptions))
 
 
-def _drain(engine, requests: list[BenchRequest], prefix: str, snapshots: list[KVSnapshot] | None
+def _drain(engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list[KVSnapshot] | None
            ) -> tuple[list[tuple[int, ...]], float]:
     from pagedinfer.engine import SamplingParams
 

@@ -51,14 +51,14 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     from vllm import LLM
 
-    from workload import BenchRequest, RunResult, load_workload
+    from workload import TokenIdsRequest, RunResult, load_workload
 
     requests = load_workload(args.workload)
     llm = LLM(model=args.model, dtype="float32", block_size=args.block_size,
               num_gpu_blocks_override=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               enable_prefix_caching=True, seed=0)
-    _generate(llm, [BenchRequest((10, 11, 12, 13), 4), BenchRequest(tuple(range(20, 60)), 8)])
+    _generate(llm, [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)])
     elapsed, outputs = [], None
     for _ in range(args.repeats):
         llm.reset_prefix_cache()

@@ -22,7 +22,9 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class BenchRequest:
+class TokenIdsRequest:
+    """One offline request: prompt token ids and exactly max_tokens to generate (EOS ignored)."""
+
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
 
@@ -55,7 +57,7 @@ class LengthDistribution:
 
 def make_workload(num_requests: int, seed: int, vocab_size: int, first_regular_token_id: int,
                   prompt_lengths: LengthDistribution, output_lengths: LengthDistribution,
-                  max_model_len: int) -> list[BenchRequest]:
+                  max_model_len: int) -> list[TokenIdsRequest]:
     """Seeded requests; prompt + output never exceeds max_model_len."""
     if num_requests < 1:
         raise ValueError(f"num_requests: must be >= 1, got {num_requests}")
@@ -67,18 +69,18 @@ def make_workload(num_requests: int, seed: int, vocab_size: int, first_regular_t
         prompt_len = prompt_lengths.draw(rng)
         output_len = min(output_lengths.draw(rng), max_model_len - prompt_len)
         ids = tuple(rng.randrange(first_regular_token_id, vocab_size) for _ in range(prompt_len))
-        requests.append(BenchRequest(ids, output_len))
+        requests.append(TokenIdsRequest(ids, output_len))
     return requests
 
 
-def save_workload(requests: list[BenchRequest], path: str | Path) -> None:
+def save_workload(requests: list[TokenIdsRequest], path: str | Path) -> None:
     Path(path).write_text(json.dumps([{"prompt_token_ids": list(r.prompt_token_ids), "max_tokens": r.max_tokens}
                                       for r in requests]))
 
 
-def load_workload(path: str | Path) -> list[BenchRequest]:
+def load_workload(path: str | Path) -> list[TokenIdsRequest]:
     data = json.loads(Path(path).read_text())
-    return [BenchRequest(tuple(r["prompt_token_ids"]), int(r["max_tokens"])) for r in data]
+    return [TokenIdsRequest(tuple(r["prompt_token_ids"]), int(r["max_tokens"])) for r in data]
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class RunResult:
         return cls(**data)
 
 
-def check_lengths(result: RunResult, requests: list[BenchRequest]) -> None:
+def check_lengths(result: RunResult, requests: list[TokenIdsRequest]) -> None:
     """ValueError unless the system generated exactly max_tokens tokens for every request."""
     if len(result.outputs) != len(requests):
         raise ValueError(f"{result.system}: {len(result.outputs)} outputs for {len(requests)} requests")

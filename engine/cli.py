@@ -18,7 +18,8 @@ from typing import Any
 SUBCOMMANDS = (
     ("pagedinfer.engine.cli_generate", "engine"),  # generate
     ("pagedinfer.engine.cli_plan", None),  # plan: pure arithmetic over a config.json
-    ("pagedinfer.engine.server.cli", "engine"),  # serve, bench
+    ("pagedinfer.engine.server.cli", "engine"),  # serve
+    ("pagedinfer.engine.bench.cli", "engine"),  # bench
     ("pagedinfer.operator.cli", "operator"),  # operator
     ("pagedinfer.router.cli", "router"),  # router
 )

@@ -15,6 +15,7 @@ COPY engine ./engine
 COPY kernels ./kernels
 COPY operator ./operator
 COPY router ./router
+COPY testing ./testing
 # pip runs from /, not /src: `python -m` puts the working directory on sys.path,
 # where operator/ would shadow the standard library's operator module.
 WORKDIR /

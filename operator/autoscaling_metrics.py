@@ -29,13 +29,14 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagedinfer.engine.server import metric_names
 from pagedinfer.operator.autoscaling_policy import MetricSample
 from pagedinfer.operator.autoscaling_spec import KV_CACHE_USAGE, PREFIX_CACHE_HIT_RATE, REQUESTS_WAITING
 
-KV_USAGE_SERIES = "pagedinfer_kv_cache_usage_ratio"
-WAITING_SERIES = "pagedinfer_num_requests_waiting"
-QUERIES_SERIES = "pagedinfer_prefix_cache_queries_total"
-HITS_SERIES = "pagedinfer_prefix_cache_hits_total"
+KV_USAGE_SERIES = metric_names.KV_CACHE_USAGE_RATIO.sample
+WAITING_SERIES = metric_names.NUM_REQUESTS_WAITING.sample
+QUERIES_SERIES = metric_names.PREFIX_CACHE_QUERIES.sample
+HITS_SERIES = metric_names.PREFIX_CACHE_HITS.sample
 _WANTED = (KV_USAGE_SERIES, WAITING_SERIES, QUERIES_SERIES, HITS_SERIES)
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from pagedinfer.engine.server import metric_names as m
+
 RESULTS = ("applied", "invalid", "unsized", "retry")
 
 
@@ -20,19 +22,19 @@ class OperatorMetrics:
 
     def __post_init__(self) -> None:
         self.reconciles = Counter(
-            "pagedinfer_operator_reconciles_total",
+            m.OPERATOR_RECONCILES.name,
             "InferenceService reconciles by result (applied, invalid, unsized, retry).",
             ["result"], registry=self.registry)
         self.errors = Counter(
-            "pagedinfer_operator_reconcile_errors_total",
+            m.OPERATOR_RECONCILE_ERRORS.name,
             "Reconciles that ended in an error to retry, by reason.",
             ["reason"], registry=self.registry)
         self.duration = Histogram(
-            "pagedinfer_operator_reconcile_duration_seconds",
+            m.OPERATOR_RECONCILE_DURATION_SECONDS.name,
             "Wall time of one InferenceService reconcile.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=self.registry)
         self.api_requests = Counter(
-            "pagedinfer_operator_api_requests_total",
+            m.OPERATOR_API_REQUESTS.name,
             "Kubernetes API requests made by the operator's handlers (not kopf's own watches and patches).",
             registry=self.registry)
         for result in RESULTS:

@@ -5,9 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from pagedinfer.engine.server.metrics import PREFIX
-
-ROUTER_PREFIX = PREFIX + "router_"
+from pagedinfer.engine.server import metric_names as m
 
 
 class _EngineCollector:
@@ -15,11 +13,11 @@ class _EngineCollector:
         self.state = state
 
     def collect(self):
-        healthy = GaugeMetricFamily(ROUTER_PREFIX + "engine_healthy", "1 if the engine passes /health.",
+        healthy = GaugeMetricFamily(m.ROUTER_ENGINE_HEALTHY.name, "1 if the engine passes /health.",
                                     labels=["engine"])
-        blocks = GaugeMetricFamily(ROUTER_PREFIX + "engine_cached_blocks",
+        blocks = GaugeMetricFamily(m.ROUTER_ENGINE_CACHED_BLOCKS.name,
                                    "Prefix blocks the engine holds, per its KV events.", labels=["engine"])
-        inflight = GaugeMetricFamily(ROUTER_PREFIX + "engine_inflight_requests",
+        inflight = GaugeMetricFamily(m.ROUTER_ENGINE_INFLIGHT_REQUESTS.name,
                                      "Requests sent to the engine and not finished.", labels=["engine"])
         for e in self.state.engines.values():
             healthy.add_metric([e.url], float(e.healthy))
@@ -34,11 +32,11 @@ class RouterMetrics:
     def __init__(self, state) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(state))
-        self.decisions = Counter(ROUTER_PREFIX + "decisions", "Routing decisions, by reason and engine.",
+        self.decisions = Counter(m.ROUTER_DECISIONS.name, "Routing decisions, by reason and engine.",
                                  ["reason", "engine"], registry=self.registry)
-        self.retries = Counter(ROUTER_PREFIX + "retries", "Requests retried on another engine before any byte.",
+        self.retries = Counter(m.ROUTER_RETRIES.name, "Requests retried on another engine before any byte.",
                                registry=self.registry)
-        self.matched_tokens = Counter(ROUTER_PREFIX + "matched_prompt_tokens",
+        self.matched_tokens = Counter(m.ROUTER_MATCHED_PROMPT_TOKENS.name,
                                       "Prompt tokens cached on the chosen engine at decision time.",
                                       registry=self.registry)
 

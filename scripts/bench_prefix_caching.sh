@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 PORT="${PORT:-8397}"
 BENCH=(--num-prompts "${NUM_PROMPTS:-100}" --request-rate "${REQUEST_RATE:-4}" --dataset synthetic
-       --shared-prefix-tokens "${SHARED_PREFIX_TOKENS:-600}" --input-tokens "${INPUT_TOKENS:-16}"
+       --shared-prefix-words "${SHARED_PREFIX_WORDS:-600}" --input-words "${INPUT_WORDS:-16}"
        --output-tokens "${OUTPUT_TOKENS:-16}" --seed 0 --no-progress "$@")
 pid=""
 trap '[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; true' EXIT  # never leave a server behind

@@ -26,8 +26,9 @@ def test_repo_root_is_not_on_sys_path():
     assert str(REPO) not in [str(Path(p).resolve()) for p in sys.path if p]
 
 
-def test_three_folders_form_one_namespace():
-    for name, folder in (("engine", "engine"), ("kernels", "kernels"), ("operator", "operator")):
+def test_the_folders_form_one_namespace():
+    for name, folder in (("engine", "engine"), ("kernels", "kernels"), ("operator", "operator"), ("router", "router"),
+                         ("testing", "testing")):
         module = importlib.import_module(f"pagedinfer.{name}")
         assert Path(module.__file__).resolve().parent == REPO / folder
 
@@ -44,17 +45,75 @@ def test_operator_imports_no_torch_transformers_or_triton():
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
 
 
-def test_stdlib_operator_from_a_subprocess_started_in_the_repo_root():
-    # The console scripts and `python -P` never add the cwd to sys.path.
-    out = subprocess.run([sys.executable, "-P", "-c", "import operator; print(operator.eq.__module__)"],
-                         cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
-    assert out in ("_operator", "operator")
+def test_stdlib_operator_from_python_started_in_the_repo_root_with_the_cwd_on_sys_path():
+    """`python -c` (and `python -m`) in the repo root put the cwd first on sys.path, in front of our operator/.
+    `import operator` is still the stdlib's: the interpreter imports it while starting up (site), before the
+    cwd is consulted. docs/design.md ("Packaging") says what the project cannot guarantee (`python -S`)."""
+    code = "import operator, sys; print(sys.path[0] == ''); print(operator.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True,
+                         text=True).stdout.split("\n")
+    assert out[0] == "True", "the cwd is not on sys.path: this check would prove nothing"
+    assert Path(out[1]).resolve().parent == Path(sysconfig.get_paths()["stdlib"]).resolve(), out[1]
+
+
+def test_no_installed_path_or_finder_maps_plain_operator_to_our_folder():
+    """With the cached module set aside, a fresh lookup of `operator` through every installed finder (the
+    editable install's, .pth entries, site-packages) finds the stdlib; from the repo root only the cwd entry
+    would find our folder."""
+    code = ("import importlib.util, sys\n"
+            "sys.modules.pop('operator')\n"
+            "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+            "print(importlib.util.find_spec('operator').origin)\n"
+            "print(importlib.util.find_spec('pagedinfer.operator').origin)\n")
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    for cwd in ("/", REPO):
+        plain, ours = subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True,
+                                     text=True).stdout.split("\n")[:2]
+        assert Path(plain).resolve().parent == stdlib, (cwd, plain)
+        assert Path(ours).resolve() == REPO / "operator" / "__init__.py", ours  # the lookup does reach our folder
 
 
 def _third_party_imports(folder: Path) -> set[str]:
     """Top-level modules imported anywhere under folder (lazy imports in functions too), minus stdlib and ours."""
+    return _third_party_imports_of_files(set(folder.rglob("*.py")))
+
+
+def _module_file(name: str) -> Path | None:
+    """Our source file for module `pagedinfer.<folder>....`, or None when it is not one."""
+    parts = name.split(".")
+    if parts[0] != "pagedinfer" or len(parts) < 2:
+        return None
+    base = REPO.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _served_files(folders: list[str]) -> set[Path]:
+    """The folders' files and every module of ours they import, transitively (the router's KV feed decodes
+    with engine/kv_events: its imports are the router's too)."""
+    todo = [p for f in folders for p in (REPO / f).rglob("*.py")]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            todo += [f for f in map(_module_file, names) if f is not None]
+    return seen
+
+
+def _third_party_imports_of_files(paths: set[Path]) -> set[str]:
+    """Top-level modules the files import (lazy imports in functions too), minus stdlib and ours."""
     names = set()
-    for path in folder.rglob("*.py"):
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)
@@ -103,6 +162,7 @@ GPU_ONLY_IMPORTS = {"triton"}
     ("engine", ["engine", "kernels"], GPU_ONLY_IMPORTS),
     ("operator", ["operator"], set()),
     ("router", ["router"], set()),
+    ("testing", ["testing"], set()),
 ])
 def test_every_module_the_code_imports_comes_with_its_extra(extra, folders, absent_allowed):
     """An image installs `.[gpu]`, `.[engine]` or `.[operator]` only: an import outside it fails there, not here."""
@@ -116,6 +176,29 @@ def test_every_module_the_code_imports_comes_with_its_extra(extra, folders, abse
         if not dists & provided:
             missing[module] = sorted(dists)
     assert not missing, f"imported but not installed by the [{extra}] extra: {missing}"
+
+
+@pytest.mark.parametrize("extra, folders", [
+    ("engine", ["engine", "kernels"]),
+    ("gpu", ["engine", "kernels"]),
+    ("operator", ["operator"]),
+    ("router", ["router"]),
+    ("testing", ["testing"]),
+])
+def test_every_dependency_an_extra_declares_is_imported_by_the_code_it_serves(extra, folders):
+    """The converse of the test above: a declared distribution that no module of the extra's code (or of ours
+    that it imports) imports is dead weight in its image. Another extra it includes is checked on its own."""
+    declared = [Requirement(r) for r in metadata.requires("pagedinfer") or ()]
+    direct = [r for r in declared if r.marker and r.marker.evaluate({"extra": extra})
+              and not r.marker.evaluate({"extra": ""}) and canonicalize_name(r.name) != "pagedinfer"]
+    assert direct, f"no [{extra}] requirements in the installed metadata"
+    modules_of: dict[str, set[str]] = {}
+    for module, dists in metadata.packages_distributions().items():
+        for dist in dists:
+            modules_of.setdefault(canonicalize_name(dist), set()).add(module)
+    imported = _third_party_imports_of_files(_served_files(folders))
+    unused = sorted(r.name for r in direct if not modules_of.get(canonicalize_name(r.name), set()) & imported)
+    assert not unused, f"[{extra}] declares what its code never imports: {unused}"
 
 
 def _venv_with_only(tmp_path: Path, extra: str) -> Path:
@@ -175,7 +258,8 @@ def test_every_subpackage_is_listed_for_setuptools():
     listed = set(re.findall(r'"(pagedinfer\.[\w.]+)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1]
                             .split("]")[0]))
     found = {"pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
-             for folder in ("engine", "kernels", "operator", "router") for init in (REPO / folder).rglob("__init__.py")}
+             for folder in ("engine", "kernels", "operator", "router", "testing")
+             for init in (REPO / folder).rglob("__init__.py")}
     assert found == listed
 
 
@@ -194,3 +278,16 @@ def test_the_cpu_engine_generates_without_triton():
         "assert len(out[0].outputs[0].token_ids) == 4, out\n" % sorted(GPU_ONLY_IMPORTS)
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=240)
+
+
+def test_nothing_outside_tests_reaches_into_tests_support():
+    """bench/ and the packages import test support from pagedinfer.testing; tests/support is tests' own (it is
+    on sys.path only under pytest, through tests/conftest.py)."""
+    support = {p.stem for p in (REPO / "tests" / "support").glob("*.py")}
+    offenders = []
+    for folder in ("bench", "engine", "kernels", "operator", "router", "testing", "scripts"):
+        for path in (REPO / folder).rglob("*.py"):
+            text = path.read_text()
+            if _third_party_imports_of_files({path}) & support or '"support"' in text or "tests/support" in text:
+                offenders.append(str(path.relative_to(REPO)))
+    assert not offenders, f"these reach into tests/support: {offenders}"

@@ -1,6 +1,6 @@
-"""`pagedinfer serve` (the OpenAI-compatible server) and `pagedinfer bench serve` (its load generator).
+"""`pagedinfer serve`: the OpenAI-compatible server (its load generator is `pagedinfer bench`, engine/bench/).
 
-Both parsers are built without importing torch, FastAPI or uvicorn; `run`
+The parser is built without importing torch, FastAPI or uvicorn; `run`
 functions import what they need.
 """
 
@@ -25,15 +25,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_engine_args(serve)
     add_serve_args(serve)
     serve.set_defaults(func=run_serve)
-
-    bench = sub.add_parser("bench", help="benchmarks", description="Benchmarks against a running server.")
-    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    from pagedinfer.engine.server.bench_args import add_bench_serve_args
-
-    bench_serve = bench_sub.add_parser(
-        "serve", help="load a running server with timed requests; print throughput, TTFT, ITL, cache hit rate")
-    add_bench_serve_args(bench_serve)
-    bench_serve.set_defaults(func=run_bench_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -67,9 +58,3 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"pagedinfer serve: http://{opts.host}:{opts.port} (model {model})", file=sys.stderr, flush=True)
     return run_server(app, engine_loop, opts.host, opts.port, opts.shutdown_grace_seconds, opts.log_level,
                       args.request_header_timeout_seconds, listener=listener)
-
-
-def run_bench_serve(args: argparse.Namespace) -> int:
-    from pagedinfer.engine.server.bench_serve import main
-
-    return main(args)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one server (names are the contract in docs/design.md).
+"""Prometheus metrics of one server (names: metric_names.py, the contract in docs/design.md).
 
 Two sources, two mechanisms:
 - Engine state (`EngineStats`: KV pool, queues, cumulative token and cache
@@ -30,7 +30,8 @@ from typing import Any, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-PREFIX = "pagedinfer_"
+from pagedinfer.engine.server import metric_names as m
+
 FINISHED_REASONS = ("stop", "length", "abort")
 TTFT_BUCKETS_SECONDS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                         20.0, 40.0, 80.0)
@@ -39,31 +40,31 @@ ITL_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.0
 E2E_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 _GAUGES = (
-    ("kv_cache_num_blocks", "num_total_blocks", "KV cache blocks in the pool."),
-    ("kv_cache_used_blocks", "num_used_blocks", "KV cache blocks held by requests."),
-    ("kv_cache_free_blocks", "num_free_blocks", "KV cache blocks not held by any request."),
-    ("kv_cache_cached_blocks", "num_cached_free_blocks",
+    (m.KV_CACHE_NUM_BLOCKS, "num_total_blocks", "KV cache blocks in the pool."),
+    (m.KV_CACHE_USED_BLOCKS, "num_used_blocks", "KV cache blocks held by requests."),
+    (m.KV_CACHE_FREE_BLOCKS, "num_free_blocks", "KV cache blocks not held by any request."),
+    (m.KV_CACHE_CACHED_BLOCKS, "num_cached_free_blocks",
      "Free KV cache blocks that still hold a reusable prefix (evictable)."),
-    ("kv_cache_usage_ratio", "kv_usage", "Used KV cache blocks / total blocks (0-1)."),
-    ("num_requests_running", "num_running_reqs",
+    (m.KV_CACHE_USAGE_RATIO, "kv_usage", "Used KV cache blocks / total blocks (0-1)."),
+    (m.NUM_REQUESTS_RUNNING, "num_running_reqs",
      "Requests with a sequence in the running batch (one per prompt: n completions count once)."),
-    ("num_requests_waiting", "num_waiting_reqs",
+    (m.NUM_REQUESTS_WAITING, "num_waiting_reqs",
      "Requests waiting to be scheduled, none of their sequences running or swapped (n completions count once)."),
-    ("num_requests_swapped", "num_swapped_reqs",
+    (m.NUM_REQUESTS_SWAPPED, "num_swapped_reqs",
      "Requests with a sequence swapped out to host memory and none running."),
 )
 _COUNTERS = (
-    ("prefix_cache_queries", "prefix_cache_query_tokens",
+    (m.PREFIX_CACHE_QUERIES, "prefix_cache_query_tokens",
      "Prompt tokens looked up in the prefix cache, once per request at its first admission."),
-    ("prefix_cache_hits", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
-    ("prefix_cache_preempted_queries", "prefix_cache_preempted_query_tokens",
+    (m.PREFIX_CACHE_HITS, "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
+    (m.PREFIX_CACHE_PREEMPTED_QUERIES, "prefix_cache_preempted_query_tokens",
      "Tokens of recompute-preempted requests looked up again when re-admitted (not in prefix_cache_queries)."),
-    ("prefix_cache_preempted_hits", "prefix_cache_preempted_hit_tokens",
+    (m.PREFIX_CACHE_PREEMPTED_HITS, "prefix_cache_preempted_hit_tokens",
      "Of those, tokens found in the cache: recomputation saved, not prompt-cache hits."),
-    ("kv_cache_allocation_failures", "num_allocation_failures",
+    (m.KV_CACHE_ALLOCATION_FAILURES, "num_allocation_failures",
      "Times a request could not get the KV blocks it needed."),
-    ("prompt_tokens", "num_prompt_tokens", "Prompt tokens processed (prefilled)."),
-    ("generation_tokens", "num_generation_tokens", "Tokens generated."),
+    (m.PROMPT_TOKENS, "num_prompt_tokens", "Prompt tokens processed (prefilled)."),
+    (m.GENERATION_TOKENS, "num_generation_tokens", "Tokens generated."),
 )
 
 
@@ -79,15 +80,15 @@ class _EngineStatsCollector:
         if stats is None:
             return
         labels = [self.model_name]
-        for name, field, doc in _GAUGES:
-            family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        for metric, field, doc in _GAUGES:
+            family = GaugeMetricFamily(metric.name, doc, labels=["model_name"])
             family.add_metric(labels, float(getattr(stats, field)))
             yield family
-        for name, field, doc in _COUNTERS:
-            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        for metric, field, doc in _COUNTERS:
+            family = CounterMetricFamily(metric.name, doc, labels=["model_name"])
             family.add_metric(labels, float(getattr(stats, field)))
             yield family
-        preemptions = CounterMetricFamily(PREFIX + "num_preemptions", "Requests preempted, by mode.",
+        preemptions = CounterMetricFamily(m.NUM_PREEMPTIONS.name, "Requests preempted, by mode.",
                                           labels=["model_name", "mode"])
         for mode in sorted(set(stats.num_preemptions) | {"recompute", "swap"}):
             preemptions.add_metric(labels + [mode], float(stats.num_preemptions.get(mode, 0)))
@@ -103,18 +104,18 @@ class ServerMetrics:
         self._engine = _EngineStatsCollector(model_name)
         self.registry.register(self._engine)
         labels = ["model_name"]
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from arrival to the first token.",
+        self.ttft = Histogram(m.TIME_TO_FIRST_TOKEN_SECONDS.name, "Time from arrival to the first token.",
                               labels, buckets=TTFT_BUCKETS_SECONDS, registry=self.registry)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Time between two steps that added tokens.",
+        self.itl = Histogram(m.INTER_TOKEN_LATENCY_SECONDS.name, "Time between two steps that added tokens.",
                              labels, buckets=ITL_BUCKETS_SECONDS, registry=self.registry)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from arrival to finish.",
+        self.e2e = Histogram(m.E2E_REQUEST_LATENCY_SECONDS.name, "Time from arrival to finish.",
                              labels, buckets=E2E_BUCKETS_SECONDS, registry=self.registry)
-        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds",
+        self.queue_time = Histogram(m.REQUEST_QUEUE_TIME_SECONDS.name,
                                     "Time from arrival to first being scheduled.",
                                     labels, buckets=TTFT_BUCKETS_SECONDS, registry=self.registry)
-        self.success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
+        self.success = Counter(m.REQUEST_SUCCESS.name, "Finished requests, by finish reason.",
                                labels + ["finished_reason"], registry=self.registry)
-        self.cache_config = Info(PREFIX + "cache_config", "KV cache configuration.", labels,
+        self.cache_config = Info(m.CACHE_CONFIG.name, "KV cache configuration.", labels,
                                  registry=self.registry)
         for histogram in (self.ttft, self.itl, self.e2e, self.queue_time):
             histogram.labels(model_name)

@@ -1,45 +1,25 @@
 """Alerts and dashboard queries parse as PromQL and use only metrics that exist.
 
-Engine metric names come from docs/design.md ("Metrics"), the contract the
-server implements; the operator's from its real registry
-(pagedinfer.operator.metrics.OperatorMetrics). A renamed metric breaks these
-tests instead of silently blanking a panel or muting an alert.
+The names are engine/server/metric_names.py, the one list the server, the
+router and the operator register from (tests/server/test_metric_names.py
+proves each exposes exactly its part, and that docs/design.md lists the
+server's). A renamed metric breaks these tests instead of silently blanking
+a panel or muting an alert.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 
 import promql_parser
-from helm_chart import CHART, MONITORING_API, REPO, helm_template
+import pytest
+from helm_chart import CHART, MONITORING_API, helm_template
 
-HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+from pagedinfer.engine.server import metric_names
+
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$namespace": ".*", "$model": ".*"}
 ALERTS = {"PagedInferKVCacheNearlyFull", "PagedInferPrefixCacheHitRateLow", "PagedInferKVBlockAllocationFailures",
           "PagedInferPreemptionsRising", "PagedInferOperatorReconcileErrors"}
-
-
-def engine_metrics() -> set[str]:
-    design = (REPO / "docs" / "design.md").read_text()
-    section = design[design.index("## Metrics"):]
-    section = section[:section.index("\n## ", 1)]
-    return set(re.findall(r"`(pagedinfer_[a-z_]+)", section))
-
-
-def operator_metrics() -> set[str]:
-    from pagedinfer.operator.metrics import OperatorMetrics
-
-    names = set()
-    for family in OperatorMetrics().registry.collect():
-        names.add(family.name + ("_total" if family.type == "counter" else ""))
-    return names
-
-
-@functools.cache
-def known_metrics() -> frozenset[str]:
-    return frozenset(engine_metrics() | operator_metrics())
 
 
 def selectors(node) -> list[str]:
@@ -62,14 +42,19 @@ def assert_uses_known_metrics(expr: str, where: str) -> None:
         raise AssertionError(f"{where}: not valid PromQL ({exc}): {expr}") from exc
     assert names, f"{where}: selects no metric"
     for name in names:
-        base = next((name[:-len(s)] for s in HISTOGRAM_SUFFIXES if name.endswith(s) and name[:-len(s)] in
-                     known_metrics()), name)
-        assert base in known_metrics(), f"{where}: unknown metric {name}"
+        assert name in metric_names.exposed_series(), f"{where}: {name} is not in engine/server/metric_names.py"
 
 
 def test_the_metric_contract_is_readable():
-    assert {"pagedinfer_kv_cache_usage_ratio", "pagedinfer_time_to_first_token_seconds"} <= engine_metrics()
-    assert "pagedinfer_operator_reconcile_errors_total" in operator_metrics()
+    assert {"pagedinfer_kv_cache_usage_ratio", "pagedinfer_time_to_first_token_seconds_bucket"} <= \
+        metric_names.exposed_series(metric_names.SERVER)
+    assert "pagedinfer_operator_reconcile_errors_total" in metric_names.exposed_series(metric_names.OPERATOR)
+
+
+def test_a_query_of_a_name_outside_metric_names_fails():
+    with pytest.raises(AssertionError, match="pagedinfer_kv_cache_usage is not in"):
+        assert_uses_known_metrics("max(pagedinfer_kv_cache_usage) > 0.9", "test")
+    assert_uses_known_metrics("rate(pagedinfer_time_to_first_token_seconds_bucket[5m])", "test")
 
 
 def rules(helm, **values):

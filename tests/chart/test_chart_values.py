@@ -76,6 +76,34 @@ def test_the_default_values_satisfy_the_schema_and_the_schema_knows_every_value(
         assert schema_node(path) is not None, f"values.schema.json lacks {'.'.join(path)}"
 
 
+def _chart_values_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chart_values", REPO / "scripts" / "chart_values.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_schema_and_the_docs_table_are_generated_from_values_yaml(tmp_path):
+    chart_values = _chart_values_script()
+    assert chart_values.stale_files() == [], "run .venv/bin/python scripts/chart_values.py"
+    # A value added to values.yaml without regenerating makes both files stale.
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    (chart / "values.yaml").write_text(VALUES.read_text() + "\n# How many widgets.\n# @schema {minimum: 1}\nwidgets: 2\n")
+    (chart / "values.schema.json").write_text((CHART / "values.schema.json").read_text())
+    (tmp_path / "chart.md").write_text((REPO / "docs" / "chart.md").read_text())
+    assert chart_values.stale_files(chart, tmp_path / "chart.md") == [str(chart / "values.schema.json"),
+                                                                       str(tmp_path / "chart.md")]
+    schema, table = chart_values.render((chart / "values.yaml").read_text())
+    assert json.loads(schema)["properties"]["widgets"] == {"type": "integer", "minimum": 1,
+                                                            "description": "How many widgets."}
+    assert "| `widgets` | `2` | How many widgets. |" in table
+    with pytest.raises(ValueError, match="gadgets has no prose"):
+        chart_values.render(VALUES.read_text() + "\ngadgets: 1\n")
+
+
 def test_helm_lint_strict_passes_for_defaults_and_with_every_feature_on(helm):
     for extra in ([], ["--set", "operator.replicas=2,rbac.scope=namespace,monitoring.grafanaDashboard.enabled=true,"
                                "exampleInferenceService.enabled=true"]):

@@ -30,8 +30,9 @@ import aiohttp
 import pytest
 from chart_rbac import RbacPolicy
 from helm_chart import NAMESPACE, helm_template
-from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition, eventually,
-                              inference_service, serving_emulator, write_kubeconfig)
+from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node,
+                                                 condition, eventually, inference_service, serving_emulator,
+                                                 write_kubeconfig)
 
 SPEC_HASH = "serving.pagedinfer.dev/spec-hash"
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]

@@ -23,7 +23,7 @@ from built_images import ImageContainer, ProcessView
 from dockerfiles import REPO
 from pagedinfer.operator import builders, planning
 from pagedinfer.operator.spec_parser import parse_spec
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

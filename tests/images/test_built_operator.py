@@ -15,10 +15,10 @@ import pytest
 import yaml
 from built_images import ImageContainer, ProcessView
 from dockerfiles import REPO
-from operator_harness import (DEPLOYMENTS, ISVC, SERVICES, condition, eventually, roll_out, serving_emulator,
-                              write_kubeconfig)
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, condition, eventually, roll_out,
+                                                 serving_emulator, write_kubeconfig)
 from pagedinfer.operator.crd_model import DEFAULT_IMAGE
-from server_process import free_port
+from pagedinfer.testing.server_process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

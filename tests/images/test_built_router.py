@@ -23,7 +23,7 @@ import pytest
 from built_images import ImageContainer, ProcessView
 from prometheus_client.parser import text_string_to_metric_families
 from router_harness import route_of, wait_for
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -96,7 +96,8 @@ HEAVY = ("torch", "transformers", "triton")
 @pytest.mark.slow
 def test_the_operator_image_resolves_kopf_and_no_torch(resolved):
     packages = resolved["operator"]
-    assert {"pagedinfer", "kopf", "kubernetes", "prometheus-client", "aiohttp"} <= packages.keys()
+    assert {"pagedinfer", "kopf", "prometheus-client", "aiohttp"} <= packages.keys()
+    assert "kubernetes" not in packages  # kopf talks to the API server itself; [operator] no longer declares it
     heavy = {name for name in packages if name in HEAVY or name.startswith("nvidia-")}
     assert not heavy, f"the operator image would install {sorted(heavy)}"
 

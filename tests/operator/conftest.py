@@ -2,7 +2,7 @@
 
 import pytest
 
-from operator_harness import serving_emulator, write_kubeconfig
+from pagedinfer.testing.operator_harness import serving_emulator, write_kubeconfig
 
 
 @pytest.fixture

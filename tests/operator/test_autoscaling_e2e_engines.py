@@ -21,8 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoscaler_rounds import AutoscalerRounds
-from kubelet_harness import KubeletHarness, LoadGenerator
-from operator_harness import DEPLOYMENTS, EVENTS, ISVC, eventually, running_operator
+from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
+from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, eventually, running_operator
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

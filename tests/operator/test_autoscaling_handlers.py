@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from kubelet_harness import ENGINE_PORT, add_ready_pod, loopback_ip, pod_manifest
-from operator_harness import DEPLOYMENTS, EVENTS, ISVC, condition, eventually, running_operator
+from pagedinfer.testing.kubelet_harness import ENGINE_PORT, add_ready_pod, loopback_ip, pod_manifest
+from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, condition, eventually, running_operator
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
 from pagedinfer.operator.autoscaling_handlers import build_status, is_ready, metrics_url
 from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide

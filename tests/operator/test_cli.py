@@ -10,7 +10,7 @@ import sys
 import aiohttp
 import pytest
 
-from operator_harness import DEPLOYMENTS, ISVC, eventually, inference_service
+from pagedinfer.testing.operator_harness import DEPLOYMENTS, ISVC, eventually, inference_service
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,9 +8,10 @@ The emulator has no controllers and no garbage collector: the tests write the De
 
 import pytest
 
-from kube_emulator import Fault
-from operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B_SPEC, SERVICES, add_gpu_node, condition, deployment_of,
-                              eventually, inference_service, isvc_of, reconciles, roll_out, running_operator)
+from pagedinfer.testing.kube_emulator import Fault
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B_SPEC, SERVICES, add_gpu_node, condition,
+                                                 deployment_of, eventually, inference_service, isvc_of, reconciles,
+                                                 roll_out, running_operator)
 from pagedinfer.operator import builders
 
 pytestmark = pytest.mark.timeout(120)

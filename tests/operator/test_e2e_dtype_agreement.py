@@ -17,7 +17,8 @@ import sys
 import pytest
 import torch
 
-from operator_harness import CONFIGMAPS, ISVC, eventually, inference_service, isvc_of, running_operator
+from pagedinfer.testing.operator_harness import (CONFIGMAPS, ISVC, eventually, inference_service, isvc_of,
+                                                 running_operator)
 from pagedinfer.engine import sizing
 from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.model_runner import resolve_dtype

@@ -2,8 +2,9 @@
 
 import pytest
 
-from kube_emulator import Fault
-from operator_harness import DEPLOYMENTS, ISVC, SERVICES, add_gpu_node, eventually, inference_service, running_operator
+from pagedinfer.testing.kube_emulator import Fault
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, add_gpu_node, eventually,
+                                                 inference_service, running_operator)
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, NODES, SERVICES, add_gpu_node, condition,
-                              eventually, inference_service, isvc_of, running_operator)
+from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, NODES, SERVICES, add_gpu_node,
+                                                 condition, eventually, inference_service, isvc_of, running_operator)
 from pagedinfer.operator import builders
 
 pytestmark = pytest.mark.timeout(120)

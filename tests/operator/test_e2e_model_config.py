@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, FAST_CONFIG, ISVC, condition, eventually,
-                              inference_service, isvc_of, reconciles, running_operator)
+from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, FAST_CONFIG, ISVC, condition,
+                                                 eventually, inference_service, isvc_of, reconciles, running_operator)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,8 +3,8 @@ plan sized from node labels keeps the pod off unlabelled and smaller nodes."""
 
 import pytest
 
-from operator_harness import (DEPLOYMENTS, EVENTS, ISVC, LLAMA3_8B, NODES, add_gpu_node, condition, eventually,
-                              inference_service, reconciles, running_operator)
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, LLAMA3_8B, NODES, add_gpu_node, condition,
+                                                 eventually, inference_service, reconciles, running_operator)
 from pagedinfer.operator.node_memory import required_affinity_holds
 
 pytestmark = pytest.mark.timeout(120)

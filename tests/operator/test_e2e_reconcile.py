@@ -7,8 +7,8 @@ Deployment's status, the test does it (emulator.set_status) and says so.
 import kubernetes_validate
 import pytest
 
-from operator_harness import (DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition, eventually,
-                              inference_service, running_operator)
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition,
+                                                 eventually, inference_service, running_operator)
 from pagedinfer.operator import builders, planning
 from pagedinfer.operator.spec_parser import parse_spec
 

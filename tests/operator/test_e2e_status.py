@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from kube_emulator import Fault
-from operator_harness import LLAMA3_8B as LLAMA3_8B_SHAPE
-from operator_harness import (DEPLOYMENTS, ISVC, add_gpu_node, condition, eventually, inference_service, isvc_of,
-                              roll_out, running_operator)
+from pagedinfer.testing.kube_emulator import Fault
+from pagedinfer.testing.operator_harness import LLAMA3_8B as LLAMA3_8B_SHAPE
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, add_gpu_node, condition, eventually,
+                                                 inference_service, isvc_of, roll_out, running_operator)
 from pagedinfer.operator import builders, status
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,9 +8,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from kubelet_harness import KubeletHarness
-from operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B, add_gpu_node, condition, eventually, inference_service,
-                              isvc_of, running_operator)
+from pagedinfer.testing.kubelet_harness import KubeletHarness
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B, add_gpu_node, condition, eventually,
+                                                 inference_service, isvc_of, running_operator)
 
 pytestmark = pytest.mark.timeout(300)
 

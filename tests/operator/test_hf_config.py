@@ -6,8 +6,8 @@ import dataclasses
 import aiohttp.web
 import pytest
 
-from operator_harness import DEPLOYMENTS, FAST_CONFIG, ISVC, add_gpu_node, condition, eventually, inference_service, \
-    running_operator
+from pagedinfer.testing.operator_harness import (DEPLOYMENTS, FAST_CONFIG, ISVC, add_gpu_node, condition, eventually,
+                                                 inference_service, running_operator)
 from pagedinfer.operator.hf_config import HubConfigFetcher, ModelConfigError
 
 pytestmark = pytest.mark.timeout(60)

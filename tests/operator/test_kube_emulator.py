@@ -6,9 +6,9 @@ import json
 import aiohttp
 import pytest
 
-from kube_emulator import Access, Fault
-from kube_emulator_rules import canonical_quantity, label_selector
-from operator_harness import serving_emulator
+from pagedinfer.testing.kube_emulator import Access, Fault
+from pagedinfer.testing.kube_emulator_rules import canonical_quantity, label_selector
+from pagedinfer.testing.operator_harness import serving_emulator
 
 pytestmark = pytest.mark.timeout(30)
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"

@@ -6,7 +6,7 @@ import pytest
 
 from pagedinfer.operator import builders, planning
 from pagedinfer.operator.spec_parser import parse_spec
-from pod_process import http_port, local_process
+from pagedinfer.testing.pod_process import http_port, local_process
 
 POD_DIR = Path("/work/pods/tiny-engine-1")
 

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import pytest
-from operator_harness import serving_emulator
+from pagedinfer.testing.operator_harness import serving_emulator
 from router_harness import route_of, start_router
 
 from pagedinfer.router.discovery import DiscoverySettings, ready_engine_urls

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from router_harness import route_of, start_router, wait_for
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 
 def _serve(tiny_llama, port: int, log: Path) -> subprocess.Popen:

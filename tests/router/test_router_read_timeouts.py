@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router_harness import start_router_process
-from server_process import free_port
+from pagedinfer.testing.server_process import free_port
 from slow_client import SlowClient, trickle_until_all_closed
 
 DEADLINE_SECONDS = 1.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router_harness import start_router_process
-from server_process import free_port
+from pagedinfer.testing.server_process import free_port
 
 
 def test_the_router_process_exits_0_on_sigterm(tiny_llama, tmp_path):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pagedinfer.engine.server.bench_workload import RequestResult, build_workload, percentile, summarize
+from pagedinfer.engine.bench.workload import RequestResult, build_workload, percentile, summarize
 
 
 def test_workload_is_reproducible_from_its_seed():
@@ -49,6 +49,46 @@ def test_bad_workload_flags_are_named(field, value):
         build_workload(**kwargs)
 
 
+def test_word_count_flags_are_named_for_words_and_the_old_names_are_deprecated_aliases(capsys):
+    from pagedinfer.engine.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", "serve", "--input-words", "7", "--shared-prefix-words", "30"])
+    assert (args.input_words, args.shared_prefix_words) == (7, 30)
+    assert capsys.readouterr().err == ""
+    workload = build_workload("synthetic", 2, math.inf, args.input_words, 4, args.shared_prefix_words, seed=0)
+    assert len(workload[0].user_prompt.split(": ", 1)[1].split()) == 7  # words, whatever the tokenizer makes of them
+    old = parser.parse_args(["bench", "serve", "--input-tokens", "7", "--shared-prefix-tokens", "30"])
+    assert (old.input_words, old.shared_prefix_words) == (7, 30)
+    err = capsys.readouterr().err
+    assert "--input-tokens is deprecated" in err and "use --input-words" in err
+    assert "--shared-prefix-tokens is deprecated" in err and "use --shared-prefix-words" in err
+
+
+@pytest.mark.parametrize("field", ["input_words", "output_tokens", "shared_prefix_words"])
+def test_bad_lengths_name_their_field(field):
+    kwargs = dict(dataset="synthetic", num_prompts=5, request_rate=1.0, input_words=4, output_tokens=4,
+                  shared_prefix_words=0, seed=0)
+    kwargs[field] = -1
+    with pytest.raises(ValueError, match=f"^{field}: must be >= "):
+        build_workload(**kwargs)
+
+
+def test_server_counters_are_read_by_the_prometheus_parser():
+    """A timestamp, a label value with a space or a quote, and `# HELP` text are exposition syntax, not values
+    (the hand-written line splitter this replaced read the timestamp as the value)."""
+    from pagedinfer.engine.bench.scrape import sample_totals
+
+    text = ('# HELP pagedinfer_prefix_cache_hits Prompt tokens found in the prefix cache.\n'
+            '# TYPE pagedinfer_prefix_cache_hits counter\n'
+            'pagedinfer_prefix_cache_hits_total{model_name="a b"} 5.0 1700000000000\n'
+            'pagedinfer_prefix_cache_hits_total{model_name="say \\"hi\\" 9"} 2.0\n')
+    totals = sample_totals(text, ["pagedinfer_prefix_cache_hits_total", "pagedinfer_prefix_cache_queries_total"])
+    assert totals == {"pagedinfer_prefix_cache_hits_total": 7.0, "pagedinfer_prefix_cache_queries_total": None}
+    with pytest.raises(ValueError, match="not Prometheus text exposition"):
+        sample_totals("<html>not metrics</html>", ["x"])
+
+
 def test_percentile_interpolates_between_order_statistics():
     assert percentile([], 50) is None
     assert percentile([5.0], 99) == 5.0
@@ -75,7 +115,7 @@ def test_bench_serve_against_a_real_server_reports_cache_hits(server, capsys):
 
     args = build_parser().parse_args(
         ["bench", "serve", "--url", server.url, "--num-prompts", "6", "--request-rate", "inf", "--dataset",
-         "synthetic", "--input-tokens", "4", "--output-tokens", "3", "--shared-prefix-tokens", "40",
+         "synthetic", "--input-words", "4", "--output-tokens", "3", "--shared-prefix-words", "40",
          "--no-progress", "--max-concurrency", "1"])
     assert args.func(args) == 0
     out = capsys.readouterr().out

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from serving_harness import serve_app, stop_server, wait_healthy
 
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 FAULT_WRAPPER = Path(__file__).resolve().parents[1] / "support" / "engine_fault.py"
 LONG = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from hub_cache import make_hub_cache
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 CLI = Path(sys.executable).with_name("pagedinfer")
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import zmq
 from serving_harness import start_server, stop_server
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 from pagedinfer.engine.kv_events.events import BlockStored, decode_batch, seq_from_bytes
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig

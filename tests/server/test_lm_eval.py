@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 from pagedinfer.engine.server.launcher import default_model_dir
 

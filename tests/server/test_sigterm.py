@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from proc_tree import children, wait_gone
-from server_process import free_port, wait_process_healthy
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 GRACE_SECONDS = 2.0
 KEY = "sk-sigterm-4d2f8a"

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 import kmock
 
-from kube_emulator import Access, KubeEmulator
+from pagedinfer.testing.kube_emulator import Access, KubeEmulator
 
 ISVC = kmock.resource("serving.pagedinfer.dev", "v1alpha1", "inferenceservices")
 

@@ -47,8 +47,9 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
-from kube_emulator_rules import (PatchError, SelectorError, canonical_pod_spec, field_selector, json_patch,
-                                 label_selector, merge_patch, selector_from_match_labels, spec_changed)
+from pagedinfer.testing.kube_emulator_rules import (PatchError, SelectorError, canonical_pod_spec, field_selector,
+                                                    json_patch, label_selector, merge_patch, selector_from_match_labels,
+                                                    spec_changed)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import kmock
 import kopf
 import yaml
 
-from kube_emulator import KubeEmulator, default_emulator
+from pagedinfer.testing.kube_emulator import KubeEmulator, default_emulator
 from pagedinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.settings import OperatorConfig, Runtime

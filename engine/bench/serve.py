@@ -24,26 +24,22 @@ import sys
 import time
 from typing import Any
 
-from pagedinfer.engine.server.bench_workload import (BenchRequest, RequestResult, build_workload, format_summary,
-                                                     summarize)
+from pagedinfer.engine.bench.scrape import sample_totals
+from pagedinfer.engine.bench.workload import (RequestResult, ScheduledChatRequest, build_workload, format_summary,
+                                              summarize)
+from pagedinfer.engine.server import metric_names
 
 PROBE_TIMEOUT_SECONDS = 10.0
 
 
-def _counter(metrics_text: str, name: str) -> float | None:
-    total = None
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-    return total
-
-
 async def _scrape(http: Any, url: str) -> tuple[float | None, float | None]:
+    """The server's prefix-cache (queries, hits) counters; (None, None) when it has no Prometheus /metrics."""
+    queries, hits = metric_names.PREFIX_CACHE_QUERIES.sample, metric_names.PREFIX_CACHE_HITS.sample
     try:
-        text = (await http.get(url + "/metrics")).text
+        totals = sample_totals((await http.get(url + "/metrics")).text, (queries, hits))
     except Exception:  # noqa: BLE001 - a server without /metrics still gets benchmarked
         return None, None
-    return _counter(text, "pagedinfer_prefix_cache_queries_total"), _counter(text, "pagedinfer_prefix_cache_hits_total")
+    return totals[queries], totals[hits]
 
 
 async def _served_models(http: Any, url: str, headers: dict[str, str]) -> list[str]:
@@ -66,7 +62,8 @@ async def _served_models(http: Any, url: str, headers: dict[str, str]) -> list[s
         raise ValueError(f"--url: {url}/v1/models did not answer with an OpenAI model list") from None
 
 
-async def _one(http: Any, url: str, model: str, req: BenchRequest, headers: dict[str, str]) -> RequestResult:
+async def _one(http: Any, url: str, model: str, req: ScheduledChatRequest,
+               headers: dict[str, str]) -> RequestResult:
     messages = ([{"role": "system", "content": req.system_prompt}] if req.system_prompt else []) + \
         [{"role": "user", "content": req.user_prompt}]
     body = {"model": model, "messages": messages, "max_tokens": req.max_tokens, "temperature": 0,
@@ -111,8 +108,8 @@ async def run_bench(args: argparse.Namespace) -> tuple[Any, list[RequestResult]]
     url = args.url.rstrip("/")
     key = args.api_key or os.environ.get("PAGEDINFER_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    workload = build_workload(args.dataset, args.num_prompts, args.request_rate, args.input_tokens,
-                              args.output_tokens, args.shared_prefix_tokens, args.seed)
+    workload = build_workload(args.dataset, args.num_prompts, args.request_rate, args.input_words,
+                              args.output_tokens, args.shared_prefix_words, args.seed)
     limits = httpx.Limits(max_connections=args.max_concurrency or args.num_prompts + 8, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=args.timeout_seconds, limits=limits) as http:
         served = await _served_models(http, url, headers)
@@ -124,7 +121,7 @@ async def run_bench(args: argparse.Namespace) -> tuple[Any, list[RequestResult]]
         bar = tqdm(total=len(workload), desc="requests", unit="req", disable=args.no_progress, file=sys.stderr)
         start = time.perf_counter()
 
-        async def timed(req: BenchRequest) -> RequestResult:
+        async def timed(req: ScheduledChatRequest) -> RequestResult:
             delay = req.send_offset_seconds - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)

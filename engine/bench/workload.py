@@ -32,7 +32,10 @@ WORDS = (
 
 
 @dataclass(frozen=True)
-class BenchRequest:
+class ScheduledChatRequest:
+    """One chat completion of the load and when the client sends it (the offline benchmark's
+    token-id requests are bench/workload.py's TokenIdsRequest)."""
+
     system_prompt: str | None
     user_prompt: str
     max_tokens: int
@@ -51,15 +54,17 @@ def _long_tailed(rng: random.Random, mean: int) -> int:
 
 
 def build_workload(dataset: str, num_prompts: int, request_rate: float, input_words: int, output_tokens: int,
-                   shared_prefix_words: int, seed: int) -> list[BenchRequest]:
+                   shared_prefix_words: int, seed: int) -> list[ScheduledChatRequest]:
     if dataset not in ("synthetic", "sharegpt-like"):
         raise ValueError(f"dataset: must be 'synthetic' or 'sharegpt-like', got {dataset!r}")
     if num_prompts < 1:
         raise ValueError(f"num_prompts: must be >= 1, got {num_prompts}")
     if not request_rate > 0:
         raise ValueError(f"request_rate: must be > 0 (inf for all at once), got {request_rate}")
-    if input_words < 1 or output_tokens < 1 or shared_prefix_words < 0:
-        raise ValueError("input_tokens and output_tokens must be >= 1, shared_prefix_tokens >= 0")
+    for name, value, least in (("input_words", input_words, 1), ("output_tokens", output_tokens, 1),
+                               ("shared_prefix_words", shared_prefix_words, 0)):
+        if value < least:
+            raise ValueError(f"{name}: must be >= {least}, got {value}")
     rng = random.Random(seed)
     system = None
     if shared_prefix_words:
@@ -72,7 +77,7 @@ def build_workload(dataset: str, num_prompts: int, request_rate: float, input_wo
         else:
             num_in, num_out = _long_tailed(rng, input_words), _long_tailed(rng, output_tokens)
         user = f"Request {i}: " + _words(rng, num_in)
-        requests.append(BenchRequest(system, user, num_out, offset))
+        requests.append(ScheduledChatRequest(system, user, num_out, offset))
         if math.isfinite(request_rate):
             offset += rng.expovariate(request_rate)
     return requests

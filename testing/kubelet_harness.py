@@ -1,7 +1,7 @@
 """The kubelet's part in the autoscaling end-to-end tests (there is no cluster here).
 
-The API server is the emulator of tests/support/kube_emulator.py and the
-operator runs through tests/support/operator_harness.py; this module adds
+The API server is the emulator of kube_emulator.py and the
+operator runs through operator_harness.py; this module adds
 what a kubelet would do:
 
 - `add_ready_pod(...)` / `pod_manifest(...)`: a Running, Ready pod of an
@@ -9,7 +9,7 @@ what a kubelet would do:
 - `KubeletHarness`: watches (polls) the Deployment the reconciler made for
   an InferenceService and for its N `spec.replicas` keeps N real engine
   processes running the Deployment's container command and args (only
-  `--host` and volume paths changed, tests/support/pod_process.py), each
+  `--host` and volume paths changed, pod_process.py), each
   on its own loopback address (127.0.0.2, 127.0.0.3, ...) at the
   container's port, with a Pod object made from the pod template (labels,
   spec) plus a Running, Ready status and that podIP in the emulated API
@@ -35,8 +35,8 @@ from typing import Any
 import aiohttp
 import kmock
 
-from kube_emulator import KubeEmulator
-from pod_process import http_port, local_process
+from pagedinfer.testing.kube_emulator import KubeEmulator
+from pagedinfer.testing.pod_process import http_port, local_process
 
 ENGINE_PORT = 8000
 PODS = kmock.resource("", "v1", "pods")
@@ -107,7 +107,7 @@ class KubeletHarness:
     """Plays the kubelet for one InferenceService's Deployment with real engine processes.
 
     Each process runs the Deployment's container command line (see
-    tests/support/pod_process.py for the only changes a local process
+    pod_process.py for the only changes a local process
     needs); its Pod object is the Deployment's pod template plus a Running,
     Ready status. The template is read when a pod starts: a later change does
     not roll running pods."""
