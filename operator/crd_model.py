@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pagedinfer.operator.autoscaling_spec import AutoscalingSpec
+from pagedinfer.operator.routing.spec import RouterSpec
 
 API_GROUP = "serving.pagedinfer.dev"
 API_VERSION = "v1alpha1"
@@ -21,6 +22,8 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
 DEFAULT_IMAGE = "ghcr.io/pagedinfer/pagedinfer:0.1.0"
+# The router pods' image unless spec.router.image says otherwise (operator --router-image).
+DEFAULT_ROUTER_IMAGE = "ghcr.io/pagedinfer/pagedinfer-router:0.1.0"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 MODEL_SCHEMES = ("hf", "pvc", "s3", "file")
 # Flags the operator sets itself; extraArgs may neither repeat nor abbreviate them
@@ -153,6 +156,7 @@ class InferenceServiceSpec:
     min_replicas: int = 0
     max_replicas: int | None = None  # None: no upper bound
     autoscaling: AutoscalingSpec | None = None  # parsed spec.autoscaling (disabled when absent)
+    router: RouterSpec = RouterSpec()  # parsed spec.router (routing.spec), its default resolved
 
     @property
     def served_model_name(self) -> str:

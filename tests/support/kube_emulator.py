@@ -471,6 +471,9 @@ def default_emulator(**kwargs: Any) -> KubeEmulator:
     emulator.register("v1", "Secret", "secrets")
     emulator.register("v1", "Service", "services", subresources=("status",))
     emulator.register("v1", "Event", "events")
+    emulator.register("v1", "ServiceAccount", "serviceaccounts")
+    emulator.register("rbac.authorization.k8s.io/v1", "Role", "roles")
+    emulator.register("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
     emulator.register("v1", "Pod", "pods", subresources=("status",), pod_spec_path=("spec",))
     emulator.register("apps/v1", "Deployment", "deployments", subresources=("status", "scale"),
                       scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")),
