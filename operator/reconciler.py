@@ -24,8 +24,8 @@ keeps serving the last applied spec: status.kvCache keeps its plan and the
 failing condition says so. With nothing deployed, Applied, Available and
 Ready say NotDeployed and kvCache is removed.
 
-With the router off, its children are deleted after the apply
-(`routing.children`), which has already pointed the Service back at the engines.
+With the router off, its children are deleted after the status write
+(`routing.children`); the apply has already pointed the Service back at the engines.
 
 Status is written through `status_writer` (merge patches guarded by the
 resourceVersion); reconcile() owns Valid, Sized, Applied, kvCache, url,
@@ -132,8 +132,6 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
         applied = await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
                                                 routing_builders.build_front_service(owner, spec), logger,
                                                 on_applied=remember, extra=router)
-        if not spec.router.enabled:
-            await remove_router_children(api, namespace, name, uid, logger)
     except children.NotApplied as failure:
         await _report_failure(api, body, [valid, sized], status.false(status.APPLIED, failure.reason,
                                                                       failure.message), failure.deployed, logger)
@@ -143,6 +141,8 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
     await write_conditions(api, body, [valid, sized, APPLIED], generation, observedGeneration=generation,
                            kvCache=plan.to_status(), selector=builders.selector_string(name),
                            url=builders.service_url(owner), routing=routing_status(spec.router, applied[-1]))
+    if not spec.router.enabled:  # after the status write: the Service already selects the engines
+        await remove_router_children(api, namespace, name, uid, logger)
     return "applied"
 
 
