@@ -54,3 +54,14 @@ def test_the_engines_publish_kv_events_only_with_the_router():
 def test_the_role_grants_list_on_endpointslices_and_nothing_else():
     assert routing.build_role(OWNER)["rules"] == [
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+
+
+def test_the_router_image_is_the_spec_s_else_the_operator_setting(monkeypatch):
+    from pagedinfer.operator.settings import OperatorConfig
+
+    monkeypatch.setenv("PAGEDINFER_ROUTER_IMAGE", "registry.local/router:env")
+    assert OperatorConfig.from_env().router_image == "registry.local/router:env"
+    assert OperatorConfig.from_env(router_image="registry.local/router:flag").router_image == "registry.local/router:flag"
+    image = lambda s: routing.build_router_deployment(OWNER, s, "default:1")["spec"]["template"]["spec"][  # noqa: E731
+        "containers"][0]["image"]
+    assert image(spec()) == "default:1" and image(spec(image="mine:2")) == "mine:2"
