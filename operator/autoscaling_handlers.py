@@ -10,7 +10,9 @@ Every `intervalSeconds` (read afresh from the live body each round) it:
 3. turns them into per-metric samples (counter deltas against the pod's
    previous scrape, kept per pod uid) and calls the pure policy
    (autoscaling_policy.decide);
-4. when the decision changes the count, patches `spec.replicas` through the
+4. before lowering the count, marks each ready pod with the prefix-cache hits
+   it served (`routing.deletion_cost`), so the Deployment removes the coldest;
+   when the decision changes the count, patches `spec.replicas` through the
    InferenceService's scale subresource (the field an HPA would drive; the
    reconciler carries it to the Deployment) and records a Kubernetes Event
    with the reason;
@@ -45,6 +47,7 @@ from pagedinfer.operator.builders import HTTP_PORT, selector_string
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError, ResourceRef
 from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.routing.deletion_cost import annotate_deletion_costs, deletion_costs
 from pagedinfer.operator.settings import runtime_of
 
 PODS = ResourceRef("v1", "pods")
@@ -124,6 +127,8 @@ async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.B
     observation = Observation(current, len(ready), num_failed, samples)
     decision = decide(spec, observation, memory.state, time.monotonic())
     now = _now_iso()
+    if decision.changed and decision.desired_replicas < current:  # the coldest engine goes first
+        await annotate_deletion_costs(kube, namespace, ready, deletion_costs(readings))
     if decision.changed:
         try:
             await kube.patch(INFERENCESERVICES, namespace, name, {"spec": {"replicas": decision.desired_replicas}},

@@ -41,6 +41,7 @@ from typing import Any, Mapping
 from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
 from pagedinfer.operator.node_memory import MIB, require_gpu_memory
 from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
+from pagedinfer.operator.routing.engine_flags import engine_router_args, engine_router_ports
 
 HTTP_PORT = 8000
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
@@ -111,7 +112,7 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
     }
 
 
-def _model_arg_and_mounts(spec: InferenceServiceSpec) -> tuple[list[str], list[dict], list[dict], list[dict]]:
+def model_arg_and_mounts(spec: InferenceServiceSpec) -> tuple[list[str], list[dict], list[dict], list[dict]]:
     """(--model args, volumes, volumeMounts, env) for spec.model.uri."""
     uri = spec.model.uri
     if uri is None:
@@ -138,7 +139,7 @@ def _model_arg_and_mounts(spec: InferenceServiceSpec) -> tuple[list[str], list[d
 def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
     """The `pagedinfer serve` command line (after the executable)."""
     e = spec.engine
-    model_args = _model_arg_and_mounts(spec)[0]
+    model_args = model_arg_and_mounts(spec)[0]
     args = ["serve", *model_args, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
             "--block-size", str(e.block_size),
             "--gpu-memory-utilization", repr(e.gpu_memory_utilization)]
@@ -157,6 +158,7 @@ def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
         "--tensor-parallel-size", str(e.tensor_parallel_size),
         "--dtype", spec.model.dtype,
         "--served-model-name", spec.served_model_name,
+        *engine_router_args(spec.router),
         *e.extra_args,
     ]
     return args
@@ -203,9 +205,19 @@ def _env(spec: InferenceServiceSpec, model_env: list[dict]) -> list[dict[str, An
     return env
 
 
-def _probe(path: str, period_seconds: int, failure_threshold: int) -> dict[str, Any]:
+def probe(path: str, period_seconds: int, failure_threshold: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_seconds,
             "timeoutSeconds": 5, "failureThreshold": failure_threshold}
+
+
+def container_security_context() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def content_hash(value: Any) -> str:
@@ -214,7 +226,7 @@ def content_hash(value: Any) -> str:
 
 
 def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
-    _, model_volumes, model_mounts, model_env = _model_arg_and_mounts(spec)
+    _, model_volumes, model_mounts, model_env = model_arg_and_mounts(spec)
     placement = placement_for(spec)
     cache_volume: dict[str, Any] = (
         {"name": "model-cache", "persistentVolumeClaim": {"claimName": spec.model.cache_claim_name}}
@@ -225,7 +237,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
         "image": spec.engine.image,
         "command": ["pagedinfer"],
         "args": engine_args(spec, plan),
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}, *engine_router_ports(spec.router)],
         "env": _env(spec, model_env),
         "resources": _resources(spec),
         "volumeMounts": [
@@ -234,28 +246,17 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
             {"name": "shm", "mountPath": "/dev/shm"},
             *model_mounts,
         ],
-        "startupProbe": _probe("/health", 10, STARTUP_PROBE_SECONDS // 10),
-        "readinessProbe": _probe("/health", 5, 3),
-        "livenessProbe": _probe("/health", 15, 4),
+        "startupProbe": probe("/health", 10, STARTUP_PROBE_SECONDS // 10),
+        "readinessProbe": probe("/health", 5, 3),
+        "livenessProbe": probe("/health", 15, 4),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_SECONDS)]}}},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(),
     }
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_SECONDS,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": [
             cache_volume,
@@ -343,9 +344,15 @@ def build_service(owner: Owner) -> dict[str, Any]:
     return with_spec_hash(service)
 
 
+def owned_body(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level fields the operator sets besides metadata: `spec`, or a Role's `rules`, a RoleBinding's
+    `roleRef` and `subjects` (kinds without a spec)."""
+    return {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+
+
 def with_spec_hash(manifest: dict[str, Any]) -> dict[str, Any]:
     """Stamp the hash of the desired spec+labels, so an unchanged child costs one GET and no PATCH."""
-    desired = {"spec": manifest["spec"], "labels": manifest["metadata"].get("labels")}
+    desired = {**owned_body(manifest), "labels": manifest["metadata"].get("labels")}
     manifest["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: content_hash(desired)}
     return manifest
 
@@ -380,9 +387,9 @@ def patch_for(desired: dict[str, Any], live: dict[str, Any] | None = None) -> di
     """
     patch = {
         "metadata": {key: desired["metadata"][key] for key in ("labels", "annotations", "ownerReferences")},
-        "spec": copy.deepcopy(desired["spec"]),
+        **copy.deepcopy(owned_body(desired)),
     }
-    pod = patch["spec"].get("template", {}).get("spec")
+    pod = patch.get("spec", {}).get("template", {}).get("spec")
     if pod is not None:
         for key in OPTIONAL_POD_FIELDS:
             pod.setdefault(key, None)

@@ -26,7 +26,9 @@ all, to the one its owner label names (an orphan the operator built:
   ADDED is the operator's own create (its fingerprint may not be recorded
   yet), and the listing kopf does at start (event type None) is left to the
   owners' resume handler, which reconciles every InferenceService anyway.
-- every event of a Deployment its owner controls, whatever that reconcile
+- every event of the router Deployment (`NAME-router`): its ready pods go
+  into the owner's status.routing.readyReplicas.
+- every event of the engine Deployment (named as its owner), whatever that reconcile
   did: its state goes into the owner's status (replicas, readyReplicas,
   Available and Ready, for the owner generation the Deployment was built
   from, `builders.built_for_generation`).
@@ -44,6 +46,8 @@ from pagedinfer.operator.children import adoptable
 from pagedinfer.operator.drift import fingerprint
 from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError
 from pagedinfer.operator.reconciler import reconcile
+from pagedinfer.operator.routing.builders import router_name
+from pagedinfer.operator.routing.status import router_ready
 from pagedinfer.operator.settings import Runtime
 from pagedinfer.operator.status_writer import write_conditions
 
@@ -95,8 +99,24 @@ async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], 
                 runtime.child_fingerprints.pop(uid, None)
                 raise
     finally:
-        if kind == "Deployment" and owner_uid is not None:
+        if kind == "Deployment" and owner_uid is not None and meta["name"] == name:
             await report_rollout(runtime, child, name, owner_uid)
+        elif kind == "Deployment" and owner_uid is not None and meta["name"] == router_name(name):
+            await report_router_rollout(runtime, child, name, owner_uid)
+
+
+async def report_router_rollout(runtime: Runtime, deployment: Mapping[str, Any], owner_name: str,
+                                owner_uid: str) -> None:
+    """The router Deployment's ready pods into its owner's status.routing.readyReplicas."""
+    try:
+        owner = await _live_owner(runtime, deployment["metadata"]["namespace"], owner_name, owner_uid)
+        if owner is None or not (owner.get("status") or {}).get("routing", {}).get("enabled"):
+            return
+        await write_conditions(runtime.kube, owner, [], None,
+                               routing={**owner["status"]["routing"], **router_ready(deployment)})
+    except ApiError as exc:
+        raise kopf.TemporaryError(f"cannot write the routing status: {exc}",
+                                  delay=runtime.config.retry_delay_seconds) from exc
 
 
 async def report_rollout(runtime: Runtime, deployment: Mapping[str, Any], owner_name: str, owner_uid: str) -> None:

@@ -40,7 +40,7 @@ reconcile is retried.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from pagedinfer.operator import builders, status
 from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
@@ -130,9 +130,13 @@ class Ownership:
 
 
 async def apply_children(api: KubeApi, ownership: Ownership, deployment: dict[str, Any], service: dict[str, Any],
-                         logger: Any, on_applied: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
-    """Make both children match; returns them as the API server now has them (Deployment, Service)."""
-    children: list[tuple[ResourceRef, dict[str, Any]]] = [(DEPLOYMENTS, deployment), (SERVICES, service)]
+                         logger: Any, on_applied: Callable[[dict[str, Any]], None],
+                         extra: Sequence[tuple[ResourceRef, dict[str, Any]]] = ()) -> list[dict[str, Any]]:
+    """Make the children match; returns them as the API server now has them (Deployment, Service, *extra).
+
+    extra: more children (the router's, `routing.builders.router_children`), checked for clashes with
+    the first two and applied after them in order."""
+    children: list[tuple[ResourceRef, dict[str, Any]]] = [(DEPLOYMENTS, deployment), (SERVICES, service), *extra]
     found = [await api.get(ref, desired["metadata"]["namespace"], desired["metadata"]["name"])
              for ref, desired in children]
     deployed = found[0] is not None and ownership.claims(found[0])

@@ -17,6 +17,7 @@ from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import field_default, managed_flags
 from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.operator.autoscaling_spec import AutoscalingSpec
+from pagedinfer.operator.routing.spec import RouterSpec
 
 API_GROUP = "serving.pagedinfer.dev"
 API_VERSION = "v1alpha1"
@@ -24,6 +25,8 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
 DEFAULT_IMAGE = "ghcr.io/pagedinfer/pagedinfer:0.1.0"
+# The router pods' image unless spec.router.image says otherwise (operator --router-image).
+DEFAULT_ROUTER_IMAGE = "ghcr.io/pagedinfer/pagedinfer-router:0.1.0"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 MODEL_SCHEMES = ("hf", "pvc", "s3", "file")
 # Flags the operator sets itself; extraArgs may neither repeat nor abbreviate them
@@ -157,6 +160,7 @@ class InferenceServiceSpec:
     min_replicas: int = 0
     max_replicas: int | None = None  # None: no upper bound
     autoscaling: AutoscalingSpec | None = None  # parsed spec.autoscaling (disabled when absent)
+    router: RouterSpec = RouterSpec()  # parsed spec.router (routing.spec), its default resolved
 
     @property
     def served_model_name(self) -> str:

@@ -4,7 +4,7 @@
   (update fires on spec, label and annotation changes, including
   `spec.replicas` written through the scale subresource; status writes do
   not fire it);
-- every event of a Deployment or Service the operator manages ->
+- every event of a Deployment, Service, ServiceAccount, Role or RoleBinding the operator manages ->
   child_events.on_child_event (a deleted child is recreated, one edited by
   someone else is patched back; a Deployment's readiness goes into the
   owner's status);
@@ -56,6 +56,16 @@ async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger:
 async def service_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index,
                         **_: Any) -> None:
     await child_events.on_child_event(settings.runtime_of(memo), "Service", body, type, logger, nodes_in(gpu_nodes))
+
+
+@kopf.on.event("", "v1", "serviceaccounts", labels=MANAGED, registry=REGISTRY)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED, registry=REGISTRY)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED, registry=REGISTRY)
+async def router_rbac_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index,
+                            **_: Any) -> None:
+    """The router's ServiceAccount, Role and RoleBinding (operator/routing): repaired as the other children."""
+    await child_events.on_child_event(settings.runtime_of(memo), body.get("kind", "RBAC object"), body, type, logger,
+                                      nodes_in(gpu_nodes))
 
 
 def _referenced(name: str, namespace: str, model_config_maps: kopf.Index, **_: Any) -> bool:

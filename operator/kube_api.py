@@ -81,6 +81,9 @@ class ResourceRef:
 CONFIGMAPS = ResourceRef("v1", "configmaps")
 SERVICES = ResourceRef("v1", "services")
 DEPLOYMENTS = ResourceRef("apps/v1", "deployments")
+SERVICE_ACCOUNTS = ResourceRef("v1", "serviceaccounts")
+ROLES = ResourceRef("rbac.authorization.k8s.io/v1", "roles")
+ROLE_BINDINGS = ResourceRef("rbac.authorization.k8s.io/v1", "rolebindings")
 INFERENCESERVICES = ResourceRef("serving.pagedinfer.dev/v1alpha1", "inferenceservices")
 
 
@@ -183,3 +186,19 @@ class KubeApi:
                     subresource: str | None = None) -> dict[str, Any]:
         return await self.request("PATCH", ref.path(namespace, name, subresource), body=body,
                                   content_type=MERGE_PATCH)
+
+    async def delete(self, ref: ResourceRef, namespace: str | None, name: str,
+                     uid: str | None = None) -> bool:
+        """Delete in the background (the garbage collector takes dependants); False when already gone.
+
+        uid: delete only that object (a precondition: a 409 if the name now holds another)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self.request("DELETE", ref.path(namespace, name), body=body)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

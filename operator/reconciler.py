@@ -4,7 +4,7 @@ reconcile(): parse the spec (invalid: Valid=False, an Event, no children) ->
 plan the KV cache (cannot: Sized=False with the numbers, an Event, no
 children; retried later when waiting can help; an invalid model config is
 also a counted reconcile error, `model_config_invalid`) -> build the Deployment and
-Service (pure) -> apply them (`children.apply_children`: a name clash is
+Service, and the router's children with `spec.router.enabled` (`routing`; pure) -> apply them (`children.apply_children`: a name clash is
 Applied=False ChildConflict, and a full ResourceQuota Applied=False
 QuotaExceeded, both retried; a manifest the API server refuses is
 Applied=False ApplyFailed with its message, and a kopf.PermanentError, so it
@@ -24,9 +24,12 @@ keeps serving the last applied spec: status.kvCache keeps its plan and the
 failing condition says so. With nothing deployed, Applied, Available and
 Ready say NotDeployed and kvCache is removed.
 
+With the router off, its children are deleted after the status write
+(`routing.children`); the apply has already pointed the Service back at the engines.
+
 Status is written through `status_writer` (merge patches guarded by the
 resourceVersion); reconcile() owns Valid, Sized, Applied, kvCache, url,
-selector and observedGeneration. It never writes `spec.replicas`: HPA, KEDA
+selector, routing and observedGeneration. It never writes `spec.replicas`: HPA, KEDA
 or the autoscaler own it through the scale subresource, and the next
 reconcile carries it to the Deployment.
 """
@@ -42,6 +45,9 @@ from pagedinfer.operator import builders, children, sizer, status
 from pagedinfer.operator.crd_model import InferenceServiceSpec, SpecError
 from pagedinfer.operator.drift import fingerprint
 from pagedinfer.operator.kube_api import DEPLOYMENTS, ApiError, KubeApi
+from pagedinfer.operator.routing import builders as routing_builders
+from pagedinfer.operator.routing.children import remove_router_children
+from pagedinfer.operator.routing.status import routing_status
 from pagedinfer.operator.settings import Runtime
 from pagedinfer.operator.spec_parser import parse_spec
 from pagedinfer.operator.status_writer import is_news, write_conditions
@@ -121,8 +127,11 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
     try:
         ownership = children.Ownership(owner_uid=uid, owner_name=name, keep_replicas=autoscaling_enabled(spec),
                                        wait_retry_seconds=runtime.config.no_nodes_retry_seconds)
-        await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
-                                      builders.build_service(owner), logger, on_applied=remember)
+        router = (routing_builders.router_children(owner, spec, runtime.config.router_image)
+                  if spec.router.enabled else [])
+        applied = await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
+                                                routing_builders.build_front_service(owner, spec), logger,
+                                                on_applied=remember, extra=router)
     except children.NotApplied as failure:
         await _report_failure(api, body, [valid, sized], status.false(status.APPLIED, failure.reason,
                                                                       failure.message), failure.deployed, logger)
@@ -131,7 +140,9 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
         raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds) from failure
     await write_conditions(api, body, [valid, sized, APPLIED], generation, observedGeneration=generation,
                            kvCache=plan.to_status(), selector=builders.selector_string(name),
-                           url=builders.service_url(owner))
+                           url=builders.service_url(owner), routing=routing_status(spec.router, applied[-1]))
+    if not spec.router.enabled:  # after the status write: the Service already selects the engines
+        await remove_router_children(api, namespace, name, uid, logger)
     return "applied"
 
 

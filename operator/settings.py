@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator.crd_model import API_GROUP
+from pagedinfer.operator.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE
 from pagedinfer.operator.hf_config import HubConfigFetcher
 from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.metrics import OperatorMetrics
@@ -35,6 +35,8 @@ class OperatorConfig:
     watch_timeout_seconds: float = 300.0
     error_backoffs: tuple[float, ...] = (1, 2, 4, 8, 16)
     allow_host_path_models: bool = False  # file:// models as hostPath volumes (a privilege: off by default)
+    # The router pods' image when spec.router.image is not set (images/router.Dockerfile; the chart sets it).
+    router_image: str = DEFAULT_ROUTER_IMAGE
 
     def __post_init__(self) -> None:
         for name in ("hf_timeout_seconds", "api_timeout_seconds", "retry_delay_seconds",
@@ -48,6 +50,7 @@ class OperatorConfig:
         values: dict[str, Any] = {
             "hf_endpoint": env.get("PAGEDINFER_HF_ENDPOINT", env.get("HF_ENDPOINT", cls.hf_endpoint)),
             "hf_token": env.get("HF_TOKEN") or None,
+            "router_image": env.get("PAGEDINFER_ROUTER_IMAGE") or cls.router_image,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -7,7 +7,8 @@ off, `kubectl apply --validate=false` exists, old API servers skip CEL), and
 raises `SpecError` (a ValueError) listing every problem, each prefixed by
 the dotted path of the field (`spec.engine.blockSize: ...`). That includes
 every rule of `spec.autoscaling` (`autoscaling_spec.parse_autoscaling_spec`,
-the parse the autoscaler itself runs): a spec it would refuse is invalid.
+the parse the autoscaler itself runs): a spec it would refuse is invalid, and of
+`spec.router` (`routing.spec.parse_router_spec`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from pagedinfer.operator.crd_model import (
 )
 from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
 from pagedinfer.operator.quantity import quantity_bytes
+from pagedinfer.operator.routing.spec import RouterSpec, RouterSpecError, parse_router_spec
 
 
 # spec.model.architecture's fields and the config.json fields whose bounds (sizing) they share.
@@ -363,6 +365,11 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
         autoscaling = parse_autoscaling_spec(raw, bounds_checked=True)
     except AutoscalingSpecError as exc:
         r.problems.extend(exc.problems)
+    router = RouterSpec()
+    try:
+        router = parse_router_spec(raw.get("router"), max_replicas)
+    except RouterSpecError as exc:
+        r.problems.extend(exc.problems)
     tp = engine.tensor_parallel_size
     if tp not in TENSOR_PARALLEL_SIZES:
         r.fail("spec.engine.tensorParallelSize", f"must be one of {list(TENSOR_PARALLEL_SIZES)}, got {tp}")
@@ -391,4 +398,5 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
         min_replicas=min_replicas or 0,
         max_replicas=max_replicas,
         autoscaling=autoscaling,
+        router=router,
     )

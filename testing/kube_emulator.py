@@ -26,7 +26,8 @@ resources registered with `register()`:
   inject errors or delays; `calls` records every API request.
 
 It has no controllers and no garbage collector: tests play those parts
-(`set_status`, `collect_garbage`) and say so. Discovery (/api, /apis, ...)
+(`set_status`, `collect_garbage`, `scale_down_pods`: a ReplicaSet's scale-down
+order, pod-deletion-cost included) and say so. Discovery (/api, /apis, ...)
 is kmock's, from `resources`.
 """
 
@@ -48,7 +49,8 @@ import kmock
 from kmock._internal import rendering
 
 from pagedinfer.testing.kube_emulator_rules import (PatchError, SelectorError, canonical_pod_spec, field_selector,
-                                                    json_patch, label_selector, merge_patch, selector_from_match_labels,
+                                                    json_patch, label_selector, merge_patch, scale_down_order,
+                                                    selector_from_match_labels,
                                                     spec_changed)
 
 
@@ -181,6 +183,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     self._delete(res, ns, name)
                     collected.append((self._kinds[res].kind, name))
             return collected
+
+    async def scale_down_pods(self, namespace: str, match_labels: dict[str, str], replicas: int) -> list[str]:
+        """Play the ReplicaSet controller scaling down: delete the pods matching `match_labels` beyond
+        `replicas`, in its order (`scale_down_order`: pod-deletion-cost honoured). Returns the deleted names."""
+        pods = kmock.resource("", "v1", "pods")
+        selected = [p for p in self.read_all(pods, namespace)
+                    if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in match_labels.items())]
+        doomed = [p["metadata"]["name"] for p in scale_down_order(selected)[:max(0, len(selected) - replicas)]]
+        for name in doomed:
+            await self.remove(pods, namespace, name)
+        return doomed
 
     def count(self, verb: str | None = None, resource: str | None = None) -> int:
         return sum(1 for a, _ in self.calls if (verb is None or a.verb == verb)
@@ -472,6 +485,9 @@ def default_emulator(**kwargs: Any) -> KubeEmulator:
     emulator.register("v1", "Secret", "secrets")
     emulator.register("v1", "Service", "services", subresources=("status",))
     emulator.register("v1", "Event", "events")
+    emulator.register("v1", "ServiceAccount", "serviceaccounts")
+    emulator.register("rbac.authorization.k8s.io/v1", "Role", "roles")
+    emulator.register("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
     emulator.register("v1", "Pod", "pods", subresources=("status",), pod_spec_path=("spec",))
     emulator.register("apps/v1", "Deployment", "deployments", subresources=("status", "scale"),
                       scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")),

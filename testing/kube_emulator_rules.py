@@ -254,3 +254,37 @@ def canonical_pod_spec(pod: Any) -> None:
         for item in container.get("env") or []:
             if isinstance(item, dict) and item.get("value") == "":
                 del item["value"]
+
+
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+_PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _deletion_cost(pod: Mapping[str, Any]) -> int:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(POD_DELETION_COST, "0")
+    try:
+        return int(value)
+    except ValueError:
+        return 0  # the API server refuses such a value; counted as the default
+
+
+def scale_down_order(pods: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pods in the order a ReplicaSet deletes them when scaled down (kubernetes controller_utils
+    ActivePodsWithRanks): unscheduled before scheduled, Pending < Unknown < Running, not ready before
+    ready, then LOWER `controller.kubernetes.io/pod-deletion-cost` first, then newer before older
+    (ties: the later name first). Restart counts and ready-since times are not modelled."""
+    def key(pod: Mapping[str, Any]) -> tuple:
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        return (bool(spec.get("nodeName")), _PHASE_RANK.get(status.get("phase"), 1), _pod_ready(pod),
+                _deletion_cost(pod), _negated(meta.get("creationTimestamp") or ""), _negated(meta.get("name") or ""))
+    return sorted(pods, key=key)
+
+
+def _negated(text: str) -> tuple[int, ...]:
+    """A sort key ordering strings descending."""
+    return tuple(-ord(c) for c in text) + (0,)

@@ -91,7 +91,7 @@ def test_the_dashboard_queries_parse_and_cover_the_promised_panels():
                    "Inter-token latency", "Replicas"):
         assert needed in titles
     for panel in dashboard["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", []):  # a row has none
             expr = target["expr"]
             for variable, value in GRAFANA_VARIABLES.items():
                 expr = expr.replace(variable, value)
@@ -103,6 +103,32 @@ def test_the_dashboard_configmap_carries_the_json_unchanged(helm):
     rendered = helm_template(helm, set_values={"monitoring.grafanaDashboard.enabled": True})
     data = rendered.one("ConfigMap")["data"]["pagedinfer-dashboard.json"]
     assert json.loads(data) == json.loads((CHART / "files" / "pagedinfer-dashboard.json").read_text())
+
+
+def test_the_router_podmonitor_selects_the_router_pods_the_operator_builds(helm):
+    from pagedinfer.operator import builders
+    from pagedinfer.operator.routing.builders import build_router_deployment
+    from pagedinfer.operator.spec_parser import parse_spec
+
+    monitor = helm_template(helm, set_values={"monitoring.router.podMonitor.enabled": True},
+                            api_versions=(MONITORING_API,)).one("PodMonitor")
+    owner = builders.Owner(name="llama", namespace="team-a", uid="uid-1")
+    spec = parse_spec("llama", {"resources": {"gpus": 0}, "router": {"enabled": True}})
+    template = build_router_deployment(owner, spec, "router:1")["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= builders.common_labels("llama").items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in template["spec"]["containers"][0]["ports"]}
+
+
+def test_the_dashboard_has_a_routing_row_of_decisions_and_per_engine_hit_rate():
+    panels = json.loads((CHART / "files" / "pagedinfer-dashboard.json").read_text())["panels"]
+    titles = [p["title"] for p in panels]
+    row = titles.index("Routing (spec.router)")
+    assert panels[row]["type"] == "row"
+    exprs = " ".join(t["expr"] for p in panels[row + 1:] for t in p["targets"])
+    assert "sum by (reason, engine) (rate(pagedinfer_router_decisions_total" in exprs
+    assert "sum by (pod) (rate(pagedinfer_prefix_cache_hits_total" in exprs
 
 
 def test_the_engine_podmonitor_selects_the_pods_the_operator_builds(helm):

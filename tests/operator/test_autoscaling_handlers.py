@@ -7,14 +7,11 @@ disabled InferenceService alone."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-from dataclasses import dataclass
 
 import pytest
-from aiohttp import web
 
-from pagedinfer.testing.kubelet_harness import ENGINE_PORT, add_ready_pod, loopback_ip, pod_manifest
+from fake_engine_metrics import fake_engines
+from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
 from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, condition, eventually, running_operator
 from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
 from pagedinfer.operator.autoscaling_handlers import build_status, is_ready, metrics_url
@@ -22,64 +19,6 @@ from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample
 from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec
 
 NS = "default"
-
-
-@dataclass
-class FakeEngine:
-    """An engine pod's /metrics: `mode` is ok, garbage or silent (never answers)."""
-
-    ip: str
-    kv_usage: float = 0.0
-    mode: str = "ok"
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        if self.mode == "garbage":
-            return web.Response(text="<html>upstream connect error</html>")
-        if self.mode == "silent":
-            await asyncio.sleep(30)
-        return web.Response(text=f'pagedinfer_kv_cache_usage_ratio{{model_name="m"}} {self.kv_usage}\n'
-                                 f'pagedinfer_num_requests_waiting{{model_name="m"}} 0\n')
-
-
-@contextlib.asynccontextmanager
-async def fake_engines(count: int):
-    """`count` FakeEngines, each an HTTP server on its own loopback address, served
-    from a thread of their own (as separate pods are): kopf, stopping, cancels
-    every task of its own event loop."""
-    engines = []
-    for _ in range(count):
-        engines.append(FakeEngine(loopback_ip({e.ip for e in engines})))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def serve():
-        runners = []
-        for engine in engines:
-            app = web.Application()
-            app.router.add_get("/metrics", engine.metrics)
-            runner = web.AppRunner(app, shutdown_timeout=0.1)
-            await runner.setup()
-            await web.TCPSite(runner, engine.ip, ENGINE_PORT).start()
-            runners.append(runner)
-        return runners
-
-    runners = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
-    try:
-        yield engines
-    finally:
-        async def cleanup():
-            for runner in runners:
-                await runner.cleanup()
-            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def inference_service(name: str, replicas: int, enabled: bool = True, **autoscaling):

@@ -28,7 +28,9 @@ async def test_every_condition_carries_the_generation_it_was_set_for(emulator):
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}}))
-        await eventually(lambda: condition(isvc_of(emulator), "Available")["reason"] == "NoReplicasAvailable")
+        # Applied too: the Deployment's first event can report Available before the reconcile writes the rest.
+        await eventually(lambda: condition(isvc_of(emulator), "Available")["reason"] == "NoReplicasAvailable"
+                         and condition(isvc_of(emulator), "Applied")["status"] == "True")
         assert generations(isvc_of(emulator)) == dict.fromkeys(status.CONDITION_TYPES, 1)
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64}}})
         await eventually(lambda: isvc_of(emulator)["status"]["observedGeneration"] == 2)

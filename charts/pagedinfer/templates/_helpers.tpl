@@ -96,7 +96,7 @@ app.kubernetes.io/component: operator
 {{/* True when any prometheus-operator object (monitoring.coreos.com/v1) is asked for. */}}
 {{- define "pagedinfer.monitoring.enabled" -}}
 {{- $m := .Values.monitoring -}}
-{{- if or $m.engine.podMonitor.enabled $m.operator.serviceMonitor.enabled $m.prometheusRule.enabled -}}true{{- end -}}
+{{- if or $m.engine.podMonitor.enabled $m.router.podMonitor.enabled $m.operator.serviceMonitor.enabled $m.prometheusRule.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{/*
@@ -105,6 +105,11 @@ with its builders, tests/chart checks the pair).
 */}}
 {{- define "pagedinfer.engine.selectorLabels" -}}
 app.kubernetes.io/name: pagedinfer-engine
+{{- end -}}
+
+{{/* Router pods as the operator labels them (operator/routing/builders.py; tests/chart checks the pair). */}}
+{{- define "pagedinfer.router.selectorLabels" -}}
+app.kubernetes.io/name: pagedinfer-router
 {{- end -}}
 
 {{/* The engine container's named port serving the API and /metrics. */}}

@@ -59,6 +59,7 @@ spec:
         {{- if not .Values.operator.huggingFace.fetchConfig }}
         - --no-fetch-hf-config
         {{- end }}
+        - --router-image={{ include "pagedinfer.image" (list .Values.router.image .Chart.AppVersion) }}
         {{- range .Values.operator.extraArgs }}
         - {{ . | quote }}
         {{- end }}

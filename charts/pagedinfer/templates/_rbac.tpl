@@ -28,16 +28,29 @@ always in a ClusterRole.
 # so Kubernetes' garbage collector deletes them; the operator never does).
 # Both are watched: one deleted or edited by hand is put back, and a
 # Deployment's readiness goes into the owner's status.
+# With spec.router the operator also runs a router Deployment, the engines'
+# headless Service and the router's ServiceAccount, Role and RoleBinding
+# (watched and repaired alike), and deletes them when the router is turned
+# off (docs/router.md "On Kubernetes").
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-# The autoscaler lists an InferenceService's ready engine pods to scrape them.
+  resources: ["services", "serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The routers' Role grants list on EndpointSlices; Kubernetes lets the
+# operator grant only what it holds itself (RBAC escalation prevention).
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list"]
+# The autoscaler lists an InferenceService's ready engine pods to scrape them,
+# and before scaling in marks each with controller.kubernetes.io/pod-deletion-cost.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "patch"]
 # A model's config.json referenced by spec.model.configMapRef: read when
 # sizing, and watched so that a service whose ConfigMap was missing or
 # invalid is sized again when it is created or fixed.

@@ -1,0 +1,184 @@
+"""The router's children as pure manifests, and what it changes in the engines' (no I/O).
+
+With `spec.router.enabled` an InferenceService `NAME` gets, besides its engine Deployment:
+
+- Deployment `NAME-router`: `spec.router.replicas` pods running
+  `pagedinfer router --discover-service NAME-engines --policy P` on port 8000
+  (named `http`, as the engines'), non-root, read-only root filesystem, all
+  capabilities dropped; readiness and startup on `/health` (503 while no
+  engine is healthy, so a router with no engine takes no traffic); liveness
+  on the TCP port, not `/health`: a router must not be restarted because
+  the engines are loading or scaled to zero. The API key comes from the
+  engines' Secret (`spec.engine.apiKeySecretRef`) as `PAGEDINFER_API_KEY`.
+  A pvc:// or file:// model is mounted read-only so the router tokenizes with
+  the engines' own tokenizer (`--tokenizer`).
+- ServiceAccount, Role and RoleBinding `NAME-router`: `list` on
+  `discovery.k8s.io` EndpointSlices in the namespace, nothing else (the
+  router polls them, router/discovery.py; it never watches).
+- Service `NAME-engines`: headless (clusterIP None), selecting the engine
+  pods; its EndpointSlices are what the router follows.
+- Service `NAME` (the one `status.url` names) selects the router pods
+  instead of the engines.
+
+The engines get `--kv-events` (`engine_flags`). Every child carries the owner
+reference, labels and spec hash of the engine's children (`builders`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedinfer.operator import builders
+from pagedinfer.operator.crd_model import InferenceServiceSpec
+from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
+
+ROUTER_SUFFIX = "-router"
+ENGINES_SUFFIX = "-engines"
+ROUTER_COMPONENT = "router"
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
+# What the router's service account may do: poll its engines' EndpointSlices (router/discovery.py).
+ROUTER_RULES = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
+
+
+def router_name(owner_name: str) -> str:
+    return owner_name + ROUTER_SUFFIX
+
+
+def engines_service_name(owner_name: str) -> str:
+    return owner_name + ENGINES_SUFFIX
+
+
+def router_selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "pagedinfer-router", "app.kubernetes.io/instance": name}
+
+
+def router_labels(name: str) -> dict[str, str]:
+    return {**builders.common_labels(name), **router_selector_labels(name),
+            "app.kubernetes.io/component": ROUTER_COMPONENT}
+
+
+def _metadata(owner: builders.Owner, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace, "labels": labels,
+            "ownerReferences": [builders.owner_reference(owner)]}
+
+
+def _tokenizer(spec: InferenceServiceSpec) -> tuple[list[str], list[dict], list[dict]]:
+    """(--tokenizer args, volumes, mounts): the model's own directory when the pod can mount it."""
+    uri = spec.model.uri
+    if uri is None or uri.scheme not in ("pvc", "file"):
+        return [], [], []
+    model_args, volumes, mounts, _ = builders.model_arg_and_mounts(spec)
+    return ["--tokenizer", model_args[1]], volumes, mounts
+
+
+def router_args(owner: builders.Owner, spec: InferenceServiceSpec) -> list[str]:
+    """The `pagedinfer router` command line (after the executable)."""
+    return ["router", "--discover-service", engines_service_name(owner.name), "--engine-port-name", "http",
+            "--policy", spec.router.policy, "--host", "0.0.0.0", "--port", str(builders.HTTP_PORT),
+            *_tokenizer(spec)[0]]
+
+
+def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
+    name = router_name(owner.name)
+    _, volumes, mounts = _tokenizer(spec)
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    ref = spec.engine.api_key_secret_ref
+    if ref is not None:  # a reference only: the key never enters a manifest
+        env.append({"name": "PAGEDINFER_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    container = {
+        "name": "router",
+        "image": spec.router.image or default_image,
+        "command": ["pagedinfer"],
+        "args": router_args(owner, spec),
+        "ports": [{"name": "http", "containerPort": builders.HTTP_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": {key: dict(values) for key, values in spec.router.resources.items()},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
+        "startupProbe": builders.probe("/health", 2, 150),
+        "readinessProbe": builders.probe("/health", 2, 2),
+        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5,
+                          "failureThreshold": 3},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(builders.PRE_STOP_SLEEP_SECONDS)]}}},
+        "securityContext": builders.container_security_context(),
+    }
+    pod = {
+        "serviceAccountName": name,
+        "automountServiceAccountToken": True,  # the router lists EndpointSlices with it
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": builders.PRE_STOP_SLEEP_SECONDS + 30,
+        "securityContext": builders.pod_security_context(),
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
+    }
+    labels = router_labels(owner.name)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, name, labels),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": router_selector_labels(owner.name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {builders.CONFIG_HASH_ANNOTATION: builders.content_hash(pod)}},
+                "spec": pod,
+            },
+        },
+    }
+    return builders.with_spec_hash(deployment)
+
+
+def build_service_account(owner: builders.Owner) -> dict[str, Any]:
+    return builders.with_spec_hash({"apiVersion": "v1", "kind": "ServiceAccount",
+                                    "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name))})
+
+
+def build_role(owner: builders.Owner) -> dict[str, Any]:
+    return builders.with_spec_hash({"apiVersion": RBAC_API_VERSION, "kind": "Role",
+                                    "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name)),
+                                    "rules": [dict(rule) for rule in ROUTER_RULES]})
+
+
+def build_role_binding(owner: builders.Owner) -> dict[str, Any]:
+    name = router_name(owner.name)
+    return builders.with_spec_hash({
+        "apiVersion": RBAC_API_VERSION, "kind": "RoleBinding",
+        "metadata": _metadata(owner, name, router_labels(owner.name)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    })
+
+
+def build_engines_service(owner: builders.Owner) -> dict[str, Any]:
+    """The engines' headless Service: its EndpointSlices list the engine pods the router may use."""
+    return builders.with_spec_hash({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(owner, engines_service_name(owner.name), builders.common_labels(owner.name)),
+        "spec": {"clusterIP": "None", "selector": builders.selector_labels(owner.name),
+                 "ports": [{"name": "http", "port": builders.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}]},
+    })
+
+
+def build_front_service(owner: builders.Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """Service NAME (status.url): the router pods with the router on, else the engines."""
+    service = builders.build_service(owner)
+    if spec.router.enabled:
+        service["spec"]["selector"] = router_selector_labels(owner.name)
+        builders.with_spec_hash(service)
+    return service
+
+
+def router_children(owner: builders.Owner, spec: InferenceServiceSpec,
+                    default_image: str) -> list[tuple[ResourceRef, dict[str, Any]]]:
+    """The router's own children, in apply order (its RBAC before the pods that use it)."""
+    return [(SERVICE_ACCOUNTS, build_service_account(owner)), (ROLES, build_role(owner)),
+            (ROLE_BINDINGS, build_role_binding(owner)), (SERVICES, build_engines_service(owner)),
+            (DEPLOYMENTS, build_router_deployment(owner, spec, default_image))]
+
+
+def router_child_names(owner_name: str) -> list[tuple[ResourceRef, str]]:
+    """Every child the router adds, by kind and name (what turning it off deletes)."""
+    name = router_name(owner_name)
+    return [(DEPLOYMENTS, name), (ROLE_BINDINGS, name), (ROLES, name), (SERVICE_ACCOUNTS, name),
+            (SERVICES, engines_service_name(owner_name))]

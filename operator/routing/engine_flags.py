@@ -1,0 +1,26 @@
+"""What an engine gains when a router follows it (pure; builders.py adds it to the engine's pod).
+
+`--kv-events` publishes the prefix cache's events on KV_EVENTS_PORT (replay on
+the port above). The router finds both through the engine's `GET /kv_events`
+and connects to the pod's IP (router/kv_feed.py), so no Service carries them;
+the container declares them for readers and NetworkPolicies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedinfer.operator.routing.spec import RouterSpec
+
+KV_EVENTS_PORT = 5557  # `serve --kv-events-port`
+
+
+def engine_router_args(router: RouterSpec) -> list[str]:
+    return ["--kv-events", "--kv-events-port", str(KV_EVENTS_PORT)] if router.enabled else []
+
+
+def engine_router_ports(router: RouterSpec) -> list[dict[str, Any]]:
+    if not router.enabled:
+        return []
+    return [{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+            {"name": "kv-replay", "containerPort": KV_EVENTS_PORT + 1, "protocol": "TCP"}]

@@ -1,0 +1,67 @@
+"""The router's children (operator/routing/builders.py) are valid Kubernetes objects, least-privilege, and tokenize
+with the engines' model when the pod can mount it."""
+
+import kubernetes_validate
+import pytest
+
+from pagedinfer.operator import builders, planning
+from pagedinfer.operator.drift import drifted_paths
+from pagedinfer.operator.routing import builders as routing
+from pagedinfer.operator.routing.engine_flags import KV_EVENTS_PORT
+from pagedinfer.operator.spec_parser import parse_spec
+
+KUBERNETES_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
+OWNER = builders.Owner(name="llama", namespace="team-a", uid="uid-1", generation=1)
+PLAN = planning.KVCachePlan(source="engine", block_size=16, num_gpu_blocks=None)
+
+
+def spec(**router):
+    return parse_spec("llama", {"model": {"uri": "pvc://models/llama-3"}, "maxReplicas": 4,
+                                "engine": {"apiKeySecretRef": {"name": "key"}}, "router": router})
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_router_child_passes_strict_kubernetes_validation(version):
+    children = [m for _, m in routing.router_children(OWNER, spec(), "router:1")]
+    for manifest in [*children, routing.build_front_service(OWNER, spec())]:
+        kubernetes_validate.validate(manifest, version, strict=True)
+        patch = builders.patch_for(manifest)  # what drift repair would send, for kinds without a spec too
+        assert not drifted_paths(manifest, patch)
+
+
+def test_the_router_tokenizes_with_the_mounted_model_and_keeps_the_key_a_reference():
+    deployment = routing.build_router_deployment(OWNER, spec(policy="least-load"), "router:1")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][container["args"].index("--tokenizer") + 1] == "/mnt/models/llama-3"
+    assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in container["volumeMounts"]
+    assert container["args"][container["args"].index("--policy") + 1] == "least-load"
+    assert [e for e in container["env"] if e["name"] == "PAGEDINFER_API_KEY"][0]["valueFrom"] == {
+        "secretKeyRef": {"name": "key", "key": "api-key"}}
+    assert "livenessProbe" in container and "httpGet" not in container["livenessProbe"]  # engines down != router down
+    assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def test_the_engines_publish_kv_events_only_with_the_router():
+    on = builders.build_deployment(OWNER, spec(), PLAN)["spec"]["template"]["spec"]["containers"][0]
+    off = builders.build_deployment(OWNER, spec(enabled=False), PLAN)["spec"]["template"]["spec"]["containers"][0]
+    assert on["args"][-3:] == ["--kv-events", "--kv-events-port", str(KV_EVENTS_PORT)]
+    assert {p["name"] for p in on["ports"]} == {"http", "kv-events", "kv-replay"}
+    assert "--kv-events" not in off["args"] and [p["name"] for p in off["ports"]] == ["http"]
+
+
+def test_the_role_grants_list_on_endpointslices_and_nothing_else():
+    assert routing.build_role(OWNER)["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+
+
+def test_the_router_image_is_the_spec_s_else_the_operator_setting(monkeypatch):
+    from pagedinfer.operator.settings import OperatorConfig
+
+    monkeypatch.setenv("PAGEDINFER_ROUTER_IMAGE", "registry.local/router:env")
+    assert OperatorConfig.from_env().router_image == "registry.local/router:env"
+    assert OperatorConfig.from_env(router_image="registry.local/router:flag").router_image == "registry.local/router:flag"
+    image = lambda s: routing.build_router_deployment(OWNER, s, "default:1")["spec"]["template"]["spec"][  # noqa: E731
+        "containers"][0]["image"]
+    assert image(spec()) == "default:1" and image(spec(image="mine:2")) == "mine:2"
