@@ -74,7 +74,9 @@ async def test_scales_up_on_kv_usage_then_down_after_the_window(emulator):
         await add_ready_pod(emulator, NS, pod_manifest("svc-1", "svc", engines[1].ip))
 
         await eventually(lambda: replicas_of(emulator) == 1)
-        status = autoscaling_status(emulator)
+        # spec.replicas and status.autoscaling are two writes: wait for the second
+        status = await eventually(lambda: (autoscaling_status(emulator) or {}).get("desiredReplicas") == 1
+                                  and autoscaling_status(emulator))
         assert status["lastScaleReason"].startswith("kvCacheUsage 0.05 below target 0.5: 2 -> 1 replicas")
 
 
