@@ -31,6 +31,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -67,10 +68,10 @@ struct Problem {
 // Per-thread float32 tiles, sized once per parallel chunk; rows of KV head h start at h * tile_rows.
 struct Scratch {
   int64_t tile_rows;
-  std::vector<float> q, key_t, value, probs, acc, row_max, row_sum, row_pos;
+  std::vector<float> q, key_t, value, staging, probs, acc, row_max, row_sum, row_pos;
   Scratch(int64_t tile_rows, int64_t num_kv_heads, int64_t head_dim, int64_t value_dim_padded)
       : tile_rows(tile_rows), q(num_kv_heads * tile_rows * head_dim), key_t(num_kv_heads * head_dim * kChunk, 0.f),
-        value(num_kv_heads * kChunk * value_dim_padded, 0.f), probs(num_kv_heads * tile_rows * kChunk),
+        value(num_kv_heads * kChunk * value_dim_padded, 0.f), staging(kChunk * head_dim), probs(num_kv_heads * tile_rows * kChunk),
         acc(num_kv_heads * tile_rows * value_dim_padded), row_max(num_kv_heads * tile_rows),
         row_sum(num_kv_heads * tile_rows), row_pos(tile_rows) {}
 };
@@ -223,14 +224,20 @@ void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s) {
     const float last_key = static_cast<float>(start + count - 1);
     // Convert the chunk's keys (transposed) and values of every KV head, reading its slots in
     // memory order; lanes >= count stay zero (never cache data).
-    for (int64_t c = 0; c < count; ++c) {
-      const T* k = p.key_cache + (slot0 + c) * slot_elems;
-      const T* v = p.value_cache + (slot0 + c) * slot_value_elems;
-      for (int64_t h = 0; h < KVH; ++h) {
-        float* kt = s.key_t.data() + h * D * kChunk + c;
-        for (int64_t d = 0; d < D; ++d) kt[d * kChunk] = static_cast<float>(k[h * D + d]);
+    for (int64_t h = 0; h < KVH; ++h) {
+      const T* k = p.key_cache + slot0 * slot_elems + h * D;
+      float* kt = s.key_t.data() + h * D * kChunk;
+      if constexpr (std::is_same_v<T, float>) {
+        at::vec::transpose_mxn<float>(k, slot_elems, kt, kChunk, static_cast<int>(count), static_cast<int>(D));
+      } else {
+        for (int64_t c = 0; c < count; ++c)
+          for (int64_t d = 0; d < D; ++d) s.staging[c * D + d] = static_cast<float>(k[c * slot_elems + d]);
+        at::vec::transpose_mxn<float>(s.staging.data(), D, kt, kChunk, static_cast<int>(count), static_cast<int>(D));
+      }
+      for (int64_t c = 0; c < count; ++c) {
+        const T* v = p.value_cache + (slot0 + c) * slot_value_elems + h * DV;
         float* vrow = s.value.data() + (h * kChunk + c) * DVP;
-        for (int64_t d = 0; d < DV; ++d) vrow[d] = static_cast<float>(v[h * DV + d]);
+        for (int64_t d = 0; d < DV; ++d) vrow[d] = static_cast<float>(v[d]);
       }
     }
     if (count < kChunk) {
