@@ -202,9 +202,11 @@ void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s) {
     }
   }
   for (int64_t i = 0; i < rows; ++i) s.row_pos[i] = static_cast<float>(first_pos + i / p.group);
-  std::fill(s.row_max.begin(), s.row_max.end(), -std::numeric_limits<float>::infinity());
-  std::fill(s.row_sum.begin(), s.row_sum.end(), 0.f);
-  std::fill(s.acc.begin(), s.acc.end(), 0.f);
+  for (int64_t h = 0; h < KVH; ++h) {  // only the rows this item uses (a decode uses `group` of `tile`)
+    std::fill_n(s.row_max.begin() + h * tile, rows, -std::numeric_limits<float>::infinity());
+    std::fill_n(s.row_sum.begin() + h * tile, rows, 0.f);
+    std::fill_n(s.acc.begin() + h * tile * DVP, rows * DVP, 0.f);
+  }
 
   const int64_t hi = first_pos + item.num_tokens;
   const int64_t lo = p.window > 0 ? std::max<int64_t>(0, first_pos - p.window + 1) : 0;
