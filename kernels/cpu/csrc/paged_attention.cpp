@@ -43,6 +43,7 @@ constexpr int64_t kChunk = Vec::size();  // keys scored at once: one vector of s
 constexpr int64_t kRowTile = 64;         // rows per KV head sharing each converted K/V chunk
 constexpr int64_t kMicroRows = 8;        // rows scored together in registers
 constexpr int64_t kValueRows = 4;        // rows accumulating values together in registers
+constexpr int64_t kPrefetchChunks = 4;   // how far ahead the K/V chunks are prefetched
 
 struct WorkItem {
   int64_t seq;
@@ -220,8 +221,10 @@ void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s) {
     const int64_t count = std::min({kChunk, p.block_size - offset, hi - start});
     const int64_t slot0 = static_cast<int64_t>(table[block_index]) * p.block_size + offset;
     const int64_t next = start + count;
-    prefetch_chunk(p, table, next, hi);            // the hardware prefetcher cannot guess the next
-    prefetch_chunk(p, table, next + kChunk, hi);   // block: ask for the two chunks after this one
+    // The hardware prefetcher cannot guess the next block: ask for the chunks kPrefetchChunks ahead.
+    if (start == lo)
+      for (int64_t ahead = 1; ahead < kPrefetchChunks; ++ahead) prefetch_chunk(p, table, start + ahead * kChunk, hi);
+    prefetch_chunk(p, table, start + kPrefetchChunks * kChunk, hi);
     const Vec key_pos = Vec::arange(static_cast<float>(start), 1.f);
     const float last_key = static_cast<float>(start + count - 1);
     // Convert the chunk's keys (transposed) and values of every KV head, reading its slots in
