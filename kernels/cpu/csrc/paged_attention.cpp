@@ -8,7 +8,7 @@
 // range [lo, hi) is narrow: hi = last token's position + 1 (causal), lo = first position -
 // window + 1. Keys are walked block by block through the block table, up to kChunk keys at a
 // time, all KV heads of a chunk together (a block's slots are contiguous, so the chunk is one
-// linear read; the next chunk is prefetched). Per KV head the chunk is converted to float32 into
+// linear read; chunks up to kPrefetchChunks ahead are prefetched). Per KV head the chunk is converted to float32 into
 // a small per-thread tile (K transposed, V row-major; only keys < hi are read, the rest of the
 // tile is zero), scores are a register-blocked outer product, masked per row (k <= p, k > p -
 // window) and folded into each row's running (max, sum, float32 accumulator). A slot past a
