@@ -10,7 +10,7 @@ mask function is registered under our name, transformers builds no mask
 
 The function writes the step's K/V into the paged cache through the slot
 mapping, then attends over the cache through the block tables, via
-`pagedinfer.kernels.dispatch` (torch reference on CPU, Triton on CUDA).
+`pagedinfer.kernels.dispatch` (the native CPU kernels on CPU, Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ class StepContext:
     metadata: AttentionMetadata
     key_caches: list[torch.Tensor]  # one [num_blocks, block_size, kv_heads, head_dim] view per layer
     value_caches: list[torch.Tensor]
-    num_layer_calls: int = 0  # checked after the forward: proves our attention really ran
-    layers_seen: set[int] = field(default_factory=set)
+    layers_seen: set[int] = field(default_factory=set)  # checked after the forward: our attention really ran
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -45,7 +44,6 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         raise RuntimeError("pagedinfer attention called without a step context")
     layer = module.layer_idx
     ctx = pagedinfer_step
-    ctx.num_layer_calls += 1
     ctx.layers_seen.add(layer)
     q = query[0].transpose(0, 1)  # [tokens, heads, head_dim]
     k = key[0].transpose(0, 1)

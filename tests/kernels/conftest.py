@@ -8,3 +8,14 @@ finds "0 active drivers" on this GPU-less machine; hence the first lines.
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def native_cpu_kernels():
+    """The native CPU kernels, built (or loaded from the extensions cache) once per session."""
+    from pagedinfer.kernels.cpu import ops
+
+    assert ops.native_available(), "the native CPU kernels did not build (a C++ compiler and ninja are needed)"
+    return ops

@@ -9,10 +9,16 @@ from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.problems import dense_attention, make_problem
 
 
-def test_cpu_tensors_use_the_torch_reference_by_default(monkeypatch):
+def test_cpu_tensors_use_the_native_kernels_by_default(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    assert dispatch.backend_for(torch.device("cpu")) == "torch"
+    assert dispatch.backend_for(torch.device("cpu")) == "native"
     assert dispatch.backend_for(torch.device("cuda")) == "triton"
+
+
+def test_native_on_cuda_tensors_is_refused(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "native")
+    with pytest.raises(ValueError, match="native runs on CPU tensors only"):
+        dispatch.backend_for(torch.device("cuda"))
 
 
 def test_the_environment_variable_is_read_at_every_call(monkeypatch):
@@ -55,7 +61,7 @@ def test_forced_triton_runs_the_triton_kernels(monkeypatch):
                                  problem.scale)
 
 
-def test_every_op_agrees_across_backends(monkeypatch):
+def test_every_op_agrees_across_backends(monkeypatch, native_cpu_kernels):
     problem = make_problem([6, 19], [1, 11], 4, 2, head_dim=16, block_size=8, dtype=torch.float16)
     key = torch.randn(problem.metadata.num_tokens, 2, 16).half()
     results = {}
@@ -68,5 +74,6 @@ def test_every_op_agrees_across_backends(monkeypatch):
         host = torch.zeros_like(key_cache)
         dispatch.swap_blocks(key_cache, host, torch.tensor([[1, 2]]))
         results[backend] = (out, key_cache, value_cache, host)
-    for torch_result, triton_result in zip(results["torch"], results["triton"]):
-        torch.testing.assert_close(triton_result, torch_result, rtol=3e-3, atol=3e-3, equal_nan=True)
+    for backend in ("native", "triton"):
+        for torch_result, result in zip(results["torch"], results[backend]):
+            torch.testing.assert_close(result, torch_result, rtol=3e-3, atol=3e-3, equal_nan=True)

@@ -1,4 +1,4 @@
-"""The torch references agree with dense SDPA on gathered K/V and honour the cache contract."""
+"""The plain torch references agree with dense SDPA on gathered K/V and honour the cache contract."""
 
 from __future__ import annotations
 
@@ -26,25 +26,6 @@ def test_paged_attention_equals_dense_sdpa(seq_lens, query_lens, num_heads, num_
     out = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache,
                                     problem.metadata, problem.scale)
     torch.testing.assert_close(out, dense_attention(problem), rtol=1e-5, atol=1e-5)
-
-
-def test_skewed_lengths_split_into_scattered_groups_still_equal_dense_sdpa():
-    # unsorted decodes of very different lengths, then prefill chunks: groups are not slices of the batch
-    seq_lens = [700, 3, 650, 5, 40, 690, 2, 300, 4, 280]
-    query_lens = [1, 1, 1, 1, 1, 1, 1, 300, 4, 100]
-    problem = make_problem(seq_lens, query_lens, 8, 4, head_dim=16, block_size=16, seed=2)
-    assert len(reference._group_plans(problem.metadata, 16)) > 2
-    for window in (None, 64):
-        out = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                        problem.metadata, problem.scale, sliding_window=window)
-        torch.testing.assert_close(out, dense_attention(problem, sliding_window=window), rtol=1e-5, atol=1e-5)
-
-
-def test_split_by_length_covers_every_sequence_once_and_keeps_long_apart_from_short():
-    seq_lens = [900, 3, 880, 4, 5, 910]
-    groups = reference.split_by_length(seq_lens, [1] * len(seq_lens))
-    assert sorted(i for g in groups for i in g) == list(range(len(seq_lens)))
-    assert sorted(map(sorted, groups)) == [[0, 2, 5], [1, 3, 4]]
 
 
 @pytest.mark.parametrize("window", [1, 4, 9, 100])

@@ -1,0 +1,109 @@
+"""The native CPU paged attention and KV write agree with the plain torch reference.
+
+Every problem puts its K/V in shuffled, non-contiguous physical blocks and
+fills every slot no sequence owns with NaN (`make_problem`), so a read of a
+wrong block, or of a slot past a sequence's end, shows up as NaN.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedinfer.kernels import reference
+from pagedinfer.kernels.problems import make_problem
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+# (seq_lens, query_lens): decodes ending mid-block and on block boundaries, then prefill chunks
+# after cached prefixes (40 = 29 + 11, 33 = 17 + 16) and fresh prefills, one crossing many blocks.
+MIXED = ([16, 9, 32, 17, 40, 33, 13, 70], [1, 1, 1, 1, 11, 16, 13, 70])
+
+
+def check(problem, out, sliding_window=None):
+    expected = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
+                                         problem.scale, sliding_window)
+    assert out.dtype == problem.query.dtype and out.shape == expected.shape
+    assert not out.isnan().any()
+    tol = TOLERANCE[problem.query.dtype]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+
+
+def attend(ops, problem, sliding_window=None):
+    return ops.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
+                               problem.scale, sliding_window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("head_dim", [64, 128, 17])
+def test_mixed_decode_and_prefill_step_equals_the_reference(native_cpu_kernels, dtype, group, head_dim):
+    problem = make_problem(*MIXED, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim, block_size=16,
+                           dtype=dtype, seed=group + head_dim)
+    check(problem, attend(native_cpu_kernels, problem))
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 37, 1000])
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_sliding_window_equals_the_reference(native_cpu_kernels, window, block_size):
+    problem = make_problem(*MIXED, num_heads=6, num_kv_heads=2, head_dim=64, block_size=block_size, seed=window)
+    check(problem, attend(native_cpu_kernels, problem, window), window)
+
+
+def test_a_prefill_longer_than_a_row_tile_after_a_cached_prefix(native_cpu_kernels):
+    # 200 new tokens after 130 cached, 12 query heads over 4 KV heads: several tiles per sequence
+    problem = make_problem([7, 330, 150], [1, 200, 150], num_heads=12, num_kv_heads=4, head_dim=64,
+                           block_size=16, dtype=torch.bfloat16, seed=5)
+    check(problem, attend(native_cpu_kernels, problem))
+    check(problem, attend(native_cpu_kernels, problem, 50), 50)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_fills_slots_skips_padding_and_casts(native_cpu_kernels, dtype):
+    key_cache = torch.full((4, 4, 2, 3), float("nan"), dtype=dtype)
+    value_cache = key_cache.clone()
+    key = torch.randn(2, 4, 3).transpose(0, 1)  # [tokens, kv_heads, head_dim] as a strided view, float32
+    value = torch.randn(4, 2, 3)
+    slot_mapping = torch.tensor([13, -1, 2, 15])
+    expected = key_cache.clone(), value_cache.clone()
+    reference.write_kv(key, value, *expected, slot_mapping)
+    native_cpu_kernels.write_kv(key, value, key_cache, value_cache, slot_mapping)
+    torch.testing.assert_close(key_cache, expected[0], equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(value_cache, expected[1], equal_nan=True, rtol=0, atol=0)
+
+
+def test_write_kv_names_a_slot_out_of_range(native_cpu_kernels):
+    cache = torch.zeros(2, 4, 1, 8)
+    key = torch.randn(2, 1, 8)
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[1\] = 8 is out of range \[0, 8\)"):
+        native_cpu_kernels.write_kv(key, key, cache, cache.clone(), torch.tensor([0, 8]))
+
+
+def test_the_ops_pass_torch_library_opcheck(native_cpu_kernels):
+    problem = make_problem([9, 20], [1, 12], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8)
+    meta = problem.metadata
+    problem_args = (problem.query, problem.key_cache.nan_to_num(), problem.value_cache.nan_to_num(),
+                    meta.block_tables, meta.seq_lens, meta.query_start_loc, problem.scale)
+    torch.library.opcheck(torch.ops.pagedinfer.cpu_paged_attention.default, (*problem_args, None))
+    torch.library.opcheck(torch.ops.pagedinfer.cpu_paged_attention.default, (*problem_args, 4))
+    key = torch.randn(meta.num_tokens, 2, 16)
+    torch.library.opcheck(torch.ops.pagedinfer.cpu_write_kv.default,
+                          (key, -key, torch.zeros_like(problem.key_cache), torch.zeros_like(problem.key_cache),
+                           meta.slot_mapping))
+
+
+def test_torch_compile_traces_the_ops_in_one_graph(native_cpu_kernels):
+    problem = make_problem([9, 20], [1, 12], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8)
+    meta = problem.metadata
+    key = torch.randn(meta.num_tokens, 2, 16)
+
+    def step(query, key, key_cache, value_cache):
+        native_cpu_kernels.write_kv(key, -key, key_cache, value_cache, meta.slot_mapping)
+        return native_cpu_kernels.paged_attention(query, key_cache, value_cache, meta, problem.scale) * 2
+
+    eager_caches = problem.key_cache.clone(), problem.value_cache.clone()
+    expected = step(problem.query, key, *eager_caches)
+    compiled_caches = problem.key_cache.clone(), problem.value_cache.clone()
+    out = torch.compile(step, backend="aot_eager", fullgraph=True)(problem.query, key, *compiled_caches)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(compiled_caches[0], eager_caches[0], equal_nan=True, rtol=0, atol=0)

@@ -1,0 +1,45 @@
+"""Without a working C++ compiler the CPU path falls back to the torch attention, with one warning.
+
+The loader's state is reset for the test (as in a fresh process), the
+compiler named by CXX does not exist and the extensions cache is empty, so
+the build must fail; the outputs must equal the torch path's exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from pagedinfer.kernels import dispatch, reference
+from pagedinfer.kernels.cpu import build, torch_attention
+from pagedinfer.kernels.problems import make_problem
+
+
+def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_output(native_cpu_kernels, monkeypatch,
+                                                                                   tmp_path):
+    # native_cpu_kernels: the real library is loaded first, so the failed build below cannot
+    # make cpp_extension rebuild it under a new version for the tests that follow
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
+    p = make_problem([9, 30], [1, 20], 6, 2, head_dim=16, block_size=8)
+    key = torch.randn(p.metadata.num_tokens, 2, 16)
+    caches = p.key_cache.clone(), p.value_cache.clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dispatch.write_kv(key, -key, *caches, p.metadata.slot_mapping)
+        outs = [dispatch.paged_attention(p.query, *caches, p.metadata, p.scale, w) for w in (None, 5)]
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert "native CPU attention could not be built" in messages[0] and "using the slower torch path" in messages[0]
+    assert build._loaded is False
+
+    expected_caches = p.key_cache.clone(), p.value_cache.clone()
+    reference.write_kv(key, -key, *expected_caches, p.metadata.slot_mapping)
+    for out, window in zip(outs, (None, 5)):
+        assert torch.equal(out, torch_attention.paged_attention(p.query, *expected_caches, p.metadata, p.scale,
+                                                                window))
+    for cache, expected in zip(caches, expected_caches):
+        assert torch.equal(cache.nan_to_num(), expected.nan_to_num())
