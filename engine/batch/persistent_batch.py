@@ -99,24 +99,32 @@ class PersistentBatch:
             raise ValueError(f"sequence {seq_ids[i]} has {int(num_blocks[i])} blocks, too few for seq_len {lens[i]}")
         width = int(num_blocks.max()) if num_seqs else 0
         tables = self.block_tables[rows, :width]
-        starts = np.zeros(num_seqs + 1, dtype=np.int64)
-        np.cumsum(q, out=starts[1:])
-        num_tokens = int(starts[-1])
-        token_seq = np.repeat(np.arange(num_seqs), q)
-        positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(lens - q - starts[:-1], q)
-        blocks = tables[token_seq, positions // bs].astype(np.int64)
+        num_tokens = sum(query_lens)
+        if num_tokens == num_seqs:  # decodes only (the common step): one token per row, no repeats
+            positions = lens - 1
+            starts = np.arange(num_seqs + 1, dtype=np.int64)
+            blocks = tables[np.arange(num_seqs), positions // bs].astype(np.int64)
+            num_decode_seqs = num_seqs
+        else:
+            starts = np.zeros(num_seqs + 1, dtype=np.int64)
+            np.cumsum(q, out=starts[1:])
+            token_seq = np.repeat(np.arange(num_seqs), q)
+            positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(lens - q - starts[:-1], q)
+            blocks = tables[token_seq, positions // bs].astype(np.int64)
+            not_decode = np.flatnonzero(q != 1)
+            num_decode_seqs = int(not_decode[0]) if not_decode.size else num_seqs
         slots = blocks * bs + positions % bs
-        not_decode = np.flatnonzero(q != 1)
-        num_decode_seqs = int(not_decode[0]) if not_decode.size else num_seqs
+        on_device = (lambda a: torch.from_numpy(a)) if torch.device(device).type == "cpu" else \
+            (lambda a: torch.from_numpy(a).to(device))
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slots).to(device),
-            block_tables=torch.from_numpy(np.ascontiguousarray(tables)).to(device),
-            seq_lens=torch.from_numpy(lens.astype(np.int32)).to(device),
-            query_start_loc=torch.from_numpy(starts.astype(np.int32)).to(device),
-            max_seq_len=int(lens.max()) if num_seqs else 0,
-            max_query_len=int(q.max()) if num_seqs else 0,
+            slot_mapping=on_device(slots),
+            block_tables=on_device(np.ascontiguousarray(tables)),
+            seq_lens=on_device(lens.astype(np.int32)),
+            query_start_loc=on_device(starts.astype(np.int32)),
+            max_seq_len=max(seq_lens, default=0),
+            max_query_len=max(query_lens, default=0),
             num_decode_seqs=num_decode_seqs,
             seq_lens_cpu=list(seq_lens),
             query_lens_cpu=list(query_lens),
         )
-        return meta, torch.from_numpy(positions).to(device)
+        return meta, on_device(positions)

@@ -16,9 +16,9 @@ FIELDS = ("max_seq_len", "max_query_len", "num_decode_seqs", "seq_lens_cpu", "qu
 TENSORS = ("slot_mapping", "block_tables", "seq_lens", "query_start_loc")
 
 
-def random_step(rng: random.Random, block_size: int, num_seqs: int):
+def random_step(rng: random.Random, block_size: int, num_seqs: int, decodes_only: bool):
     """Decodes first, then prefill chunks (some after a cached prefix), on shuffled distinct blocks."""
-    num_decodes = rng.randint(0, num_seqs)
+    num_decodes = num_seqs if decodes_only else rng.randint(0, num_seqs)
     seq_lens, query_lens = [], []
     for i in range(num_seqs):
         seq_len = rng.randint(1, 90)
@@ -33,11 +33,12 @@ def random_step(rng: random.Random, block_size: int, num_seqs: int):
     return seq_lens, query_lens, tables
 
 
-@pytest.mark.parametrize("seed", range(25))
-def test_metadata_from_array_ops_equals_the_per_token_builder(seed):
+@pytest.mark.parametrize("decodes_only", [False, True])
+@pytest.mark.parametrize("seed", range(20))
+def test_metadata_from_array_ops_equals_the_per_token_builder(seed, decodes_only):
     rng = random.Random(seed)
     block_size = rng.choice([1, 4, 16])
-    seq_lens, query_lens, tables = random_step(rng, block_size, rng.randint(0, 9))
+    seq_lens, query_lens, tables = random_step(rng, block_size, rng.randint(0, 9), decodes_only)
     batch = PersistentBatch(block_size, num_rows=2, max_blocks_per_seq=2)  # small: the arrays must grow
     seq_ids = rng.sample(range(10_000), len(seq_lens))
     batch.apply(TableDeltas(tuple(BlockTableUpdate(s, 0, tuple(t)) for s, t in zip(seq_ids, tables))))
