@@ -216,11 +216,13 @@ def _drain(engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list
         engine.add_request(rid, list(r.prompt_token_ids),
                            SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True))
     done: dict[str, tuple[int, ...]] = {}
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     accounting_seconds = 0.0
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = tuple(out.outputs[0].token_ids)
+        for delta in engine.step_deltas():  # only the new tokens cross, as the server gets them
+            tokens[delta.request_id].extend(delta.outputs[0].new_token_ids)
+            if delta.finished:
+                done[delta.request_id] = tuple(tokens.pop(delta.request_id))
         if snapshots is not None:
             t = time.perf_counter()
             snapshots.append(kv_snapshot(engine))

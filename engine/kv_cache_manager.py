@@ -12,7 +12,10 @@ Invariants:
 - only full, computed blocks are cached (hashed);
 - a sequence is in at most one of `tables` (on the device) or `swapped` (on the host);
 - a host block's cpu_ref_cnt is the number of swapped tables holding it; it
-  is free (in free_cpu_blocks) exactly when that is 0.
+  is free (in free_cpu_blocks) exactly when that is 0;
+- every change to a table is marked in `changes` at the first index it
+  touches (a freed or swapped-out table at 0), so `take_table_deltas` tells
+  the runner exactly what changed since it last asked (engine/batch/).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, TypeVar
 
+from pagedinfer.engine.batch.deltas import TableChanges, TableDeltas
 from pagedinfer.engine.block_pool import Block, BlockPool, hash_block_tokens
 from pagedinfer.engine.sequence import Sequence
 
@@ -58,6 +62,7 @@ class KVCacheManager:
         self.hit_tokens = 0
         self.preempted_query_tokens = 0
         self.preempted_hit_tokens = 0
+        self.changes = TableChanges()
 
     # ----- prefix cache -------------------------------------------------------------
     def _full_block_hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
@@ -144,6 +149,7 @@ class KVCacheManager:
         if not self.can_allocate(seq, num_new_tokens, hits):
             raise RuntimeError(f"sequence {seq.seq_id}: not enough free blocks")
         table = self.tables.setdefault(seq.seq_id, [])
+        first_changed = len(table)
         copies: list[tuple[int, int]] = []
         if hits:
             if table:
@@ -159,11 +165,14 @@ class KVCacheManager:
             (new,) = self.pool.allocate(1)
             self.pool.free([old])
             table[idx] = new
+            first_changed = min(first_changed, idx)
             copies.append((old.block_id, new.block_id))
         total_tokens = seq.num_computed_tokens + num_new_tokens
         missing = -(-total_tokens // self.block_size) - len(table)
         if missing > 0:
             table.extend(self.pool.allocate(missing))
+        if first_changed < len(table):
+            self.changes.mark(seq.seq_id, first_changed)
         return copies
 
     def record_admission(self, seq: Sequence, num_hit_tokens: int, readmitted: bool) -> None:
@@ -216,11 +225,14 @@ class KVCacheManager:
             self.pool.share(block)
         self.tables[child.seq_id] = list(table)
         self.num_cached_blocks[child.seq_id] = num_parent_cached
+        self.changes.mark(child.seq_id, 0)
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks (tail first, so a chain's tail is evicted before its head)."""
         table = self.tables.pop(seq.seq_id, None)
         self.num_cached_blocks.pop(seq.seq_id, None)
+        if table is not None:
+            self.changes.mark(seq.seq_id, 0)
         if table:
             self.pool.free(reversed(table))
         self._release_host_blocks(self.swapped.pop(seq.seq_id, ()))
@@ -233,6 +245,14 @@ class KVCacheManager:
 
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, ())]
+
+    def take_table_deltas(self) -> TableDeltas:
+        """What changed in the device block tables since the last call (each change is reported once)."""
+        def table_of(seq_id: int) -> list[int] | None:
+            table = self.tables.get(seq_id)
+            return None if table is None else [b.block_id for b in table]
+
+        return self.changes.take(table_of)
 
     # ----- swapping --------------------------------------------------------------------
     # Swapping moves a unit: one sequence, or the running beams of a group. A device
@@ -253,6 +273,7 @@ class KVCacheManager:
         for block in self._distinct_blocks(tables):
             host_of[block.block_id] = self.free_cpu_blocks.pop()
         for seq, table in zip(seqs, tables):
+            self.changes.mark(seq.seq_id, 0)
             self.num_cached_blocks.pop(seq.seq_id, None)
             self.swapped[seq.seq_id] = [host_of[b.block_id] for b in table]
             for b in table:
@@ -285,6 +306,7 @@ class KVCacheManager:
         for seq, host in zip(seqs, host_tables):
             self.tables[seq.seq_id] = [device_of[c] for c in host]
             self.num_cached_blocks[seq.seq_id] = 0
+            self.changes.mark(seq.seq_id, 0)
         refs = Counter(c for host in host_tables for c in host)
         for c, block in device_of.items():
             for _ in range(refs[c] - 1):

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from pagedinfer.engine.beam.params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.llm_engine import LLMEngine
-from pagedinfer.engine.outputs import EngineStats, RequestOutput
+from pagedinfer.engine.outputs import EngineStats, OutputAccumulator, RequestOutput
 from pagedinfer.engine.sampling_params import SamplingParams
 
 
@@ -80,6 +80,7 @@ class LLM:
             engine.add_request(rid, prompt, p, prompt_token_ids=ids)
             request_ids.append(rid)
         finished: dict[str, RequestOutput] = {}
+        accumulator = OutputAccumulator()  # only deltas cross per step; each output is assembled once
         bar = None
         if use_tqdm:
             from tqdm import tqdm
@@ -87,7 +88,8 @@ class LLM:
             bar = tqdm(total=len(prompts), desc="generate", unit="req")
         try:
             while engine.has_unfinished_requests():
-                for out in engine.step():
+                for delta in engine.step_deltas():
+                    out = accumulator.add(delta)
                     if out.finished:
                         finished[out.request_id] = out
                         if bar:

@@ -6,6 +6,12 @@ advance computed tokens (and cache full blocks) -> fork n>1 requests whose
 prompt just finished -> sample -> append tokens, detokenize, check stops ->
 free finished sequences at once. Beam-search requests (`BeamSearchParams`)
 skip the sampler: their rows go to their search (`engine/beam/group.py`).
+
+Outputs: `step_deltas()` returns only what each touched request gained this
+step (`RequestOutputDelta`: new tokens, logprobs and text, finish), so a
+consumer pays once per token; `OutputAccumulator` assembles the RequestOutput
+from them. `step()` returns the cumulative RequestOutputs as before (a copy of
+every token so far, per step: for callers that keep each step's outputs).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from pagedinfer.engine.beam.search import BeamSearch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput
+from pagedinfer.engine.outputs import (CompletionDelta, CompletionOutput, EngineStats, Logprob, RequestMetrics,
+                                       RequestOutput, RequestOutputDelta)
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
@@ -43,6 +50,7 @@ class _Request:
     beam: BeamSearch | None = None  # beam search: its bookkeeping; its live beams are `group`
     group: SequenceGroup | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled as the prompt is computed
+    num_sent: dict[int, tuple[int, int]] = field(default_factory=dict)  # output position -> (tokens, chars) sent
 
     @property
     def finished(self) -> bool:
@@ -201,6 +209,14 @@ class LLMEngine:
 
     # ----- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step; the cumulative output of every request it touched."""
+        return [self._output(req, finished) for req, finished in self._step()]
+
+    def step_deltas(self) -> list[RequestOutputDelta]:
+        """One step; what every request it touched gained (see the module docstring)."""
+        return [self._delta(req, finished) for req, finished in self._step()]
+
+    def _step(self) -> list[tuple[_Request, bool]]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             if self.scheduler.num_unfinished:  # the scheduler promises progress: say so rather than spin
@@ -257,14 +273,14 @@ class LLMEngine:
             req = self.requests[seq.request_id]
             self._append_token(req, seq, res.token_id, res.logprobs, now)
             touched[req.request_id] = req
-        outputs = []
+        stepped = []
         for req in touched.values():
             finished = req.finished
             if finished:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
-            outputs.append(self._output(req, finished))
-        return outputs
+            stepped.append((req, finished))
+        return stepped
 
     def _step_beams(self, logits, rows: list[int], seqs: list[Sequence], now: float) -> list[_Request]:
         """Report the beam rows to their searches; advance each group whose beams have all reported.
@@ -411,6 +427,21 @@ class LLMEngine:
                              prompt_token_ids=req.prompt_token_ids, num_cached_tokens=first.num_cached_tokens,
                              outputs=outs, finished=finished, metrics=req.metrics,
                              prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None)
+
+    def _delta(self, req: _Request, finished: bool) -> RequestOutputDelta:
+        first_delta = not req.num_sent
+        outs = []
+        for position, o in enumerate(req.outputs):
+            num_tokens, num_chars = req.num_sent.get(position, (0, 0))
+            outs.append(CompletionDelta(o.index, o.text[num_chars:], o.token_ids[num_tokens:],
+                                        o.logprobs[num_tokens:] if o.logprobs is not None else None,
+                                        o.finish_reason, o.stop_reason, o.cumulative_logprob))
+            req.num_sent[position] = (len(o.token_ids), len(o.text))
+        send_prompt_logprobs = req.prompt_logprobs is not None and (first_delta or finished)
+        return RequestOutputDelta(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+            num_cached_tokens=req.seqs[0].num_cached_tokens, outputs=outs, finished=finished, metrics=req.metrics,
+            prompt_logprobs=list(req.prompt_logprobs) if send_prompt_logprobs else None)
 
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:

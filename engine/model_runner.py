@@ -7,6 +7,10 @@ the last token of each sequence that samples. Attention is the paged
 implementation registered in `attention.py`; after each forward we check it
 really ran in every layer (transformers silently ignores unknown kwargs if
 the implementation were not set).
+
+Block tables live in the runner's `PersistentBatch` (engine/batch/): each
+step applies the scheduler's table deltas to it, then gathers the step's
+attention metadata and positions from it with array operations.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import torch
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.attention import StepContext, register
+from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
+from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
@@ -128,6 +134,7 @@ class ModelRunner:
         self.sharded_weight_bytes = sharding.planned_parameter_bytes(self.model)
         self.kv_cache: torch.Tensor | None = None
         self.cpu_cache: torch.Tensor | None = None
+        self.batch = PersistentBatch(self.block_size, config.max_num_seqs)
 
     # ----- sizing --------------------------------------------------------------------
     def model_shape(self) -> ModelShape:
@@ -164,13 +171,14 @@ class ModelRunner:
         before = torch.cuda.memory_allocated(self.device)
         next_block = 0
         tables = []
-        for n in lens:
+        for i, n in enumerate(lens):
             nb = -(-n // self.block_size)
-            tables.append(list(range(next_block, next_block + nb)))
+            tables.append(BlockTableUpdate(i, 0, tuple(range(next_block, next_block + nb))))
             next_block += nb
         # as many logits rows as a real step may keep (one per running sequence), not one per profiled sequence
         keep = list(range(num_tokens - min(self.config.max_num_seqs, num_tokens), num_tokens))
-        self.run_step(StepInputs([0] * num_tokens, lens, lens, tables, keep)).float()
+        self.run_step(StepInputs([0] * num_tokens, list(range(len(lens))), lens, lens, keep,
+                                 TableDeltas(tuple(tables)))).float()
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         self.kv_cache, self.key_caches, self.value_caches = None, [], []
@@ -185,6 +193,7 @@ class ModelRunner:
             with self.workers.guard("allocating the KV cache"):
                 self.workers.send(Message(ALLOCATE, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks))
         self.kv_cache, self.key_caches, self.value_caches, self.cpu_cache = None, [], [], None
+        self.batch = PersistentBatch(self.block_size, self.config.max_num_seqs)  # a new pool: no table survives
         shape = (2, self.num_layers, num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         # On CPU, empty (pages are touched only when written): slots never written
         # are masked by the attention, so their contents never matter.
@@ -224,9 +233,9 @@ class ModelRunner:
         # decodes (one new token) first, as the attention metadata requires
         items = sorted(sched.scheduled, key=lambda it: it.num_new_tokens != 1)
         ids: list[int] = []
+        seq_ids: list[int] = []
         seq_lens: list[int] = []
         query_lens: list[int] = []
-        tables: list[list[int]] = []
         keep: list[int] = []
         keep_ids: list[int] = []
         # (seq_id, first target position, flat index of its first row, rows)
@@ -238,9 +247,9 @@ class ModelRunner:
                 last = min(end, it.seq.num_prompt_tokens - 1)  # the last prompt position predicts no prompt token
                 prompt_keep.append((it.seq.seq_id, start + 1, len(ids), last - start))
             ids.extend(it.seq.token_ids[start:end])
+            seq_ids.append(it.seq.seq_id)
             seq_lens.append(end)
             query_lens.append(it.num_new_tokens)
-            tables.append(list(it.block_ids))
             if it.seq.seq_id in sample_seq_ids:
                 keep.append(len(ids) - 1)
                 keep_ids.append(it.seq.seq_id)
@@ -249,8 +258,8 @@ class ModelRunner:
             keep.extend(range(flat, flat + count))
         if not keep:
             keep, keep_ids = [len(ids) - 1], []  # logits_to_keep must select something
-        logits = self.run_step(StepInputs(ids, seq_lens, query_lens, tables, keep, sched.blocks_to_copy,
-                                          sched.blocks_to_swap_out, sched.blocks_to_swap_in))
+        logits = self.run_step(StepInputs(ids, seq_ids, seq_lens, query_lens, keep, sched.table_deltas,
+                                          sched.blocks_to_copy, sched.blocks_to_swap_out, sched.blocks_to_swap_in))
         prompt_logits: dict[int, PromptLogits] = {}
         row = num_sampled
         for seq_id, first_target, _, count in prompt_keep:
@@ -259,7 +268,7 @@ class ModelRunner:
         return logits[:num_sampled].float(), keep_ids, prompt_logits
 
     def run_step(self, step: StepInputs) -> torch.Tensor:
-        """Block moves, then the forward; logits of step.logits_rows (whole rows on every rank).
+        """Table deltas and block moves, then the forward; logits of step.logits_rows (whole rows on every rank).
 
         Rank 0 of a tensor-parallel replica first broadcasts `step`, so that
         every rank runs the same moves and forward on its own heads.
@@ -271,19 +280,16 @@ class ModelRunner:
             return self._run_step(step)
 
     def _run_step(self, step: StepInputs) -> torch.Tensor:
+        self.batch.apply(step.table_deltas)
         if step.blocks_to_swap_out:
             dispatch.swap_blocks(self.kv_cache, self.cpu_cache, _pairs(step.blocks_to_swap_out), block_dim=2)
         if step.blocks_to_swap_in:
             dispatch.swap_blocks(self.cpu_cache, self.kv_cache, _pairs(step.blocks_to_swap_in), block_dim=2)
         if step.blocks_to_copy:
             dispatch.copy_blocks(self.key_caches, self.value_caches, _pairs(step.blocks_to_copy, self.device))
-        from pagedinfer.kernels.metadata import build_attention_metadata
-
-        meta = build_attention_metadata(step.seq_lens, step.query_lens, step.block_tables, self.block_size,
-                                        self.device)
+        meta, positions = self.batch.prepare(step.seq_ids, step.seq_lens, step.query_lens, self.device)
         input_ids = torch.tensor([step.token_ids], dtype=torch.long, device=self.device)
-        positions = torch.tensor([step.positions], dtype=torch.long, device=self.device)
-        return self._forward(input_ids, positions, meta, torch.tensor(step.logits_rows, device=self.device))
+        return self._forward(input_ids, positions[None], meta, torch.tensor(step.logits_rows, device=self.device))
 
 
 def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device | str = "cpu") -> torch.Tensor:

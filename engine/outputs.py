@@ -74,3 +74,76 @@ class EngineStats:
     num_waiting_seqs: int  # sequences to admit: a waiting request with n > 1 not yet forked counts n
     num_prompt_tokens: int
     num_generation_tokens: int
+
+
+@dataclass(frozen=True)
+class CompletionDelta:
+    """What one completion gained in one step (everything since the request's previous delta)."""
+
+    index: int
+    new_text: str  # appended to the completion's text
+    new_token_ids: list[int]
+    new_logprobs: list[dict[int, Logprob]] | None  # one entry per new token, when logprobs were asked
+    finish_reason: str | None
+    stop_reason: int | str | None
+    cumulative_logprob: float | None
+
+
+@dataclass(frozen=True)
+class RequestOutputDelta:
+    """What a request gained in one step; `OutputAccumulator` turns the deltas back into a RequestOutput.
+
+    Each token, logprob and character crosses once, so a consumer's cost is
+    linear in the output (a cumulative RequestOutput per step is quadratic).
+    Every completion of the request is listed, in index order, new tokens or not.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    outputs: list[CompletionDelta]
+    finished: bool
+    metrics: RequestMetrics
+    # the request's prompt logprobs, complete (set on its first delta and on its finished one, else None)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+class OutputAccumulator:
+    """Owns one RequestOutput per request and extends it in place with each delta (the consumer's side).
+
+    Invariant: after the deltas of steps 1..t, the output equals what
+    `LLMEngine.step()` returned for the request at step t (tests/engine/test_output_deltas.py).
+    """
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, RequestOutput] = {}
+
+    def add(self, delta: RequestOutputDelta) -> RequestOutput:
+        """The request's output with delta applied; forgotten here once finished (the caller keeps it)."""
+        out = self.outputs.get(delta.request_id)
+        if out is None:
+            out = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, delta.num_cached_tokens,
+                                outputs=[], finished=False, metrics=delta.metrics)
+            self.outputs[delta.request_id] = out
+        while len(out.outputs) < len(delta.outputs):
+            i = len(out.outputs)
+            out.outputs.append(CompletionOutput(index=delta.outputs[i].index,
+                                                logprobs=[] if delta.outputs[i].new_logprobs is not None else None))
+        for c, d in zip(out.outputs, delta.outputs):
+            c.index = d.index
+            c.text += d.new_text
+            c.token_ids.extend(d.new_token_ids)
+            if d.new_logprobs is not None:
+                if c.logprobs is None:
+                    c.logprobs = []
+                c.logprobs.extend(d.new_logprobs)
+            c.finish_reason, c.stop_reason, c.cumulative_logprob = d.finish_reason, d.stop_reason, d.cumulative_logprob
+        out.num_cached_tokens = delta.num_cached_tokens
+        out.metrics = delta.metrics
+        if delta.prompt_logprobs is not None:
+            out.prompt_logprobs = delta.prompt_logprobs
+        out.finished = delta.finished
+        if delta.finished:
+            del self.outputs[delta.request_id]
+        return out

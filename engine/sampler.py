@@ -34,8 +34,8 @@ class SampleResult:
 class Sampler:
     """Samples one token per row of a step's logits, all rows at once.
 
-    Invariants: one device sync per step (the final `.tolist()`), whatever the
-    batch; a seeded request's draw consumes only its own generator, so it does
+    Invariants: one device sync per step (the final `.tolist()`, which also
+    carries every requested logprob), whatever the batch; a seeded request's draw consumes only its own generator, so it does
     not depend on what else is in the batch.
     """
 
@@ -70,12 +70,14 @@ class Sampler:
         if drawn_rows:
             index = torch.tensor(drawn_rows, device=logits.device)
             tokens[index] = self._draw(logits[index], [seqs[row] for row in drawn_rows])
-        results: list[SampleResult] = []
-        for row, (seq, token) in enumerate(zip(seqs, tokens.tolist())):
-            lp = None
-            if seq.params.logprobs is not None:
-                lp = _logprobs(raw_logprobs[row], token, seq.params.logprobs)
-            results.append(SampleResult(token, lp))
+        logprob_rows = [row for row, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        if not logprob_rows:
+            return [SampleResult(token, None) for token in tokens.tolist()]
+        ks = [seqs[row].params.logprobs for row in logprob_rows]
+        token_list, entries = _with_logprobs(tokens, raw_logprobs, logprob_rows, ks)
+        results = [SampleResult(token, None) for token in token_list]
+        for row, entry in zip(logprob_rows, entries):
+            results[row] = SampleResult(token_list[row], entry)
         return results
 
     def _apply_penalties(self, row: torch.Tensor, seq: Sequence) -> None:
@@ -158,12 +160,31 @@ class Sampler:
         return draws
 
 
-def _logprobs(logprobs: torch.Tensor, token: int, k: int) -> dict[int, Logprob]:
-    token_lp = float(logprobs[token])
-    rank = int((logprobs > logprobs[token]).sum()) + 1
-    out = {token: Logprob(token_lp, rank)}
-    if k:
-        top = torch.topk(logprobs, k)
-        for r, (v, i) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
-            out.setdefault(i, Logprob(v, r))
-    return out
+def _with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor, rows: list[int], ks: list[int]
+                   ) -> tuple[list[int], list[dict[int, Logprob]]]:
+    """The sampled tokens, and for each of `rows` its token's logprob and rank plus the top ks[i], in ONE sync.
+
+    Everything is computed on the device for all rows at once and moved to the
+    host in a single float64 transfer (exact for float32 values and for token
+    ids and ranks below 2**53): tokens, then per row [logprob, rank, top-k
+    values, top-k ids] padded to the widest k.
+    """
+    index = torch.tensor(rows, device=tokens.device)
+    lp = raw_logprobs[index]
+    picked = tokens[index][:, None]
+    token_lp = lp.gather(1, picked)
+    rank = (lp > token_lp).sum(dim=-1, keepdim=True) + 1
+    width = max(ks)
+    top = torch.topk(lp, width, dim=-1)
+    block = torch.cat([token_lp.double(), rank.double(), top.values.double(), top.indices.double()], dim=1)
+    flat = torch.cat([tokens.double(), block.flatten()]).tolist()
+    token_list = [int(t) for t in flat[: tokens.shape[0]]]
+    stride = 2 + 2 * width
+    entries = []
+    for i, (row, k) in enumerate(zip(rows, ks)):
+        words = flat[tokens.shape[0] + i * stride: tokens.shape[0] + (i + 1) * stride]
+        out = {token_list[row]: Logprob(words[0], int(words[1]))}
+        for r, (value, tid) in enumerate(zip(words[2: 2 + k], words[2 + width: 2 + width + k]), start=1):
+            out.setdefault(int(tid), Logprob(value, r))
+        entries.append(out)
+    return token_list, entries

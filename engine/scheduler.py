@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from pagedinfer.engine.batch.deltas import TableDeltas
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -51,7 +52,6 @@ from pagedinfer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens computed for seq this step
-    block_ids: tuple[int, ...]  # seq's block table after allocation
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class SchedulerOutput:
     blocks_to_swap_in: tuple[tuple[int, int], ...]  # (host block, device block), copied before the forward
     blocks_to_copy: tuple[tuple[int, int], ...]  # copy-on-write (src, dst) device blocks
     preempted: tuple[Sequence, ...] = ()  # sequences preempted this step
+    # block tables changed since the last non-empty step (never whole tables of unchanged sequences);
+    # the runner's persistent batch applies them before the forward (engine/batch/)
+    table_deltas: TableDeltas = TableDeltas()
 
     @property
     def is_empty(self) -> bool:
@@ -204,14 +207,15 @@ class Scheduler:
                 chosen.append((seq, num_new))
                 budget -= num_new
 
-        scheduled = tuple(ScheduledSeq(s, n, tuple(self.kv.block_ids(s))) for s, n in chosen)
         return SchedulerOutput(
-            scheduled=scheduled,
+            scheduled=tuple(ScheduledSeq(s, n) for s, n in chosen),
             num_batched_tokens=sum(n for _, n in chosen),
             blocks_to_swap_out=tuple(swap_out),
             blocks_to_swap_in=tuple(swap_in),
             blocks_to_copy=tuple(copies),
             preempted=tuple(preempted),
+            # an empty step runs nothing: its changes stay pending for the next step that runs
+            table_deltas=self.kv.take_table_deltas() if chosen else TableDeltas(),
         )
 
     @staticmethod

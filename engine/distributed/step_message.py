@@ -1,15 +1,19 @@
 """What rank 0 tells the other ranks each step, packed into int64 words.
 
-A message is [kind, num_words, num_tokens, num_seqs, table_width, num_rows,
-num_copies, num_swaps_out, num_swaps_in] followed by token_ids, seq_lens,
-query_lens, the block tables (num_seqs x table_width, 0-padded), logits_rows,
-and the (src, dst) pairs of block copies, swaps out and swaps in. Positions
-are not sent: sequence i's tokens sit at [seq_len - query_len, seq_len).
+A message is [kind, num_words, num_tokens, num_seqs, num_rows, num_copies,
+num_swaps_out, num_swaps_in, num_updates, num_freed] followed by token_ids,
+seq_ids, seq_lens, query_lens, logits_rows, the (src, dst) pairs of block
+copies, swaps out and swaps in, the freed seq ids, and each block-table
+update as [seq_id, start, count, block ids...]. Positions are not sent:
+sequence i's tokens sit at [seq_len - query_len, seq_len). Block tables are
+not sent either: only their deltas since the last step (engine/batch/),
+which every rank applies to its own persistent batch, so every rank holds
+the same tables.
 
 It travels in ONE broadcast of a fixed-size buffer (`capacity_words`, sized
 from the config so that any step within max_num_batched_tokens and
-max_num_seqs with modest block tables fits); a larger message sends the words
-past the buffer in a second broadcast, whose size the first one announced.
+max_num_seqs with modest block-table deltas fits); a larger message sends the
+words past the buffer in a second broadcast, whose size the first one announced.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
+
 STEP, ALLOCATE, STOP = 1, 2, 3
-_HEADER_WORDS = 9
+_HEADER_WORDS = 10
 _SPARE_TABLE_WORDS = 4096  # block-table and block-copy words a single broadcast carries beyond tokens and seqs
 
 
@@ -28,17 +34,14 @@ class StepInputs:
     """One forward's inputs, identical on every rank."""
 
     token_ids: list[int]            # the step's new tokens, packed, decodes first
+    seq_ids: list[int]              # per sequence: its id, the key of its block table in the persistent batch
     seq_lens: list[int]             # per sequence: context length including this step's tokens
     query_lens: list[int]           # per sequence: new tokens this step
-    block_tables: list[list[int]]   # per sequence: its physical blocks
     logits_rows: list[int]          # token indices whose logits are kept (the last of each sampling sequence)
+    table_deltas: TableDeltas = TableDeltas()  # block tables changed since the last step, applied first
     blocks_to_copy: tuple[tuple[int, int], ...] = ()
     blocks_to_swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block)
     blocks_to_swap_in: tuple[tuple[int, int], ...] = ()   # (host block, device block)
-
-    @property
-    def positions(self) -> list[int]:
-        return [p for s, q in zip(self.seq_lens, self.query_lens) for p in range(s - q, s)]
 
 
 @dataclass(frozen=True)
@@ -50,25 +53,25 @@ class Message:
 
 
 def capacity_words(max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    return _HEADER_WORDS + max_num_batched_tokens + 4 * max_num_seqs + _SPARE_TABLE_WORDS
+    return _HEADER_WORDS + max_num_batched_tokens + 8 * max_num_seqs + _SPARE_TABLE_WORDS
 
 
 def pack(message: Message) -> torch.Tensor:
     if message.kind != STEP:
-        return torch.tensor([message.kind, _HEADER_WORDS, message.num_gpu_blocks, message.num_cpu_blocks,
-                             0, 0, 0, 0, 0], dtype=torch.int64)
+        return torch.tensor([message.kind, _HEADER_WORDS, message.num_gpu_blocks, message.num_cpu_blocks]
+                            + [0] * (_HEADER_WORDS - 4), dtype=torch.int64)
     s = message.step
-    width = max((len(t) for t in s.block_tables), default=0)
-    words = [STEP, 0, len(s.token_ids), len(s.seq_lens), width, len(s.logits_rows), len(s.blocks_to_copy),
-             len(s.blocks_to_swap_out), len(s.blocks_to_swap_in)]
-    words += s.token_ids + s.seq_lens + s.query_lens
-    for table in s.block_tables:
-        words += table
-        words += [0] * (width - len(table))
-    words += s.logits_rows
+    deltas = s.table_deltas
+    words = [STEP, 0, len(s.token_ids), len(s.seq_lens), len(s.logits_rows), len(s.blocks_to_copy),
+             len(s.blocks_to_swap_out), len(s.blocks_to_swap_in), len(deltas.updates), len(deltas.freed_seq_ids)]
+    words += s.token_ids + s.seq_ids + s.seq_lens + s.query_lens + s.logits_rows
     for pairs in (s.blocks_to_copy, s.blocks_to_swap_out, s.blocks_to_swap_in):
         for src, dst in pairs:
             words += (src, dst)
+    words += deltas.freed_seq_ids
+    for update in deltas.updates:
+        words += (update.seq_id, update.start, len(update.block_ids))
+        words += update.block_ids
     words[1] = len(words)
     return torch.tensor(words, dtype=torch.int64)
 
@@ -78,7 +81,7 @@ def unpack(words: torch.Tensor) -> Message:
     kind = w[0]
     if kind != STEP:
         return Message(kind, num_gpu_blocks=w[2], num_cpu_blocks=w[3])
-    num_tokens, num_seqs, width, num_rows, num_copy, num_out, num_in = w[2:_HEADER_WORDS]
+    num_tokens, num_seqs, num_rows, num_copy, num_out, num_in, num_updates, num_freed = w[2:_HEADER_WORDS]
     at = _HEADER_WORDS
 
     def take(count: int) -> list[int]:
@@ -86,8 +89,13 @@ def unpack(words: torch.Tensor) -> Message:
         at += count
         return w[at - count:at]
 
-    token_ids, seq_lens, query_lens = take(num_tokens), take(num_seqs), take(num_seqs)
-    tables = [take(width) for _ in range(num_seqs)]
+    token_ids, seq_ids, seq_lens, query_lens = take(num_tokens), take(num_seqs), take(num_seqs), take(num_seqs)
     rows = take(num_rows)
     pairs = [tuple(zip(*[iter(take(2 * count))] * 2)) for count in (num_copy, num_out, num_in)]
-    return Message(STEP, StepInputs(token_ids, seq_lens, query_lens, tables, rows, *pairs))
+    freed = tuple(take(num_freed))
+    updates = []
+    for _ in range(num_updates):
+        seq_id, start, count = take(3)
+        updates.append(BlockTableUpdate(seq_id, start, tuple(take(count))))
+    return Message(STEP, StepInputs(token_ids, seq_ids, seq_lens, query_lens, rows,
+                                    TableDeltas(tuple(updates), freed), *pairs))

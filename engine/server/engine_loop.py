@@ -7,8 +7,9 @@ inbox gains work. Each pass of the thread:
 
 1. clears the wake flag, then applies every queued command in order (an abort
    queued after its add therefore always finds the request);
-2. if the engine has unfinished requests, runs one `engine.step()` and hands
-   each `RequestOutput` to the asyncio queue of the request that owns it,
+2. if the engine has unfinished requests, runs one `engine.step_deltas()` and
+   hands each `RequestOutputDelta` (only what the step added: serving.py
+   assembles the outputs) to the asyncio queue of the request that owns it,
    through `loop.call_soon_threadsafe` (the only safe way to touch an asyncio
    queue from another thread);
 3. otherwise sleeps on the wake flag.
@@ -315,7 +316,7 @@ class EngineLoop:
             command.sink.push(RequestFailed(error.status_code, error.message, error.param, error.code))
 
     def _step(self, engine: Any) -> None:
-        outputs = engine.step()
+        outputs = engine.step_deltas()
         for output in outputs:
             sink = self._sinks.get(output.request_id)
             if sink is None:

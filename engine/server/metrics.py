@@ -147,8 +147,9 @@ class ServerMetrics:
         self.success.labels(self.model_name, "abort").inc()
 
     def _observe(self, output: Any, now: float) -> None:
-        num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        """One step's RequestOutputDelta of a request: its new tokens advance the request's progress."""
         seen_tokens, seen_time = self._progress.get(output.request_id, (0, None))
+        num_tokens = seen_tokens + sum(len(c.new_token_ids) for c in output.outputs)
         timing = output.metrics
         arrival = getattr(timing, "arrival_time", None)
         if num_tokens > seen_tokens:

@@ -60,6 +60,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request
 
+from pagedinfer.engine.outputs import OutputAccumulator
 from pagedinfer.engine.server import request_options
 from pagedinfer.engine.server.admission import check_waiting_limit
 from pagedinfer.engine.server.beam_request import (beam_search_params, check_beam_fits, check_beam_options,
@@ -313,10 +314,14 @@ class Serving:
     async def outputs(self, submission: Submission) -> AsyncIterator[list[tuple[int, Any]]]:
         """Yield batches of (prompt index, RequestOutput), all that is queued, until every prompt finished.
 
-        A failure is raised after the batch of outputs queued before it; the
+        The engine sends deltas (only what each step added); they are applied
+        here, in place, to one RequestOutput per prompt, so a yielded output
+        grows until it is finished (a consumer keeps only finished ones). A
+        failure is raised after the batch of outputs queued before it; the
         unfinished prompts are aborted however the consumer stops.
         """
         queue = submission.sink.queue
+        accumulator = OutputAccumulator()
         try:
             while submission.unfinished:
                 items = [await queue.get()]
@@ -327,9 +332,10 @@ class Serving:
                     if isinstance(item, RequestFailed):
                         failure = item
                         break
-                    if item.finished:
-                        submission.unfinished.discard(item.request_id)
-                    batch.append((submission.index_of[item.request_id], item))
+                    output = accumulator.add(item)
+                    if output.finished:
+                        submission.unfinished.discard(output.request_id)
+                    batch.append((submission.index_of[output.request_id], output))
                 if batch:
                     yield batch
                 if failure is not None:

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedinfer.engine.sampler import Sampler
 from pagedinfer.engine.sampling_params import SamplingParams
@@ -144,3 +145,39 @@ def test_a_row_with_every_token_masked_takes_the_argmax_of_its_logits():
     logits = torch.tensor([[float("-inf")] * 4, [0.0, 1.0, 5.0, 0.0]])
     got = [r.token_id for r in sampler.sample(logits, [seq(temperature=1.0), seq(temperature=1.0, top_k=1)])]
     assert got == [0, 2]
+
+
+class _ScalarReads(TorchDispatchMode):
+    """Counts tensor -> Python scalar reads (`item`, `float(t)`, `int(t)`): each is a device sync on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_logprobs_of_every_row_come_back_without_a_per_row_scalar_read():
+    """One sync per step: the logprobs of all rows ride on the tokens' single transfer, none is read per row."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50)
+    seqs = [seq(temperature=0.0, logprobs=k) for k in (0, 1, 3, 5)] + [seq(temperature=0.0), seq(temperature=0.0,
+                                                                                                  logprobs=2)]
+    sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
+    with _ScalarReads() as reads:
+        results = sampler.sample(logits, seqs)
+    assert reads.count == 0
+    raw = torch.log_softmax(logits, -1)
+    for row, (s, res) in enumerate(zip(seqs, results)):
+        assert res.token_id == int(logits[row].argmax())
+        if s.params.logprobs is None:
+            assert res.logprobs is None
+            continue
+        top = torch.topk(raw[row], s.params.logprobs)
+        expected = {res.token_id: (float(raw[row, res.token_id]), 1)}
+        for r, (v, i) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+            expected.setdefault(i, (v, r))
+        assert {t: (lp.logprob, lp.rank) for t, lp in res.logprobs.items()} == expected

@@ -3,19 +3,25 @@
 The driver plays the model runner: after each step, sequences whose tokens are
 all computed get one new token. A hypothesis state machine runs random
 add/step/abort/fork sequences in both preemption modes and checks the pool's
-invariants after every rule; no block leaks and none is freed twice.
+invariants after every rule; no block leaks and none is freed twice. The
+driver also keeps the runner's persistent batch from the steps' block-table
+deltas alone, and checks after every step that it equals the KV cache
+manager's tables (preemption, swapping, prefix hits, chunked prefill, forks,
+beams and aborts included).
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import weakref
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.sampling_params import SamplingParams
@@ -35,10 +41,27 @@ def new_seq(tokens, t, rid=None):
                     arrival_time=float(t))
 
 
+_mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> the runner's batch
+
+
+def check_deltas(sched, out) -> None:
+    """Apply the step's table deltas, as the runner does: its tables then equal the manager's, whole."""
+    batch = _mirrors.setdefault(sched, PersistentBatch(sched.kv.block_size, num_rows=2, max_blocks_per_seq=2))
+    if not out.scheduled:
+        assert out.table_deltas.updates == () and out.table_deltas.freed_seq_ids == ()
+        return
+    batch.apply(out.table_deltas)
+    assert set(batch.row_of) == {s for s, t in sched.kv.tables.items() if t}
+    for seq_id, table in sched.kv.tables.items():
+        if table:
+            assert batch.table(seq_id) == [b.block_id for b in table], f"sequence {seq_id}"
+
+
 def step(sched, beam_step=None):
     """One step as the engine takes it; beam_step(group) plays the beam search for a group whose
     beams have all computed their last token (beams never get the driver's token 7)."""
     out = sched.schedule()
+    check_deltas(sched, out)
     sched.after_step(out)
     groups = {}
     for item in out.scheduled:

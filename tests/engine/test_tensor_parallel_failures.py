@@ -15,6 +15,7 @@ import pytest
 from proc_tree import alive, children, wait_gone
 
 from pagedinfer.engine import LLM, SamplingParams
+from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.distributed.step_message import STEP, Message, StepInputs
 from pagedinfer.engine.distributed.workers import TensorParallelError
 
@@ -54,7 +55,8 @@ def test_rank1_raising_stops_the_engine_with_its_error(tiny_llama):
     llm = LLM(str(tiny_llama), **SETTINGS)
     workers = llm.llm_engine.runner.workers
     # a step only rank 1 runs, copying a block its pool does not have: rank 1 raises before any collective
-    workers.send(Message(STEP, StepInputs([5], [1], [1], [[0]], [0], blocks_to_copy=((10**6, 1),))))
+    workers.send(Message(STEP, StepInputs([5], [10**6], [1], [1], [0], TableDeltas((BlockTableUpdate(10**6, 0, (0,)),)),
+                                          blocks_to_copy=((10**6, 1),))))
     with pytest.raises(TensorParallelError, match=r"rank 1 .*failed.*ValueError: block_mapping"):
         for _ in range(200):  # the next steps notice (gloo reports the closed connection at once)
             llm.generate(["Hello"], SamplingParams(max_tokens=2))

@@ -9,19 +9,22 @@ import torch
 from pagedinfer.engine.distributed import step_message
 from pagedinfer.engine.distributed.channel import StepChannel
 from pagedinfer.engine.distributed.group import TPGroup, connect_store, create_store
+from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
 
-STEP_INPUTS = StepInputs(token_ids=[5, 6, 7, 8, 9], seq_lens=[10, 4], query_lens=[1, 4],
-                         block_tables=[[4, 2, 9], [7]], logits_rows=[0, 4], blocks_to_copy=((1, 2),),
-                         blocks_to_swap_out=((3, 0), (5, 1)), blocks_to_swap_in=((2, 6),))
+STEP_INPUTS = StepInputs(token_ids=[5, 6, 7, 8, 9], seq_ids=[31, 40], seq_lens=[10, 4], query_lens=[1, 4],
+                         logits_rows=[0, 4],
+                         table_deltas=TableDeltas((BlockTableUpdate(31, 2, (9,)), BlockTableUpdate(40, 0, (7,))),
+                                                  freed_seq_ids=(12, 3)),
+                         blocks_to_copy=((1, 2),), blocks_to_swap_out=((3, 0), (5, 1)), blocks_to_swap_in=((2, 6),))
 
 
-def test_pack_unpack_round_trip_pads_tables_and_derives_positions():
+def test_pack_unpack_round_trip_carries_the_table_deltas():
     got = step_message.unpack(step_message.pack(Message(STEP, STEP_INPUTS))).step
-    assert got.block_tables == [[4, 2, 9], [7, 0, 0]]  # padding is never read: seq_len 4 needs 1 block
-    assert got.positions == [9, 0, 1, 2, 3] == STEP_INPUTS.positions
-    assert (got.token_ids, got.seq_lens, got.query_lens, got.logits_rows) == \
-        (STEP_INPUTS.token_ids, STEP_INPUTS.seq_lens, STEP_INPUTS.query_lens, STEP_INPUTS.logits_rows)
+    assert got.table_deltas == STEP_INPUTS.table_deltas  # deltas only: seq 31's first two blocks are not resent
+    assert (got.token_ids, got.seq_ids, got.seq_lens, got.query_lens, got.logits_rows) == \
+        (STEP_INPUTS.token_ids, STEP_INPUTS.seq_ids, STEP_INPUTS.seq_lens, STEP_INPUTS.query_lens,
+         STEP_INPUTS.logits_rows)
     assert (got.blocks_to_copy, got.blocks_to_swap_out, got.blocks_to_swap_in) == \
         (((1, 2),), ((3, 0), (5, 1)), ((2, 6),))
     alloc = step_message.unpack(step_message.pack(Message(ALLOCATE, num_gpu_blocks=12, num_cpu_blocks=3)))
@@ -40,7 +43,7 @@ def test_a_message_larger_than_the_buffer_arrives_whole_over_gloo():
     thread = threading.Thread(target=rank1)
     thread.start()
     channel = StepChannel(TPGroup.join(store, 0, 2, torch.device("cpu")), capacity_words=16)
-    channel.send(Message(STEP, STEP_INPUTS))  # 33 words: the buffer, then the rest
+    channel.send(Message(STEP, STEP_INPUTS))  # 41 words: the buffer, then the rest
     channel.send(Message(ALLOCATE, num_gpu_blocks=7))  # fits: one broadcast
     thread.join(60)
     assert received[0].step == step_message.unpack(step_message.pack(Message(STEP, STEP_INPUTS))).step

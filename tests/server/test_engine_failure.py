@@ -78,7 +78,7 @@ def _wait_running(url: str, count: int, timeout_seconds: float = 60.0) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["step", "add_request", "abort_request"])
+@pytest.mark.parametrize("method", ["step_deltas", "add_request", "abort_request"])  # what the engine loop calls
 def test_a_fault_in_a_real_serve_process_answers_every_request_500_and_exits_1(method, tiny_llama, tmp_path):
     """The fault is injected into LLMEngine.<method> of a real `pagedinfer serve` process (engine_fault.py)."""
     port = free_port()
