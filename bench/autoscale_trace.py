@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from proc_stats import read_stat
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -50,11 +50,8 @@ class Sample:
 
 
 def process_cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    stat = read_stat(pid)
+    return stat.cpu_seconds if stat else 0.0
 
 
 def parse_trace(text: str) -> list[tuple[float, bool]]:

@@ -7,8 +7,10 @@ of these exist (so it works whatever the engine does inside them):
     step        LLMEngine.step, called by the bench
     schedule    engine.scheduler.schedule / after_step
     execute     engine.runner.execute (input preparation, block moves, forward, logits)
-    model       engine.runner.model.forward (the transformers forward)
+    model       engine.runner._forward (eager or compiled), else engine.runner.model.forward
     attention   the attention function registered with transformers under the model's attn_implementation
+                (eager forward only: in a compiled forward, `engine.runner.compiled`, attention is
+                recognised by its op's name, which must contain "attention")
     sample      engine.sampler.sample
 
 Every profiler event inside a step gets one category from the names on its
@@ -121,17 +123,23 @@ class Labels:
 
         self._undo: list = []
         runner = getattr(engine, "runner", None)
+        # the forward's own wrapper, outside any compiled region (a compiled graph must not see our wrapper)
+        forward = (runner, "_forward") if callable(getattr(runner, "_forward", None)) else \
+            (getattr(runner, "model", None), "forward")
         targets = [(getattr(engine, "scheduler", None), "schedule", "schedule"),
                    (getattr(engine, "scheduler", None), "after_step", "schedule"),
                    (runner, "execute", "execute"),
-                   (getattr(runner, "model", None), "forward", "model"),
+                   (*forward, "model"),
                    (getattr(engine, "sampler", None), "sample", "sample")]
         for obj, attr, phase in targets:
             original = getattr(obj, attr, None) if obj is not None else None
             if callable(original):
+                own = attr in getattr(obj, "__dict__", {})  # else a method of its class: deleting ours restores it
                 setattr(obj, attr, _labelled(original, label(phase), torch))
-                self._undo.append(lambda obj=obj, attr=attr: delattr(obj, attr))
-        self._wrap_attention(getattr(getattr(runner, "model", None), "config", None), torch)
+                self._undo.append(lambda obj=obj, attr=attr, original=original, own=own:
+                                  setattr(obj, attr, original) if own else delattr(obj, attr))
+        if getattr(runner, "compiled", None) is None:
+            self._wrap_attention(getattr(getattr(runner, "model", None), "config", None), torch)
 
     def _wrap_attention(self, config, torch) -> None:
         name = getattr(config, "_attn_implementation", None)

@@ -243,7 +243,7 @@ def run_pagedinfer(model_dir: str, requests: list[BenchRequest], block_size: int
         stats = engine.get_stats()
         if stats.num_used_blocks or engine.has_unfinished_requests():
             raise RuntimeError(f"pagedinfer leaked KV blocks after the run: {stats}")
-    linears = getattr(engine.runner, "linear_backend", None) or "not reported by the engine"
+    linears = _linears(engine.runner)
     result = _result("pagedinfer", runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}; "
                      f"linears: {linears}", startup.wall_seconds, dtype)
     steps = _profile_steps(engine, requests, breakdown_every) if breakdown_every else None
@@ -252,6 +252,16 @@ def run_pagedinfer(model_dir: str, requests: list[BenchRequest], block_size: int
     mean_waste = 1 - sum(s.num_held_slots for s in snapshots) / allocated
     return PagedRun(result, peak, mean_waste, max(s.num_running_seqs for s in snapshots), engine.num_gpu_blocks,
                     block_size, engine.max_model_len, dict(stats.num_preemptions), steps)
+
+
+def _linears(runner) -> str:
+    """How the engine runs its linear layers, if it says (a `linear_packing` report: backend, packed count)."""
+    report = getattr(runner, "linear_packing", None)
+    if report is None:
+        return "F.linear (the engine reports no packing)"
+    packed = getattr(report, "packed", ())
+    compiled = " in a compiled forward" if getattr(runner, "compiled", None) is not None else ""
+    return f"{getattr(report, 'backend', report)}, {len(packed)} layers packed{compiled}"
 
 
 def _profile_steps(engine, requests: list[BenchRequest], every: int) -> Breakdown:

@@ -148,8 +148,30 @@ def test_labels_on_a_real_engine_see_every_phase_and_are_removed_after(tiny_llam
     assert found.num_steps == 3 and len(outputs[0]) == 3
     assert all(found.microseconds[c] > 0 for c in ("matmul", "attention", "model other", "bookkeeping",
                                                    "sampling", "output")), found.microseconds
-    assert "schedule" not in vars(engine.scheduler) and "forward" not in vars(engine.runner.model)
+    assert "schedule" not in vars(engine.scheduler) and "_forward" not in vars(engine.runner)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from pagedinfer.engine.attention import paged_attention_forward
     assert ALL_ATTENTION_FUNCTIONS[engine.runner.model.config._attn_implementation] is paged_attention_forward
+
+
+def test_labels_leave_a_compiled_forwards_attention_alone_and_skip_missing_phases():
+    """After the compile work the runner's `compiled` forward must not see a wrapped attention function:
+    the registry is untouched there (attention is then known by its op's name); absent phases are skipped."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from pagedinfer.engine.attention import register
+
+    name = register()
+    before = ALL_ATTENTION_FUNCTIONS[name]
+    def forward():
+        return "logits"
+
+    runner = SimpleNamespace(_forward=forward, compiled=object(),
+                             model=SimpleNamespace(config=SimpleNamespace(_attn_implementation=name)))
+    engine = SimpleNamespace(runner=runner, scheduler=SimpleNamespace())  # no schedule, no sampler
+    labels = Labels(engine)
+    assert ALL_ATTENTION_FUNCTIONS[name] is before
+    assert runner._forward is not forward and runner._forward() == "logits"
+    labels.restore()
+    assert runner._forward is forward and vars(engine.scheduler) == {}
