@@ -224,13 +224,15 @@ def bf16_agreements(by_dtype: dict[str, dict[str, RunResult]]) -> list[tuple[str
 
 def summary(rows: list[tuple[str, str, RunResult, RunResult | None]]) -> list[str]:
     """pagedinfer against vLLM per model and dtype."""
-    lines = [f"{'model':<6}{'dtype':<10}{'system':<12}{'tok/s':>9}{'vs vLLM':>9}{'CPU/wall':>9}{'start-up s':>11}"
-             f"{'RSS MiB':>9}"]
+    lines = [f"{'model':<6}{'dtype':<10}{'system':<12}{'tok/s':>9}{'vs vLLM':>9}{'CPU/wall':>9}{'tok/CPU-s':>10}"
+             f"{'start-up s':>11}{'RSS MiB':>9}"]
     for model, dtype, r, vllm in rows:
         ratio = r.output_tokens_per_second / vllm.output_tokens_per_second if vllm else None
+        # tokens per CPU second: the work per core, whatever share of the cores a loaded machine left it
+        per_cpu = r.output_tokens_per_second / r.cpu_per_wall if r.cpu_per_wall else None
         lines.append(f"{model:<6}{dtype:<10}{r.system:<12}{r.output_tokens_per_second:>9.1f}"
-                     f"{_cell(ratio, '.2f', 9)}{_cell(r.cpu_per_wall, '.2f', 9)}{r.startup_seconds:>11.1f}"
-                     f"{r.peak_rss_bytes / 2**20:>9.0f}")
+                     f"{_cell(ratio, '.2f', 9)}{_cell(r.cpu_per_wall, '.2f', 9)}{_cell(per_cpu, '.1f', 10)}"
+                     f"{r.startup_seconds:>11.1f}{r.peak_rss_bytes / 2**20:>9.0f}")
     return lines
 
 
