@@ -20,14 +20,13 @@ def test_throughput_benchmark_runs_and_all_systems_agree(tmp_path):
     out = tmp_path / "result.json"
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "throughput.py"), "--num-requests", "6", "--skip-vllm",
-         "--dtypes", "float32,bfloat16", "--hf-check-requests", "3", "--breakdown",
+         "--dtypes", "float32,bfloat16", "--hf-check-requests", "3",
          "--json-out", str(out), "--model-dir", str(tmp_path / "model")],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     for system in ("pagedinfer", "hf-static", "hf-continuous"):
         assert system in run.stdout
     assert "100.0%" in run.stdout and "KV waste" in run.stdout
-    assert "pagedinfer step breakdown: matmul" in run.stdout
     assert "greedy agreement, pagedinfer bf16 vs pagedinfer fp32: first token" in run.stdout
     results = json.loads(out.read_text())
     assert {(r["system"], r["dtype"]) for r in results} == {
