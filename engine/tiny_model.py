@@ -83,7 +83,12 @@ def tiny_config(arch: str = "llama", vocab_size: int = 384, **overrides: Any) ->
 
 def make_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0, dtype: str = "float32",
                     tokenizer_dir: str | Path | None = None, **config_overrides: Any) -> Path:
-    """Create (or reuse) a random-weight model directory and return its path."""
+    """Create (or reuse) a random-weight model directory and return its path.
+
+    `vocab_size` in the overrides sets the model's vocabulary (embeddings and
+    LM head) beyond the tokenizer's, for realistic shapes (e.g. 32000); it must
+    be at least the tokenizer's size. Ids past the tokenizer decode to nothing.
+    """
     import torch
     import transformers
 
@@ -98,7 +103,11 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0, dty
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
         tokenizer.save_pretrained(str(out))
-    config = tiny_config(arch, vocab_size=len(tokenizer), **config_overrides)
+    shape = dict(config_overrides)  # the marker's spec keeps vocab_size
+    vocab_size = shape.pop("vocab_size", len(tokenizer))
+    if vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size: must be >= the tokenizer's {len(tokenizer)} tokens, got {vocab_size}")
+    config = tiny_config(arch, vocab_size=vocab_size, **shape)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     # Random init with the default std (0.02) gives near-uniform logits; a

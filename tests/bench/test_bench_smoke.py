@@ -20,13 +20,24 @@ def test_throughput_benchmark_runs_and_all_systems_agree(tmp_path):
     out = tmp_path / "result.json"
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "throughput.py"), "--num-requests", "6", "--skip-vllm",
+         "--dtypes", "float32,bfloat16", "--hf-check-requests", "3",
          "--json-out", str(out), "--model-dir", str(tmp_path / "model")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     for system in ("pagedinfer", "hf-static", "hf-continuous"):
         assert system in run.stdout
     assert "100.0%" in run.stdout and "KV waste" in run.stdout
-    assert out.is_file() and json.loads(out.read_text())
+    assert "greedy agreement, pagedinfer bf16 vs pagedinfer fp32: first token" in run.stdout
+    results = json.loads(out.read_text())
+    assert {(r["system"], r["dtype"]) for r in results} == {
+        ("pagedinfer", "float32"), ("transformers", "float32"), ("hf-static", "float32"),
+        ("hf-continuous", "float32"), ("pagedinfer", "bfloat16")}
+    for r in results:
+        assert r["all_cpu_seconds"][0] > 0 and r["startup_seconds"] > 0 and r["peak_rss_bytes"] > 0
+    # transformers' own tokens, one request at a time: pagedinfer's float32 ones equal them
+    reference = next(r for r in results if r["system"] == "transformers")
+    ours = next(r for r in results if r["system"] == "pagedinfer" and r["dtype"] == "float32")
+    assert ours["outputs"][:3] == reference["outputs"]
 
 
 def test_operator_scale_benchmark_reconciles_every_service_without_rewriting_children(tmp_path):

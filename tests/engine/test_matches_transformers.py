@@ -66,3 +66,22 @@ def test_greedy_equals_generate_under_forced_preemption(expected, mode):
                                 max_model_len=96, preemption_mode=mode, swap_space=0.01)
     assert llm_out == want
     assert stats.num_preemptions[mode] > 0
+
+
+def test_a_vocabulary_wider_than_the_tokenizer_still_equals_generate(make_model):
+    """The benchmark's 125M model has vocab 32000 over the 384-token tokenizer: ids past it are generated
+    (they decode to nothing) and equal transformers'."""
+    model_dir = make_model("llama", vocab_size=1000)
+    assert transformers.AutoConfig.from_pretrained(str(model_dir)).vocab_size == 1000
+    prompts = mixed_prompts(1000, lengths=(5, 17, 40))
+    want = hf_greedy(model_dir, prompts, 8)
+    assert max(max(ids) for ids in want) >= 384
+    got, _ = run_engine(model_dir, prompts, 8, block_size=16, enable_prefix_caching=False)
+    assert got == want
+
+
+def test_a_vocabulary_narrower_than_the_tokenizer_is_refused(tmp_path):
+    from pagedinfer.engine.tiny_model import make_tiny_model
+
+    with pytest.raises(ValueError, match="vocab_size: must be >= the tokenizer's 384"):
+        make_tiny_model(tmp_path, vocab_size=100)

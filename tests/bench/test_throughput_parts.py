@@ -1,0 +1,177 @@
+"""The throughput benchmark's pure parts: its flags, the CPU time of a process tree, greedy agreement and the
+step breakdown's classification. Cheap: no vLLM, no timed assertion; the script itself is not run here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from agreement import agreement
+from breakdown import Breakdown, Labels, classify, label
+from proc_stats import CLOCK_TICKS_PER_SECOND, peak_rss_bytes, tree, tree_cpu_seconds, tree_peak_rss_bytes
+from throughput import MODELS, parse_args
+
+
+# ----- flags ---------------------------------------------------------------------------------------
+def test_models_and_dtypes_are_comma_separated_lists_with_tiny_and_both_dtypes_by_default():
+    args = parse_args(["--skip-vllm"])
+    assert args.models == ["tiny"] and args.dtypes == ["float32", "bfloat16"]
+    args = parse_args(["--models", "tiny,125m", "--dtypes", "bfloat16", "--skip-vllm"])
+    assert args.models == ["tiny", "125m"] and args.dtypes == ["bfloat16"]
+    assert parse_args(["--model", "125m", "--skip-vllm"]).models == ["125m"]
+    shape = MODELS["125m"].shape
+    assert (shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"],
+            shape["num_key_value_heads"], shape["vocab_size"]) == (768, 12, 12, 4, 32000)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--models", "tiny,7b", "--skip-vllm"], "--models"),
+    (["--dtypes", "float16", "--skip-vllm"], "--dtypes"),
+    (["--models", "tiny"], "--vllm-python"),
+    (["--breakdown-every", "0", "--skip-vllm"], "--breakdown-every"),
+    (["--profile", "p.out", "--skip-vllm"], "--profile"),  # two dtypes by default: which one to profile?
+])
+def test_bad_flags_exit_2_naming_the_flag(argv, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+# ----- CPU time and RSS of a process tree -------------------------------------------------------------
+def _fake_process(root, pid: int, parent: int, utime_ticks: int, stime_ticks: int, name: str = "python3",
+                  hwm_kib: int = 0) -> None:
+    (root / str(pid)).mkdir()
+    fields = ["S", str(parent)] + ["0"] * 9 + [str(utime_ticks), str(stime_ticks)] + ["0"] * 10
+    (root / str(pid) / "stat").write_text(f"{pid} ({name}) {' '.join(fields)}\n")
+    (root / str(pid) / "status").write_text(f"Name:\t{name}\nVmHWM:\t{hwm_kib} kB\nVmRSS:\t1 kB\n")
+
+
+def test_a_tree_sums_the_process_and_every_descendant_and_nothing_else(tmp_path):
+    _fake_process(tmp_path, 100, 1, 300, 100, hwm_kib=1000)      # the runner
+    _fake_process(tmp_path, 101, 100, 50, 50, "VLLM::EngineCore", hwm_kib=2000)  # its child
+    _fake_process(tmp_path, 103, 101, 7, 3, "a) (b c", hwm_kib=30)  # grandchild; ')' and spaces in its name
+    _fake_process(tmp_path, 102, 1, 999, 999, hwm_kib=5000)      # a sibling of the runner: not in its tree
+    (tmp_path / "self").mkdir()                                  # non-process entries are skipped
+    assert [s.pid for s in tree(100, tmp_path)] == [100, 101, 103]
+    assert tree_cpu_seconds(100, tmp_path) == pytest.approx(510 / CLOCK_TICKS_PER_SECOND)
+    assert tree_cpu_seconds(101, tmp_path) == pytest.approx(110 / CLOCK_TICKS_PER_SECOND)
+    assert tree_peak_rss_bytes(100, tmp_path) == 3030 * 1024
+    assert tree(999, tmp_path) == [] and tree_cpu_seconds(999, tmp_path) == 0
+
+
+def test_a_live_childs_cpu_time_counts_in_its_parents_tree():
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                              "while time.process_time() < 0.3: pass\n"
+                              "print('burnt', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "burnt"
+        own = sum(os.times()[:2])
+        # the child's own clock says it used >= 0.3 s; /proc rounds to ticks
+        assert tree_cpu_seconds(os.getpid()) - own >= 0.3 - 2 / CLOCK_TICKS_PER_SECOND
+        assert child.pid in [s.pid for s in tree(os.getpid())]
+        assert peak_rss_bytes(child.pid) > 0
+    finally:
+        child.communicate("")
+    assert child.pid not in [s.pid for s in tree(os.getpid())]
+
+
+# ----- greedy agreement ---------------------------------------------------------------------------
+def test_agreement_counts_first_tokens_whole_sequences_and_the_common_prefix():
+    ref = [(1, 2, 3, 4), (5, 6), (7, 8, 9), (1,)]
+    out = [(1, 2, 3, 4), (5, 0), (0, 8, 9), (1,)]
+    found = agreement(out, ref)
+    assert found.num_requests == 4
+    assert found.first_token == 0.75 and found.whole_sequence == 0.5
+    assert found.prefix_tokens == pytest.approx((4 + 1 + 0 + 1) / 10)
+
+
+def test_agreement_covers_the_requests_both_sides_have_and_refuses_none():
+    assert agreement([(1,), (2,), (3,)], [(1,), (9,)]).whole_sequence == 0.5  # reference on a subset
+    with pytest.raises(ValueError, match="no request"):
+        agreement([], [(1,)])
+
+
+# ----- step breakdown -----------------------------------------------------------------------------
+@pytest.mark.parametrize("chain, category", [
+    (["aten::mm"], None),                                                          # outside a step
+    ([label("step"), label("schedule")], "bookkeeping"),
+    ([label("step"), label("execute"), "aten::index_select"], "bookkeeping"),      # input preparation
+    ([label("step"), label("execute"), label("model"), "aten::linear", "aten::mm"], "matmul"),
+    ([label("step"), label("execute"), label("model"), "mkldnn::_linear_pointwise"], "matmul"),
+    ([label("step"), label("execute"), label("model"), label("attention"), "aten::bmm"], "attention"),
+    ([label("step"), label("execute"), label("model"), "pagedinfer::paged_attention"], "attention"),
+    ([label("step"), label("execute"), label("model"), "aten::rms_norm"], "model other"),
+    ([label("step"), label("sample"), "aten::argmax"], "sampling"),
+    ([label("step")], "output"),
+])
+def test_classify_by_the_enclosing_labels_and_ops(chain, category):
+    assert classify(chain) == category
+
+
+def test_breakdown_adds_self_times_by_category():
+    step = SimpleNamespace(name=label("step"), cpu_parent=None, self_cpu_time_total=10.0)
+    model = SimpleNamespace(name=label("model"), cpu_parent=step, self_cpu_time_total=5.0)
+    linear = SimpleNamespace(name="aten::linear", cpu_parent=model, self_cpu_time_total=1.0)
+    mm = SimpleNamespace(name="aten::mm", cpu_parent=linear, self_cpu_time_total=60.0)
+    stray = SimpleNamespace(name="aten::add", cpu_parent=None, self_cpu_time_total=99.0)
+    found = Breakdown()
+    found.add_events([step, model, linear, mm, stray])
+    assert found.num_steps == 1
+    assert found.microseconds["matmul"] == 61.0 and found.microseconds["model other"] == 5.0
+    assert found.microseconds["output"] == 10.0
+    assert found.shares()["matmul"] == pytest.approx(61 / 76)
+    assert Breakdown.from_dict(found.to_dict()) == found
+
+
+def test_labels_on_a_real_engine_see_every_phase_and_are_removed_after(tiny_llama):
+    import torch
+    from runners import _drain
+
+    from pagedinfer.engine import EngineConfig, LLMEngine
+    from workload import TokenIdsRequest
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), num_gpu_blocks_override=32, block_size=16,
+                                    max_model_len=128, dtype="float32", device="cpu"))
+    labels = Labels(engine)
+    found = Breakdown()
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            outputs, _ = _drain(engine, [TokenIdsRequest(tuple(range(10, 30)), 3)], "r", None, lambda: None)
+    finally:
+        labels.restore()
+    found.add_events(prof.events())
+    assert found.num_steps == 3 and len(outputs[0]) == 3
+    assert all(found.microseconds[c] > 0 for c in ("matmul", "attention", "model other", "bookkeeping",
+                                                   "sampling", "output")), found.microseconds
+    assert "schedule" not in vars(engine.scheduler) and "_forward" not in vars(engine.runner)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from pagedinfer.engine.attention import paged_attention_forward
+    assert ALL_ATTENTION_FUNCTIONS[engine.runner.model.config._attn_implementation] is paged_attention_forward
+
+
+def test_labels_leave_a_compiled_forwards_attention_alone_and_skip_missing_phases():
+    """After the compile work the runner's `compiled` forward must not see a wrapped attention function:
+    the registry is untouched there (attention is then known by its op's name); absent phases are skipped."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from pagedinfer.engine.attention import register
+
+    name = register()
+    before = ALL_ATTENTION_FUNCTIONS[name]
+    def forward():
+        return "logits"
+
+    runner = SimpleNamespace(_forward=forward, compiled=object(),
+                             model=SimpleNamespace(config=SimpleNamespace(_attn_implementation=name)))
+    engine = SimpleNamespace(runner=runner, scheduler=SimpleNamespace())  # no schedule, no sampler
+    labels = Labels(engine)
+    assert ALL_ATTENTION_FUNCTIONS[name] is before
+    assert runner._forward is not forward and runner._forward() == "logits"
+    labels.restore()
+    assert runner._forward is forward and vars(engine.scheduler) == {}
