@@ -256,16 +256,59 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
                     block_size, engine.max_model_len, dict(stats.num_preemptions), steps)
 
 
-        if after_step is None:
-            deltas = engine.step_deltas()
-        else:
-            with torch.profiler.record_function(step_label):
-                deltas = engine.step_deltas()
-            after_step()
-        for delta in deltas:  # only the new tokens cross, as the server gets them
-            tokens[delta.request_id].extend(delta.outputs[0].new_token_ids)
-            if delta.finished:
-                done[delta.request_id] = tuple(tokens.pop(delta.request_id))
+def _linears(runner) -> str:
+    """How the engine runs its linear layers, if it says (a `linear_packing` report: backend, packed count)."""
+    report = getattr(runner, "linear_packing", None)
+    if report is None:
+        return "F.linear (the engine reports no packing)"
+    packed = getattr(report, "packed", ())
+    compiled = " in a compiled forward" if getattr(runner, "compiled", None) is not None else ""
+    return f"{getattr(report, 'backend', report)}, {len(packed)} layers packed{compiled}"
+
+
+def _profile_steps(engine, requests: list[TokenIdsRequest], every: int) -> Breakdown:
+    """One more run of the workload with every `every`-th step under torch.profiler (one warm-up step before)."""
+    import torch
+    from breakdown import Labels
+
+    engine.kv.pool.reset_prefix_cache()
+    found = Breakdown()
+    labels = Labels(engine)
+    try:
+        schedule = torch.profiler.schedule(wait=max(0, every - 2), warmup=min(1, every - 1), active=1)
+        with _without_kineto_log(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                                        on_trace_ready=lambda prof: found.add_events(prof.events())) as prof:
+                _drain(engine, requests, "breakdown", None, prof.step)
+    finally:
+        labels.restore()
+    return found
+
+
+@contextlib.contextmanager
+def _without_kineto_log():
+    """Kineto writes two lines to fd 2 per profiler cycle (no setting turns them off): drop those, keep the rest."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+b") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            for line in log.read().decode(errors="replace").splitlines(keepends=True):
+                if not line.startswith(("USDT:", "STAGE:")):
+                    sys.stderr.write(line)
+
+
+def _drain(engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list[KVSnapshot] | None,
+           after_step=None) -> tuple[list[tuple[int, ...]], float]:
+    import torch
+    from breakdown import label
+
     from pagedinfer.engine import SamplingParams
 
     ids = [f"{prefix}-{i}" for i in range(len(requests))]
