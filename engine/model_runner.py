@@ -20,6 +20,7 @@ import torch
 from pagedinfer.engine import sizing
 from pagedinfer.engine.attention import StepContext, register
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
 from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
@@ -108,6 +109,9 @@ class ModelRunner:
         if group is not None:
             sharding.shard_model(self.model, group)
         self.model.to(self.device).eval()
+        # on CPU, linear weights packed once for oneDNN (replacing the dense ones: weight_bytes counts them once)
+        self.linear_packing: PackingReport | None = \
+            pack_linear_weights(self.model) if self.device.type == "cpu" else None
         if self.model.config._attn_implementation != attn_name:
             raise RuntimeError(f"transformers did not set attention implementation {attn_name!r}")
         text_cfg = self.model.config.get_text_config()
