@@ -62,6 +62,7 @@ class EngineConfig:
     tokenizer: str | None = None
     served_model_name: str | None = None
     revision: str | None = None  # of a Hub model id; None: main
+    compile: bool = False  # CPU, tensor_parallel_size 1: torch.compile the forward per token bucket (engine/cpu)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not str(self.model):
@@ -93,6 +94,11 @@ class EngineConfig:
             raise ValueError(f"enable_prefix_caching: must be a boolean, got {self.enable_prefix_caching!r}")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError(f"enable_chunked_prefill: must be a boolean, got {self.enable_chunked_prefill!r}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile: must be a boolean, got {self.compile!r}")
+        if self.compile and (self.device == "cuda" or self.tensor_parallel_size > 1):
+            raise ValueError("compile (--compile): the compiled forward runs on a CPU with tensor_parallel_size 1"
+                             f" only, got device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size}")
         _positive("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")

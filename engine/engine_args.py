@@ -46,6 +46,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = True) -> 
                    help="on CPU, the memory the engine treats as its device memory (default 2GiB)")
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (on CPU: processes) per replica; the attention and MLP weights and the KV"
                         " heads are split across them (default 1)")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                   help="on a CPU (tensor parallel size 1): torch.compile the model's forward, one graph per token"
+                        " bucket (powers of two up to --max-num-batched-tokens), all compiled at start-up"
+                        " (default off)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampling of unseeded requests (default 0)")
 
 
@@ -69,4 +73,5 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         cpu_memory_budget_bytes=sizing.parse_bytes(args.cpu_memory_budget, name="--cpu-memory-budget"),
         tensor_parallel_size=args.tensor_parallel_size,
         seed=args.seed,
+        compile=args.compile,
     )

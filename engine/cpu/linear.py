@@ -58,10 +58,29 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
+@torch.library.custom_op("pagedinfer::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The packed GEMM as an opaque op for torch.compile (inductor lowers mkldnn's own op for constant weights only)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for a weight packed by `pack_weight` (the opaque op when compiling:
+    a fake tensor does not say `is_mkldnn`, so callers decide on the real weight, before tracing)."""
+    if torch.compiler.is_compiling():
+        return onednn_linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for a dense weight or one packed by `pack_weight`."""
+    """`F.linear(x, weight, bias)` for a dense weight or one packed by `pack_weight` (eager callers)."""
     if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return packed_linear(x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 
 
@@ -75,7 +94,7 @@ class PackedLinear(nn.Module):
         self.bias = module.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return packed_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
