@@ -31,6 +31,10 @@ VARIANTS = {  # name: (PAGEDINFER_CPU_LINEAR, compile)
 }
 
 
+def default_model_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), "pagedinfer-bench-llama-125m")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1)
@@ -40,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="also the largest compiled bucket")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "pagedinfer-bench-llama-125m"))
+    p.add_argument("--model-dir", default=default_model_dir())
     return p.parse_args(argv)
 
 
