@@ -40,20 +40,28 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                             scaling: float | None = None, dropout: float = 0.0,
                             sliding_window: int | None = None, pagedinfer_step: StepContext | None = None,
                             **kwargs) -> tuple[torch.Tensor, None]:
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if torch.compiler.is_compiling():  # one opaque op in the graph; the step comes from its current_step
+        from pagedinfer.engine.cpu.attention_op import paged_attention
+
+        return paged_attention(query, key, value, module.layer_idx, scale, sliding_window or None), None
     if pagedinfer_step is None:
         raise RuntimeError("pagedinfer attention called without a step context")
-    layer = module.layer_idx
-    ctx = pagedinfer_step
+    return attend_layer(pagedinfer_step, module.layer_idx, query, key, value, scale, sliding_window or None), None
+
+
+def attend_layer(ctx: StepContext, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 scale: float, sliding_window: int | None) -> torch.Tensor:
+    """Write layer `layer`'s K/V of the step, attend over the cache; transformers' layouts in and out."""
     ctx.layers_seen.add(layer)
     q = query[0].transpose(0, 1)  # [tokens, heads, head_dim]
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
     k_cache, v_cache = ctx.key_caches[layer], ctx.value_caches[layer]
     dispatch.write_kv(k, v, k_cache, v_cache, ctx.metadata.slot_mapping)
-    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     out = dispatch.paged_attention(q.contiguous(), k_cache, v_cache, ctx.metadata, scale,
-                                   sliding_window=sliding_window or None)
-    return out.unsqueeze(0), None
+                                   sliding_window=sliding_window)
+    return out.unsqueeze(0)
 
 
 def register() -> str:

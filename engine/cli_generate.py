@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{num_tokens} tokens in {elapsed:.2f} s; KV pool {stats.num_total_blocks} blocks,"
           f" prefix-cache hits {stats.prefix_cache_hit_tokens}/{stats.prefix_cache_query_tokens} tokens",
           file=sys.stderr)
+    compiled = llm.llm_engine.runner.compiled
+    if compiled is not None:  # --compile: what start-up spent compiling (serve logs the same line)
+        print(f"compiled forward: {len(compiled.buckets)} token buckets in {compiled.startup_seconds:.1f} s",
+              file=sys.stderr)
     return 0
 
 

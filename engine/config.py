@@ -112,6 +112,11 @@ class EngineConfig:
         1, flag="--tensor-parallel-size", type=int, managed=True,
         help="GPUs (on CPU: processes) per replica; the attention and MLP weights and the KV"
              " heads are split across them (default 1)")  # >1: engine/distributed
+    compile: bool = flag_field(
+        False, flag="--compile",
+        help="on a CPU (tensor parallel size 1): torch.compile the model's forward, one graph per token"
+             " bucket (powers of two up to --max-num-batched-tokens), all compiled at start-up"
+             " (default off)")
     seed: int = flag_field(
         0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)
@@ -146,6 +151,11 @@ class EngineConfig:
             raise ValueError(f"enable_prefix_caching: must be a boolean, got {self.enable_prefix_caching!r}")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError(f"enable_chunked_prefill: must be a boolean, got {self.enable_chunked_prefill!r}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile: must be a boolean, got {self.compile!r}")
+        if self.compile and (self.device == "cuda" or self.tensor_parallel_size > 1):
+            raise ValueError("compile (--compile): the compiled forward runs on a CPU with tensor_parallel_size 1"
+                             f" only, got device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size}")
         _positive("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")

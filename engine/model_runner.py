@@ -26,6 +26,8 @@ from pagedinfer.engine.attention import StepContext, register
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.cpu.compiled_forward import CompiledForward
+from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
 from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
@@ -115,6 +117,9 @@ class ModelRunner:
         if group is not None:
             sharding.shard_model(self.model, group)
         self.model.to(self.device).eval()
+        # on CPU, linear weights packed once for oneDNN (replacing the dense ones: weight_bytes counts them once)
+        self.linear_packing: PackingReport | None = \
+            pack_linear_weights(self.model) if self.device.type == "cpu" else None
         if self.model.config._attn_implementation != attn_name:
             raise RuntimeError(f"transformers did not set attention implementation {attn_name!r}")
         text_cfg = self.model.config.get_text_config()
@@ -135,6 +140,11 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.cpu_cache: torch.Tensor | None = None
         self.batch = PersistentBatch(self.block_size, config.max_num_seqs)
+        self.compiled: CompiledForward | None = None
+        if config.compile:
+            if self.device.type != "cpu":
+                raise ValueError(f"compile (--compile): the compiled forward runs on a CPU, not {self.device}")
+            self.compiled = CompiledForward(self.model, config.max_num_batched_tokens)
 
     # ----- sizing --------------------------------------------------------------------
     def model_shape(self) -> ModelShape:
@@ -205,19 +215,32 @@ class ModelRunner:
             cpu_shape = (2, self.num_layers, num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
             self.cpu_cache = torch.empty(cpu_shape, dtype=self.dtype, device="cpu",
                                          pin_memory=self.device.type == "cuda")
+        if self.compiled is not None and num_gpu_blocks:
+            self.compiled.warm_up(self._one_token_step)
+
+    def _one_token_step(self) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
+        """A step of one token writing block 0 (free at start-up), for the compiled forward's warm-up."""
+        from pagedinfer.kernels.metadata import build_attention_metadata
+
+        meta = build_attention_metadata([1], [1], [[0]], self.block_size, self.device)
+        ctx = StepContext(metadata=meta, key_caches=self.key_caches, value_caches=self.value_caches)
+        return torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), ctx
 
     # ----- one step ----------------------------------------------------------------------
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  logits_index: torch.Tensor) -> torch.Tensor:
         ctx = StepContext(metadata=meta, key_caches=self.key_caches, value_caches=self.value_caches)
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
-                             logits_to_keep=logits_index, pagedinfer_step=ctx)
+            if self.compiled is not None:
+                logits = self.compiled(input_ids, positions, ctx, logits_index)
+            else:
+                logits = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
+                                    logits_to_keep=logits_index, pagedinfer_step=ctx).logits[0]
         if len(ctx.layers_seen) != self.num_layers:
             raise RuntimeError(
                 f"paged attention ran in {len(ctx.layers_seen)} of {self.num_layers} layers; the model does"
                 " not route attention through transformers' AttentionInterface")
-        return out.logits[0]
+        return logits
 
     def execute(self, sched: SchedulerOutput, sample_seq_ids: set[int],
                 prompt_logprob_seq_ids: frozenset[int] | set[int] = frozenset()

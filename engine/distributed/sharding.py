@@ -24,6 +24,7 @@ import re
 import torch
 from torch import nn
 
+from pagedinfer.engine.cpu.linear import linear
 from pagedinfer.engine.distributed.group import TPGroup
 
 _REPLICATED = ("replicated_with_grad_allreduce", "replicated")
@@ -42,6 +43,8 @@ def check_divisible(num_attention_heads: int, num_kv_heads: int, tensor_parallel
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x[..., shard] @ W[:, shard]^T) + b: this rank's input columns, summed over ranks."""
 
+    packable_weight = True  # engine/cpu/linear.py may pack `weight` for oneDNN on a CPU
+
     def __init__(self, linear: nn.Linear, group: TPGroup) -> None:
         super().__init__()
         n, r = group.world_size, group.rank
@@ -52,7 +55,7 @@ class RowParallelLinear(nn.Module):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(nn.functional.linear(x, self.weight))
+        y = self.group.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -86,6 +89,8 @@ class VocabParallelEmbedding(nn.Module):
 class GatherOutputLinear(nn.Module):
     """The LM head: this rank's vocab rows (zero-padded to out_per_rank), logits gathered whole on every rank."""
 
+    packable_weight = True  # packed on a CPU unless tied to the VocabParallelEmbedding (then shared, left dense)
+
     def __init__(self, linear: nn.Linear, group: TPGroup) -> None:
         super().__init__()
         self.out_features = linear.out_features
@@ -95,7 +100,7 @@ class GatherOutputLinear(nn.Module):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        local = nn.functional.linear(x, self.weight, self.bias)
+        local = linear(x, self.weight, self.bias)
         return self.group.all_gather_last_dim(local)[..., : self.out_features]
 
 

@@ -49,6 +49,7 @@ class RankReport:
     rank: int
     weight_bytes: int          # all its parameters and buffers
     sharded_weight_bytes: int  # those of the layers the tensor-parallel plan splits
+    num_packed_linears: int    # its linear layers packed for oneDNN (engine/cpu/linear.py; CPU only)
 
 
 class TensorParallelError(RuntimeError):
@@ -111,7 +112,8 @@ class WorkerSet:
             for rank in sorted(pending):
                 if self.store.check([f"rank{rank}/ready"]):
                     info = json.loads(self.store.get(f"rank{rank}/ready"))
-                    self.reports.append(RankReport(rank, info["weight_bytes"], info["sharded_weight_bytes"]))
+                    self.reports.append(RankReport(rank, info["weight_bytes"], info["sharded_weight_bytes"],
+                                                   info["num_packed_linears"]))
                     pending.discard(rank)
             self._raise_if_dead("loading the model")
             if pending:

@@ -104,3 +104,15 @@ def test_tp_throughput_benchmark_runs_and_both_runs_agree(tmp_path):
     result = json.loads(out.read_text())
     assert result["tp"]["broadcasts"] > 0
     assert result["tp"]["sharded_weight_bytes_per_rank"] * 2 == result["tp1"]["sharded_weight_bytes_per_rank"]
+
+
+def test_cpu_linear_benchmark_checks_every_kernel_against_f_linear(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "cpu_linear.py"), "--m", "1", "5", "--shapes", "k/v 768->256",
+         "--repeats", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if "M=" in line]
+    assert len(rows) == 4  # 2 dtypes x 2 M values
+    assert all("F.linear" in r and "onednn packed" in r for r in rows)
+    assert sum("mkl packed" in r for r in rows) == 2  # fp32 only

@@ -105,6 +105,19 @@ def test_tp2_each_rank_holds_half_of_the_sharded_weights_and_kv_heads(engines):
     assert two.runner.kv_cache.shape[-2] * 2 == one.runner.kv_cache.shape[-2]  # KV heads per rank
 
 
+@pytest.mark.slow
+def test_tp2_every_rank_packs_its_linear_shards_for_onednn(engines):
+    """Rank 1 runs the same loader: its column, row and LM-head shards are packed too (engine/cpu/linear.py)."""
+    from pagedinfer.engine.distributed import sharding
+
+    runner = engines("llama", 2).llm_engine.runner
+    (rank1,) = runner.workers.reports
+    rows = [m for m in runner.model.modules() if isinstance(m, sharding.RowParallelLinear)]
+    head = runner.model.get_output_embeddings()
+    assert rows and all(m.weight.is_mkldnn for m in rows) and head.weight.is_mkldnn
+    assert len(runner.linear_packing.packed) == rank1.num_packed_linears == 2 * 7 + 1
+
+
 def test_tp_must_divide_the_head_counts(tiny_llama):
     with pytest.raises(ValueError, match=r"tensor_parallel_size: 3 must divide.*\(4\).*\(2\)"):
         LLM(str(tiny_llama), device="cpu", tensor_parallel_size=3)
