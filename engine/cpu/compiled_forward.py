@@ -100,7 +100,7 @@ class CompiledForward:
                 logits = self._run(ids, positions, ctx, torch.tensor([0]), size)
                 if size == self.buckets[0] and not torch.allclose(logits, eager, rtol=1e-3, atol=1e-3):
                     raise ValueError(f"compile: {type(self.model).__name__}'s logits are not its LM head's output"
-                                     " on the final hidden state; run it with --no-compile")
+                                     " on the final hidden state; run it without --compile")
         self.startup_seconds = time.perf_counter() - start
         logger.info("compiled the forward for %d token buckets (%s) in %.1f s", len(self.buckets),
                     ", ".join(map(str, self.buckets)), self.startup_seconds)
