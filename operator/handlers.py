@@ -26,10 +26,10 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the autoscaler's daemon)
+from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the autoscaler's daemon)
 from pagedinfer.operator import child_events, config_map_events, reconciler, settings  # noqa: F401  (startup/login)
-from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.indexes import nodes_in, referencing
 from pagedinfer.operator.registry import REGISTRY
 

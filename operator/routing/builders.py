@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedinfer.operator import builders
-from pagedinfer.operator.crd_model import InferenceServiceSpec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
 from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
 
 ROUTER_SUFFIX = "-router"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
-from pagedinfer.operator.autoscaling_metrics import PodReading
+from pagedinfer.operator.autoscaling.readings import PodReading
 from pagedinfer.operator.kube_api import ApiError, KubeApi, ResourceRef
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"

@@ -3,9 +3,10 @@
 import kubernetes_validate
 import pytest
 
-from pagedinfer.operator import builders, planning
-from pagedinfer.operator.crd_model import SpecError
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.spec.crd_model import SpecError
+from pagedinfer.operator.spec.parser import parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666", generation=3)
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}

@@ -12,7 +12,7 @@ from pagedinfer.testing.kube_emulator import Fault
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, LLAMA3_8B_SPEC, SERVICES, add_gpu_node,
                                                  condition, deployment_of, eventually, inference_service, isvc_of,
                                                  reconciles, running_operator)
-from pagedinfer.operator import builders
+from pagedinfer.operator.children import builders
 
 pytestmark = pytest.mark.timeout(120)
 

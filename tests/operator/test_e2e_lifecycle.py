@@ -11,7 +11,7 @@ import pytest
 
 from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, NODES, SERVICES, add_gpu_node,
                                                  condition, eventually, inference_service, isvc_of, running_operator)
-from pagedinfer.operator import builders
+from pagedinfer.operator.children import builders
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,7 +5,7 @@ import pytest
 
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, LLAMA3_8B, NODES, add_gpu_node, condition,
                                                  eventually, inference_service, reconciles, running_operator)
-from pagedinfer.operator.node_memory import required_affinity_holds
+from pagedinfer.operator.kv_plan.node_memory import required_affinity_holds
 
 pytestmark = pytest.mark.timeout(120)
 

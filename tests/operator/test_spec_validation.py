@@ -2,8 +2,8 @@
 
 import pytest
 
-from pagedinfer.operator.crd_model import SpecError
-from pagedinfer.operator.spec_parser import parse_model_uri, parse_spec, quantity_bytes
+from pagedinfer.operator.spec.crd_model import SpecError
+from pagedinfer.operator.spec.parser import parse_model_uri, parse_spec, quantity_bytes
 
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 

@@ -42,9 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from pagedinfer.operator import builders, status
-from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
-from pagedinfer.operator.drift import drifted_paths
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.status import conditions
+from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
+from pagedinfer.operator.children.drift import drifted_paths
 from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, ApiError, KubeApi, ResourceRef
 
 REPLICAS_PATH = "spec.replicas"
@@ -92,7 +93,7 @@ def _conflict(manifests: list[Mapping[str, Any]], retry_seconds: float, deployed
     message = (f"{' and '.join(describe(m) for m in manifests)} already {'exist' if many else 'exists'} and "
                f"{'are' if many else 'is'} not controlled by this InferenceService: delete or rename "
                f"{'them' if many else 'it'}, or rename the InferenceService.")
-    return NotApplied(status.REASON_CHILD_CONFLICT, message + (status.KEEPS_SERVING if unchanged else ""),
+    return NotApplied(conditions.REASON_CHILD_CONFLICT, message + (conditions.KEEPS_SERVING if unchanged else ""),
                       retry_seconds, deployed)
 
 
@@ -103,14 +104,14 @@ async def _write(call: Callable[[], Awaitable[dict[str, Any]]], desired: Mapping
     except ApiError as exc:
         if exc.retryable:
             raise
-        keeps_serving = status.KEEPS_SERVING if unchanged else ""
+        keeps_serving = conditions.KEEPS_SERVING if unchanged else ""
         if exc.quota_exceeded:
             message = (f"A ResourceQuota refused {describe(desired)}: {exc}. Retried every "
                        f"{wait_retry_seconds:g} s until the quota allows it (raise the quota or free some of it)."
                        + keeps_serving)
-            raise NotApplied(status.REASON_QUOTA_EXCEEDED, message, wait_retry_seconds, deployed) from exc
+            raise NotApplied(conditions.REASON_QUOTA_EXCEEDED, message, wait_retry_seconds, deployed) from exc
         message = f"The API server refused {describe(desired)}: {exc}" + keeps_serving
-        raise NotApplied(status.REASON_APPLY_FAILED, message, None, deployed) from exc
+        raise NotApplied(conditions.REASON_APPLY_FAILED, message, None, deployed) from exc
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
-from pagedinfer.operator.node_memory import MIB, require_gpu_memory
-from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
+from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
+from pagedinfer.operator.kv_plan.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
 from pagedinfer.operator.routing.engine_flags import engine_router_args, engine_router_ports
 
 HTTP_PORT = 8000

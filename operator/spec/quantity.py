@@ -11,9 +11,11 @@ its canonical form (`resource.Quantity.String()`: 0.5 -> 500m, 1024Mi -> 1Gi,
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
-from pagedinfer.operator.crd_model import _QUANTITY
+# What the API server accepts as a quantity here (no exponents such as 1e3, no sign).
+QUANTITY_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 SUFFIX_FACTORS = {
     "": 1, "m": Fraction(1, 1000),
@@ -23,8 +25,8 @@ SUFFIX_FACTORS = {
 
 
 def parse_quantity(quantity: str) -> Fraction:
-    """The exact value of a quantity; ValueError for anything `_QUANTITY` does not match."""
-    match = _QUANTITY.fullmatch(quantity) if isinstance(quantity, str) else None
+    """The exact value of a quantity; ValueError for anything `QUANTITY_PATTERN` does not match."""
+    match = QUANTITY_PATTERN.fullmatch(quantity) if isinstance(quantity, str) else None
     if match is None:
         raise ValueError(f"{quantity!r} is not a Kubernetes quantity (examples: 2Gi, 512Mi, 4G, 500m)")
     suffix = match.group(2) or ""

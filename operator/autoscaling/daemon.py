@@ -39,12 +39,12 @@ from typing import Any, Mapping
 import aiohttp
 import kopf
 
-from pagedinfer.operator.autoscaling_metrics import PodReading, PodScrape, aggregate, pod_reading
-from pagedinfer.operator.autoscaling_policy import AutoscalerState, Observation, ScalingDecision, decide
-from pagedinfer.operator.autoscaling_scrape import PodTarget, query_prometheus, scrape_pods
-from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, parse_autoscaling_spec
-from pagedinfer.operator.builders import HTTP_PORT, selector_string
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.autoscaling.readings import PodReading, PodScrape, aggregate, pod_reading
+from pagedinfer.operator.autoscaling.policy import AutoscalerState, Observation, ScalingDecision, decide
+from pagedinfer.operator.autoscaling.scrape import PodTarget, query_prometheus, scrape_pods
+from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, parse_autoscaling_spec
+from pagedinfer.operator.children.builders import HTTP_PORT, selector_string
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError, ResourceRef
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.routing.deletion_cost import annotate_deletion_costs, deletion_costs
