@@ -13,7 +13,7 @@ and the CPU the engine processes used (from /proc). It prints the samples,
 the time from each load change to the next replica decision, and the same
 for a simulated CPU-utilization HPA fed the measured CPU: total engine CPU
 demand spread over its replicas (1-core request per pod, target 80 %
-utilization), decided by the same HPA algorithm (autoscaling_policy.decide)
+utilization), decided by the same HPA algorithm (autoscaling.policy.decide)
 with HPA's default behaviour (15 s sync period, 300 s scale-down window).
 
     .venv/bin/python bench/autoscale_trace.py --plot docs/autoscaling_trace.png

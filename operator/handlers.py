@@ -17,7 +17,7 @@ handler its services from `model_config_maps` (both in `indexes`).
 
 All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
 startup and login handlers live in `settings`, the autoscaler's daemon in
-`autoscaling_handlers`; importing this module registers them all.
+`autoscaling.daemon`; importing this module registers them all.
 """
 
 from __future__ import annotations

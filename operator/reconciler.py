@@ -27,7 +27,7 @@ Ready say NotDeployed and kvCache is removed.
 With the router off, its children are deleted after the status write
 (`routing.children`); the apply has already pointed the Service back at the engines.
 
-Status is written through `status_writer` (merge patches guarded by the
+Status is written through `status.writer` (merge patches guarded by the
 resourceVersion); reconcile() owns Valid, Sized, Applied, kvCache, url,
 selector, routing and observedGeneration. It never writes `spec.replicas`: HPA, KEDA
 or the autoscaler own it through the scale subresource, and the next
@@ -46,7 +46,7 @@ from pagedinfer.operator.kv_plan import resolver
 from pagedinfer.operator.status import conditions
 from pagedinfer.operator.spec.crd_model import InferenceServiceSpec, SpecError
 from pagedinfer.operator.children.drift import fingerprint
-from pagedinfer.operator.kube_api import DEPLOYMENTS, ApiError, KubeApi
+from pagedinfer.operator.kube_api import DEPLOYMENTS, KubeApiError, KubeApi
 from pagedinfer.operator.routing import builders as routing_builders
 from pagedinfer.operator.routing.children import remove_router_children
 from pagedinfer.operator.routing.status import routing_status
@@ -66,7 +66,7 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
     result = "retry"
     try:
         result = await _reconcile(runtime, api, body, logger, nodes)
-    except ApiError as exc:
+    except KubeApiError as exc:
         runtime.metrics.errors.labels(reason=f"api_{exc.status or 'network'}").inc()
         raise kopf.TemporaryError(f"Kubernetes API error, will retry: {exc}",
                                   delay=runtime.config.retry_delay_seconds) from exc
@@ -87,7 +87,7 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
 
 
 def autoscaling_enabled(spec: InferenceServiceSpec) -> bool:
-    """Whether the autoscaler owns spec.replicas (the daemon in autoscaling_handlers runs)."""
+    """Whether the autoscaler owns spec.replicas (the daemon in autoscaling.daemon runs)."""
     return spec.autoscaling is not None and spec.autoscaling.enabled
 
 

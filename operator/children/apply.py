@@ -28,12 +28,12 @@ Every child as the API server now has it (found as built, created or
 patched) goes to `on_applied` at once, also when the other child then fails,
 so the caller knows the operator's own writes (`Runtime.child_fingerprints`).
 
-A write the API server refuses and would refuse again (`ApiError.retryable`
+A write the API server refuses and would refuse again (`KubeApiError.retryable`
 False: 400, 403, 422, from validation, RBAC or an admission webhook) is
 `NotApplied(ApplyFailed)` carrying the server's message and no retry delay.
 A 403 for an exceeded ResourceQuota passes once something else is deleted or
 the quota is raised: `NotApplied(QuotaExceeded)`, retried after
-`Ownership.wait_retry_seconds`. Every other ApiError propagates, and the
+`Ownership.wait_retry_seconds`. Every other KubeApiError propagates, and the
 reconcile is retried.
 """
 
@@ -46,7 +46,7 @@ from pagedinfer.operator.children import builders
 from pagedinfer.operator.status import conditions
 from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
 from pagedinfer.operator.children.drift import drifted_paths
-from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, ApiError, KubeApi, ResourceRef
+from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, KubeApiError, KubeApi, ResourceRef
 
 REPLICAS_PATH = "spec.replicas"
 
@@ -101,7 +101,7 @@ async def _write(call: Callable[[], Awaitable[dict[str, Any]]], desired: Mapping
                  unchanged: bool, wait_retry_seconds: float) -> dict[str, Any]:
     try:
         return await call()
-    except ApiError as exc:
+    except KubeApiError as exc:
         if exc.retryable:
             raise
         keeps_serving = conditions.KEEPS_SERVING if unchanged else ""
@@ -160,12 +160,12 @@ async def _apply_one(api: KubeApi, ownership: Ownership, ref: ResourceRef, desir
     if live is None:
         try:
             return await _write(lambda: api.create(ref, namespace, desired), desired, deployed, False, wait)
-        except ApiError as exc:
+        except KubeApiError as exc:
             if exc.status != 409:
                 raise
         live = await api.get(ref, namespace, name)
         if live is None:
-            raise ApiError(409, "Conflict", f"{describe(desired)} was created and deleted concurrently")
+            raise KubeApiError(409, "Conflict", f"{describe(desired)} was created and deleted concurrently")
         if not ownership.claims(live):
             raise _conflict([desired], wait, deployed, unchanged=False)
     if not owned_by(live, ownership.owner_uid):

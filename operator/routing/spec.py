@@ -8,7 +8,7 @@
       resources: {requests: {cpu: 500m, memory: 512Mi}, limits: {memory: 1Gi}}
 
 `parse_router_spec` returns every problem at once, each prefixed by its dotted
-path (spec_parser adds them to the spec's others, so a bad router spec is
+path (spec.parser adds them to the spec's others, so a bad router spec is
 Valid=False InvalidSpec like any other field).
 """
 

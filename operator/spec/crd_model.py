@@ -1,6 +1,6 @@
 """The InferenceService spec as frozen dataclasses, with the CRD's names and limits.
 
-`spec_parser.parse_spec` builds them from what a user applied and raises
+`parser.parse_spec` builds them from what a user applied and raises
 `SpecError` listing every problem.
 
 Defaults live here and in the CRD; the two are kept equal by a test.

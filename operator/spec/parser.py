@@ -6,7 +6,7 @@ rules check (not every cluster enforces them: validation webhooks can be
 off, `kubectl apply --validate=false` exists, old API servers skip CEL), and
 raises `SpecError` (a ValueError) listing every problem, each prefixed by
 the dotted path of the field (`spec.engine.blockSize: ...`). That includes
-every rule of `spec.autoscaling` (`autoscaling_spec.parse_autoscaling_spec`,
+every rule of `spec.autoscaling` (`autoscaling.spec.parse_autoscaling_spec`,
 the parse the autoscaler itself runs): a spec it would refuse is invalid, and of
 `spec.router` (`routing.spec.parse_router_spec`).
 """

@@ -14,7 +14,7 @@ import copy
 from typing import Any, Callable, Mapping
 
 from pagedinfer.operator.status import conditions
-from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError, KubeApi
+from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError, KubeApi
 
 MAX_STATUS_ATTEMPTS = 5
 
@@ -40,13 +40,13 @@ async def update_status(api: KubeApi, namespace: str, name: str,
                 "status": patch_status,
             }, subresource="status")
             return
-        except ApiError as exc:
+        except KubeApiError as exc:
             if exc.status == 404:
                 return
             if exc.status != 409:
                 raise
             body = None
-    raise ApiError(409, "Conflict", f"status of {namespace}/{name} kept changing; will retry")
+    raise KubeApiError(409, "Conflict", f"status of {namespace}/{name} kept changing; will retry")
 
 
 async def write_conditions(api: KubeApi, body: Mapping[str, Any], updates: list[conditions.Condition],
