@@ -40,7 +40,7 @@ from pagedinfer.operator.spec.crd_model import (
     SpecError,
 )
 from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
-from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN, quantity_bytes
+from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN, quantity_bytes, whole_bytes
 from pagedinfer.operator.routing.spec import RouterSpec, RouterSpecError, parse_router_spec
 
 
@@ -306,12 +306,12 @@ def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
     res = r.mapping(raw, path)
     gpu_memory = None
     if res.get("gpuMemory") is not None:
-        try:
-            gpu_memory = sizing.parse_bytes(res["gpuMemory"], name=f"{path}.gpuMemory")
-            if gpu_memory < 1:
-                r.fail(f"{path}.gpuMemory", "must be > 0")
+        try:  # a Kubernetes quantity, as every other size in the spec (`resources.memory`)
+            gpu_memory = whole_bytes(res["gpuMemory"])
+            if not 0 < gpu_memory <= sizing.MAX_MEMORY_BYTES:
+                r.fail(f"{path}.gpuMemory", f"must be more than 0 and at most 1Pi, got {res['gpuMemory']!r}")
         except ValueError as exc:
-            r.problems.append(str(exc))
+            r.fail(f"{path}.gpuMemory", str(exc))
     cpu = r.string(res, "cpu", path, None, pattern=QUANTITY_PATTERN)
     memory = r.string(res, "memory", path, None, pattern=QUANTITY_PATTERN)
     memory_bytes = quantity_bytes(memory) if memory is not None and QUANTITY_PATTERN.fullmatch(memory) else None

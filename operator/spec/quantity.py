@@ -38,6 +38,25 @@ def quantity_bytes(quantity: str) -> int:
     return math.ceil(parse_quantity(quantity))
 
 
+def whole_bytes(quantity: str | int) -> int:
+    """A memory size given as a quantity (or an integer of bytes) -> bytes; ValueError unless a whole byte count.
+
+    `spec.resources.gpuMemory` is read so: the API server warns that a
+    fractional byte value is invalid, and one here would size a KV cache
+    from a typo ('500m' is 0.5 bytes: m is milli; 500M is megabytes, 500Mi
+    mebibytes), so it is refused rather than rounded.
+    """
+    if isinstance(quantity, bool) or not isinstance(quantity, (int, str)):
+        raise ValueError(f"{quantity!r} is not a Kubernetes quantity (examples: 80Gi, 81559Mi, 80G)")
+    if isinstance(quantity, str) and quantity.endswith("B") and QUANTITY_PATTERN.fullmatch(quantity[:-1]):
+        raise ValueError(f"{quantity!r} is not a Kubernetes quantity: write {quantity[:-1]!r} (no B)")
+    value = Fraction(quantity) if isinstance(quantity, int) else parse_quantity(quantity)
+    if value.denominator != 1:
+        hint = " (m is milli; megabytes are M, mebibytes Mi)" if isinstance(quantity, str) and quantity.endswith("m") else ""
+        raise ValueError(f"{quantity!r} is {float(value):g} bytes, not a whole number of bytes{hint}")
+    return int(value)
+
+
 def same_quantity(a: object, b: object) -> bool:
     """Whether `a` and `b` are quantities of one value ('1Gi' and '1024Mi'); False when either is not one."""
     try:

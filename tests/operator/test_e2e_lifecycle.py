@@ -165,7 +165,7 @@ async def test_config_from_a_configmap_and_cpu_engines(emulator):
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", {
             "model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
-            "resources": {"gpuMemory": "80GiB"}}))
+            "resources": {"gpuMemory": "80Gi"}}))
         await emulator.create(ISVC, inference_service("tiny", {"resources": {"gpus": 0}}))
         llama = await eventually(lambda: isvc_of(emulator)["status"]["kvCache"])
         assert llama["bytesPerToken"] == 128 * 1024 and llama["source"] == "spec"
@@ -185,7 +185,7 @@ async def test_config_from_a_configmap_and_cpu_engines(emulator):
 async def test_a_missing_configmap_is_reported_and_picked_up_when_created(emulator):
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", {
-            "model": {"configMapRef": {"name": "later"}}, "resources": {"gpuMemory": "80GiB"}}))
+            "model": {"configMapRef": {"name": "later"}}, "resources": {"gpuMemory": "80Gi"}}))
         sized = await eventually(lambda: condition(isvc_of(emulator), "Sized"))
         assert sized["reason"] == "ModelConfigUnavailable" and "later" in sized["message"]
         config = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}

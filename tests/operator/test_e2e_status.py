@@ -107,3 +107,15 @@ async def test_ready_is_not_claimed_for_a_generation_whose_patch_is_still_in_fli
         await roll_out(emulator, "llama", ready=1)
         await eventually(lambda: condition(isvc_of(emulator), "Ready")["status"] == "True")
         assert rollout_generations(isvc_of(emulator)) == {"Available": 2, "Ready": 2}
+
+
+async def test_a_gpu_memory_of_half_a_byte_is_an_invalid_spec_naming_the_field_not_500_megabytes(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
+                                                                "resources": {"gpuMemory": "500m"}}))
+        valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
+                                 and condition(isvc_of(emulator), "Valid"))
+        assert valid["reason"] == conditions.REASON_INVALID_SPEC
+        assert "spec.resources.gpuMemory: '500m' is 0.5 bytes" in valid["message"]
+        assert emulator.read(DEPLOYMENTS, "default", "llama") is None
