@@ -121,7 +121,7 @@ def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, d
             "selector": {"matchLabels": router_selector_labels(owner.name)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": labels, "annotations": {builders.CONFIG_HASH_ANNOTATION: builders.content_hash(pod)}},
+                "metadata": {"labels": labels},
                 "spec": pod,
             },
         },

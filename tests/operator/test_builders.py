@@ -5,6 +5,7 @@ import pytest
 
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.routing import builders as routing_builders
 from pagedinfer.operator.spec.crd_model import SpecError
 from pagedinfer.operator.spec.parser import parse_spec
 
@@ -151,6 +152,16 @@ def test_file_uris_need_the_operator_to_allow_host_paths():
         parse_spec(OWNER.name, SPECS["file"])
 
 
+def test_no_pod_template_carries_a_hash_of_itself():
+    # A hash of the template stored in that template rolls nothing the template change would not.
+    spec = parse_spec("llama", {"model": {"architecture": ARCH}, "router": {"enabled": True}})
+    engine = builders.build_deployment(OWNER, spec, plan_of(spec))
+    assert engine["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": str(builders.HTTP_PORT), "prometheus.io/path": "/metrics"}
+    router = routing_builders.build_router_deployment(OWNER, spec, "router:1")
+    assert "annotations" not in router["spec"]["template"]["metadata"]
+
+
 def test_an_engine_change_rolls_the_pods_and_a_replica_change_does_not():
     spec = parse_spec("llama", {"model": {"architecture": ARCH}})
     plan = plan_of(spec)
@@ -159,7 +170,7 @@ def test_an_engine_change_rolls_the_pods_and_a_replica_change_does_not():
                                                                  "replicas": 3}), plan)
     longer = builders.build_deployment(OWNER, parse_spec("llama", {"model": {"architecture": ARCH},
                                                                    "engine": {"maxNumSeqs": 64}}), plan)
-    assert builders.config_hash(more) == builders.config_hash(base) != builders.config_hash(longer)
+    assert more["spec"]["template"] == base["spec"]["template"] != longer["spec"]["template"]
     assert more["spec"]["replicas"] == 3
     spec_hash = builders.SPEC_HASH_ANNOTATION
     assert more["metadata"]["annotations"][spec_hash] != base["metadata"]["annotations"][spec_hash]
