@@ -129,7 +129,9 @@ async def test_an_invalid_autoscaling_spec_is_reported_not_acted_on(emulator):
         assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
         assert "spec.maxReplicas is required" in valid["message"]
         assert "spec.autoscaling.intervalSeconds must be positive, got -1" in valid["message"]
-        assert any("spec.maxReplicas" in e["message"] for e in events_with_reason(emulator, "InvalidSpec"))
+        # The reconciler posts its Warning Event after writing the condition: it can be seen later.
+        await eventually(lambda: any("spec.maxReplicas" in e["message"]
+                                     for e in events_with_reason(emulator, "InvalidSpec")))
         assert replicas_of(emulator) == 1 and emulator.read(DEPLOYMENTS, NS, "svc") is None
 
 

@@ -134,7 +134,8 @@ async def test_a_cpu_engine_whose_memory_cannot_hold_one_sequence_starts_nothing
         await eventually(lambda: warnings(emulator, "InsufficientMemory"))
         await emulator.merge(ISVC, "default", "tiny", {"spec": {"resources": {"memory": "2Gi"}}})
         await eventually(lambda: emulator.read(DEPLOYMENTS, "default", "tiny"))
-        assert condition(isvc_of(emulator, "tiny"), "Sized")["reason"] == "SizedFromMemory"
+        # The status is written after the children are applied: the Deployment can be seen first.
+        await eventually(lambda: condition(isvc_of(emulator, "tiny"), "Sized")["reason"] == "SizedFromMemory")
 
 
 async def test_no_matching_nodes_is_retried_until_a_node_joins(emulator):
