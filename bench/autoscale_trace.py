@@ -13,7 +13,7 @@ and the CPU the engine processes used (from /proc). It prints the samples,
 the time from each load change to the next replica decision, and the same
 for a simulated CPU-utilization HPA fed the measured CPU: total engine CPU
 demand spread over its replicas (1-core request per pod, target 80 %
-utilization), decided by the same HPA algorithm (autoscaling_policy.decide)
+utilization), decided by the same HPA algorithm (autoscaling.policy.decide)
 with HPA's default behaviour (15 s sync period, 300 s scale-down window).
 
     .venv/bin/python bench/autoscale_trace.py --plot docs/autoscaling_trace.png
@@ -64,9 +64,9 @@ def parse_trace(text: str) -> list[tuple[float, bool]]:
 async def replay(args: argparse.Namespace, work_dir: Path) -> list[Sample]:
     from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
     from pagedinfer.testing.operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
-    from pagedinfer.operator import autoscaling_handlers  # noqa: F401
-    from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide
-    from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec
+    from pagedinfer.operator.autoscaling import daemon  # noqa: F401
+    from pagedinfer.operator.autoscaling.policy import AutoscalerState, MetricSample, Observation, decide
+    from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
 
     cpu_hpa = parse_autoscaling_spec({"minReplicas": 1, "maxReplicas": 3, "autoscaling": {
         "enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.8}]}})  # same formula as CPU utilization

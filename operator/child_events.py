@@ -40,16 +40,16 @@ from typing import Any, Iterable, Mapping
 
 import kopf
 
-from pagedinfer.operator import status
-from pagedinfer.operator.builders import built_for_generation
-from pagedinfer.operator.children import adoptable
-from pagedinfer.operator.drift import fingerprint
-from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError
+from pagedinfer.operator.status import conditions
+from pagedinfer.operator.children.builders import built_for_generation
+from pagedinfer.operator.children.apply import adoptable
+from pagedinfer.operator.children.drift import fingerprint
+from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError
 from pagedinfer.operator.reconciler import reconcile
 from pagedinfer.operator.routing.builders import router_name
 from pagedinfer.operator.routing.status import router_ready
 from pagedinfer.operator.settings import Runtime
-from pagedinfer.operator.status_writer import write_conditions
+from pagedinfer.operator.status.writer import write_conditions
 
 
 def _owner_of(child: Mapping[str, Any]) -> tuple[str, str | None] | None:
@@ -95,7 +95,7 @@ async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], 
                     why = "was changed outside the operator" if owner_uid else "has no controller"
                     logger.info(f"{what} {why}; reconciling {name}.")
                     await reconcile(runtime, owner, logger, nodes)
-            except (kopf.TemporaryError, ApiError):
+            except (kopf.TemporaryError, KubeApiError):
                 runtime.child_fingerprints.pop(uid, None)
                 raise
     finally:
@@ -114,7 +114,7 @@ async def report_router_rollout(runtime: Runtime, deployment: Mapping[str, Any],
             return
         await write_conditions(runtime.kube, owner, [], None,
                                routing={**owner["status"]["routing"], **router_ready(deployment)})
-    except ApiError as exc:
+    except KubeApiError as exc:
         raise kopf.TemporaryError(f"cannot write the routing status: {exc}",
                                   delay=runtime.config.retry_delay_seconds) from exc
 
@@ -126,13 +126,13 @@ async def report_rollout(runtime: Runtime, deployment: Mapping[str, Any], owner_
     built from, not the owner's current one: while an update is pending or
     refused, they describe the spec still served.
     """
-    rollout = status.Rollout.from_deployment(deployment)
+    rollout = conditions.Rollout.from_deployment(deployment)
     try:
         owner = await _live_owner(runtime, deployment["metadata"]["namespace"], owner_name, owner_uid)
         if owner is None:
             return
-        await write_conditions(runtime.kube, owner, list(status.rollout_conditions(rollout)),
-                               built_for_generation(deployment), **status.rollout_status(rollout))
-    except ApiError as exc:
+        await write_conditions(runtime.kube, owner, list(conditions.rollout_conditions(rollout)),
+                               built_for_generation(deployment), **conditions.rollout_status(rollout))
+    except KubeApiError as exc:
         raise kopf.TemporaryError(f"cannot write the rollout status: {exc}",
                                   delay=runtime.config.retry_delay_seconds) from exc

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import kopf
 
-from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError
+from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError
 from pagedinfer.operator.reconciler import reconcile
 from pagedinfer.operator.settings import Runtime
 
@@ -37,5 +37,5 @@ async def on_config_map_event(runtime: Runtime, config_map: Mapping[str, Any], e
                 continue
             logger.info(f"ConfigMap {meta['name']} was {event_type.lower()}; reconciling {name}.")
             await reconcile(runtime, owner, logger, nodes)
-        except (kopf.TemporaryError, kopf.PermanentError, ApiError) as exc:
+        except (kopf.TemporaryError, kopf.PermanentError, KubeApiError) as exc:
             logger.warning(f"Reconciling {name} after a change of ConfigMap {meta['name']} failed: {exc}")

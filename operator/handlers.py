@@ -17,7 +17,7 @@ handler its services from `model_config_maps` (both in `indexes`).
 
 All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
 startup and login handlers live in `settings`, the autoscaler's daemon in
-`autoscaling_handlers`; importing this module registers them all.
+`autoscaling.daemon`; importing this module registers them all.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the autoscaler's daemon)
+from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the autoscaler's daemon)
 from pagedinfer.operator import child_events, config_map_events, reconciler, settings  # noqa: F401  (startup/login)
-from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.indexes import nodes_in, referencing
 from pagedinfer.operator.registry import REGISTRY
 

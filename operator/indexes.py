@@ -20,8 +20,8 @@ from typing import Any, Iterable, Mapping
 
 import kopf
 
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
-from pagedinfer.operator.node_memory import node_facts
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.kv_plan.node_memory import node_facts
 from pagedinfer.operator.registry import REGISTRY
 
 ALL_NODES = "all"

@@ -5,8 +5,8 @@ the handlers do. It is built from the same `kopf.ConnectionInfo` that the
 operator's login handler returns (service account in a pod, kubeconfig
 elsewhere), so both always reach the same server with the same identity.
 
-Errors: every non-2xx answer raises `ApiError(status, reason, message)`;
-timeouts and connection failures raise `ApiError(status=None)`. The
+Errors: every non-2xx answer raises `KubeApiError(status, reason, message)`;
+timeouts and connection failures raise `KubeApiError(status=None)`. The
 reconciler turns them into kopf.TemporaryError (retried with backoff),
 except a write of a child the API server refuses for good (`retryable`
 False), which is reported in status and not retried; an exceeded
@@ -30,7 +30,8 @@ import kopf
 MERGE_PATCH = "application/merge-patch+json"
 
 
-class ApiError(Exception):
+class KubeApiError(Exception):
+    """A Kubernetes API request that failed: its HTTP status (None: no response), reason and message."""
     def __init__(self, status: int | None, reason: str, message: str) -> None:
         super().__init__(f"{status or 'no response'} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
@@ -159,17 +160,17 @@ class KubeApi:
                 payload = await response.json(content_type=None) if response.content_length != 0 else {}
                 if response.status >= 400:
                     payload = payload if isinstance(payload, dict) else {}
-                    raise ApiError(response.status, payload.get("reason", response.reason or ""),
+                    raise KubeApiError(response.status, payload.get("reason", response.reason or ""),
                                    payload.get("message", ""))
                 return payload if isinstance(payload, dict) else {}
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            raise ApiError(None, type(exc).__name__, f"{method} {path}: {exc!r}") from exc
+            raise KubeApiError(None, type(exc).__name__, f"{method} {path}: {exc!r}") from exc
 
     async def get(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
             return await self.request("GET", ref.path(namespace, name))
-        except ApiError as exc:
+        except KubeApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -197,7 +198,7 @@ class KubeApi:
             body["preconditions"] = {"uid": uid}
         try:
             await self.request("DELETE", ref.path(namespace, name), body=body)
-        except ApiError as exc:
+        except KubeApiError as exc:
             if exc.status == 404:
                 return False
             raise

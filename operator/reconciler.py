@@ -4,7 +4,7 @@ reconcile(): parse the spec (invalid: Valid=False, an Event, no children) ->
 plan the KV cache (cannot: Sized=False with the numbers, an Event, no
 children; retried later when waiting can help; an invalid model config is
 also a counted reconcile error, `model_config_invalid`) -> build the Deployment and
-Service, and the router's children with `spec.router.enabled` (`routing`; pure) -> apply them (`children.apply_children`: a name clash is
+Service, and the router's children with `spec.router.enabled` (`routing`; pure) -> apply them (`apply.apply_children`: a name clash is
 Applied=False ChildConflict, and a full ResourceQuota Applied=False
 QuotaExceeded, both retried; a manifest the API server refuses is
 Applied=False ApplyFailed with its message, and a kopf.PermanentError, so it
@@ -27,7 +27,7 @@ Ready say NotDeployed and kvCache is removed.
 With the router off, its children are deleted after the status write
 (`routing.children`); the apply has already pointed the Service back at the engines.
 
-Status is written through `status_writer` (merge patches guarded by the
+Status is written through `status.writer` (merge patches guarded by the
 resourceVersion); reconcile() owns Valid, Sized, Applied, kvCache, url,
 selector, routing and observedGeneration. It never writes `spec.replicas`: HPA, KEDA
 or the autoscaler own it through the scale subresource, and the next
@@ -41,18 +41,20 @@ from typing import Any, Iterable, Mapping
 
 import kopf
 
-from pagedinfer.operator import builders, children, sizer, status
-from pagedinfer.operator.crd_model import InferenceServiceSpec, SpecError
-from pagedinfer.operator.drift import fingerprint
-from pagedinfer.operator.kube_api import DEPLOYMENTS, ApiError, KubeApi
+from pagedinfer.operator.children import apply, builders
+from pagedinfer.operator.kv_plan import resolver
+from pagedinfer.operator.status import conditions
+from pagedinfer.operator.spec.crd_model import InferenceServiceSpec, SpecError
+from pagedinfer.operator.children.drift import fingerprint
+from pagedinfer.operator.kube_api import DEPLOYMENTS, KubeApiError, KubeApi
 from pagedinfer.operator.routing import builders as routing_builders
 from pagedinfer.operator.routing.children import remove_router_children
 from pagedinfer.operator.routing.status import routing_status
 from pagedinfer.operator.settings import Runtime
-from pagedinfer.operator.spec_parser import parse_spec
-from pagedinfer.operator.status_writer import is_news, write_conditions
+from pagedinfer.operator.spec.parser import parse_spec
+from pagedinfer.operator.status.writer import is_news, write_conditions
 
-APPLIED = status.true(status.APPLIED, status.REASON_CHILDREN_APPLIED, "The Deployment and Service match the spec.")
+APPLIED = conditions.true(conditions.APPLIED, conditions.REASON_CHILDREN_APPLIED, "The Deployment and Service match the spec.")
 
 
 async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
@@ -64,7 +66,7 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
     result = "retry"
     try:
         result = await _reconcile(runtime, api, body, logger, nodes)
-    except ApiError as exc:
+    except KubeApiError as exc:
         runtime.metrics.errors.labels(reason=f"api_{exc.status or 'network'}").inc()
         raise kopf.TemporaryError(f"Kubernetes API error, will retry: {exc}",
                                   delay=runtime.config.retry_delay_seconds) from exc
@@ -85,7 +87,7 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
 
 
 def autoscaling_enabled(spec: InferenceServiceSpec) -> bool:
-    """Whether the autoscaler owns spec.replicas (the daemon in autoscaling_handlers runs)."""
+    """Whether the autoscaler owns spec.replicas (the daemon in autoscaling.daemon runs)."""
     return spec.autoscaling is not None and spec.autoscaling.enabled
 
 
@@ -97,43 +99,43 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
         spec = parse_spec(name, body.get("spec"), allow_host_path_models=runtime.config.allow_host_path_models)
     except SpecError as exc:
         deployed = await _deployed(api, namespace, name, uid)
-        message = f"Invalid spec: {exc}" + (status.KEEPS_SERVING if deployed else "")
-        await _report_failure(api, body, [], status.false(status.VALID, status.REASON_INVALID_SPEC, message),
+        message = f"Invalid spec: {exc}" + (conditions.KEEPS_SERVING if deployed else "")
+        await _report_failure(api, body, [], conditions.false(conditions.VALID, conditions.REASON_INVALID_SPEC, message),
                               deployed, logger)
         return "invalid"
-    valid = status.true(status.VALID, status.REASON_SPEC_VALID, "The spec is valid.")
+    valid = conditions.true(conditions.VALID, conditions.REASON_SPEC_VALID, "The spec is valid.")
     try:
-        plan, sized_note = await sizer.plan(runtime, spec, namespace, nodes)
-    except sizer.SizingFailure as failure:
+        plan, sized_note = await resolver.plan(runtime, spec, namespace, nodes)
+    except resolver.SizingFailure as failure:
         deployed = await _deployed(api, namespace, name, uid)
-        message = failure.message + (status.KEEPS_SERVING if deployed else "")
-        if failure.reason == status.REASON_INVALID_SPEC:  # known only from the model's config
-            await _report_failure(api, body, [], status.false(status.VALID, failure.reason, f"Invalid spec: {message}"),
+        message = failure.message + (conditions.KEEPS_SERVING if deployed else "")
+        if failure.reason == conditions.REASON_INVALID_SPEC:  # known only from the model's config
+            await _report_failure(api, body, [], conditions.false(conditions.VALID, failure.reason, f"Invalid spec: {message}"),
                                   deployed, logger)
             return "invalid"
-        await _report_failure(api, body, [valid], status.false(status.SIZED, failure.reason, message),
+        await _report_failure(api, body, [valid], conditions.false(conditions.SIZED, failure.reason, message),
                               deployed, logger)
-        if failure.reason == status.REASON_MODEL_CONFIG_INVALID:
+        if failure.reason == conditions.REASON_MODEL_CONFIG_INVALID:
             runtime.metrics.errors.labels(reason="model_config_invalid").inc()
         if failure.retry_seconds is not None:
             raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds)
         return "unsized"
-    sized = status.true(status.SIZED, status.SIZED_REASONS[plan.source], sized_note)
+    sized = conditions.true(conditions.SIZED, conditions.SIZED_REASONS[plan.source], sized_note)
     owner = builders.Owner(name=name, namespace=namespace, uid=uid, generation=generation)
 
     def remember(child: Mapping[str, Any]) -> None:
         runtime.child_fingerprints[child["metadata"]["uid"]] = fingerprint(child)
 
     try:
-        ownership = children.Ownership(owner_uid=uid, owner_name=name, keep_replicas=autoscaling_enabled(spec),
+        ownership = apply.Ownership(owner_uid=uid, owner_name=name, keep_replicas=autoscaling_enabled(spec),
                                        wait_retry_seconds=runtime.config.no_nodes_retry_seconds)
         router = (routing_builders.router_children(owner, spec, runtime.config.router_image)
                   if spec.router.enabled else [])
-        applied = await children.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
+        applied = await apply.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
                                                 routing_builders.build_front_service(owner, spec), logger,
                                                 on_applied=remember, extra=router)
-    except children.NotApplied as failure:
-        await _report_failure(api, body, [valid, sized], status.false(status.APPLIED, failure.reason,
+    except apply.NotApplied as failure:
+        await _report_failure(api, body, [valid, sized], conditions.false(conditions.APPLIED, failure.reason,
                                                                       failure.message), failure.deployed, logger)
         if failure.retry_seconds is None:
             raise kopf.PermanentError(failure.message) from failure
@@ -149,23 +151,23 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
 async def _deployed(api: KubeApi, namespace: str, name: str, uid: str) -> bool:
     """Whether this InferenceService's Deployment exists (and so keeps serving what was last applied)."""
     deployment = await api.get(DEPLOYMENTS, namespace, name)
-    return deployment is not None and (children.owned_by(deployment, uid) or children.adoptable(deployment, name))
+    return deployment is not None and (apply.owned_by(deployment, uid) or apply.adoptable(deployment, name))
 
 
-async def _report_failure(api: KubeApi, body: Mapping[str, Any], passed: list[status.Condition],
-                          failed: status.Condition, deployed: bool, logger: Any) -> None:
+async def _report_failure(api: KubeApi, body: Mapping[str, Any], passed: list[conditions.Condition],
+                          failed: conditions.Condition, deployed: bool, logger: Any) -> None:
     """Write why this generation is not applied (a Warning Event when that is news).
 
     With a Deployment, kvCache stays (the plan it serves); without one,
     Applied/Available/Ready say NotDeployed and kvCache goes.
     """
     generation = body["metadata"].get("generation")
-    not_deployed: list[status.Condition] = []
+    not_deployed: list[conditions.Condition] = []
     fields: dict[str, Any] = {}
     if not deployed:
-        not_deployed = [status.false(status.APPLIED, status.REASON_NOT_DEPLOYED, "Nothing is applied."),
-                        *status.rollout_conditions(None)]
-        fields = {"kvCache": None, **status.rollout_status(None)}
+        not_deployed = [conditions.false(conditions.APPLIED, conditions.REASON_NOT_DEPLOYED, "Nothing is applied."),
+                        *conditions.rollout_conditions(None)]
+        fields = {"kvCache": None, **conditions.rollout_status(None)}
     if is_news(body, failed):
         kopf.warn(dict(body), reason=failed.reason, message=failed.message)
         logger.warning(f"{failed.reason}: {failed.message}")

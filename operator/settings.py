@@ -15,8 +15,8 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE
-from pagedinfer.operator.hf_config import HubConfigFetcher
+from pagedinfer.operator.spec.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE
+from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher
 from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.metrics import OperatorMetrics
 from pagedinfer.operator.registry import REGISTRY

@@ -100,7 +100,8 @@ _REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNo
             503: "ServiceUnavailable"}
 
 
-class ApiError(Exception):
+class StatusError(Exception):
+    """A request the emulated API server refuses: answered as a metav1.Status with `code` (Kubernetes' StatusError)."""
     def __init__(self, code: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.reason = code, message, reason or _REASONS.get(code, "Unknown")
@@ -208,10 +209,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         access = self._access(request, res)
         try:
             if res not in self._kinds:
-                raise ApiError(404, f"the server could not find the requested resource ({res.plural})")
+                raise StatusError(404, f"the server could not find the requested resource ({res.plural})")
             if self.authorizer is not None and not self.authorizer(access):
                 scope = f' in the namespace "{access.namespace}"' if access.namespace else " at the cluster scope"
-                raise ApiError(403, f'{access.resource}{"." + access.group if access.group else ""} is forbidden: '
+                raise StatusError(403, f'{access.resource}{"." + access.group if access.group else ""} is forbidden: '
                                     f'cannot {access.verb} resource "{access.resource}"'
                                     f'{"/" + access.subresource if access.subresource else ""}'
                                     f' in API group "{access.group}"{scope}')
@@ -220,7 +221,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 self.calls.append((access, 200))
                 return await self._watch(request, res)
             code, body = await self._serve(request, res, access)
-        except ApiError as exc:
+        except StatusError as exc:
             self.calls.append((access, exc.code))
             return aiohttp.web.json_response(exc.status(), status=exc.code)
         self.calls.append((access, code))
@@ -245,7 +246,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if fault.delay_seconds:
                     await asyncio.sleep(fault.delay_seconds)
                 if fault.status is not None:
-                    raise ApiError(fault.status, fault.message
+                    raise StatusError(fault.status, fault.message
                                    or f"injected fault: {fault.status} for {access.verb} {access.resource}")
                 return
 
@@ -253,7 +254,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         kind = self._kinds[res]
         sub = request.subresource
         if sub is not None and sub not in kind.subresources:
-            raise ApiError(404, f"{res.plural} has no subresource {sub!r}")
+            raise StatusError(404, f"{res.plural} has no subresource {sub!r}")
         async with self._changed:
             if access.verb == "list":
                 return 200, self._list(request, res)
@@ -262,7 +263,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return 200, self._as_scale(kind, obj) if sub == "scale" else obj
             if access.verb == "create":
                 if not isinstance(request.data, dict):
-                    raise ApiError(400, "the request body must be a JSON object")
+                    raise StatusError(400, "the request body must be a JSON object")
                 return 201, self._create(res, request.namespace, request.data)
             if access.verb in ("update", "patch"):
                 transform = self._transform(request, access.verb, kind)
@@ -270,13 +271,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return 200, self._as_scale(kind, obj) if sub == "scale" else obj
             if access.verb == "delete":
                 return 200, self._delete(res, request.namespace, request.name)
-        raise ApiError(405, f"{access.verb} is not supported on {res.plural}")
+        raise StatusError(405, f"{access.verb} is not supported on {res.plural}")
 
     # ----------------------------------------------------------------- state changes (hold _changed)
     def _current(self, res: kmock.resource, namespace: str | None, name: str | None) -> dict[str, Any]:
         key = (res, namespace, name)
         if name is None or key not in self._objects or self._objects[key].deleted:
-            raise ApiError(404, f'{res.plural} "{name}" not found', "NotFound")
+            raise StatusError(404, f'{res.plural} "{name}" not found', "NotFound")
         return copy.deepcopy(self._objects[key].raw)
 
     def _commit(self, res: kmock.resource, event_type: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -300,15 +301,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if kind.namespaced:
             namespace = namespace or meta.get("namespace")
             if not namespace or meta.get("namespace", namespace) != namespace:
-                raise ApiError(400, "the namespace of the object does not match the namespace of the request")
+                raise StatusError(400, "the namespace of the object does not match the namespace of the request")
             meta["namespace"] = namespace
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise ApiError(422, "metadata.name or metadata.generateName is required")
+                raise StatusError(422, "metadata.name or metadata.generateName is required")
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         key = (res, meta.get("namespace"), meta["name"])
         if key in self._objects and not self._objects[key].deleted:
-            raise ApiError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
+            raise StatusError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
         body["apiVersion"], body["kind"] = kind.api_version, kind.kind
         meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
         if kind.pod_spec_path is not None:
@@ -322,16 +323,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
         data = request.data
         if verb == "update":
             if not isinstance(data, dict):
-                raise ApiError(400, "the request body must be a JSON object")
+                raise StatusError(400, "the request body must be a JSON object")
             return lambda current: copy.deepcopy(data)
         content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
         if content_type == "application/json-patch+json":
             return lambda current: json_patch(current, data)
         if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             if not isinstance(data, dict):
-                raise ApiError(400, "a merge patch must be a JSON object")
+                raise StatusError(400, "a merge patch must be a JSON object")
             return lambda current: merge_patch(current, data)
-        raise ApiError(415, f"the body of the request was in an unknown format - accepted media types include: "
+        raise StatusError(415, f"the body of the request was in an unknown format - accepted media types include: "
                             f"application/json-patch+json, application/merge-patch+json, "
                             f"application/strategic-merge-patch+json (got {content_type!r})")
 
@@ -343,17 +344,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
         try:
             wanted = transform(copy.deepcopy(base))
         except PatchError as exc:
-            raise ApiError(422, f"the server rejected our request due to an error in our request: {exc}") from None
+            raise StatusError(422, f"the server rejected our request due to an error in our request: {exc}") from None
         if not isinstance(wanted, dict):
-            raise ApiError(422, "the patched object is not a JSON object")
+            raise StatusError(422, "the patched object is not a JSON object")
         sent_version = (wanted.get("metadata") or {}).get("resourceVersion")
         if sent_version is not None and sent_version != current["metadata"]["resourceVersion"]:
-            raise ApiError(409, f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+            raise StatusError(409, f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
                                 f'modified; please apply your changes to the latest version and try again')
         if sub == "scale":
             replicas = _dig(wanted, ("spec", "replicas"))
             if not isinstance(replicas, int) or replicas < 0:
-                raise ApiError(422, f"spec.replicas must be a non-negative integer, got {replicas!r}")
+                raise StatusError(422, f"spec.replicas must be a non-negative integer, got {replicas!r}")
             new = copy.deepcopy(current)
             assert kind.scale_paths is not None
             *parents, leaf = kind.scale_paths[0]
@@ -403,7 +404,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # ----------------------------------------------------------------- reads
     def _as_scale(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
         if kind.scale_paths is None:
-            raise ApiError(404, f"{kind.kind} has no scale subresource")
+            raise StatusError(404, f"{kind.kind} has no scale subresource")
         spec_path, status_path, selector_path = kind.scale_paths
         selector = _dig(obj, selector_path)
         if isinstance(selector, dict):
@@ -420,7 +421,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             labels = label_selector(request.params.get("labelSelector"))
             fields = field_selector(request.params.get("fieldSelector"))
         except SelectorError as exc:
-            raise ApiError(400, str(exc)) from None
+            raise StatusError(400, str(exc)) from None
         namespace = request.namespace
         return lambda obj: ((namespace is None or obj["metadata"].get("namespace") == namespace)
                             and labels(obj["metadata"].get("labels") or {}) and fields(obj))

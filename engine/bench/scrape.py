@@ -1,7 +1,7 @@
 """A server's counters from its /metrics text, read by prometheus_client's parser.
 
 The one Prometheus text parser of the project: the autoscaler
-(operator/autoscaling_metrics.py) reads pods with the same
+(operator/autoscaling/readings.py) reads pods with the same
 `text_string_to_metric_families`, so a timestamp, an escaped label value or
 a comment line means the same to both. Names come from
 engine/server/metric_names.py.

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedinfer.operator import builders
-from pagedinfer.operator.crd_model import InferenceServiceSpec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
 from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
 
 ROUTER_SUFFIX = "-router"
@@ -121,7 +121,7 @@ def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, d
             "selector": {"matchLabels": router_selector_labels(owner.name)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": labels, "annotations": {builders.CONFIG_HASH_ANNOTATION: builders.content_hash(pod)}},
+                "metadata": {"labels": labels},
                 "spec": pod,
             },
         },

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pagedinfer.operator.children import owned_by
+from pagedinfer.operator.children.apply import owned_by
 from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.routing.builders import router_child_names
 

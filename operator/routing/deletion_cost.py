@@ -4,7 +4,7 @@ Before the autoscaler lowers `spec.replicas`, every ready engine pod gets the
 annotation `controller.kubernetes.io/pod-deletion-cost` = the prefix-cache hit
 tokens it served over the last scrape interval (the delta of
 `pagedinfer_prefix_cache_hits_total` the autoscaler already reads,
-autoscaling_metrics.PodReading). The ReplicaSet controller deletes pods of
+autoscaling.readings.PodReading). The ReplicaSet controller deletes pods of
 lower cost first (after unscheduled, pending and not-ready ones), so the
 replica whose cache serves the fewest hits is the one removed, and the
 prefixes the router keeps sending to the others stay warm. A pod whose
@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
-from pagedinfer.operator.autoscaling_metrics import PodReading
-from pagedinfer.operator.kube_api import ApiError, KubeApi, ResourceRef
+from pagedinfer.operator.autoscaling.readings import PodReading
+from pagedinfer.operator.kube_api import KubeApiError, KubeApi, ResourceRef
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 INT32_MAX = 2**31 - 1
@@ -50,6 +50,6 @@ async def annotate_deletion_costs(kube: KubeApi, namespace: str, pods: Sequence[
         try:
             await kube.patch(PODS, namespace, meta["name"], {"metadata": {"annotations": {DELETION_COST_ANNOTATION: cost}}})
             patched += 1
-        except ApiError as e:
+        except KubeApiError as e:
             logger.warning("cannot mark pod %s/%s with its deletion cost: %s", namespace, meta["name"], e)
     return patched

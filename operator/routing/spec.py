@@ -8,7 +8,7 @@
       resources: {requests: {cpu: 500m, memory: 512Mi}, limits: {memory: 1Gi}}
 
 `parse_router_spec` returns every problem at once, each prefixed by its dotted
-path (spec_parser adds them to the spec's others, so a bad router spec is
+path (spec.parser adds them to the spec's others, so a bad router spec is
 Valid=False InvalidSpec like any other field).
 """
 
@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN
 from pagedinfer.router.policy import POLICIES
 
 PATH = "spec.router"
@@ -28,7 +29,6 @@ RESOURCE_NAMES = ("cpu", "memory")
 # Enough for the tokenizer of a large vocabulary and a few hundred requests in flight.
 DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {"requests": {"cpu": "500m", "memory": "512Mi"},
                                                       "limits": {"memory": "1Gi"}}
-_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _IMAGE = re.compile(r"[^\s]+")
 
 
@@ -72,7 +72,7 @@ def _resources(raw: Any, problems: list[str]) -> Mapping[str, Mapping[str, str]]
         for name, quantity in values.items():
             if name not in RESOURCE_NAMES:
                 problems.append(f"{path}.{key}.{name}: the router takes only {', '.join(RESOURCE_NAMES)}")
-            elif not isinstance(quantity, str) or not _QUANTITY.fullmatch(quantity):
+            elif not isinstance(quantity, str) or not QUANTITY_PATTERN.fullmatch(quantity):
                 problems.append(f"{path}.{key}.{name}: must be a Kubernetes quantity such as 500m or 1Gi,"
                                 f" got {quantity!r}")
             else:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from helm_chart import NAMESPACE, REPO, helm_notes
 
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.spec.parser import parse_spec
 
 CRD = yaml.safe_load((REPO / "crds" / "inferenceservices.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -106,9 +106,9 @@ def test_the_dashboard_configmap_carries_the_json_unchanged(helm):
 
 
 def test_the_router_podmonitor_selects_the_router_pods_the_operator_builds(helm):
-    from pagedinfer.operator import builders
+    from pagedinfer.operator.children import builders
     from pagedinfer.operator.routing.builders import build_router_deployment
-    from pagedinfer.operator.spec_parser import parse_spec
+    from pagedinfer.operator.spec.parser import parse_spec
 
     monitor = helm_template(helm, set_values={"monitoring.router.podMonitor.enabled": True},
                             api_versions=(MONITORING_API,)).one("PodMonitor")
@@ -132,9 +132,9 @@ def test_the_dashboard_has_a_routing_row_of_decisions_and_per_engine_hit_rate():
 
 
 def test_the_engine_podmonitor_selects_the_pods_the_operator_builds(helm):
-    from pagedinfer.operator import builders
-    from pagedinfer.operator.spec_parser import parse_spec
-    from pagedinfer.operator.planning import KVCachePlan
+    from pagedinfer.operator.children import builders
+    from pagedinfer.operator.spec.parser import parse_spec
+    from pagedinfer.operator.kv_plan.planning import KVCachePlan
 
     monitor = helm_template(helm, set_values={"monitoring.engine.podMonitor.enabled": True},
                             api_versions=(MONITORING_API,)).one("PodMonitor")

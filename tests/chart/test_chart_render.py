@@ -114,7 +114,7 @@ def test_names_stay_dns_labels_for_a_long_release_name(helm):
 
 
 def test_the_example_inferenceservice_is_accepted_by_the_operator(helm):
-    from pagedinfer.operator.spec_parser import parse_spec
+    from pagedinfer.operator.spec.parser import parse_spec
 
     for gpus in (0, 1):
         example = helm_template(helm, set_values={"exampleInferenceService.enabled": True,

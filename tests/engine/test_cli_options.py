@@ -90,7 +90,7 @@ def test_the_managed_flags_are_the_fields_marked_managed_with_their_no_forms():
     from pagedinfer.engine.config import EngineConfig
     from pagedinfer.engine.options import managed_flags
     from pagedinfer.engine.server.serve_args import ServeArgs
-    from pagedinfer.operator.crd_model import MANAGED_FLAGS
+    from pagedinfer.operator.spec.crd_model import MANAGED_FLAGS
 
     assert MANAGED_FLAGS == managed_flags(EngineConfig, ServeArgs)
     assert {"--enable-prefix-caching", "--no-enable-prefix-caching", "--cpu-memory-budget", "--api-key"} \
@@ -102,7 +102,7 @@ def test_the_definition_modules_and_the_operators_spec_import_no_torch():
     """The operator derives its managed flags from the options' definition: importing them loads no torch."""
     code = ("import sys\n"
             "import pagedinfer.engine.engine_args, pagedinfer.engine.server.serve_args\n"
-            "import pagedinfer.operator.crd_model, pagedinfer.operator.spec_parser\n"
+            "import pagedinfer.operator.spec.crd_model, pagedinfer.operator.spec.parser\n"
             "bad = sorted(m for m in ('torch', 'transformers', 'triton', 'fastapi', 'uvicorn') if m in sys.modules)\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")

@@ -1,6 +1,6 @@
 """The CPU engine image, run: the engine pod the operator builds for a `gpus: 0` service serves from it.
 
-The container is the one `pagedinfer.operator.builders` makes for
+The container is the one `pagedinfer.operator.children.builders` makes for
 examples/cpu-default-model.yaml (its command, flags and environment, its
 emptyDirs), started from the built image as its pod would start it (uid 1000,
 read-only root; tests/support/built_images.py), on a free port of 127.0.0.1.
@@ -21,8 +21,9 @@ import pytest
 import yaml
 from built_images import ImageContainer, ProcessView
 from dockerfiles import REPO
-from pagedinfer.operator import builders, planning
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.spec.parser import parse_spec
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -17,7 +17,7 @@ from built_images import ImageContainer, ProcessView
 from dockerfiles import REPO
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, condition, eventually, roll_out,
                                                  serving_emulator, write_kubeconfig)
-from pagedinfer.operator.crd_model import DEFAULT_IMAGE
+from pagedinfer.operator.spec.crd_model import DEFAULT_IMAGE
 from pagedinfer.testing.server_process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

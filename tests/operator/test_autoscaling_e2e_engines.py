@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from autoscaler_rounds import AutoscalerRounds
 from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
 from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, eventually, running_operator
-from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
+from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the daemon)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

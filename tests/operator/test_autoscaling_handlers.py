@@ -13,10 +13,10 @@ import pytest
 from fake_engine_metrics import fake_engines
 from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
 from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, condition, eventually, running_operator
-from pagedinfer.operator import autoscaling_handlers  # noqa: F401  (registers the daemon)
-from pagedinfer.operator.autoscaling_handlers import build_status, is_ready, metrics_url
-from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide
-from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec
+from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the daemon)
+from pagedinfer.operator.autoscaling.daemon import build_status, is_ready, metrics_url
+from pagedinfer.operator.autoscaling.policy import AutoscalerState, MetricSample, Observation, decide
+from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
 
 NS = "default"
 
@@ -129,7 +129,9 @@ async def test_an_invalid_autoscaling_spec_is_reported_not_acted_on(emulator):
         assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
         assert "spec.maxReplicas is required" in valid["message"]
         assert "spec.autoscaling.intervalSeconds must be positive, got -1" in valid["message"]
-        assert any("spec.maxReplicas" in e["message"] for e in events_with_reason(emulator, "InvalidSpec"))
+        # The reconciler posts its Warning Event after writing the condition: it can be seen later.
+        await eventually(lambda: any("spec.maxReplicas" in e["message"]
+                                     for e in events_with_reason(emulator, "InvalidSpec")))
         assert replicas_of(emulator) == 1 and emulator.read(DEPLOYMENTS, NS, "svc") is None
 
 

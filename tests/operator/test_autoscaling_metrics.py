@@ -9,7 +9,7 @@ import pytest
 
 from pagedinfer.engine.outputs import EngineStats
 from pagedinfer.engine.server.metrics import ServerMetrics
-from pagedinfer.operator.autoscaling_metrics import (
+from pagedinfer.operator.autoscaling.readings import (
     MetricsParseError,
     PodReading,
     PodScrape,

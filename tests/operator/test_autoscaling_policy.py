@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedinfer.operator.autoscaling_policy import (
+from pagedinfer.operator.autoscaling.policy import (
     NO_KV_PRESSURE,
     NO_TRAFFIC,
     REVERSED,
@@ -16,7 +16,7 @@ from pagedinfer.operator.autoscaling_policy import (
     TimedReplicas,
     decide,
 )
-from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec
+from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
 
 FAST = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Percent", "value": 1000, "periodSeconds": 1}]}
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedinfer.operator.autoscaling_policy import AutoscalerState, MetricSample, Observation, decide
-from pagedinfer.operator.autoscaling_spec import parse_autoscaling_spec
+from pagedinfer.operator.autoscaling.policy import AutoscalerState, MetricSample, Observation, decide
+from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
 
 METRICS = ("kvCacheUsage", "prefixCacheHitRate", "requestsWaiting")
 INTERVAL_SECONDS = 15.0

@@ -12,8 +12,8 @@ import promql_parser
 import pytest
 from aiohttp import web
 
-from pagedinfer.operator.autoscaling_metrics import PodReading, PodScrape
-from pagedinfer.operator.autoscaling_scrape import PodTarget, pod_selector, query_prometheus, scrape_pods
+from pagedinfer.operator.autoscaling.readings import PodReading, PodScrape
+from pagedinfer.operator.autoscaling.scrape import PodTarget, pod_selector, query_prometheus, scrape_pods
 from prometheus_api import PrometheusApi
 
 GOOD = """# HELP pagedinfer_kv_cache_usage_ratio Used KV cache blocks / total blocks (0-1).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedinfer.operator.autoscaling_spec import (
+from pagedinfer.operator.autoscaling.spec import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
     MetricTarget,

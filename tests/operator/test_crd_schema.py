@@ -9,12 +9,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pagedinfer.operator import planning, status
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.status import conditions
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import field_default, flag_fields, managed_flags
 from pagedinfer.engine.server.serve_args import ServeArgs
-from pagedinfer.operator.crd_model import DTYPES, MANAGED_FLAGS, EngineSpec
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.spec.crd_model import DTYPES, MANAGED_FLAGS, EngineSpec
+from pagedinfer.operator.spec.parser import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((REPO / "crds" / "inferenceservices.yaml").read_text())
@@ -144,7 +145,7 @@ def test_every_cel_rule_has_an_operator_check():
 
 def test_the_status_schema_holds_every_kv_cache_field_and_source():
     kv_cache = SCHEMA["properties"]["status"]["properties"]["kvCache"]["properties"]
-    assert set(kv_cache["source"]["enum"]) == set(status.SIZED_REASONS)
+    assert set(kv_cache["source"]["enum"]) == set(conditions.SIZED_REASONS)
     fields = {field.name for field in dataclasses.fields(planning.KVCachePlan)}
     full = planning.KVCachePlan(**{name: 1 for name in fields}).to_status()
     assert set(full) | {"maxTokens"} == set(kv_cache)

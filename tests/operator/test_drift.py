@@ -1,8 +1,9 @@
 """Drift is a difference in a field the operator sets; what the API server defaults or others add is not."""
 
-from pagedinfer.operator import builders, planning
-from pagedinfer.operator.drift import drifted_paths, fingerprint
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.children.drift import drifted_paths, fingerprint
+from pagedinfer.operator.spec.parser import parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="default", uid="uid-1", generation=2)
 SPEC_DICT = {"model": {"architecture": {"numLayers": 32, "numKVHeads": 8, "headDim": 128,

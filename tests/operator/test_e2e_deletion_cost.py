@@ -13,8 +13,8 @@ from fake_engine_metrics import fake_engines
 from pagedinfer.testing.kube_emulator_rules import scale_down_order
 from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
 from pagedinfer.testing.operator_harness import ISVC, eventually, running_operator
-from pagedinfer.operator import builders
-from pagedinfer.operator.autoscaling_metrics import PodReading
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.autoscaling.readings import PodReading
 from pagedinfer.operator.routing.deletion_cost import DELETION_COST_ANNOTATION, INT32_MAX, deletion_costs
 
 pytestmark = pytest.mark.timeout(120)

@@ -51,7 +51,7 @@ async def operator_bytes_per_block(emulator, config) -> dict[str, int]:
     model = {"uri": "pvc://models/tiny", "configMapRef": {"name": "tiny-config"}}
     async with running_operator():
         await emulator.create(ISVC, inference_service("cpu", {"model": model, "resources": {"gpus": 0}}))
-        await emulator.create(ISVC, inference_service("gpu", {"model": model, "resources": {"gpuMemory": "80GiB"}}))
+        await emulator.create(ISVC, inference_service("gpu", {"model": model, "resources": {"gpuMemory": "80Gi"}}))
         return {name: (await eventually(lambda: isvc_of(emulator, name)["status"]["kvCache"]))["bytesPerBlock"]
                 for name in ("cpu", "gpu")}
 

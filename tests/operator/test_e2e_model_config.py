@@ -20,7 +20,7 @@ GOOD = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
         "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
         "torch_dtype": "bfloat16"}
 SPEC = {"model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
-        "resources": {"gpuMemory": "80GiB"}}
+        "resources": {"gpuMemory": "80Gi"}}
 
 
 def config_map(text: str) -> dict:
@@ -109,7 +109,7 @@ async def test_a_tensor_parallel_size_the_configs_heads_do_not_divide_is_an_inva
     await emulator.create(CONFIGMAPS, config_map(json.dumps({**GOOD, "num_key_value_heads": 2})))
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", {**SPEC, "engine": {"tensorParallelSize": 4},
-                                                                "resources": {"gpuMemory": "80GiB"}}))
+                                                                "resources": {"gpuMemory": "80Gi"}}))
         valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
                                  and condition(isvc_of(emulator), "Valid"))
         assert valid["reason"] == "InvalidSpec"

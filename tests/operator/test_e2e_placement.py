@@ -5,7 +5,7 @@ import pytest
 
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, LLAMA3_8B, NODES, add_gpu_node, condition,
                                                  eventually, inference_service, reconciles, running_operator)
-from pagedinfer.operator.node_memory import required_affinity_holds
+from pagedinfer.operator.kv_plan.node_memory import required_affinity_holds
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +40,7 @@ async def test_no_matching_nodes_says_how_to_start_on_a_node_pool_that_scales_fr
         assert (sized["status"], sized["reason"]) == ("False", "NoMatchingNodes")
         assert "node pool that scales from zero, set spec.resources.gpuMemory" in sized["message"]
         assert emulator.read(DEPLOYMENTS, "default", "llama") is None
-        await emulator.merge(ISVC, "default", "llama", {"spec": {"resources": {"gpuMemory": "80GiB"}}})
+        await emulator.merge(ISVC, "default", "llama", {"spec": {"resources": {"gpuMemory": "80Gi"}}})
         await eventually(lambda: condition(emulator.read(ISVC, "default", "llama"), "Sized")["reason"]
                          == "SizedFromSpec")
         deployment = emulator.read(DEPLOYMENTS, "default", "llama")

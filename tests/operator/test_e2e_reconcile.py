@@ -9,8 +9,9 @@ import pytest
 
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node, condition,
                                                  eventually, inference_service, running_operator)
-from pagedinfer.operator import builders, planning
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.spec.parser import parse_spec
 
 pytestmark = pytest.mark.timeout(120)
 

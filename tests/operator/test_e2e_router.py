@@ -7,7 +7,7 @@ the status themselves (`roll_out`) and say so; its garbage collector is `collect
 
 import pytest
 
-from pagedinfer.operator import builders
+from pagedinfer.operator.children import builders
 from pagedinfer.operator.routing import builders as routing
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B_SPEC, SERVICES, add_gpu_node, condition,
                                                  deployment_of, eventually, inference_service, isvc_of, roll_out,

@@ -13,7 +13,8 @@ from pagedinfer.testing.kube_emulator import Fault
 from pagedinfer.testing.operator_harness import LLAMA3_8B as LLAMA3_8B_SHAPE
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, add_gpu_node, condition, eventually,
                                                  inference_service, isvc_of, roll_out, running_operator)
-from pagedinfer.operator import builders, status
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.status import conditions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,12 +32,12 @@ async def test_every_condition_carries_the_generation_it_was_set_for(emulator):
         # Applied too: the Deployment's first event can report Available before the reconcile writes the rest.
         await eventually(lambda: condition(isvc_of(emulator), "Available")["reason"] == "NoReplicasAvailable"
                          and condition(isvc_of(emulator), "Applied")["status"] == "True")
-        assert generations(isvc_of(emulator)) == dict.fromkeys(status.CONDITION_TYPES, 1)
+        assert generations(isvc_of(emulator)) == dict.fromkeys(conditions.CONDITION_TYPES, 1)
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64}}})
         await eventually(lambda: isvc_of(emulator)["status"]["observedGeneration"] == 2)
         await roll_out(emulator, "llama", ready=1)  # playing the Deployment controller: the new pod is ready
         await eventually(lambda: condition(isvc_of(emulator), "Ready")["status"] == "True")
-        assert generations(isvc_of(emulator)) == dict.fromkeys(status.CONDITION_TYPES, 2)
+        assert generations(isvc_of(emulator)) == dict.fromkeys(conditions.CONDITION_TYPES, 2)
 
 
 async def test_an_update_that_cannot_be_applied_keeps_the_plan_the_running_deployment_serves(emulator):
@@ -60,7 +61,7 @@ async def test_an_update_that_cannot_be_applied_keeps_the_plan_the_running_deplo
 
 
 def rollout_generations(isvc):
-    return {t: g for t, g in generations(isvc).items() if t in (status.AVAILABLE, status.READY)}
+    return {t: g for t, g in generations(isvc).items() if t in (conditions.AVAILABLE, conditions.READY)}
 
 
 async def test_available_and_ready_name_the_generation_the_deployment_serves_not_a_refused_update(emulator):
@@ -106,3 +107,15 @@ async def test_ready_is_not_claimed_for_a_generation_whose_patch_is_still_in_fli
         await roll_out(emulator, "llama", ready=1)
         await eventually(lambda: condition(isvc_of(emulator), "Ready")["status"] == "True")
         assert rollout_generations(isvc_of(emulator)) == {"Available": 2, "Ready": 2}
+
+
+async def test_a_gpu_memory_of_half_a_byte_is_an_invalid_spec_naming_the_field_not_500_megabytes(emulator):
+    await add_gpu_node(emulator, "h100", 81559)
+    async with running_operator():
+        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
+                                                                "resources": {"gpuMemory": "500m"}}))
+        valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
+                                 and condition(isvc_of(emulator), "Valid"))
+        assert valid["reason"] == conditions.REASON_INVALID_SPEC
+        assert "spec.resources.gpuMemory: '500m' is 0.5 bytes" in valid["message"]
+        assert emulator.read(DEPLOYMENTS, "default", "llama") is None

@@ -12,9 +12,10 @@ import argparse
 import pytest
 
 from pagedinfer.engine.cli import build_parser
-from pagedinfer.operator import builders, planning
-from pagedinfer.operator.crd_model import MANAGED_FLAGS
-from pagedinfer.operator.spec_parser import managed_flag_of, parse_spec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.spec.crd_model import MANAGED_FLAGS
+from pagedinfer.operator.spec.parser import managed_flag_of, parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666")
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
@@ -82,10 +83,10 @@ def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_p
     from pagedinfer.engine.engine_args import engine_config_from_args
     from pagedinfer.engine.model_runner import ModelRunner
     from pagedinfer.engine.server.launcher import default_model_dir
-    from pagedinfer.operator import sizer
+    from pagedinfer.operator.kv_plan import resolver
 
     spec = parse_spec("tiny", {"resources": resources, "engine": {"maxModelLen": 512}})
-    shape = planning.shape_from_config(sizer._embedded_default_config(), spec.model.dtype, cpu=True)
+    shape = planning.shape_from_config(resolver._embedded_default_config(), spec.model.dtype, cpu=True)
     plan = planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY)
     args = build_parser().parse_args(builders.engine_args(spec, plan))
     assert args.cpu_memory_budget == str(plan.cpu_memory_budget_bytes)

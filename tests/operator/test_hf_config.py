@@ -8,7 +8,7 @@ import pytest
 
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, FAST_CONFIG, ISVC, add_gpu_node, condition, eventually,
                                                  inference_service, running_operator)
-from pagedinfer.operator.hf_config import HubConfigFetcher, ModelConfigError
+from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher, ModelConfigError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """GPU memory per GPU is the smallest nvidia.com/gpu.memory among the nodes the pod can land on."""
 
-from pagedinfer.operator.node_memory import (Placement, discover_gpu_memory, gpu_memory_bytes_from_labels,
+from pagedinfer.operator.kv_plan.node_memory import (Placement, discover_gpu_memory, gpu_memory_bytes_from_labels,
                                              require_gpu_memory, required_affinity_holds, tolerates)
 
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from pagedinfer.engine import sizing
-from pagedinfer.operator import planning
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.spec.parser import parse_spec
 
 LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
              "hiddenSize": 4096, "maxPositionEmbeddings": 8192}

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from pagedinfer.operator import builders, planning
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.spec.parser import parse_spec
 from pagedinfer.testing.pod_process import http_port, local_process
 
 POD_DIR = Path("/work/pods/tiny-engine-1")

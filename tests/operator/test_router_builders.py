@@ -4,11 +4,12 @@ with the engines' model when the pod can mount it."""
 import kubernetes_validate
 import pytest
 
-from pagedinfer.operator import builders, planning
-from pagedinfer.operator.drift import drifted_paths
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.children.drift import drifted_paths
 from pagedinfer.operator.routing import builders as routing
 from pagedinfer.operator.routing.engine_flags import KV_EVENTS_PORT
-from pagedinfer.operator.spec_parser import parse_spec
+from pagedinfer.operator.spec.parser import parse_spec
 
 KUBERNETES_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
 OWNER = builders.Owner(name="llama", namespace="team-a", uid="uid-1", generation=1)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pagedinfer.operator.crd_model import SpecError
-from pagedinfer.operator.spec_parser import parse_model_uri, parse_spec, quantity_bytes
+from pagedinfer.operator.spec.crd_model import SpecError
+from pagedinfer.operator.spec.parser import parse_model_uri, parse_spec, quantity_bytes
 
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 
@@ -98,8 +98,27 @@ def test_replicas_are_clamped_into_min_max_for_the_deployment():
 
 
 def test_gpu_memory_accepts_kubernetes_and_byte_sizes():
-    assert parse_spec("s", {"resources": {"gpuMemory": "80GiB"}}).resources.gpu_memory_bytes == 80 * 2**30
+    assert parse_spec("s", {"resources": {"gpuMemory": "80Gi"}}).resources.gpu_memory_bytes == 80 * 2**30
     assert parse_spec("s", {"resources": {"gpuMemory": "81559Mi"}}).resources.gpu_memory_bytes == 81559 * 2**20
+
+
+@pytest.mark.parametrize("quantity, size_bytes", [
+    ("80Gi", 80 * 2**30), ("80G", 80 * 10**9), ("500M", 500 * 10**6), ("500Mi", 500 * 2**20), ("1.5Gi", 3 * 2**29),
+    ("8000000k", 8 * 10**9), (85_899_345_920, 80 * 2**30)])
+def test_gpu_memory_is_a_kubernetes_quantity_as_resources_memory_is(quantity, size_bytes):
+    assert parse_spec("s", {"resources": {"gpuMemory": quantity}}).resources.gpu_memory_bytes == size_bytes
+
+
+@pytest.mark.parametrize("quantity, says", [
+    ("500m", "'500m' is 0.5 bytes, not a whole number of bytes (m is milli"),  # was 500 MB in the size grammar
+    ("1.5", "'1.5' is 1.5 bytes"),
+    ("80GiB", "write '80Gi'"),  # was accepted by the size grammar
+    ("80 Gi", "not a Kubernetes quantity"), ("1e9", "not a Kubernetes quantity"), ("0", "more than 0"),
+    ("2Pi", "at most 1Pi"), (True, "not a Kubernetes quantity")])
+def test_gpu_memory_that_is_no_whole_byte_count_is_refused_naming_the_field(quantity, says):
+    with pytest.raises(SpecError) as exc:
+        parse_spec("s", {"resources": {"gpuMemory": quantity}})
+    assert "spec.resources.gpuMemory: " in str(exc.value) and says in str(exc.value)
 
 
 def test_memory_is_read_as_kubernetes_reads_a_quantity():

@@ -16,7 +16,7 @@ from serving_harness import start_server, stop_server
 
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.server.metrics import ServerMetrics
-from pagedinfer.operator.autoscaling_metrics import parse_pod_metrics
+from pagedinfer.operator.autoscaling.readings import parse_pod_metrics
 
 
 # swap mode with a one-block host pool: the two-block victim cannot be swapped out and is

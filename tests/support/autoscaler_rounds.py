@@ -1,6 +1,6 @@
 """The autoscaler's rounds as the API server sees them, so tests count intervals, not seconds.
 
-Every round of the autoscaler daemon (operator/autoscaling_handlers.py)
+Every round of the autoscaler daemon (operator/autoscaling/daemon.py)
 starts with one LIST of the InferenceService's pods and, before it sleeps,
 has written `status.autoscaling` when that differs from what it last wrote
 (the metric values it saw, its desiredReplicas). So at the pods LIST that

@@ -1,6 +1,6 @@
 """The InferenceService spec as frozen dataclasses, with the CRD's names and limits.
 
-`spec_parser.parse_spec` builds them from what a user applied and raises
+`parser.parse_spec` builds them from what a user applied and raises
 `SpecError` listing every problem.
 
 Defaults live here and in the CRD; the two are kept equal by a test.
@@ -9,14 +9,13 @@ Defaults live here and in the CRD; the two are kept equal by a test.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import field_default, managed_flags
 from pagedinfer.engine.server.serve_args import ServeArgs
-from pagedinfer.operator.autoscaling_spec import AutoscalingSpec
+from pagedinfer.operator.autoscaling.spec import AutoscalingSpec
 from pagedinfer.operator.routing.spec import RouterSpec
 
 API_GROUP = "serving.pagedinfer.dev"
@@ -30,17 +29,12 @@ DEFAULT_ROUTER_IMAGE = "ghcr.io/pagedinfer/pagedinfer-router:0.1.0"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 MODEL_SCHEMES = ("hf", "pvc", "s3", "file")
 # Flags the operator sets itself; extraArgs may neither repeat nor abbreviate them
-# (spec_parser.managed_flag_of; the CRD's CEL rule on extraArgs lists the same flags, a test
+# (parser.managed_flag_of; the CRD's CEL rule on extraArgs lists the same flags, a test
 # keeps them equal). Derived from the options' one definition, the fields marked managed.
 MANAGED_FLAGS = managed_flags(EngineConfig, ServeArgs)
 RESERVED_ENV = ("PAGEDINFER_API_KEY", "HF_HOME", "HF_HUB_OFFLINE", "HOME")
 # Set by the operator only when spec.model.hfTokenSecretRef is (env may set it otherwise).
 HF_TOKEN_ENV = "HF_TOKEN"
-_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
-_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
-_HF_REPO = re.compile(r"[A-Za-z0-9][-._A-Za-z0-9]*/[A-Za-z0-9][-._A-Za-z0-9]*")
 # Longest name whose derived children (Deployment pods get a 16-char suffix) stay valid.
 MAX_NAME_LENGTH = 47
 

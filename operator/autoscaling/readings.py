@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedinfer.engine.server import metric_names
-from pagedinfer.operator.autoscaling_policy import MetricSample
-from pagedinfer.operator.autoscaling_spec import KV_CACHE_USAGE, PREFIX_CACHE_HIT_RATE, REQUESTS_WAITING
+from pagedinfer.operator.autoscaling.policy import MetricSample
+from pagedinfer.operator.autoscaling.spec import KV_CACHE_USAGE, PREFIX_CACHE_HIT_RATE, REQUESTS_WAITING
 
 KV_USAGE_SERIES = metric_names.KV_CACHE_USAGE_RATIO.sample
 WAITING_SERIES = metric_names.NUM_REQUESTS_WAITING.sample

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pagedinfer.operator.builders import OWNED_ANNOTATION_PREFIX, OWNED_LABEL_KEYS, content_hash
-from pagedinfer.operator.quantity import same_quantity
+from pagedinfer.operator.children.builders import OWNED_ANNOTATION_PREFIX, OWNED_LABEL_KEYS, content_hash
+from pagedinfer.operator.spec.quantity import same_quantity
 
 QUANTITY_MAPS = ("requests", "limits")  # under a `resources` key
 QUANTITY_KEYS = ("sizeLimit",)

@@ -6,7 +6,7 @@ rules check (not every cluster enforces them: validation webhooks can be
 off, `kubectl apply --validate=false` exists, old API servers skip CEL), and
 raises `SpecError` (a ValueError) listing every problem, each prefixed by
 the dotted path of the field (`spec.engine.blockSize: ...`). That includes
-every rule of `spec.autoscaling` (`autoscaling_spec.parse_autoscaling_spec`,
+every rule of `spec.autoscaling` (`autoscaling.spec.parse_autoscaling_spec`,
 the parse the autoscaler itself runs): a spec it would refuse is invalid, and of
 `spec.router` (`routing.spec.parse_router_spec`).
 """
@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import CONFIG_FIELD_BOUNDS
-from pagedinfer.operator.crd_model import (
+from pagedinfer.operator.spec.crd_model import (
     Architecture,
     ConfigMapRef,
     DEFAULT_IMAGE,
@@ -38,16 +38,17 @@ from pagedinfer.operator.crd_model import (
     ResourcesSpec,
     SecretKeyRef,
     SpecError,
-    _DNS_1035,
-    _DNS_1123_SUBDOMAIN,
-    _ENV_NAME,
-    _HF_REPO,
-    _QUANTITY,
 )
-from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
-from pagedinfer.operator.quantity import quantity_bytes
+from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
+from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN, quantity_bytes, whole_bytes
 from pagedinfer.operator.routing.spec import RouterSpec, RouterSpecError, parse_router_spec
 
+
+# The name grammars the API server and the Hub use; the fields they check are named where they are read.
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_HF_REPO = re.compile(r"[A-Za-z0-9][-._A-Za-z0-9]*/[A-Za-z0-9][-._A-Za-z0-9]*")
 
 # spec.model.architecture's fields and the config.json fields whose bounds (sizing) they share.
 ARCHITECTURE_FIELDS = {"numLayers": "num_hidden_layers", "numKVHeads": "num_key_value_heads", "headDim": "head_dim",
@@ -305,15 +306,15 @@ def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
     res = r.mapping(raw, path)
     gpu_memory = None
     if res.get("gpuMemory") is not None:
-        try:
-            gpu_memory = sizing.parse_bytes(res["gpuMemory"], name=f"{path}.gpuMemory")
-            if gpu_memory < 1:
-                r.fail(f"{path}.gpuMemory", "must be > 0")
+        try:  # a Kubernetes quantity, as every other size in the spec (`resources.memory`)
+            gpu_memory = whole_bytes(res["gpuMemory"])
+            if not 0 < gpu_memory <= sizing.MAX_MEMORY_BYTES:
+                r.fail(f"{path}.gpuMemory", f"must be more than 0 and at most 1Pi, got {res['gpuMemory']!r}")
         except ValueError as exc:
-            r.problems.append(str(exc))
-    cpu = r.string(res, "cpu", path, None, pattern=_QUANTITY)
-    memory = r.string(res, "memory", path, None, pattern=_QUANTITY)
-    memory_bytes = quantity_bytes(memory) if memory is not None and _QUANTITY.fullmatch(memory) else None
+            r.fail(f"{path}.gpuMemory", str(exc))
+    cpu = r.string(res, "cpu", path, None, pattern=QUANTITY_PATTERN)
+    memory = r.string(res, "memory", path, None, pattern=QUANTITY_PATTERN)
+    memory_bytes = quantity_bytes(memory) if memory is not None and QUANTITY_PATTERN.fullmatch(memory) else None
     return ResourcesSpec(
         gpus=r.integer(res, "gpus", path, None, minimum=0, maximum=16),
         gpu_product=r.string(res, "gpuProduct", path, None, max_length=63),

@@ -23,11 +23,12 @@ from typing import Any, Iterable, Mapping
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import ModelShape
-from pagedinfer.operator import planning, status
-from pagedinfer.operator.crd_model import InferenceServiceSpec
-from pagedinfer.operator.hf_config import ModelConfigError
+from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.status import conditions
+from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
+from pagedinfer.operator.kv_plan.hub_config import ModelConfigError
 from pagedinfer.operator.kube_api import CONFIGMAPS
-from pagedinfer.operator.node_memory import discover_gpu_memory
+from pagedinfer.operator.kv_plan.node_memory import discover_gpu_memory
 from pagedinfer.operator.settings import Runtime
 
 
@@ -60,7 +61,7 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
     """
     model = spec.model
     retry = runtime.config.no_nodes_retry_seconds
-    unavailable, invalid = status.REASON_MODEL_CONFIG_UNAVAILABLE, status.REASON_MODEL_CONFIG_INVALID
+    unavailable, invalid = conditions.REASON_MODEL_CONFIG_UNAVAILABLE, conditions.REASON_MODEL_CONFIG_INVALID
     if model.architecture is not None:
         return planning.shape_from_architecture(model.architecture, model.dtype, cpu=spec.resources.gpus == 0)
     config: dict[str, Any] | None
@@ -103,7 +104,7 @@ def _check_heads_divide(spec: InferenceServiceSpec, shape: ModelShape) -> None:
     tp = spec.engine.tensor_parallel_size
     for what, heads in (("KV heads", shape.num_kv_heads), ("attention heads", shape.num_attention_heads)):
         if heads is not None and heads % tp:
-            raise SizingFailure(status.REASON_INVALID_SPEC, f"spec.engine.tensorParallelSize: {tp} does not divide"
+            raise SizingFailure(conditions.REASON_INVALID_SPEC, f"spec.engine.tensorParallelSize: {tp} does not divide"
                                                             f" the model's {heads} {what}", None)
 
 
@@ -138,7 +139,7 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
     else:
         discovery = discover_gpu_memory(nodes, planning.placement_for(spec))
         if discovery.gpu_memory_bytes is None:
-            raise SizingFailure(status.REASON_NO_MATCHING_NODES,
+            raise SizingFailure(conditions.REASON_NO_MATCHING_NODES,
                                 f"No node to size the KV cache for: {discovery.message}{_per_node_gpus(spec)}"
                                 f" Retrying in "
                                 f"{runtime.config.no_nodes_retry_seconds:g}s. {SCALE_FROM_ZERO_HINT}",
@@ -147,9 +148,9 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
     try:
         result = planning.plan_for(spec, shape, memory, source)
     except sizing.InsufficientMemoryError as exc:
-        raise SizingFailure(status.REASON_INSUFFICIENT_GPU_MEMORY, f"{exc}{where}", None) from None
+        raise SizingFailure(conditions.REASON_INSUFFICIENT_GPU_MEMORY, f"{exc}{where}", None) from None
     except ValueError as exc:
-        raise SizingFailure(status.REASON_INSUFFICIENT_GPU_MEMORY, f"Cannot size: {exc}", None) from None
+        raise SizingFailure(conditions.REASON_INSUFFICIENT_GPU_MEMORY, f"Cannot size: {exc}", None) from None
     return result, sized_message(result) + where
 
 
@@ -164,13 +165,13 @@ async def _plan_cpu(runtime: Runtime, spec: InferenceServiceSpec,
         try:
             shape = await model_shape(runtime, spec, namespace)
         except SizingFailure as failure:
-            if failure.reason == status.REASON_MODEL_CONFIG_INVALID:
+            if failure.reason == conditions.REASON_MODEL_CONFIG_INVALID:
                 raise
             unknown = f" The operator cannot size it itself: {failure.message}"
     try:
         result = planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY)
     except sizing.InsufficientMemoryError as exc:
-        raise SizingFailure(status.REASON_INSUFFICIENT_MEMORY, str(exc), None) from None
+        raise SizingFailure(conditions.REASON_INSUFFICIENT_MEMORY, str(exc), None) from None
     return result, sized_message(result, spec) + unknown
 
 

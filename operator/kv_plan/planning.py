@@ -24,8 +24,8 @@ from typing import Any
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import ModelShape, resolve_dtype
-from pagedinfer.operator.crd_model import Architecture, InferenceServiceSpec
-from pagedinfer.operator.node_memory import Placement
+from pagedinfer.operator.spec.crd_model import Architecture, InferenceServiceSpec
+from pagedinfer.operator.kv_plan.node_memory import Placement
 
 SOURCE_OVERRIDE = "override"
 SOURCE_SPEC = "spec"

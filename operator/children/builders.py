@@ -4,10 +4,11 @@ No I/O and no kopf here; the reconciler applies what these return. Every
 manifest passes `kubernetes-validate --strict` (a test checks 1.28, 1.30 and the
 newest schema the library ships).
 
-Rollouts: the pod template carries `serving.pagedinfer.dev/config-hash`, a
-hash of everything that changes the engine process (command line, image,
-env, resources, volumes). A spec change that alters the engine changes the
-hash and so rolls the Deployment; a change of `spec.replicas` does not.
+Rollouts: the Deployment controller rolls the pods when the pod template
+changes, and everything that changes the engine process (command line,
+image, env, resources, volumes) is in it; `spec.replicas` is not, so a
+replica change rolls nothing. No annotation hashes the template into
+itself (that would roll nothing the template change does not).
 
 Placement: the pod gets exactly the constraints sizing looked at
 (`planning.placement_for`); a plan sized from node labels also requires
@@ -38,13 +39,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
-from pagedinfer.operator.node_memory import MIB, require_gpu_memory
-from pagedinfer.operator.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
+from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
+from pagedinfer.operator.kv_plan.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
 from pagedinfer.operator.routing.engine_flags import engine_router_args, engine_router_ports
 
 HTTP_PORT = 8000
-CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
 # On the Deployment: the InferenceService's metadata.generation it was built from, which the
 # rollout report states as Available's and Ready's observedGeneration (child_events).
@@ -279,7 +279,6 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
 
 def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
     pod_spec = build_pod_spec(spec, plan)
-    config_hash = content_hash(pod_spec)
     labels = common_labels(owner.name)
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.resources.gpus else
@@ -303,7 +302,6 @@ def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan
                 "metadata": {
                     "labels": labels,
                     "annotations": {
-                        CONFIG_HASH_ANNOTATION: config_hash,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(HTTP_PORT),
                         "prometheus.io/path": "/metrics",
@@ -355,10 +353,6 @@ def with_spec_hash(manifest: dict[str, Any]) -> dict[str, Any]:
     desired = {**owned_body(manifest), "labels": manifest["metadata"].get("labels")}
     manifest["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: content_hash(desired)}
     return manifest
-
-
-def config_hash(deployment: dict[str, Any]) -> str:
-    return deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
 
 
 OPTIONAL_POD_FIELDS = ("nodeSelector", "tolerations", "affinity")

@@ -28,12 +28,12 @@ Every child as the API server now has it (found as built, created or
 patched) goes to `on_applied` at once, also when the other child then fails,
 so the caller knows the operator's own writes (`Runtime.child_fingerprints`).
 
-A write the API server refuses and would refuse again (`ApiError.retryable`
+A write the API server refuses and would refuse again (`KubeApiError.retryable`
 False: 400, 403, 422, from validation, RBAC or an admission webhook) is
 `NotApplied(ApplyFailed)` carrying the server's message and no retry delay.
 A 403 for an exceeded ResourceQuota passes once something else is deleted or
 the quota is raised: `NotApplied(QuotaExceeded)`, retried after
-`Ownership.wait_retry_seconds`. Every other ApiError propagates, and the
+`Ownership.wait_retry_seconds`. Every other KubeApiError propagates, and the
 reconcile is retried.
 """
 
@@ -42,10 +42,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from pagedinfer.operator import builders, status
-from pagedinfer.operator.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
-from pagedinfer.operator.drift import drifted_paths
-from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, ApiError, KubeApi, ResourceRef
+from pagedinfer.operator.children import builders
+from pagedinfer.operator.status import conditions
+from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
+from pagedinfer.operator.children.drift import drifted_paths
+from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, KubeApiError, KubeApi, ResourceRef
 
 REPLICAS_PATH = "spec.replicas"
 
@@ -92,7 +93,7 @@ def _conflict(manifests: list[Mapping[str, Any]], retry_seconds: float, deployed
     message = (f"{' and '.join(describe(m) for m in manifests)} already {'exist' if many else 'exists'} and "
                f"{'are' if many else 'is'} not controlled by this InferenceService: delete or rename "
                f"{'them' if many else 'it'}, or rename the InferenceService.")
-    return NotApplied(status.REASON_CHILD_CONFLICT, message + (status.KEEPS_SERVING if unchanged else ""),
+    return NotApplied(conditions.REASON_CHILD_CONFLICT, message + (conditions.KEEPS_SERVING if unchanged else ""),
                       retry_seconds, deployed)
 
 
@@ -100,17 +101,17 @@ async def _write(call: Callable[[], Awaitable[dict[str, Any]]], desired: Mapping
                  unchanged: bool, wait_retry_seconds: float) -> dict[str, Any]:
     try:
         return await call()
-    except ApiError as exc:
+    except KubeApiError as exc:
         if exc.retryable:
             raise
-        keeps_serving = status.KEEPS_SERVING if unchanged else ""
+        keeps_serving = conditions.KEEPS_SERVING if unchanged else ""
         if exc.quota_exceeded:
             message = (f"A ResourceQuota refused {describe(desired)}: {exc}. Retried every "
                        f"{wait_retry_seconds:g} s until the quota allows it (raise the quota or free some of it)."
                        + keeps_serving)
-            raise NotApplied(status.REASON_QUOTA_EXCEEDED, message, wait_retry_seconds, deployed) from exc
+            raise NotApplied(conditions.REASON_QUOTA_EXCEEDED, message, wait_retry_seconds, deployed) from exc
         message = f"The API server refused {describe(desired)}: {exc}" + keeps_serving
-        raise NotApplied(status.REASON_APPLY_FAILED, message, None, deployed) from exc
+        raise NotApplied(conditions.REASON_APPLY_FAILED, message, None, deployed) from exc
 
 
 @dataclass(frozen=True)
@@ -159,12 +160,12 @@ async def _apply_one(api: KubeApi, ownership: Ownership, ref: ResourceRef, desir
     if live is None:
         try:
             return await _write(lambda: api.create(ref, namespace, desired), desired, deployed, False, wait)
-        except ApiError as exc:
+        except KubeApiError as exc:
             if exc.status != 409:
                 raise
         live = await api.get(ref, namespace, name)
         if live is None:
-            raise ApiError(409, "Conflict", f"{describe(desired)} was created and deleted concurrently")
+            raise KubeApiError(409, "Conflict", f"{describe(desired)} was created and deleted concurrently")
         if not ownership.claims(live):
             raise _conflict([desired], wait, deployed, unchanged=False)
     if not owned_by(live, ownership.owner_uid):

@@ -74,7 +74,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from pagedinfer.operator.autoscaling_spec import (
+from pagedinfer.operator.autoscaling.spec import (
     KV_CACHE_USAGE,
     PREFIX_CACHE_HIT_RATE,
     AutoscalingSpec,

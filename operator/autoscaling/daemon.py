@@ -39,13 +39,13 @@ from typing import Any, Mapping
 import aiohttp
 import kopf
 
-from pagedinfer.operator.autoscaling_metrics import PodReading, PodScrape, aggregate, pod_reading
-from pagedinfer.operator.autoscaling_policy import AutoscalerState, Observation, ScalingDecision, decide
-from pagedinfer.operator.autoscaling_scrape import PodTarget, query_prometheus, scrape_pods
-from pagedinfer.operator.autoscaling_spec import AutoscalingSpec, parse_autoscaling_spec
-from pagedinfer.operator.builders import HTTP_PORT, selector_string
-from pagedinfer.operator.crd_model import API_GROUP, API_VERSION, PLURAL
-from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError, ResourceRef
+from pagedinfer.operator.autoscaling.readings import PodReading, PodScrape, aggregate, pod_reading
+from pagedinfer.operator.autoscaling.policy import AutoscalerState, Observation, ScalingDecision, decide
+from pagedinfer.operator.autoscaling.scrape import PodTarget, query_prometheus, scrape_pods
+from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, parse_autoscaling_spec
+from pagedinfer.operator.children.builders import HTTP_PORT, selector_string
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError, ResourceRef
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.routing.deletion_cost import annotate_deletion_costs, deletion_costs
 from pagedinfer.operator.settings import runtime_of
@@ -114,7 +114,7 @@ async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.B
         return spec.interval_seconds
     try:
         pods = await kube.list(PODS, namespace, label_selector=selector_string(name))
-    except ApiError as e:
+    except KubeApiError as e:
         logger.warning("autoscaling: cannot list pods: %s", e)
         return spec.interval_seconds
     ready = [p for p in pods if is_ready(p)]
@@ -133,7 +133,7 @@ async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.B
         try:
             await kube.patch(INFERENCESERVICES, namespace, name, {"spec": {"replicas": decision.desired_replicas}},
                              subresource="scale")
-        except ApiError as e:
+        except KubeApiError as e:
             logger.warning("autoscaling: cannot scale to %d: %s", decision.desired_replicas, e)
             return spec.interval_seconds
         reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
@@ -146,7 +146,7 @@ async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.B
             await kube.patch(INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}},
                              subresource="status")
             memory.written_status = status
-        except ApiError as e:
+        except KubeApiError as e:
             logger.warning("autoscaling: cannot write status: %s", e)
     return spec.interval_seconds
 

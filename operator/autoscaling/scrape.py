@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from pagedinfer.operator.autoscaling_metrics import (
+from pagedinfer.operator.autoscaling.readings import (
     HITS_SERIES,
     KV_USAGE_SERIES,
     QUERIES_SERIES,

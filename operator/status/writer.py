@@ -13,8 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Mapping
 
-from pagedinfer.operator import status
-from pagedinfer.operator.kube_api import INFERENCESERVICES, ApiError, KubeApi
+from pagedinfer.operator.status import conditions
+from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError, KubeApi
 
 MAX_STATUS_ATTEMPTS = 5
 
@@ -40,16 +40,16 @@ async def update_status(api: KubeApi, namespace: str, name: str,
                 "status": patch_status,
             }, subresource="status")
             return
-        except ApiError as exc:
+        except KubeApiError as exc:
             if exc.status == 404:
                 return
             if exc.status != 409:
                 raise
             body = None
-    raise ApiError(409, "Conflict", f"status of {namespace}/{name} kept changing; will retry")
+    raise KubeApiError(409, "Conflict", f"status of {namespace}/{name} kept changing; will retry")
 
 
-async def write_conditions(api: KubeApi, body: Mapping[str, Any], updates: list[status.Condition],
+async def write_conditions(api: KubeApi, body: Mapping[str, Any], updates: list[conditions.Condition],
                            generation: int | None, **fields: Any) -> None:
     """Merge `updates` into body's conditions (with `generation`) and set `fields` (None deletes one)."""
     meta = body["metadata"]
@@ -57,17 +57,17 @@ async def write_conditions(api: KubeApi, body: Mapping[str, Any], updates: list[
         old, _with_conditions(old, updates, generation, **fields)), known=body)
 
 
-def _with_conditions(old: dict[str, Any], updates: list[status.Condition], generation: int | None,
+def _with_conditions(old: dict[str, Any], updates: list[conditions.Condition], generation: int | None,
                      **fields: Any) -> dict[str, Any]:
     new = {**old, **{k: v for k, v in fields.items() if v is not None}}
     for key in (k for k, v in fields.items() if v is None):
         new.pop(key, None)
-    new["conditions"] = status.merge_conditions(old.get("conditions"), updates, generation, status.now_rfc3339())
-    new["phase"] = status.phase_for(new["conditions"])
+    new["conditions"] = conditions.merge_conditions(old.get("conditions"), updates, generation, conditions.now_rfc3339())
+    new["phase"] = conditions.phase_for(new["conditions"])
     return new
 
 
-def is_news(body: Mapping[str, Any], condition: status.Condition) -> bool:
+def is_news(body: Mapping[str, Any], condition: conditions.Condition) -> bool:
     """Whether a condition differs from what status already says (post an Event only then)."""
     for c in (body.get("status") or {}).get("conditions") or []:
         if c.get("type") == condition.type:
