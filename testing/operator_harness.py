@@ -22,6 +22,7 @@ from pagedinfer.testing.kube_emulator import KubeEmulator, default_emulator
 from pagedinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.settings import OperatorConfig, Runtime
+from pagedinfer.operator.spec.crd_model import API_GROUP
 
 FAST_CONFIG = OperatorConfig(
     fetch_hf_config=False,
@@ -149,6 +150,21 @@ async def roll_out(emulator: KubeEmulator, name: str, ready: int, *, replicas: i
 def reconciles(runtime: Runtime) -> float:
     """How many reconciles the operator has run (pagedinfer_operator_reconciles_total, all results)."""
     return sum(s.value for s in runtime.metrics.reconciles.collect()[0].samples if s.name.endswith("_total"))
+
+
+async def reconciles_once_handled(emulator: KubeEmulator, runtime: Runtime, name: str = "llama",
+                                  namespace: str = "default") -> float:
+    """The reconcile count once kopf has finished handling the creation of InferenceService `name`.
+
+    Conditions (Applied, Sized) are written in the middle of that reconcile: it is counted after its status
+    write, and kopf records the spec it handled (its last-handled-configuration annotation) after the
+    handler returns. Until then a status event of the new object can still be taken for its creation and
+    reconciled again, so a count read as soon as a condition shows is not yet the settled one.
+    """
+    annotation = f"{API_GROUP}/last-handled-configuration"
+    await eventually(lambda: annotation in ((isvc_of(emulator, name, namespace) or {}).get("metadata", {})
+                                            .get("annotations") or {}))
+    return await eventually(lambda: reconciles(runtime) >= 1 and reconciles(runtime))
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:

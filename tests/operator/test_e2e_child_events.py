@@ -11,9 +11,8 @@ import pytest
 from pagedinfer.testing.kube_emulator import Fault
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B_SPEC, SERVICES, add_gpu_node, condition,
                                                  deployment_of, eventually, inference_service, isvc_of, reconciles,
-                                                 roll_out, running_operator)
+                                                 reconciles_once_handled, roll_out, running_operator)
 from pagedinfer.operator.children import builders
-from pagedinfer.operator.spec.crd_model import API_GROUP
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,19 +21,6 @@ SPEC = LLAMA3_8B_SPEC
 
 def applied(emulator):
     return condition(isvc_of(emulator), "Applied")
-
-
-async def created_and_handled(emulator, runtime):
-    """The reconcile count once kopf has finished handling the creation of `llama`.
-
-    Applied=True is written in the middle of that: the reconcile is counted after it, and kopf records
-    the spec it handled (its last-handled-configuration annotation) after the handler returns. Until
-    then a status event of the new object can still be taken for its creation and reconciled again.
-    """
-    await eventually(lambda: applied(emulator)["status"] == "True")
-    await eventually(lambda: f"{API_GROUP}/last-handled-configuration"
-                     in (isvc_of(emulator)["metadata"].get("annotations") or {}))
-    return await eventually(lambda: reconciles(runtime) >= 1 and reconciles(runtime))
 
 
 async def test_a_hand_edit_whose_reconcile_fails_for_good_is_still_reported_and_not_reconciled_again(emulator):
@@ -77,7 +63,8 @@ async def test_metadata_other_controllers_write_on_a_child_costs_no_reconcile(em
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator() as runtime:
         await emulator.create(ISVC, inference_service("llama", SPEC))
-        before = await created_and_handled(emulator, runtime)
+        await eventually(lambda: applied(emulator)["status"] == "True")
+        before = await reconciles_once_handled(emulator, runtime)
         # Playing the Deployment controller (its revision annotation) and other tools (their labels).
         await emulator.merge(DEPLOYMENTS, "default", "llama", {"metadata": {
             "annotations": {"deployment.kubernetes.io/revision": "2"}, "labels": {"team": "search"}}})
@@ -111,7 +98,8 @@ async def test_orphans_are_forgotten_when_deleted_and_adopted_by_a_new_owner_of_
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator() as runtime:
         await emulator.create(ISVC, inference_service("llama", SPEC))
-        await created_and_handled(emulator, runtime)
+        await eventually(lambda: applied(emulator)["status"] == "True")
+        await reconciles_once_handled(emulator, runtime)
         service_uid = emulator.read(SERVICES, "default", "llama")["metadata"]["uid"]
         deployment_uid = deployment_of(emulator)["metadata"]["uid"]
         # `kubectl delete pisvc llama --cascade=orphan`: the garbage collector strips the ownerReferences.

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, FAST_CONFIG, ISVC, condition,
-                                                 eventually, inference_service, isvc_of, reconciles, running_operator)
+                                                 eventually, inference_service, isvc_of, reconciles,
+                                                 reconciles_once_handled, running_operator)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,7 +58,8 @@ async def test_a_bad_config_map_is_named_counted_and_fixed_by_editing_it(emulato
         assert emulator.read(DEPLOYMENTS, "default", "llama") is None
         # No retry of its own: with FAST_CONFIG's 0.3-0.5 s retry delays, a retrying
         # operator would reconcile several times over these 2 seconds.
-        done = reconciles(runtime)
+        # the reconcile is counted after its status write: wait for the count, not the condition
+        done = await eventually(lambda: reconciles(runtime) >= 1 and reconciles(runtime))
         await asyncio.sleep(2)
         assert reconciles(runtime) == done and model_config_errors(runtime) == 1
 
@@ -95,7 +97,7 @@ async def test_config_maps_nobody_references_cost_no_reconcile(emulator):
     async with running_operator() as runtime:
         await emulator.create(ISVC, inference_service("llama", SPEC))
         await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
-        done = reconciles(runtime)
+        done = await reconciles_once_handled(emulator, runtime)
         await emulator.create(CONFIGMAPS, {"metadata": {"name": "other", "namespace": "default"},
                                            "data": {"config.json": "{}"}})
         await emulator.merge(CONFIGMAPS, "default", "llama-config", {"metadata": {"labels": {"a": "b"}}})
