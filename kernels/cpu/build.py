@@ -7,10 +7,12 @@ then loads the library, whose static initializers register the CPU kernels of
 the ops defined in `ops.py`. A later process with the same sources and flags
 reuses the cached library (a file lock serialises concurrent builds).
 
-The code is compiled for the build machine: `-O3 -march=native`, and ATen's
-`at::vec` for the machine's best capability (`CPU_CAPABILITY_AVX512` on
-AVX-512, AVX2, else the portable vectors), so the library is built where it
-runs and never shipped prebuilt.
+The code is compiled for the baseline x86-64 (`-O3`, no `-march`), so a
+library built on one machine (an image build, a cache shared between nodes)
+runs on any other: the AVX-512 kernel carries target attributes and runs only
+where `csrc/isa.cpp` finds AVX-512 at run time (`cpuid`), scoring bfloat16
+with avx512_bf16's dot product where the CPU has it; elsewhere the portable
+kernel (`at::vec`'s generic vectors) runs.
 
 Nothing here runs at import. `load()` tries once: on any failure (no compiler,
 no ninja, a compile error) it warns once, naming the cause, and returns False
@@ -24,22 +26,12 @@ import shutil
 import warnings
 from pathlib import Path
 
-import torch
 
 EXTENSION_NAME = "pagedinfer_cpu_kernels"
-SOURCES = [Path(__file__).parent / "csrc" / "paged_attention.cpp"]
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("paged_attention.cpp", "attention_portable.cpp", "attention_avx512.cpp", "isa.cpp")]
 
 _loaded: bool | None = None  # None: not tried yet in this process
-
-
-def capability_flags() -> list[str]:
-    """The `at::vec` capability defines for this machine, as ATen compiles its own CPU kernels."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability.startswith("AVX512"):
-        return ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
-    if capability == "AVX2":
-        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-    return []
 
 
 def _ninja_on_path() -> None:
@@ -61,7 +53,7 @@ def load() -> bool:
 
             _ninja_on_path()
             cpp_extension.load(name=EXTENSION_NAME, sources=[str(s) for s in SOURCES],
-                               extra_cflags=["-O3", "-march=native", *capability_flags()],
+                               extra_cflags=["-O3"],
                                is_python_module=False, verbose=False)
             _loaded = True
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
