@@ -9,8 +9,8 @@ and 32, a 512-token prefill chunk after 1536 cached tokens, and a fresh
 2048-token prefill, in float32 and bfloat16. Every path reads the same paged
 cache (shuffled blocks, NaN in every unowned slot): the torch fallback
 (`kernels/cpu/torch_attention.py`) and the native library under each kernel
-this CPU can run (`ops.attention_isa`: portable, avx512, avx512_bf16), and,
-with `--baseline REV`, the single-file native kernel of git revision REV
+this CPU can run (`ops.attention_isa`: portable, avx2, avx512, avx512_bf16),
+and, with `--baseline REV`, the single-file native kernel of git revision REV
 (e.g. `main` before issue 16's second round), built as that revision built it
 (`-O3 -march=native`, `at::vec` at the machine's capability) under its own
 extension and op namespace. Prints medians of `--repeats` per case, in thread
@@ -102,8 +102,8 @@ def main() -> None:
     baseline = load_baseline(args.baseline) if args.baseline else None
     torch.set_num_threads(1)
     best = ops.attention_isa("auto")
-    levels = [level for level in ("portable", "avx512", "avx512_bf16")
-              if level == "portable" or level == best or (level == "avx512" and best == "avx512_bf16")]
+    order = ("portable", "avx2", "avx512", "avx512_bf16")
+    levels = list(order[:order.index(best) + 1])
     print(f"threads {torch.get_num_threads()}, native kernels on this CPU: {', '.join(levels)}"
           + (f", baseline {args.baseline}" if baseline else ""))
     columns = ["torch", *([f"base {args.baseline}"] if baseline else []), *levels]

@@ -9,10 +9,11 @@ reuses the cached library (a file lock serialises concurrent builds).
 
 The code is compiled for the baseline x86-64 (`-O3`, no `-march`), so a
 library built on one machine (an image build, a cache shared between nodes)
-runs on any other: the AVX-512 kernel carries target attributes and runs only
-where `csrc/isa.cpp` finds AVX-512 at run time (`cpuid`), scoring bfloat16
-with avx512_bf16's dot product where the CPU has it; elsewhere the portable
-kernel (`at::vec`'s generic vectors) runs.
+runs on any other: `csrc/isa.cpp` finds the CPU's instruction sets at run
+time (`cpuid`) and the kernels for wider sets (target attributes or a
+`#pragma GCC target` per translation unit) run only where it found them: the
+AVX-512 kernel (bfloat16 scored with avx512_bf16's dot product where the CPU
+has it), else `at::vec`'s kernel for AVX-512, AVX2 or generic vectors.
 
 Nothing here runs at import. `load()` tries once: on any failure (no compiler,
 no ninja, a compile error) it warns once, naming the cause, and returns False
@@ -28,8 +29,11 @@ from pathlib import Path
 
 
 EXTENSION_NAME = "pagedinfer_cpu_kernels"
+# Baseline translation units first: the linker keeps the first copy of an inline function that
+# several define, so never one compiled for a wider instruction set (see csrc/attention_vec_avx2.cpp).
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("paged_attention.cpp", "attention_portable.cpp", "attention_avx512.cpp", "isa.cpp")]
+           for name in ("paged_attention.cpp", "isa.cpp", "attention_vec_default.cpp", "attention_avx512.cpp",
+                        "attention_vec_avx2.cpp", "attention_vec_avx512.cpp")]
 
 _loaded: bool | None = None  # None: not tried yet in this process
 

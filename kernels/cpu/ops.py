@@ -68,7 +68,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
 
 def attention_isa(request: str = "") -> str:
-    """The native attention's kernel: "avx512_bf16", "avx512" or "portable" (see `csrc/isa.h`).
+    """The native attention's kernel: "avx512_bf16", "avx512", "avx2" or "portable" (see `csrc/isa.h`).
 
     An empty request reads it; "auto" goes back to the best this CPU has; a level name forces that
     kernel for the process (tests and `bench/cpu_attention.py` compare them), a RuntimeError if the

@@ -96,9 +96,14 @@ inline void prefetch_ahead(const Problem<T>& p, const int32_t* table, int64_t st
   prefetch_chunk(p, table, start + kPrefetchChunks * kChunk, hi);
 }
 
-// The portable kernel (at::vec, any dtype, any head_dim): attention_portable.cpp.
+// The at::vec kernel (any dtype, any head_dim, attention_vec.h), one per instruction set:
+// generic vectors (any CPU), AVX2 and AVX-512, each run only where isa.cpp found its set.
 template <typename T>
-void attend_portable(const Problem<T>& p, const std::vector<WorkItem>& items, int64_t tile_rows);
+void attend_vec_default(const Problem<T>& p, const std::vector<WorkItem>& items, int64_t tile_rows);
+template <typename T>
+void attend_vec_avx2(const Problem<T>& p, const std::vector<WorkItem>& items, int64_t tile_rows);
+template <typename T>
+void attend_vec_avx512(const Problem<T>& p, const std::vector<WorkItem>& items, int64_t tile_rows);
 
 // The AVX-512 kernel (float32 and bfloat16): attention_avx512.cpp. `avx512_fits` says whether it
 // takes this problem (dtype and head sizes); it runs only where `isa.cpp` found AVX-512 at run

@@ -1,6 +1,6 @@
 // The AVX-512 CPU paged attention: float32 and bfloat16 caches, head sizes multiples of 16.
 //
-// Same algorithm and invariants as attention_portable.cpp (flash attention's online softmax in
+// Same algorithm and invariants as attention_vec.h (flash attention's online softmax in
 // float32 over paged K/V, masking by selection so cache garbage, even NaN, never reaches an
 // output), written with intrinsics so that a bfloat16 cache costs half a float32 one:
 // - per key chunk (up to 16 keys of one block) and KV head, the keys are read once for all the

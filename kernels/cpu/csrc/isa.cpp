@@ -9,7 +9,7 @@
 namespace pagedinfer_cpu {
 namespace {
 
-constexpr const char* kNames[] = {"portable", "avx512", "avx512_bf16"};
+constexpr const char* kNames[] = {"portable", "avx2", "avx512", "avx512_bf16"};
 
 std::atomic<int> override_level{-1};  // -1: none
 
@@ -18,7 +18,7 @@ Isa detect() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("fma");
-  if (!avx512) return Isa::kPortable;
+  if (!avx512) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::kAvx2 : Isa::kPortable;
   return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512;
 }
 
@@ -39,9 +39,9 @@ std::string request_isa(const std::string& request) {
     override_level.store(-1);
   } else if (!request.empty()) {
     int level = -1;
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 4; ++i)
       if (request == kNames[i]) level = i;
-    TORCH_CHECK(level >= 0, "unknown CPU attention ISA '", request, "': use auto, portable, avx512 or avx512_bf16");
+    TORCH_CHECK(level >= 0, "unknown CPU attention ISA '", request, "': use auto, portable, avx2, avx512 or avx512_bf16");
     TORCH_CHECK(level <= static_cast<int>(detected_isa()), "this CPU lacks ", request, " (it has ",
                 kNames[static_cast<int>(detected_isa())], ")");
     override_level.store(level);

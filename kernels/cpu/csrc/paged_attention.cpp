@@ -1,6 +1,6 @@
 // The CPU paged-attention and KV-cache-write ops: argument checks, the work split, and the
-// choice of kernel (attention_avx512.cpp where isa.cpp found AVX-512 at run time and the problem
-// fits it, else attention_portable.cpp). The work is split into items (sequence, tile of
+// choice of kernel by the instruction sets isa.cpp found at run time: attention_avx512.cpp where
+// the CPU has AVX-512 and the problem fits it, else attention_vec.h for the widest set it has. The work is split into items (sequence, tile of
 // consecutive query tokens, at most kRowTile rows per KV head): items are independent, so
 // at::parallel_for runs them over the intra-op threads.
 
@@ -89,10 +89,15 @@ Tensor paged_attention_cpu(const Tensor& query, const Tensor& key_cache, const T
         query.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
         out.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(), table_width, lens, starts,
         num_heads, num_kv_heads, group, query.size(2), value_dim, block_size, static_cast<float>(scale), window};
-    if (isa != pagedinfer_cpu::Isa::kPortable && pagedinfer_cpu::avx512_fits(problem))
-      pagedinfer_cpu::attend_avx512(problem, items, tile_tokens * group, isa == pagedinfer_cpu::Isa::kAvx512Bf16);
+    const int64_t tile_rows = tile_tokens * group;
+    if (isa >= pagedinfer_cpu::Isa::kAvx512 && pagedinfer_cpu::avx512_fits(problem))
+      pagedinfer_cpu::attend_avx512(problem, items, tile_rows, isa == pagedinfer_cpu::Isa::kAvx512Bf16);
+    else if (isa >= pagedinfer_cpu::Isa::kAvx512)
+      pagedinfer_cpu::attend_vec_avx512(problem, items, tile_rows);
+    else if (isa == pagedinfer_cpu::Isa::kAvx2)
+      pagedinfer_cpu::attend_vec_avx2(problem, items, tile_rows);
     else
-      pagedinfer_cpu::attend_portable(problem, items, tile_tokens * group);
+      pagedinfer_cpu::attend_vec_default(problem, items, tile_rows);
   };
   dispatch_cache_dtype(query.scalar_type(), run);
   return out;

@@ -1,5 +1,7 @@
-// The portable CPU paged attention: any cache dtype, any head_dim, `at::vec` for the baseline
-// instruction set (the fallback where attention_avx512.cpp does not run).
+// The `at::vec` CPU paged attention: any cache dtype, any head_dim; the fallback where
+// attention_avx512.cpp does not run. Included by one translation unit per instruction set
+// (attention_vec_{default,avx2,avx512}.cpp), each defining PI_VEC_ENTRY (the entry's name) and,
+// for a wider set, CPU_CAPABILITY as ATen does and the matching `#pragma GCC target` first.
 //
 // Algorithm (flash attention's online softmax, Dao et al. 2022, over paged K/V as in vLLM's CPU
 // backend): per work item (sequence, tile of query tokens) and key chunk (up to one vector of keys
@@ -9,6 +11,8 @@
 // multiplication, so cache garbage, even NaN, cannot reach an output) and folded into each row's
 // running (max, sum, float32 accumulator). Every row sees at least its own position, so its sum is
 // positive.
+
+#pragma once
 
 #include "attention.h"
 
@@ -221,7 +225,7 @@ void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s) {
 }  // namespace
 
 template <typename T>
-void attend_portable(const Problem<T>& p, const std::vector<WorkItem>& items, int64_t tile_rows) {
+void PI_VEC_ENTRY(const Problem<T>& p, const std::vector<WorkItem>& items, int64_t tile_rows) {
   const int64_t dim_padded = (p.value_dim + Vec::size() - 1) / Vec::size() * Vec::size();
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch scratch(tile_rows, p.num_kv_heads, p.head_dim, dim_padded);
@@ -229,8 +233,8 @@ void attend_portable(const Problem<T>& p, const std::vector<WorkItem>& items, in
   });
 }
 
-template void attend_portable(const Problem<float>&, const std::vector<WorkItem>&, int64_t);
-template void attend_portable(const Problem<c10::BFloat16>&, const std::vector<WorkItem>&, int64_t);
-template void attend_portable(const Problem<c10::Half>&, const std::vector<WorkItem>&, int64_t);
+template void PI_VEC_ENTRY(const Problem<float>&, const std::vector<WorkItem>&, int64_t);
+template void PI_VEC_ENTRY(const Problem<c10::BFloat16>&, const std::vector<WorkItem>&, int64_t);
+template void PI_VEC_ENTRY(const Problem<c10::Half>&, const std::vector<WorkItem>&, int64_t);
 
 }  // namespace pagedinfer_cpu
