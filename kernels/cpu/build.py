@@ -4,8 +4,12 @@
 system C++ compiler (`CXX`, else `c++`) into the torch extensions cache
 (`TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions/<python>_cpu/`),
 then loads the library, whose static initializers register the CPU kernels of
-the ops defined in `ops.py`. A later process with the same sources and flags
-reuses the cached library (a file lock serialises concurrent builds).
+the ops defined in `ops.py`. The extension's name carries a hash of the
+sources (headers included) and flags, `pagedinfer_cpu_kernels_<hash>`, so
+another version of the sources (another checkout, an upgrade over a kept
+cache) builds into its own folder and never loads, or overwrites, this one's
+library; a later process with the same sources and flags reuses the cached
+library (a file lock serialises concurrent builds).
 
 The code is compiled for the baseline x86-64 (`-O3`, no `-march`), so a
 library built on one machine (an image build, a cache shared between nodes)
@@ -22,21 +26,30 @@ forever after in this process; callers then take the torch path.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import warnings
 from pathlib import Path
 
-
-EXTENSION_NAME = "pagedinfer_cpu_kernels"
+CSRC = Path(__file__).parent / "csrc"
 # Baseline translation units first: the linker keeps the first copy of an inline function that
 # several define, so never one compiled for a wider instruction set (see csrc/attention_vec_avx2.cpp).
-SOURCES = [Path(__file__).parent / "csrc" / name
+SOURCES = [CSRC / name
            for name in ("paged_attention.cpp", "isa.cpp", "attention_vec_default.cpp", "attention_avx512.cpp",
                         "attention_vec_avx2.cpp", "attention_vec_avx512.cpp")]
 
+CFLAGS = ["-O3"]
+
 _loaded: bool | None = None  # None: not tried yet in this process
 
+
+def extension_name() -> str:
+    """`pagedinfer_cpu_kernels_<12 hex digits>`: a hash of every file in csrc/ and of the flags."""
+    digest = hashlib.sha256(" ".join(CFLAGS).encode())
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"pagedinfer_cpu_kernels_{digest.hexdigest()[:12]}"
 
 def _ninja_on_path() -> None:
     """cpp_extension runs `ninja` from PATH; the pip wheel's binary sits beside the interpreter."""
@@ -56,8 +69,7 @@ def load() -> bool:
             from torch.utils import cpp_extension
 
             _ninja_on_path()
-            cpp_extension.load(name=EXTENSION_NAME, sources=[str(s) for s in SOURCES],
-                               extra_cflags=["-O3"],
+            cpp_extension.load(name=extension_name(), sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
                                is_python_module=False, verbose=False)
             _loaded = True
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
