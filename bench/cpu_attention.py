@@ -13,7 +13,8 @@ this CPU can run (`ops.attention_isa`: portable, avx2, avx512, avx512_bf16),
 and, with `--baseline REV`, the single-file native kernel of git revision REV
 (e.g. `main` before issue 16's second round), built as that revision built it
 (`-O3 -march=native`, `at::vec` at the machine's capability) under its own
-extension and op namespace. Prints medians of `--repeats` per case, in thread
+extension and op namespace. The paths run in turn at every repeat, so a change
+of the machine's load hits them all. Prints medians of `--repeats` per case, in thread
 CPU time (`time.thread_time`: one intra-op thread, so the op runs in the
 calling thread; a shared, loaded machine inflates wall time, not this), and
 the baseline's (else the portable kernel's) time over the fastest kernel's.
@@ -49,14 +50,25 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        began = time.thread_time()
+def median_ms(fns: list, repeats: int) -> list[float]:
+    """Median thread CPU ms of each fn, the fns run in turn at every repeat (a load change hits them all)."""
+    for fn in fns:
         fn()
-        times.append(time.thread_time() - began)
-    return 1e3 * statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, spent in zip(fns, times):
+            began = time.thread_time()
+            fn()
+            spent.append(time.thread_time() - began)
+    return [1e3 * statistics.median(spent) for spent in times]
+
+
+def at_level(ops, level: str, fn):
+    """fn run with the native kernel of `level` forced."""
+    def run():
+        ops.attention_isa(level)
+        return fn()
+    return run
 
 
 def load_baseline(rev: str):
@@ -113,15 +125,13 @@ def main() -> None:
             for dtype in (torch.float32, torch.bfloat16):
                 p = make_problem(seq_lens, query_lens, HEADS, KV_HEADS, HEAD_DIM, block_size, dtype=dtype)
                 call = (p.query, p.key_cache, p.value_cache, p.metadata, p.scale)
-                times = [median_ms(lambda: torch_attention.paged_attention(*call), args.repeats)]
+                m = p.metadata
+                fns = [lambda: torch_attention.paged_attention(*call)]
                 if baseline:
-                    m = p.metadata
-                    times.append(median_ms(lambda: baseline(p.query, p.key_cache, p.value_cache, m.block_tables,
-                                                            m.seq_lens, m.query_start_loc, p.scale, None),
-                                           args.repeats))
-                for level in levels:
-                    ops.attention_isa(level)
-                    times.append(median_ms(lambda: ops.paged_attention(*call), args.repeats))
+                    fns.append(lambda: baseline(p.query, p.key_cache, p.value_cache, m.block_tables, m.seq_lens,
+                                                m.query_start_loc, p.scale, None))
+                fns += [at_level(ops, level, lambda: ops.paged_attention(*call)) for level in levels]
+                times = median_ms(fns, args.repeats)
                 before = times[1] if baseline else times[-len(levels)]
                 print(f"{name:<26} {str(dtype)[6:]:<9}" + "".join(f" {t:>14.3f}" for t in times)
                       + f" {before / min(times[-len(levels):]):>8.2f}x", flush=True)
@@ -130,8 +140,8 @@ def main() -> None:
     key = torch.randn(64, KV_HEADS, HEAD_DIM)
     p = make_problem([512] * 64, [1] * 64, HEADS, KV_HEADS, HEAD_DIM, 16)
     kc, vc = p.key_cache.clone(), p.value_cache.clone()
-    torch_ms = median_ms(lambda: reference.write_kv(key, key, kc, vc, p.metadata.slot_mapping), args.repeats)
-    native_ms = median_ms(lambda: ops.write_kv(key, key, kc, vc, p.metadata.slot_mapping), args.repeats)
+    torch_ms, native_ms = median_ms([lambda: reference.write_kv(key, key, kc, vc, p.metadata.slot_mapping),
+                                     lambda: ops.write_kv(key, key, kc, vc, p.metadata.slot_mapping)], args.repeats)
     print(f"write_kv of a 64-sequence decode step, float32: torch {torch_ms:.3f} ms, native {native_ms:.3f} ms")
 
 

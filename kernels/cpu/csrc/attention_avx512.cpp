@@ -1,4 +1,5 @@
-// The AVX-512 CPU paged attention: float32 and bfloat16 caches, head sizes multiples of 16.
+// The AVX-512 CPU paged attention: float32 and bfloat16 caches, head sizes multiples of 16 (32 for
+// bfloat16 values).
 //
 // Same algorithm and invariants as attention_vec.h (flash attention's online softmax in
 // float32 over paged K/V, masking by selection so cache garbage, even NaN, never reaches an
@@ -11,7 +12,8 @@
 //   AVX-512 without avx512_bf16, widened to float32 by a shift;
 // - scores are a register-blocked outer product (up to 8 rows x 16 keys), the softmax's exp a
 //   vectorised Cephes polynomial (scalef for 2^n), and values are read once per key for up to 4
-//   rows, widened in registers (no float32 copy of the cache), accumulated in float32.
+//   rows, widened in registers (no float32 copy of the cache; bfloat16 32 dims per load, even and
+//   odd dims apart, see acc_index), accumulated in float32.
 // Every function here carries a target attribute: the library is compiled for the baseline
 // x86-64 and this code runs only where isa.cpp found AVX-512 (and avx512_bf16 for the dot) at
 // run time.
@@ -190,8 +192,22 @@ PI_AVX512 inline void softmax_row(float* scores, __mmask16 visible, float& row_m
   }
 }
 
-// acc[r][:] += sum_c probs[r][c] * value[c][:] for R rows; each value row is read (and widened)
-// once for the R rows, 64 dims at a time, then 16.
+// Accumulator layouts: float32 values accumulate in dim order; bfloat16 ones per 32 dims, the 16
+// even dims then the 16 odd ones, so that widening one 64-byte load of 32 bfloat16 is a shift
+// (even dims: the low halves of its 32-bit lanes) and a mask (odd dims: the high halves).
+inline int64_t acc_index(int64_t d, bool bf16) { return bf16 ? (d & ~int64_t(31)) + (d & 1) * 16 + (d & 31) / 2 : d; }
+
+// The 16 float32 values at accumulator offset `d` (a multiple of 16) of one value row.
+PI_AVX512 inline __m512 load_values(const float* v, int64_t d) { return _mm512_loadu_ps(v + d); }
+
+PI_AVX512 inline __m512 load_values(const c10::BFloat16* v, int64_t d) {
+  const __m512i bits = _mm512_loadu_si512(v + (d & ~int64_t(31)));
+  return _mm512_castsi512_ps((d & 16) ? _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u)))
+                                      : _mm512_slli_epi32(bits, 16));
+}
+
+// acc[r][:] += sum_c probs[r][c] * value[c][:] for R rows (in the accumulator's layout); each value
+// row is read (and widened) once for the R rows, 64 dims at a time, then 16.
 template <int R, typename T>
 PI_AVX512 inline void accumulate_rows(const float* probs, int64_t count, const T* value, int64_t stride,
                                       int64_t value_dim, float* acc) {
@@ -202,7 +218,7 @@ PI_AVX512 inline void accumulate_rows(const float* probs, int64_t count, const T
       for (int u = 0; u < 4; ++u) a[r][u] = _mm512_loadu_ps(acc + r * value_dim + d + 16 * u);
     for (int64_t c = 0; c < count; ++c) {
       __m512 v[4];
-      for (int u = 0; u < 4; ++u) v[u] = load16(value + c * stride + d + 16 * u);
+      for (int u = 0; u < 4; ++u) v[u] = load_values(value + c * stride, d + 16 * u);
       for (int r = 0; r < R; ++r) {
         const __m512 p = _mm512_set1_ps(probs[r * 16 + c]);
         for (int u = 0; u < 4; ++u) a[r][u] = _mm512_fmadd_ps(p, v[u], a[r][u]);
@@ -215,7 +231,7 @@ PI_AVX512 inline void accumulate_rows(const float* probs, int64_t count, const T
     __m512 a[R];
     for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(acc + r * value_dim + d);
     for (int64_t c = 0; c < count; ++c) {
-      const __m512 v = load16(value + c * stride + d);
+      const __m512 v = load_values(value + c * stride, d);
       for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(probs[r * 16 + c]), v, a[r]);
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * value_dim + d, a[r]);
@@ -288,7 +304,7 @@ PI_AVX512 void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s
       T* o = p.out + (span.token0 + token) * p.num_heads * DV + head * DV;
       const float* a = s.acc.data() + (h * tile + i) * DV;
       const float inv = 1.f / s.row_sum[h * tile + i];
-      for (int64_t d = 0; d < DV; ++d) o[d] = static_cast<T>(a[d] * inv);
+      for (int64_t d = 0; d < DV; ++d) o[d] = static_cast<T>(a[acc_index(d, std::is_same_v<T, c10::BFloat16>)] * inv);
     }
   }
 }
@@ -297,8 +313,9 @@ PI_AVX512 void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s
 
 template <typename T>
 bool avx512_fits(const Problem<T>& p) {
-  return (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) && p.head_dim % 16 == 0 &&
-         p.value_dim % 16 == 0;
+  // bfloat16 values are widened 32 dims at a time (see acc_index)
+  return (std::is_same_v<T, float> && p.head_dim % 16 == 0 && p.value_dim % 16 == 0) ||
+         (std::is_same_v<T, c10::BFloat16> && p.head_dim % 16 == 0 && p.value_dim % 32 == 0);
 }
 
 template <typename T>
