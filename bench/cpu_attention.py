@@ -4,20 +4,22 @@
         [--repeats 7] [--baseline REV]
 
 Shapes of the issue's 125M model (12 query heads, 4 KV heads, head_dim 64): a
-decode step of 64 sequences with 512 tokens of context each at block size 16
-and 32, a 512-token prefill chunk after 1536 cached tokens, and a fresh
-2048-token prefill, in float32 and bfloat16. Every path reads the same paged
-cache (shuffled blocks, NaN in every unowned slot): the torch fallback
+decode step of 8 sequences (K/V in the L3 cache) and of 64 sequences (not)
+with 512 tokens of context each at block size 16, the 64 at 32 too, a
+512-token prefill chunk after 1536 cached tokens, and a fresh 2048-token
+prefill, in float32 and bfloat16. Every path reads the same paged cache
+(shuffled blocks, NaN in every unowned slot): the torch fallback
 (`kernels/cpu/torch_attention.py`) and the native library under each kernel
 this CPU can run (`ops.attention_isa`: portable, avx2, avx512, avx512_bf16),
 and, with `--baseline REV`, the single-file native kernel of git revision REV
 (e.g. `main` before issue 16's second round), built as that revision built it
 (`-O3 -march=native`, `at::vec` at the machine's capability) under its own
-extension and op namespace. The paths run in turn at every repeat, so a change
-of the machine's load hits them all. Prints medians of `--repeats` per case, in thread
-CPU time (`time.thread_time`: one intra-op thread, so the op runs in the
-calling thread; a shared, loaded machine inflates wall time, not this), and
-the baseline's (else the portable kernel's) time over the fastest kernel's.
+extension and op namespace. The paths run in turn at every repeat, so a
+change of the machine's load hits them all. Prints medians of `--repeats` per
+case, in thread CPU time (`time.thread_time`: one intra-op thread, so the op
+runs in the calling thread; a shared, loaded machine inflates wall time, not
+this), and the baseline's (else the portable kernel's) time over the fastest
+kernel's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 HEADS, KV_HEADS, HEAD_DIM = 12, 4, 64
 # name -> (seq_lens, query_lens, block_size)
 CASES = {
+    "decode 8 x ctx 512 bs16": ([512] * 8, [1] * 8, 16),  # its K/V (4 MB in bf16) fit in the L3 cache
     "decode 64 x ctx 512 bs16": ([512] * 64, [1] * 64, 16),
     "decode 64 x ctx 512 bs32": ([512] * 64, [1] * 64, 32),
     "prefill 512 after 1536": ([2048], [512], 16),
