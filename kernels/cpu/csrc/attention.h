@@ -2,8 +2,9 @@
 // key-chunk walk and its prefetch, and the kernels' entry points (one per instruction set).
 //
 // Every translation unit here is compiled for the baseline x86-64 (no -march): a kernel for a
-// wider instruction set marks its functions with a target attribute and runs only where
-// `isa.cpp` found that set at run time, so the library runs on any CPU it is loaded on.
+// wider instruction set marks its functions with a target attribute (attention_avx512.cpp) or its
+// translation unit with a target pragma (attention_vec_avx2.cpp, attention_vec_avx512.cpp) and
+// runs only where `isa.cpp` found that set at run time, so the library runs on any x86-64 CPU.
 #pragma once
 
 #include <c10/util/BFloat16.h>
