@@ -20,6 +20,8 @@
 
 #include "attention.h"
 
+#if defined(__x86_64__)
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
@@ -339,3 +341,30 @@ template void attend_avx512(const Problem<c10::BFloat16>&, const std::vector<Wor
 template void attend_avx512(const Problem<c10::Half>&, const std::vector<WorkItem>&, int64_t, bool);
 
 }  // namespace pagedinfer_cpu
+
+#else  // not x86-64: isa.cpp never selects this kernel
+
+#include <c10/util/Exception.h>
+
+namespace pagedinfer_cpu {
+
+template <typename T>
+bool avx512_fits(const Problem<T>&) {
+  return false;
+}
+
+template <typename T>
+void attend_avx512(const Problem<T>&, const std::vector<WorkItem>&, int64_t, bool) {
+  TORCH_CHECK(false, "the AVX-512 attention runs on x86-64 only");
+}
+
+template bool avx512_fits(const Problem<float>&);
+template bool avx512_fits(const Problem<c10::BFloat16>&);
+template bool avx512_fits(const Problem<c10::Half>&);
+template void attend_avx512(const Problem<float>&, const std::vector<WorkItem>&, int64_t, bool);
+template void attend_avx512(const Problem<c10::BFloat16>&, const std::vector<WorkItem>&, int64_t, bool);
+template void attend_avx512(const Problem<c10::Half>&, const std::vector<WorkItem>&, int64_t, bool);
+
+}  // namespace pagedinfer_cpu
+
+#endif

@@ -14,12 +14,16 @@ constexpr const char* kNames[] = {"portable", "avx2", "avx512", "avx512_bf16"};
 std::atomic<int> override_level{-1};  // -1: none
 
 Isa detect() {
+#if !defined(__x86_64__)
+  return Isa::kPortable;  // the wider kernels are x86-64's; elsewhere at::vec's default vectors
+#else
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("fma");
   if (!avx512) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::kAvx2 : Isa::kPortable;
   return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512;
+#endif
 }
 
 }  // namespace
