@@ -333,13 +333,6 @@ void attend_avx512(const Problem<T>& p, const std::vector<WorkItem>& items, int6
   }
 }
 
-template bool avx512_fits(const Problem<float>&);
-template bool avx512_fits(const Problem<c10::BFloat16>&);
-template bool avx512_fits(const Problem<c10::Half>&);
-template void attend_avx512(const Problem<float>&, const std::vector<WorkItem>&, int64_t, bool);
-template void attend_avx512(const Problem<c10::BFloat16>&, const std::vector<WorkItem>&, int64_t, bool);
-template void attend_avx512(const Problem<c10::Half>&, const std::vector<WorkItem>&, int64_t, bool);
-
 }  // namespace pagedinfer_cpu
 
 #else  // not x86-64: isa.cpp never selects this kernel
@@ -358,6 +351,12 @@ void attend_avx512(const Problem<T>&, const std::vector<WorkItem>&, int64_t, boo
   TORCH_CHECK(false, "the AVX-512 attention runs on x86-64 only");
 }
 
+}  // namespace pagedinfer_cpu
+
+#endif
+
+namespace pagedinfer_cpu {  // the instances paged_attention.cpp calls
+
 template bool avx512_fits(const Problem<float>&);
 template bool avx512_fits(const Problem<c10::BFloat16>&);
 template bool avx512_fits(const Problem<c10::Half>&);
@@ -366,5 +365,3 @@ template void attend_avx512(const Problem<c10::BFloat16>&, const std::vector<Wor
 template void attend_avx512(const Problem<c10::Half>&, const std::vector<WorkItem>&, int64_t, bool);
 
 }  // namespace pagedinfer_cpu
-
-#endif
