@@ -36,6 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from affinity import parse_cpu_list, pin
 from agreement import Agreement, agreement
 from workload import LengthDistribution, RunResult, check_lengths, make_workload, save_workload
 
@@ -88,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="timed runs per system; the median is reported")
     p.add_argument("--threads", type=int, default=1, help="torch threads for every system")
+    p.add_argument("--cpus", type=parse_cpu_list, metavar="LIST",
+                   help="pin every system, its child processes included, to these CPUs (as taskset -c: 0 or 0-3 "
+                        "or 0,2); default: not pinned")
     p.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "pagedinfer-bench"),
                    help="the models are built (once) in DIR/<model>")
     p.add_argument("--prompt-median", type=int, default=128)
@@ -120,6 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1 or args.num_requests < 1 or args.threads < 1 or args.breakdown_every < 1:
         p.error("--repeats, --num-requests, --threads and --breakdown-every: must be >= 1")
+    if args.cpus is not None and args.threads > len(args.cpus):
+        p.error(f"--threads: {args.threads} threads on the {len(args.cpus)} CPUs of --cpus would share cores")
     if args.hf_check_requests < 0:
         p.error("--hf-check-requests: must be >= 0")
     if not args.skip_vllm and not args.vllm_python:
@@ -297,9 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    pinned = pin(args.cpus)  # before any system's process starts: each inherits it
     torch.set_num_threads(args.threads)
     print(f"{cpu_name()}, {os.cpu_count()} cpus, torch {torch.__version__}, threads={args.threads} per system, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}", flush=True)
+          f"{pinned}, {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"matmul libraries: {matmul_libraries()}", flush=True)
     all_results: list[tuple[str, RunResult]] = []
     rows: list = []
@@ -308,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             run_model(args, name, MODELS[name], tmp, all_results, rows)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps([{"model": m, **json.loads(r.to_json())} for m, r in all_results]))
-    print("\n".join(["summary (threads=%d per engine, medians of %d):" % (args.threads, args.repeats)]
+    print("\n".join(["summary (threads=%d per engine, %s, medians of %d):" % (args.threads, pinned, args.repeats)]
                     + summary(rows)))
     return 0
 

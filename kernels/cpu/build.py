@@ -4,13 +4,20 @@
 system C++ compiler (`CXX`, else `c++`) into the torch extensions cache
 (`TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions/<python>_cpu/`),
 then loads the library, whose static initializers register the CPU kernels of
-the ops defined in `ops.py`. A later process with the same sources and flags
-reuses the cached library (a file lock serialises concurrent builds).
+the ops defined in `ops.py`. The extension's name carries a hash of the
+sources (headers included) and flags, `pagedinfer_cpu_kernels_<hash>`, so
+another version of the sources (another checkout, an upgrade over a kept
+cache) builds into its own folder and never loads, or overwrites, this one's
+library; a later process with the same sources and flags reuses the cached
+library (a file lock serialises concurrent builds).
 
-The code is compiled for the build machine: `-O3 -march=native`, and ATen's
-`at::vec` for the machine's best capability (`CPU_CAPABILITY_AVX512` on
-AVX-512, AVX2, else the portable vectors), so the library is built where it
-runs and never shipped prebuilt.
+The code is compiled for the baseline x86-64 (`-O3`, no `-march`), so a
+library built on one machine (an image build, a cache shared between nodes)
+runs on any other: `csrc/isa.cpp` finds the CPU's instruction sets at run
+time (`cpuid`) and the kernels for wider sets (target attributes or a
+`#pragma GCC target` per translation unit) run only where it found them: the
+AVX-512 kernel (bfloat16 scored with avx512_bf16's dot product where the CPU
+has it), else `at::vec`'s kernel for AVX-512, AVX2 or generic vectors.
 
 Nothing here runs at import. `load()` tries once: on any failure (no compiler,
 no ninja, a compile error) it warns once, naming the cause, and returns False
@@ -19,28 +26,30 @@ forever after in this process; callers then take the torch path.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import warnings
 from pathlib import Path
 
-import torch
+CSRC = Path(__file__).parent / "csrc"
+# Baseline translation units first: the linker keeps the first copy of an inline function that
+# several define, so never one compiled for a wider instruction set (see csrc/attention_vec_avx2.cpp).
+SOURCES = [CSRC / name
+           for name in ("paged_attention.cpp", "isa.cpp", "attention_vec_default.cpp", "attention_avx512.cpp",
+                        "attention_vec_avx2.cpp", "attention_vec_avx512.cpp")]
 
-EXTENSION_NAME = "pagedinfer_cpu_kernels"
-SOURCES = [Path(__file__).parent / "csrc" / "paged_attention.cpp"]
+CFLAGS = ["-O3"]
 
 _loaded: bool | None = None  # None: not tried yet in this process
 
 
-def capability_flags() -> list[str]:
-    """The `at::vec` capability defines for this machine, as ATen compiles its own CPU kernels."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability.startswith("AVX512"):
-        return ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
-    if capability == "AVX2":
-        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-    return []
-
+def extension_name() -> str:
+    """`pagedinfer_cpu_kernels_<12 hex digits>`: a hash of every file in csrc/ and of the flags."""
+    digest = hashlib.sha256(" ".join(CFLAGS).encode())
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"pagedinfer_cpu_kernels_{digest.hexdigest()[:12]}"
 
 def _ninja_on_path() -> None:
     """cpp_extension runs `ninja` from PATH; the pip wheel's binary sits beside the interpreter."""
@@ -60,8 +69,7 @@ def load() -> bool:
             from torch.utils import cpp_extension
 
             _ninja_on_path()
-            cpp_extension.load(name=EXTENSION_NAME, sources=[str(s) for s in SOURCES],
-                               extra_cflags=["-O3", "-march=native", *capability_flags()],
+            cpp_extension.load(name=extension_name(), sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
                                is_python_module=False, verbose=False)
             _loaded = True
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"

@@ -11,6 +11,9 @@ their CPU kernels come from `csrc/paged_attention.cpp`, registered when
 - `torch.ops.pagedinfer.cpu_write_kv(key, value, key_cache, value_cache,
   slot_mapping)`, mutating both caches.
 
+A third, `cpu_attention_isa(str) -> str` (defined in C++: it takes no tensor),
+reads or forces the attention kernel the library runs (`attention_isa`).
+
 `paged_attention` and `write_kv` below are what `dispatch.py` calls for CPU
 tensors: the native op when the library loads and the dtypes are ones it
 handles (float32, bfloat16, float16, query and caches alike), else the
@@ -62,6 +65,16 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             query.contiguous(), key_cache, value_cache, metadata.block_tables,
             metadata.seq_lens, metadata.query_start_loc, scale, sliding_window)
     return torch_attention.paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
+
+
+def attention_isa(request: str = "") -> str:
+    """The native attention's kernel: "avx512_bf16", "avx512", "avx2" or "portable" (see `csrc/isa.h`).
+
+    An empty request reads it; "auto" goes back to the best this CPU has; a level name forces that
+    kernel for the process (tests and `bench/cpu_attention.py` compare them), a RuntimeError if the
+    CPU lacks it. The native library must be loaded (`native_available()`).
+    """
+    return torch.ops.pagedinfer.cpu_attention_isa(request)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -1,5 +1,5 @@
-"""The throughput benchmark's pure parts: its flags, the CPU time of a process tree, greedy agreement and the
-step breakdown's classification. Cheap: no vLLM, no timed assertion; the script itself is not run here."""
+"""The throughput benchmark's pure parts: its flags, the CPU pinning of every system, the CPU time of a process
+tree, greedy agreement and the step breakdown's classification. Cheap: no vLLM, no timed assertion; the script itself is not run here."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from affinity import format_cpu_list, parse_cpu_list
 from agreement import agreement
 from breakdown import Breakdown, Labels, classify, label
 from proc_stats import CLOCK_TICKS_PER_SECOND, peak_rss_bytes, tree, tree_cpu_seconds, tree_peak_rss_bytes
@@ -33,12 +34,51 @@ def test_models_and_dtypes_are_comma_separated_lists_with_tiny_and_both_dtypes_b
     (["--models", "tiny"], "--vllm-python"),
     (["--breakdown-every", "0", "--skip-vllm"], "--breakdown-every"),
     (["--profile", "p.out", "--skip-vllm"], "--profile"),  # two dtypes by default: which one to profile?
+    (["--cpus", "0-a", "--skip-vllm"], "--cpus"),
+    (["--cpus", "3-1", "--skip-vllm"], "--cpus"),
+    (["--cpus", "", "--skip-vllm"], "--cpus"),
+    (["--cpus", "100000", "--skip-vllm"], "--cpus"),  # a CPU this process may not use
+    (["--cpus", "0", "--threads", "2", "--skip-vllm"], "--threads"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, named, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(argv)
     assert exc.value.code == 2
     assert named in capsys.readouterr().err
+
+
+# ----- CPU pinning (--cpus) ------------------------------------------------------------------------
+def test_cpu_lists_parse_as_taskset_takes_them_and_print_back_shortest():
+    usable = sorted(os.sched_getaffinity(0))
+    assert parse_cpu_list(str(usable[0])) == {usable[0]}
+    assert parse_cpu_list(",".join(map(str, usable))) == set(usable)
+    if usable == list(range(usable[0], usable[-1] + 1)):
+        assert parse_cpu_list(f"{usable[0]}-{usable[-1]}") == set(usable)
+    assert parse_args(["--cpus", str(usable[-1]), "--skip-vllm"]).cpus == {usable[-1]}
+    assert parse_args(["--skip-vllm"]).cpus is None
+    assert format_cpu_list({5, 0, 1, 2, 7, 8}) == "0-2,5,7-8"
+
+
+PINNED_CHILDREN = """
+import os, subprocess, sys
+from affinity import pin
+from throughput import _in_child
+print(pin(frozenset({CPU})))
+print(sorted(_in_child(os.sched_getaffinity, 0)))  # a system's process, as the bench starts it
+grandchild = "import os; print(sorted(os.sched_getaffinity(0)))"
+child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+sys.stdout.flush()
+subprocess.run([sys.executable, "-c", child])  # a runner and the process it starts (vLLM's engine core)
+"""
+
+
+def test_pinning_reaches_every_system_process_and_the_processes_they_start():
+    cpu = max(os.sched_getaffinity(0))  # on a multi-CPU machine not the default set
+    bench = os.path.dirname(sys.modules["affinity"].__file__)
+    proc = subprocess.run([sys.executable, "-c", PINNED_CHILDREN.replace("CPU", str(cpu))], cwd=bench,
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=bench))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"every system pinned to cpus {cpu}", f"[{cpu}]", f"[{cpu}]"]
 
 
 # ----- CPU time and RSS of a process tree -------------------------------------------------------------

@@ -107,3 +107,60 @@ def test_torch_compile_traces_the_ops_in_one_graph(native_cpu_kernels):
     out = torch.compile(step, backend="aot_eager", fullgraph=True)(problem.query, key, *compiled_caches)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     torch.testing.assert_close(compiled_caches[0], eager_caches[0], equal_nan=True, rtol=0, atol=0)
+
+
+ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, native_cpu_kernels):
+    """Each native kernel this CPU can run, forced for one test (then back to the best it has)."""
+    best = native_cpu_kernels.attention_isa("auto")
+    if ISAS.index(request.param) > ISAS.index(best):
+        pytest.skip(f"this CPU lacks {request.param} (it has {best})")
+    assert native_cpu_kernels.attention_isa(request.param) == request.param
+    yield request.param
+    native_cpu_kernels.attention_isa("auto")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_every_kernel_equals_the_reference_on_the_125m_shapes(native_cpu_kernels, isa, dtype, block_size):
+    # 12 query heads over 4 KV heads, head_dim 64: a mixed step (decodes mid-block and on a block
+    # boundary, prefill chunks after cached prefixes) and a prefill longer than a row tile after a
+    # cached prefix, with and without a sliding window
+    for seq_lens, query_lens in (MIXED, ([7, 330], [1, 200])):
+        problem = make_problem(seq_lens, query_lens, num_heads=12, num_kv_heads=4, head_dim=64,
+                               block_size=block_size, dtype=dtype, seed=block_size)
+        check(problem, attend(native_cpu_kernels, problem))
+        check(problem, attend(native_cpu_kernels, problem, 37), 37)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_kernel_takes_head_sizes_the_avx512_kernel_does_not(native_cpu_kernels, isa, dtype):
+    # float16, head_dim 17 and 48 (a multiple of 16, not of 32: bf16 pairs need 32) fall back in turn
+    for head_dim in (17, 48):
+        problem = make_problem(*MIXED, num_heads=6, num_kv_heads=2, head_dim=head_dim, block_size=16, dtype=dtype,
+                               seed=head_dim)
+        check(problem, attend(native_cpu_kernels, problem))
+
+
+def test_the_detected_isa_is_the_cpus(native_cpu_kernels):
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= set(flags)
+    expected = ("avx512_bf16" if avx512 and "avx512_bf16" in flags else "avx512" if avx512
+                else "avx2" if {"avx2", "fma"} <= set(flags) else "portable")
+    assert native_cpu_kernels.attention_isa("auto") == expected
+    assert native_cpu_kernels.attention_isa("") == expected
+
+
+def test_an_unknown_or_missing_isa_is_refused_by_name(native_cpu_kernels):
+    with pytest.raises(RuntimeError, match="unknown CPU attention ISA 'sse9': use auto, portable, avx2"):
+        native_cpu_kernels.attention_isa("sse9")
+    best = native_cpu_kernels.attention_isa("")
+    if best != "avx512_bf16":
+        higher = ISAS[ISAS.index(best) + 1]
+        with pytest.raises(RuntimeError, match=f"this CPU lacks {higher}"):
+            native_cpu_kernels.attention_isa(higher)
+    assert native_cpu_kernels.attention_isa("") == best

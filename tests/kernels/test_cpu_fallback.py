@@ -43,3 +43,17 @@ def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_outp
                                                                 window))
     for cache, expected in zip(caches, expected_caches):
         assert torch.equal(cache.nan_to_num(), expected.nan_to_num())
+
+
+def test_the_extension_is_named_after_its_sources_so_another_version_never_loads_this_ones(monkeypatch, tmp_path):
+    # another checkout's (or an upgrade's) sources build into their own folder of the extensions cache
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    for source in build.CSRC.iterdir():
+        (csrc / source.name).write_bytes(source.read_bytes())
+    original = build.extension_name()
+    monkeypatch.setattr(build, "CSRC", csrc)
+    assert build.extension_name() == original
+    header = csrc / "attention.h"
+    header.write_text(header.read_text() + "\n// another version\n")
+    assert build.extension_name() != original and build.extension_name().startswith("pagedinfer_cpu_kernels_")
