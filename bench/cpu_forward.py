@@ -8,7 +8,7 @@ runs engine steps through ModelRunner.run_step: decodes of B sequences with
 a 128-token context each, and one prefill chunk of N tokens. Every variant's
 runner is built in the same process and the variants are timed round-robin
 (`--repeats` rounds, median per variant), so machine load hits all alike;
-start-up (load + packing + compiling every token bucket) is printed per variant.
+start-up (load + fusing + packing + compiling the one graph) is printed per variant.
 Decode logits of each variant are compared with the first's (max |diff|).
 """
 
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--prefill-tokens", type=int, nargs="+", default=[512])
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="also the largest compiled bucket")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="the step budget (the compiled graph serves 1 to this many tokens)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--model-dir", default=default_model_dir())
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
     from pagedinfer.engine.config import EngineConfig
     from pagedinfer.engine.distributed.step_message import StepInputs
     from pagedinfer.engine.model_runner import ModelRunner
@@ -89,21 +90,21 @@ def main(argv: list[str] | None = None) -> int:
         runner.allocate_kv_cache(num_blocks, 0)
         runners[name] = runner
         print(f"{name}: start-up {time.perf_counter() - start:.1f} s"
-              + (f" (compiling {len(runner.compiled.buckets)} buckets {runner.compiled.startup_seconds:.1f} s)"
-                 if runner.compiled else ""), flush=True)
+              + (f" (compiling {runner.compiled.startup_seconds:.1f} s)" if runner.compiled else ""), flush=True)
+    # sequence i holds blocks [1 + i * blocks_per_seq, ...); the prefill sequence (id max_batch) blocks 1, 2, ...
+    tables = [BlockTableUpdate(i, 0, tuple(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+              for i in range(max_batch)]
+    prefill_table = BlockTableUpdate(max_batch, 0, tuple(range(1, 1 + -(-max(args.prefill_tokens) // block_size))))
     steps = {}
     for batch in args.decode_batches:
-        tables = [list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)) for i in range(batch)]
-        steps[f"decode B={batch}"] = StepInputs([7] * batch, [context + 1] * batch, [1] * batch, tables,
+        steps[f"decode B={batch}"] = StepInputs([7] * batch, list(range(batch)), [context + 1] * batch, [1] * batch,
                                                 list(range(batch)))
     for tokens in args.prefill_tokens:
-        table = list(range(1, 1 + -(-tokens // block_size)))
-        steps[f"prefill N={tokens}"] = StepInputs([7] * tokens, [tokens], [tokens], [table], [tokens - 1])
+        steps[f"prefill N={tokens}"] = StepInputs([7] * tokens, [max_batch], [tokens], [tokens], [tokens - 1])
     for runner in runners.values():  # fill the decode contexts once (same K/V in every runner's cache)
-        for batch in args.decode_batches:
-            for i in range(batch):
-                table = list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq))
-                runner.run_step(StepInputs([7 + i % 50] * context, [context], [context], [table], [context - 1]))
+        for i in range(max_batch):
+            new_tables = TableDeltas((tables[i],) if i else (tables[i], prefill_table))
+            runner.run_step(StepInputs([7 + i % 50] * context, [i], [context], [context], [context - 1], new_tables))
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.dtype}; median ms per step "
           f"({args.repeats} rounds, round-robin) and speed-up over {args.variants[0]}")
     for label, step in steps.items():

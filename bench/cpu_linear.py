@@ -10,6 +10,10 @@ only sees the sampled rows (at most max_num_seqs = 256). Each cell is the median
 `--repeats` timed calls after one warm-up; every kernel's result is checked against
 F.linear first. MKL's packed GEMM packs for one M and needs the unpacked weight besides
 (two copies), so the engine could not use it for every step size; it is shown for comparison.
+
+`--fused` times instead the packed q/k/v (three GEMMs) against one GEMM over their concatenated
+weight, and gate/up likewise (what engine/cpu/fused_projections.py does at load): microseconds per
+call, medians of `--repeats` calls alternating between the two, and the ratio.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ SHAPES = {  # name: (out_features, in_features)
     "lm_head 768->32000": (32000, 768),
 }
 LM_HEAD_MAX_M = 256
+FUSED = {"q+k+v 768->768+256+256": (768, 256, 256), "gate+up 768->2048+2048": (2048, 2048)}  # output sizes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--fused", action="store_true", help="separate vs fused q/k/v and gate/up GEMMs instead")
     return p.parse_args(argv)
 
 
@@ -62,10 +68,47 @@ def median_seconds(fn, x: torch.Tensor, repeats: int) -> float:
     return statistics.median(times)
 
 
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def fused_rows(dtype: torch.dtype, m: int, out_sizes: tuple[int, ...], repeats: int) -> tuple[float, float]:
+    """Median seconds of the separate packed GEMMs and of the one fused GEMM, alternating; results checked."""
+    weights = [torch.randn(n, 768, dtype=dtype) / 768 ** 0.5 for n in out_sizes]
+    separate = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+    fused = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights), None)
+    x = torch.randn(m, 768, dtype=dtype)
+    kernels = {"separate": lambda: [packed_linear(x, w) for w in separate],
+               "fused": lambda: packed_linear(x, fused).split(out_sizes, dim=-1)}
+    for a, b in zip(kernels["separate"](), kernels["fused"]()):
+        if (a.float() - b.float()).abs().max().item() > (1e-4 if dtype == torch.float32 else 1e-2):
+            raise SystemExit(f"fused {out_sizes} M={m}: the fused GEMM's output differs from the separate ones")
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    for _ in range(repeats + 1):
+        for name, fn in kernels.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(times["separate"][1:]), statistics.median(times["fused"][1:])
+
+
+def main_fused(args: argparse.Namespace) -> int:
+    print(f"torch {torch.__version__}, {args.threads} thread(s); oneDNN packed, separate vs fused, us per call")
+    for dtype_name in args.dtypes:
+        for name, out_sizes in FUSED.items():
+            for m in args.m:
+                separate, fused = fused_rows(getattr(torch, dtype_name), m, out_sizes, args.repeats)
+                print(f"{dtype_name:8s} {name:23s} M={m:<5d} separate {separate * 1e6:9.1f}"
+                      f" | fused {fused * 1e6:9.1f} | x{separate / fused:.2f}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.fused:
+        return main_fused(args)
     print(f"torch {torch.__version__}, {args.threads} thread(s); GFLOP/s = 2*M*N*K / median seconds")
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)

@@ -18,7 +18,9 @@ outside the timed span. The paged systems share one KV budget in tokens.
 Greedy agreement: in float32 every system against transformers' own tokens
 (one request at a time, unpadded, on the first --hf-check-requests
 requests) and against pagedinfer; in bfloat16 pagedinfer's tokens against
-its float32 ones and against vLLM's bfloat16 ones. See docs/engine-benchmark.md.
+its float32 ones and against vLLM's bfloat16 ones. `--compile both` (the default) runs pagedinfer
+twice, eager and with its compiled forward (`--compile`; the compile counted in start-up), as the rows
+"pagedinfer" and "pagedinfer+compile". See docs/engine-benchmark.md.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def _choices(allowed: tuple[str, ...] | dict, flag: str):
     return parse
 
 
+COMPILE_RUNS = {"off": (False,), "on": (True,), "both": (False, True)}  # --compile: pagedinfer's runs
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     models = _choices(MODELS, "--models")
@@ -118,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="one more, untimed pagedinfer run per model and dtype under torch.profiler: the share "
                         "of a step in matmuls, attention, bookkeeping, sampling, output processing")
     p.add_argument("--breakdown-every", type=int, default=5, help="profile every Nth step of that run")
+    p.add_argument("--compile", choices=tuple(COMPILE_RUNS), default="both",
+                   help="pagedinfer eager (off), with its compiled forward (on), or both rows (default)")
     p.add_argument("--json-out", help="write every system's RunResult (outputs included) to this JSON file")
     p.add_argument("--profile", help="write a cProfile of pagedinfer's last timed run to this file "
                                      "(one model and dtype only)")
@@ -189,14 +196,14 @@ def _cell(value, fmt: str, width: int) -> str:
 
 def report_table(results: list[RunResult], reference: RunResult | None) -> list[str]:
     """One line per system of one model and dtype: speed, CPU/wall, start-up, RSS, agreement."""
-    ours = next(r for r in results if r.system == "pagedinfer")
+    ours = results[0]  # pagedinfer's first run
     ref_col = f"= transformers ({reference.num_requests})" if reference else "= transformers"
-    lines = [f"{'system':<15}{'output tok/s':>13}{'seconds':>9}{'pagedinfer/x':>13}{'CPU/wall':>9}"
+    lines = [f"{'system':<19}{'output tok/s':>13}{'seconds':>9}{'pagedinfer/x':>13}{'CPU/wall':>9}"
              f"{'start-up s':>11}{'peak RSS MiB':>13}{'same tokens':>12}{ref_col:>22}  runs (s); notes"]
     for r in results:
         runs = ", ".join(f"{t:.1f}" for t in r.all_elapsed_seconds)
         same_as_hf = agreement(r.outputs, reference.outputs).whole_sequence if reference else None
-        lines.append(f"{r.system:<15}{r.output_tokens_per_second:>13.1f}{r.elapsed_seconds:>9.2f}"
+        lines.append(f"{r.system:<19}{r.output_tokens_per_second:>13.1f}{r.elapsed_seconds:>9.2f}"
                      f"{ours.output_tokens_per_second / r.output_tokens_per_second:>13.2f}"
                      f"{_cell(r.cpu_per_wall, '.2f', 9)}{r.startup_seconds:>11.1f}"
                      f"{r.peak_rss_bytes / 2**20:>13.0f}{agreement(r.outputs, ours.outputs).prefix_tokens:>12.1%}"
@@ -215,7 +222,7 @@ def report_paged(paged) -> list[str]:
         f"preemptions over all repeats {paged.num_preemptions}",
     ]
     if paged.breakdown is not None:
-        lines.append(f"pagedinfer step breakdown: {paged.breakdown}")
+        lines.append(f"{paged.result.system} step breakdown: {paged.breakdown}")
     return lines
 
 
@@ -230,13 +237,13 @@ def bf16_agreements(by_dtype: dict[str, dict[str, RunResult]]) -> list[tuple[str
 
 def summary(rows: list[tuple[str, str, RunResult, RunResult | None]]) -> list[str]:
     """pagedinfer against vLLM per model and dtype."""
-    lines = [f"{'model':<6}{'dtype':<10}{'system':<12}{'tok/s':>9}{'vs vLLM':>9}{'CPU/wall':>9}{'tok/CPU-s':>10}"
+    lines = [f"{'model':<6}{'dtype':<10}{'system':<19}{'tok/s':>9}{'vs vLLM':>9}{'CPU/wall':>9}{'tok/CPU-s':>10}"
              f"{'start-up s':>11}{'RSS MiB':>9}"]
     for model, dtype, r, vllm in rows:
         ratio = r.output_tokens_per_second / vllm.output_tokens_per_second if vllm else None
         # tokens per CPU second: the work per core, whatever share of the cores a loaded machine left it
         per_cpu = r.output_tokens_per_second / r.cpu_per_wall if r.cpu_per_wall else None
-        lines.append(f"{model:<6}{dtype:<10}{r.system:<12}{r.output_tokens_per_second:>9.1f}"
+        lines.append(f"{model:<6}{dtype:<10}{r.system:<19}{r.output_tokens_per_second:>9.1f}"
                      f"{_cell(ratio, '.2f', 9)}{_cell(r.cpu_per_wall, '.2f', 9)}{_cell(per_cpu, '.1f', 10)}"
                      f"{r.startup_seconds:>11.1f}{r.peak_rss_bytes / 2**20:>9.0f}")
     return lines
@@ -244,7 +251,7 @@ def summary(rows: list[tuple[str, str, RunResult, RunResult | None]]) -> list[st
 
 def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
               all_results: list[tuple[str, RunResult]], rows: list) -> None:
-    from runners import run_hf_continuous, run_hf_static, run_pagedinfer
+    from runners import PAGEDINFER_COMPILED, run_hf_continuous, run_hf_static, run_pagedinfer
 
     from pagedinfer.engine.tiny_model import make_tiny_model
 
@@ -261,12 +268,17 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
         print(f"== {name} {dtype}: requests={len(requests)}; "
               f"prompt tokens={sum(len(r.prompt_token_ids) for r in requests)}; "
               f"output tokens={sum(r.max_tokens for r in requests)}", flush=True)
-        paged = _in_child(run_pagedinfer, model_dir, requests, args.block_size,
-                          args.kv_budget_tokens // args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
-                          spec.max_model_len, args.threads, args.repeats, args.profile, dtype,
-                          args.breakdown_every if args.breakdown else 0)
-        print(f"pagedinfer done: {paged.result.output_tokens_per_second:.1f} tok/s", flush=True)
-        results = [paged.result]
+        paged_runs = [_in_child(run_pagedinfer, model_dir, requests, args.block_size,
+                                args.kv_budget_tokens // args.block_size, args.max_num_seqs,
+                                args.max_num_batched_tokens, spec.max_model_len, args.threads, args.repeats,
+                                args.profile if not i else None, dtype,  # the first run's cProfile
+                                args.breakdown_every if args.breakdown else 0, compiled)
+                      for i, compiled in enumerate(COMPILE_RUNS[args.compile])]
+        for run in paged_runs:
+            print(f"{run.result.system} done: {run.result.output_tokens_per_second:.1f} tok/s"
+                  f" (start-up {run.result.startup_seconds:.1f} s)", flush=True)
+        paged = paged_runs[0]
+        results = [run.result for run in paged_runs]
         reference = None
         if dtype == "float32" and args.hf_check_requests:
             subset = requests[:args.hf_check_requests]
@@ -291,10 +303,12 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
             print(f"vllm done: {vllm.output_tokens_per_second:.1f} tok/s", flush=True)
         for r in results:
             check_lengths(r, requests)
-        print("\n".join(report_table(results, reference) + report_paged(paged)), flush=True)
+        print("\n".join(report_table(results, reference) + report_paged(paged)
+                        + [f"{run.result.system} step breakdown: {run.breakdown}"
+                           for run in paged_runs[1:] if run.breakdown is not None]), flush=True)
         by_dtype[dtype] = {r.system: r for r in results}
         all_results.extend((name, r) for r in results + ([reference] if reference else []))
-        rows.extend((name, dtype, r, vllm) for r in results if r.system in ("pagedinfer", "vllm"))
+        rows.extend((name, dtype, r, vllm) for r in results if r.system in ("pagedinfer", PAGEDINFER_COMPILED, "vllm"))
     for what, found in bf16_agreements(by_dtype):
         print(f"{name} greedy agreement, {what}: {found}", flush=True)
 

@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     compiled = llm.llm_engine.runner.compiled
     if compiled is not None:  # --compile: what start-up spent compiling (serve logs the same line)
-        print(f"compiled forward: {len(compiled.buckets)} token buckets in {compiled.startup_seconds:.1f} s",
-              file=sys.stderr)
+        print(f"compiled forward: one graph (1 to {compiled.max_num_batched_tokens} tokens) in"
+              f" {compiled.startup_seconds:.1f} s", file=sys.stderr)
     return 0
 
 

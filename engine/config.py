@@ -114,9 +114,8 @@ class EngineConfig:
              " heads are split across them (default 1)")  # >1: engine/distributed
     compile: bool = flag_field(
         False, flag="--compile",
-        help="on a CPU (tensor parallel size 1): torch.compile the model's forward, one graph per token"
-             " bucket (powers of two up to --max-num-batched-tokens), all compiled at start-up"
-             " (default off)")
+        help="on a CPU (tensor parallel size 1): torch.compile the model's decoder at start-up, one graph"
+             " for every step size up to --max-num-batched-tokens (default off)")
     seed: int = flag_field(
         0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)

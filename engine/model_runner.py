@@ -27,6 +27,7 @@ from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu.compiled_forward import CompiledForward
+from pagedinfer.engine.cpu.fused_projections import FusionReport, fuse_projections
 from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
 from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
@@ -117,7 +118,11 @@ class ModelRunner:
         if group is not None:
             sharding.shard_model(self.model, group)
         self.model.to(self.device).eval()
-        # on CPU, linear weights packed once for oneDNN (replacing the dense ones: weight_bytes counts them once)
+        # of the layers the model's tensor-parallel plan splits (by its names: before fusing renames them)
+        self.sharded_weight_bytes = sharding.planned_parameter_bytes(self.model)
+        # on CPU, q/k/v and gate/up fused into one GEMM each, then every linear weight packed once for
+        # oneDNN (each replacing the originals: weight_bytes counts every weight once)
+        self.fusion: FusionReport | None = fuse_projections(self.model) if self.device.type == "cpu" else None
         self.linear_packing: PackingReport | None = \
             pack_linear_weights(self.model) if self.device.type == "cpu" else None
         if self.model.config._attn_implementation != attn_name:
@@ -135,8 +140,6 @@ class ModelRunner:
         self.block_size = config.block_size
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + \
             sum(b.numel() * b.element_size() for b in self.model.buffers())
-        # of the layers the model's tensor-parallel plan splits: 1/N of them per rank
-        self.sharded_weight_bytes = sharding.planned_parameter_bytes(self.model)
         self.kv_cache: torch.Tensor | None = None
         self.cpu_cache: torch.Tensor | None = None
         self.batch = PersistentBatch(self.block_size, config.max_num_seqs)

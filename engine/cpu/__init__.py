@@ -1,1 +1,2 @@
-"""CPU-only model transformations: linear layers packed once for oneDNN (`linear`), the compiled forward."""
+"""CPU-only model transformations: q/k/v and gate/up fused (`fused_projections`), linear layers packed once
+for oneDNN (`linear`), the compiled forward (`compiled_forward`, `attention_op`)."""

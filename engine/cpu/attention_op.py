@@ -13,7 +13,7 @@ The step's state (metadata, caches) cannot be an op argument, so the compiled
 forward publishes it for the duration of one forward with `current_step`
 (a ContextVar, as vLLM's forward context): the op reads it at run time, never
 at trace time. The op's query may hold padding rows past the step's real
-tokens (the compiled forward pads the token count to a bucket): only the
+tokens (the compiled forward pads a one-token step to two): only the
 first `num_tokens` rows are written to the cache and attended; the padding
 rows come back as zeros and their logits are dropped by the caller.
 """

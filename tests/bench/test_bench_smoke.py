@@ -20,7 +20,7 @@ def test_throughput_benchmark_runs_and_all_systems_agree(tmp_path):
     out = tmp_path / "result.json"
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "throughput.py"), "--num-requests", "6", "--skip-vllm",
-         "--dtypes", "float32,bfloat16", "--hf-check-requests", "3",
+         "--dtypes", "float32,bfloat16", "--hf-check-requests", "3", "--compile", "off",
          "--json-out", str(out), "--model-dir", str(tmp_path / "model")],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
@@ -116,3 +116,12 @@ def test_cpu_linear_benchmark_checks_every_kernel_against_f_linear(tmp_path):
     assert len(rows) == 4  # 2 dtypes x 2 M values
     assert all("F.linear" in r and "onednn packed" in r for r in rows)
     assert sum("mkl packed" in r for r in rows) == 2  # fp32 only
+
+
+def test_cpu_linear_fused_mode_checks_the_fused_gemm_against_the_separate_ones(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "cpu_linear.py"), "--fused", "--m", "3", "--repeats", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if "M=3" in line]
+    assert len(rows) == 4 and all("separate" in r and "fused" in r for r in rows)  # 2 dtypes x q/k/v, gate/up

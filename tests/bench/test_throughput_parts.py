@@ -23,6 +23,7 @@ def test_models_and_dtypes_are_comma_separated_lists_with_tiny_and_both_dtypes_b
     args = parse_args(["--models", "tiny,125m", "--dtypes", "bfloat16", "--skip-vllm"])
     assert args.models == ["tiny", "125m"] and args.dtypes == ["bfloat16"]
     assert parse_args(["--model", "125m", "--skip-vllm"]).models == ["125m"]
+    assert parse_args(["--skip-vllm"]).compile == "both"  # pagedinfer eager and compiled, two rows
     shape = MODELS["125m"].shape
     assert (shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"],
             shape["num_key_value_heads"], shape["vocab_size"]) == (768, 12, 12, 4, 32000)
@@ -33,6 +34,7 @@ def test_models_and_dtypes_are_comma_separated_lists_with_tiny_and_both_dtypes_b
     (["--dtypes", "float16", "--skip-vllm"], "--dtypes"),
     (["--models", "tiny"], "--vllm-python"),
     (["--breakdown-every", "0", "--skip-vllm"], "--breakdown-every"),
+    (["--compile", "yes", "--skip-vllm"], "--compile"),
     (["--profile", "p.out", "--skip-vllm"], "--profile"),  # two dtypes by default: which one to profile?
     (["--cpus", "0-a", "--skip-vllm"], "--cpus"),
     (["--cpus", "3-1", "--skip-vllm"], "--cpus"),

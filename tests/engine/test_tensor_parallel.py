@@ -107,7 +107,8 @@ def test_tp2_each_rank_holds_half_of_the_sharded_weights_and_kv_heads(engines):
 
 @pytest.mark.slow
 def test_tp2_every_rank_packs_its_linear_shards_for_onednn(engines):
-    """Rank 1 runs the same loader: its column, row and LM-head shards are packed too (engine/cpu/linear.py)."""
+    """Rank 1 runs the same loader: its column shards fused (q/k/v, gate/up: engine/cpu/fused_projections.py),
+    its row and LM-head shards packed too (engine/cpu/linear.py)."""
     from pagedinfer.engine.distributed import sharding
 
     runner = engines("llama", 2).llm_engine.runner
@@ -115,7 +116,8 @@ def test_tp2_every_rank_packs_its_linear_shards_for_onednn(engines):
     rows = [m for m in runner.model.modules() if isinstance(m, sharding.RowParallelLinear)]
     head = runner.model.get_output_embeddings()
     assert rows and all(m.weight.is_mkldnn for m in rows) and head.weight.is_mkldnn
-    assert len(runner.linear_packing.packed) == rank1.num_packed_linears == 2 * 7 + 1
+    assert len(runner.fusion.qkv) == len(runner.fusion.gate_up) == 2
+    assert len(runner.linear_packing.packed) == rank1.num_packed_linears == 2 * 4 + 1  # qkv o gate_up down, head
 
 
 def test_tp_must_divide_the_head_counts(tiny_llama):
