@@ -6,6 +6,7 @@ bounded by a subprocess timeout of minutes that only a hang reaches.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 
 PYTEST = Path(sys.executable).with_name("pytest")
+SUPPORT = Path(__file__).resolve().parent / "support"  # teardown_watchdog
 HANG_BOUND_SECONDS = 240  # "did not hang", never a timing claim
 INI = """\
 [pytest]
-addopts = -p no:cacheprovider -p pagedinfer.testing.teardown_watchdog
+addopts = -p no:cacheprovider -p teardown_watchdog
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = function
 timeout = 300
@@ -28,8 +30,9 @@ timeout_method = thread
 def run_pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "test_generated.py").write_text(textwrap.dedent(source))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([str(PYTEST), "-v", "test_generated.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=HANG_BOUND_SECONDS)
+                          timeout=HANG_BOUND_SECONDS, env=env)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""A pytest plugin: every test's teardown is bounded, a failed test's too (pyproject's addopts loads it).
+"""A pytest plugin: every test's teardown is bounded, a failed test's too (tests/conftest.py takes its hooks).
 
 Why: pytest-timeout stops its timer as soon as a failure is reported (its pytest_exception_interact
 hook, so that a debugger is never interrupted), so the teardown of a FAILED test ran unbounded. An
