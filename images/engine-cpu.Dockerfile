@@ -29,11 +29,13 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 COPY --from=wheel /wheels /wheels
 # g++ builds the native CPU attention on first use (kernels/cpu/build.py, ninja comes from pip);
-# without it the engine falls back to the slower torch attention with one warning.
+# without it the engine falls back to the slower torch attention with one warning. Installed unless
+# the base has it already (scripts/build_images.sh builds from a cached layer that does).
 # hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
-    && rm -rf /var/lib/apt/lists/*
+RUN command -v g++ >/dev/null \
+    || { apt-get update \
+         && apt-get install -y --no-install-recommends g++ \
+         && rm -rf /var/lib/apt/lists/*; }
 RUN python -m pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
         "torch==${TORCH_VERSION}" "$(ls /wheels/pagedinfer-*.whl)[engine]" \
     && rm -rf /wheels \

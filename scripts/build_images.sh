@@ -31,11 +31,12 @@ ROOT="$PWD"
 SELF="$ROOT/scripts/build_images.sh"
 
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
-# image name | Dockerfile | tag (what the chart and the CRD expect) | pip requirements it resolves
+# image name | Dockerfile | tag (what the chart and the CRD expect) | pip requirements it resolves |
+# Debian packages its Dockerfile installs, kept in a cached layer over the base (its RUN then finds them)
 IMAGES=(
-    "operator|images/operator.Dockerfile|ghcr.io/pagedinfer/pagedinfer-operator:${VERSION}|$ROOT[operator]"
-    "engine-cpu|images/engine-cpu.Dockerfile|ghcr.io/pagedinfer/pagedinfer:${VERSION}-cpu|$ROOT[engine] torch==TORCH_VERSION"
-    "router|images/router.Dockerfile|ghcr.io/pagedinfer/pagedinfer-router:${VERSION}|$ROOT[router]"
+    "operator|images/operator.Dockerfile|ghcr.io/pagedinfer/pagedinfer-operator:${VERSION}|$ROOT[operator]|"
+    "engine-cpu|images/engine-cpu.Dockerfile|ghcr.io/pagedinfer/pagedinfer:${VERSION}-cpu|$ROOT[engine] torch==TORCH_VERSION|g++"
+    "router|images/router.Dockerfile|ghcr.io/pagedinfer/pagedinfer-router:${VERSION}|$ROOT[router]|"
 )
 SUITE=bookworm
 BASE_PACKAGES=python3,python3-venv
@@ -145,6 +146,30 @@ base_image() {
     echo "$name"
 }
 
+apt_layer() {
+    # Prints the image to build from: the base itself, or the base plus the Debian packages $2
+    # (apt-get, no recommends, no lists kept), cached in the store under a tag keyed by both and
+    # this recipe, so a rebuild installs no compiler again.
+    local base="$1" packages="$2" key name ctr start
+    if [ -z "$packages" ]; then
+        echo "$base"; return
+    fi
+    key="$(printf '%s\n' "$base" "$packages" "$(sed -n '/^apt_layer()/,/^}/p' "$SELF")" | sha256sum | cut -c1-16)"
+    name="localhost/pagedinfer-apt:${key}"
+    if "${BUILDAH[@]}" inspect --type image "$name" >/dev/null 2>&1; then
+        log "apt layer $name ($packages): cached"
+        echo "$name"; return
+    fi
+    start="$(now)"
+    ctr="$("${BUILDAH[@]}" from "$base")"
+    # shellcheck disable=SC2086  # the packages are a word list
+    "${BUILDAH[@]}" run --isolation chroot --network host "$ctr" -- sh -c \
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null && rm -rf /var/lib/apt/lists/*"
+    "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$name" >/dev/null
+    log "apt layer $name ($packages): $(since "$start") s"
+    echo "$name"
+}
+
 check_python() {
     # The wheelhouse is resolved here for the base's Python: their versions must match.
     local ours theirs
@@ -174,7 +199,7 @@ wheelhouse() {
 }
 
 build_image() {
-    local name="$1" dockerfile="$2" tag="$3" requirements="$4" base="$5" start archive
+    local name="$1" dockerfile="$2" tag="$3" requirements="$4" base="$5" from="$6" start archive
     # shellcheck disable=SC2086  # the requirements are a word list
     set -- ${requirements//TORCH_VERSION/$(torch_version)}
     start="$(now)"
@@ -184,7 +209,7 @@ build_image() {
     printf '[global]\nno-index = true\nfind-links = /mnt\n' >"$WORK/pip-$name/pip.conf"
     start="$(now)"
     "${BUILDAH[@]}" bud --quiet --isolation chroot --network host --layers=false \
-        --build-arg "BASE_IMAGE=$base" \
+        --build-arg "BASE_IMAGE=$from" \
         --volume "$WORK/wheels/$name:/mnt:ro" --volume "$WORK/pip-$name:/etc/xdg/pip:ro" \
         --label "dev.pagedinfer.source=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
         -f "$dockerfile" -t "$tag" "$ROOT" >/dev/null
@@ -204,8 +229,8 @@ build_image() {
         "wheels ${wheels_s} s, build ${build_s} s, archive ${archive_s} s"
     local storage
     storage="$(printf '"%s", ' "${BUILDAH[@]:1}")"
-    printf '{"name": "%s", "tag": "%s", "dockerfile": "%s", "base": "%s", "id": "%s", "size_bytes": %s, "archive": "%s", "archive_bytes": %s, "seconds": {"wheels": %s, "build": %s, "archive": %s}, "buildah": [%s]}\n' \
-        "$name" "$tag" "$dockerfile" "$base" "$id" "$size_bytes" "$archive" "$archive_bytes" "$wheels_s" "$build_s" "$archive_s" \
+    printf '{"name": "%s", "tag": "%s", "dockerfile": "%s", "base": "%s", "from_image": "%s", "id": "%s", "size_bytes": %s, "archive": "%s", "archive_bytes": %s, "seconds": {"wheels": %s, "build": %s, "archive": %s}, "buildah": [%s]}\n' \
+        "$name" "$tag" "$dockerfile" "$base" "$from" "$id" "$size_bytes" "$archive" "$archive_bytes" "$wheels_s" "$build_s" "$archive_s" \
         "${storage%, }" >"$OUT/$name.json"
 }
 
@@ -228,11 +253,11 @@ main() {
     base="$(base_image)"
     check_python "$base"
     for spec in "${IMAGES[@]}"; do
-        IFS='|' read -r name dockerfile tag requirements <<<"$spec"
+        IFS='|' read -r name dockerfile tag requirements packages <<<"$spec"
         if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
             continue
         fi
-        build_image "$name" "$dockerfile" "$tag" "$requirements" "$base"
+        build_image "$name" "$dockerfile" "$tag" "$requirements" "$base" "$(apt_layer "$base" "$packages")"
     done
     # The images these tags named before (vfs keeps every layer as a full copy).
     "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true

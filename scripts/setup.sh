@@ -10,7 +10,7 @@ ROOT="$PWD"
 if [ ! -x .venv/bin/python ]; then
     (cd / && "$PYTHON" -m venv "$ROOT/.venv")
 fi
-PIP=(.venv/bin/pip install --disable-pip-version-check -q)
+PIP=(.venv/bin/pip install --disable-pip-version-check -q --no-compile)
 # torch first and pinned: the tests need no GPU, and an unpinned torch from PyPI is a
 # multi-GB CUDA build. Where the package index serves CUDA builds (plain PyPI), set
 # PAGEDINFER_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for the CPU wheel

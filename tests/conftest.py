@@ -12,6 +12,9 @@ SUPPORT = Path(__file__).resolve().parent / "support"
 if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))
 
+# Every teardown bounded by its test's timeout, a failed test's too (tests/support/teardown_watchdog.py).
+from teardown_watchdog import pytest_runtest_logreport, pytest_runtest_teardown  # noqa: E402,F401
+
 
 @pytest.fixture(scope="session")
 def tiny_models_dir(tmp_path_factory) -> Path:
