@@ -252,13 +252,22 @@ main() {
     trap 'rm -rf "$WORK"' EXIT
     base="$(base_image)"
     check_python "$base"
+    local layer used_layers=""
     for spec in "${IMAGES[@]}"; do
         IFS='|' read -r name dockerfile tag requirements packages <<<"$spec"
         if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
             continue
         fi
-        build_image "$name" "$dockerfile" "$tag" "$requirements" "$base" "$(apt_layer "$base" "$packages")"
+        layer="$(apt_layer "$base" "$packages")"
+        used_layers+="$layer"$'\n'
+        build_image "$name" "$dockerfile" "$tag" "$requirements" "$base" "$layer"
     done
+    if [ ${#selected[@]} -eq 0 ]; then
+        # Package layers of earlier recipes or bases (each a full copy under vfs): every image was just
+        # built, so a layer none of them used is dead.
+        "${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}}' | grep '^localhost/pagedinfer-apt:' \
+            | grep -vxF -e "$used_layers" | xargs -r "${BUILDAH[@]}" rmi >/dev/null 2>&1 || true
+    fi
     # The images these tags named before (vfs keeps every layer as a full copy).
     "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true
     log "done in $(since "$start") s: $OUT"
