@@ -3,11 +3,13 @@ without it (stop strings mid-step, n > 1, logprobs), a hang-up frees its blocks,
 
 from __future__ import annotations
 
+import json
 import threading
 
+import httpx
 import openai
 import pytest
-from serving_harness import start_server, stop_server
+from serving_harness import serve_app, start_server, stop_server, wait_healthy
 
 STOPS = [" t", "e", "a", "o"]  # common enough that the three seeded choices stop at different steps
 
@@ -67,3 +69,49 @@ def test_a_hang_up_mid_stream_frees_the_requests_blocks(overlap_server):
     m = overlap_server.wait_idle()
     assert m["pagedinfer_kv_cache_free_blocks"] == m["pagedinfer_kv_cache_num_blocks"]
     assert m.get("pagedinfer_num_requests_running") == 0
+
+
+def test_a_failure_on_the_output_thread_fails_the_stream_and_the_health_check(tiny_llama, monkeypatch):
+    """As any engine error: the stream in flight ends with a 500 event, /health turns 503, and the output
+    thread is stopped with the engine."""
+    from pagedinfer.engine import EngineConfig
+    from pagedinfer.engine import llm_engine as llm_engine_module
+    from pagedinfer.engine.server.app import ServerSettings, create_app
+    from pagedinfer.engine.server.engine_loop import EngineLoop
+    from pagedinfer.engine.server.launcher import engine_factory
+    from pagedinfer.engine.server.metrics import ServerMetrics
+
+    fault = threading.Event()
+    real_process = llm_engine_module.process_batch
+
+    def faulty(batch, tokenizer):
+        if fault.is_set():
+            raise RuntimeError("injected fault in output processing")
+        return real_process(batch, tokenizer)
+
+    monkeypatch.setattr(llm_engine_module, "process_batch", faulty)
+    config = EngineConfig(model=str(tiny_llama), device="cpu", max_model_len=1024, num_gpu_blocks_override=128,
+                          overlap=True)
+    metrics = ServerMetrics("tiny")
+    loop = EngineLoop(engine_factory(config, "tiny"), observer=metrics)
+    before = set(threading.enumerate())
+    running = serve_app(create_app(loop, metrics, ServerSettings()), loop)
+    try:
+        wait_healthy(running)
+        output_threads = [t for t in threading.enumerate() if t.name == "pagedinfer-output" and t not in before]
+        assert len(output_threads) == 1
+        events = []
+        body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", running.url + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    fault.set()  # after the first chunk
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "internal_error", events[-3:]
+        assert loop.failed.wait(60) and "injected fault" in str(loop.engine_error)
+        assert httpx.get(running.url + "/health", timeout=10).status_code == 503
+        output_threads[0].join(30)
+        assert not output_threads[0].is_alive()
+    finally:
+        stop_server(running)
