@@ -119,7 +119,8 @@ class EngineConfig:
     overlap: bool = flag_field(
         False, flag="--overlap",
         help="run detokenization, stop strings and output building on a second thread while the next"
-             " step's forward runs (engine/overlap/; default off)")
+             " step's forward runs (engine/overlap/; default off: on a shared 2-core CPU it did not pay, see"
+             " docs/engine-benchmark.md)")
     seed: int = flag_field(
         0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)
