@@ -24,6 +24,7 @@ from proc_stats import peak_rss_bytes, tree_cpu_seconds
 from workload import TokenIdsRequest, RunResult
 
 PAGEDINFER_COMPILED = "pagedinfer+compile"  # the system name of the engine run with --compile
+OVERLAP_SUFFIX = "+overlap"  # added to the system name of the engine run with --overlap
 _WARMUP = [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)]
 
 
@@ -207,7 +208,7 @@ class PagedRun:
 def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: int, num_gpu_blocks: int,
                    max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_threads: int,
                    repeats: int = 1, profile_path: str | None = None, dtype: str = "float32",
-                   breakdown_every: int = 0, compile: bool = False) -> PagedRun:
+                   breakdown_every: int = 0, compile: bool = False, overlap: bool = False) -> PagedRun:
     """Step LLMEngine by hand; KV accounting after every step is kept out of the timed span.
 
     The prefix cache is emptied before every repeat (a repeat must not hit the
@@ -215,7 +216,8 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
     cProfile that of the last. With breakdown_every N > 0, one more run after
     the timed ones profiles every Nth step (torch.profiler, see breakdown.py).
     With `compile` the engine runs its compiled forward (--compile; its
-    compile counted in start-up) and the system is named "pagedinfer+compile".
+    compile counted in start-up) and the system is named "pagedinfer+compile"; with `overlap` its outputs
+    are made on the output thread (--overlap) and "+overlap" ends the name.
     """
     import torch
 
@@ -225,7 +227,8 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
     with Span() as startup:
         engine = LLMEngine(EngineConfig(model=model_dir, block_size=block_size, num_gpu_blocks_override=num_gpu_blocks,
                                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                        max_model_len=max_model_len, dtype=dtype, device="cpu", compile=compile))
+                                        max_model_len=max_model_len, dtype=dtype, device="cpu", compile=compile,
+                                        overlap=overlap))
         _drain(engine, _WARMUP, "warmup", None)
     runs = []
     snapshots: list[KVSnapshot] = []
@@ -249,9 +252,11 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
         if stats.num_used_blocks or engine.has_unfinished_requests():
             raise RuntimeError(f"pagedinfer leaked KV blocks after the run: {stats}")
     linears = _linears(engine.runner)
-    result = _result(PAGEDINFER_COMPILED if compile else "pagedinfer", runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}; "
+    system = (PAGEDINFER_COMPILED if compile else "pagedinfer") + (OVERLAP_SUFFIX if overlap else "")
+    result = _result(system, runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}; "
                      f"linears: {linears}", startup.wall_seconds, dtype)
     steps = _profile_steps(engine, requests, breakdown_every) if breakdown_every else None
+    engine.shutdown()
     peak = max(snapshots, key=lambda s: s.num_allocated_slots)
     allocated = sum(s.num_allocated_slots for s in snapshots)
     mean_waste = 1 - sum(s.num_held_slots for s in snapshots) / allocated

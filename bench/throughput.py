@@ -20,7 +20,9 @@ Greedy agreement: in float32 every system against transformers' own tokens
 requests) and against pagedinfer; in bfloat16 pagedinfer's tokens against
 its float32 ones and against vLLM's bfloat16 ones. `--compile both` (the default) runs pagedinfer
 twice, eager and with its compiled forward (`--compile`; the compile counted in start-up), as the rows
-"pagedinfer" and "pagedinfer+compile". See docs/engine-benchmark.md.
+"pagedinfer" and "pagedinfer+compile"; `--overlap both` runs each of those with and without the output
+thread (`--overlap`, rows "...+overlap"; each overlap run's tokens must equal its run without). See
+docs/engine-benchmark.md.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def _choices(allowed: tuple[str, ...] | dict, flag: str):
 
 
 COMPILE_RUNS = {"off": (False,), "on": (True,), "both": (False, True)}  # --compile: pagedinfer's runs
+OVERLAP_RUNS = COMPILE_RUNS  # --overlap: the same choices, for the engine's output thread
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -125,6 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--breakdown-every", type=int, default=5, help="profile every Nth step of that run")
     p.add_argument("--compile", choices=tuple(COMPILE_RUNS), default="both",
                    help="pagedinfer eager (off), with its compiled forward (on), or both rows (default)")
+    p.add_argument("--overlap", choices=tuple(OVERLAP_RUNS), default="off",
+                   help="pagedinfer without (off, the default), with (on) its output thread (--overlap), or both "
+                        "rows of each --compile run")
     p.add_argument("--json-out", help="write every system's RunResult (outputs included) to this JSON file")
     p.add_argument("--profile", help="write a cProfile of pagedinfer's last timed run to this file "
                                      "(one model and dtype only)")
@@ -251,7 +257,7 @@ def summary(rows: list[tuple[str, str, RunResult, RunResult | None]]) -> list[st
 
 def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
               all_results: list[tuple[str, RunResult]], rows: list) -> None:
-    from runners import PAGEDINFER_COMPILED, run_hf_continuous, run_hf_static, run_pagedinfer
+    from runners import OVERLAP_SUFFIX, run_hf_continuous, run_hf_static, run_pagedinfer
 
     from pagedinfer.engine.tiny_model import make_tiny_model
 
@@ -272,12 +278,18 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
                                 args.kv_budget_tokens // args.block_size, args.max_num_seqs,
                                 args.max_num_batched_tokens, spec.max_model_len, args.threads, args.repeats,
                                 args.profile if not i else None, dtype,  # the first run's cProfile
-                                args.breakdown_every if args.breakdown else 0, compiled)
-                      for i, compiled in enumerate(COMPILE_RUNS[args.compile])]
+                                args.breakdown_every if args.breakdown else 0, compiled, overlap)
+                      for i, (compiled, overlap) in enumerate((c, o) for c in COMPILE_RUNS[args.compile]
+                                                              for o in OVERLAP_RUNS[args.overlap])]
         for run in paged_runs:
             print(f"{run.result.system} done: {run.result.output_tokens_per_second:.1f} tok/s"
                   f" (start-up {run.result.startup_seconds:.1f} s)", flush=True)
         paged = paged_runs[0]
+        by_system = {run.result.system: run.result for run in paged_runs}
+        for system, r in by_system.items():
+            plain = by_system.get(system.removesuffix(OVERLAP_SUFFIX))
+            if system.endswith(OVERLAP_SUFFIX) and plain is not None and r.outputs != plain.outputs:
+                raise RuntimeError(f"{system}: its tokens differ from {plain.system}'s")
         results = [run.result for run in paged_runs]
         reference = None
         if dtype == "float32" and args.hf_check_requests:
@@ -308,7 +320,7 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
                            for run in paged_runs[1:] if run.breakdown is not None]), flush=True)
         by_dtype[dtype] = {r.system: r for r in results}
         all_results.extend((name, r) for r in results + ([reference] if reference else []))
-        rows.extend((name, dtype, r, vllm) for r in results if r.system in ("pagedinfer", PAGEDINFER_COMPILED, "vllm"))
+        rows.extend((name, dtype, r, vllm) for r in results if r.system.startswith("pagedinfer") or r.system == "vllm")
     for what, found in bf16_agreements(by_dtype):
         print(f"{name} greedy agreement, {what}: {found}", flush=True)
 

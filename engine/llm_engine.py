@@ -3,8 +3,13 @@
 Not thread-safe: one thread owns the engine (the server's engine loop, or
 LLM.generate). A step is: schedule -> block copies + one packed forward ->
 advance computed tokens (and cache full blocks) -> fork n>1 requests whose
-prompt just finished -> sample -> append tokens, detokenize, check stops ->
-free finished sequences at once. Beam-search requests (`BeamSearchParams`)
+prompt just finished -> sample -> append token ids and end sequences on the
+finishes that need no text (EOS, stop tokens, grammar, length), freeing their
+blocks at once -> the step's `OutputBatch` (detokenize, stop strings, outputs:
+`engine/overlap/`). With `EngineConfig.overlap` that batch runs on the output
+thread during the next step's forward, whose step returns its outputs (one
+step later) and ends the sequences its stop strings ended, dropping the token
+sampled for them meanwhile; without it the batch runs inline. Beam-search requests (`BeamSearchParams`)
 skip the sampler: their rows go to their search (`engine/beam/group.py`).
 
 Outputs: `step_deltas()` returns only what each touched request gained this
@@ -28,8 +33,10 @@ from pagedinfer.engine.beam.search import BeamSearch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.outputs import (CompletionDelta, CompletionOutput, EngineStats, Logprob, RequestMetrics,
-                                       RequestOutput, RequestOutputDelta)
+from pagedinfer.engine.outputs import (CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput,
+                                       RequestOutputDelta)
+from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
+from pagedinfer.engine.overlap.thread import OutputThread
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
@@ -51,6 +58,7 @@ class _Request:
     group: SequenceGroup | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled as the prompt is computed
     num_sent: dict[int, tuple[int, int]] = field(default_factory=dict)  # output position -> (tokens, chars) sent
+    aborted: bool = False  # an output of it still on the output thread is dropped
 
     @property
     def finished(self) -> bool:
@@ -69,6 +77,7 @@ class LLMEngine:
         from pagedinfer.engine.distributed.launch import create_runner
 
         self.config = config = setup.resolve_model_paths(config)
+        self._output_thread: OutputThread | None = None
         self.runner = create_runner(config)  # first: a bad model is named as the model
         try:
             self._init_after_runner(config)
@@ -97,6 +106,12 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        if config.overlap:
+            # its own tokenizer: a fast tokenizer may refuse a decode while another thread encodes with it
+            self.output_tokenizer = setup.load_tokenizer(config.tokenizer or config.model)
+            self._output_thread = OutputThread(lambda batch: process_batch(batch, self.output_tokenizer))
+        else:
+            self.output_tokenizer = self.tokenizer
         logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host swap blocks",
                     self.num_gpu_blocks, config.block_size, self.bytes_per_block, self.num_cpu_blocks)
 
@@ -176,7 +191,7 @@ class LLMEngine:
         seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now,
                        prompt=req.prompt, index=0)
         seq.num_forks_pending = params.n - 1
-        seq.detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        seq.detok = IncrementalDetokenizer(self.output_tokenizer, ids, params.skip_special_tokens)
         if params.structured_outputs is not None:
             seq.grammar = self.structured.matcher_for(params.structured_outputs)  # compiled: a cache hit
         req.seqs.append(seq)
@@ -190,6 +205,7 @@ class LLMEngine:
             req = self.requests.pop(rid, None)
             if req is None:
                 continue
+            req.aborted = True
             for seq in req.live_seqs:
                 self.scheduler.finish(seq, "abort")
                 self.sampler.forget(seq.seq_id)
@@ -203,22 +219,26 @@ class LLMEngine:
             self.runner.workers.check()
 
     def shutdown(self) -> None:
-        """Stop the other ranks of a tensor-parallel replica (idempotent; a no-op with one rank)."""
-        if self.runner.workers is not None:
+        """Stop the output thread and the other ranks of a tensor-parallel replica (idempotent)."""
+        if self._output_thread is not None:
+            self._output_thread.shutdown()
+        if getattr(self, "runner", None) is not None and self.runner.workers is not None:
             self.runner.workers.shutdown()
 
     # ----- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One step; the cumulative output of every request it touched."""
-        return [self._output(req, finished) for req, finished in self._step()]
+        return self._step(cumulative=True)
 
     def step_deltas(self) -> list[RequestOutputDelta]:
         """One step; what every request it touched gained (see the module docstring)."""
-        return [self._delta(req, finished) for req, finished in self._step()]
+        return self._step(cumulative=False)
 
-    def _step(self) -> list[tuple[_Request, bool]]:
+    def _step(self, cumulative: bool) -> list:
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            if self._output_thread is not None and self._output_thread.in_flight:  # the last step's outputs
+                return self._collect(self._take_previous_outputs())
             if self.scheduler.num_unfinished:  # the scheduler promises progress: say so rather than spin
                 kv = self.kv.stats()
                 raise RuntimeError(
@@ -248,9 +268,13 @@ class LLMEngine:
         self.num_prompt_tokens += sum(
             max(0, min(it.seq.num_prompt_tokens - (it.seq.num_computed_tokens - it.num_new_tokens),
                        it.num_new_tokens)) for it in sched.scheduled)
+        # with overlap: the previous step's outputs, made while this forward ran; its stop strings end their
+        # sequences now, and the tokens this step computed for them are never sampled
+        previous = self._take_previous_outputs() \
+            if self._output_thread is not None and self._output_thread.in_flight else None
         by_id = {s.seq_id: s for s in sampling}
         all_rows = [by_id[i] for i in row_ids]
-        row_index = [r for r, seq in enumerate(all_rows) if seq.group is None]
+        row_index = [r for r, seq in enumerate(all_rows) if seq.group is None and not seq.is_finished]
         rows = [all_rows[r] for r in row_index]
         for r, seq in zip(list(row_index), list(rows)):
             if seq.num_forks_pending:
@@ -269,18 +293,43 @@ class LLMEngine:
         if beam_rows:
             for req in self._step_beams(logits, beam_rows, [all_rows[r] for r in beam_rows], now):
                 touched[req.request_id] = req
+        items = []
         for seq, res in zip(rows, results):
             req = self.requests[seq.request_id]
-            self._append_token(req, seq, res.token_id, res.logprobs, now)
+            items.append(self._append_token(req, seq, res.token_id, res.logprobs, now))
             touched[req.request_id] = req
-        stepped = []
-        for req in touched.values():
-            finished = req.finished
+        batch = OutputBatch(items, list(touched.values()), cumulative)
+        if self._output_thread is not None and not touched:  # a step of prompt chunks only: nothing to hand over
+            return self._collect(previous) if previous is not None else []
+        if self._output_thread is None:
+            return self._collect(self._finish_text_stops(process_batch(batch, self.output_tokenizer)))
+        self._output_thread.submit(batch)
+        return self._collect(previous) if previous is not None else []
+
+    def _take_previous_outputs(self) -> ProcessedBatch:
+        """The output thread's result for the previous step, its stop strings applied to the engine."""
+        return self._finish_text_stops(self._output_thread.wait())
+
+    def _finish_text_stops(self, processed: ProcessedBatch) -> ProcessedBatch:
+        """End (and free) each sequence a stop string ended on the output side."""
+        for seq in processed.stopped:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "stop")
+                self.sampler.forget(seq.seq_id)
+        return processed
+
+    def _collect(self, processed: ProcessedBatch) -> list:
+        """The outputs of a processed batch; a finished request leaves the engine (aborted ones: dropped)."""
+        now = time.monotonic()
+        outputs = []
+        for req, output, finished in processed.outputs:
+            if req.aborted:
+                continue
             if finished:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
-            stepped.append((req, finished))
-        return stepped
+            outputs.append(output)
+        return outputs
 
     def _step_beams(self, logits, rows: list[int], seqs: list[Sequence], now: float) -> list[_Request]:
         """Report the beam rows to their searches; advance each group whose beams have all reported.
@@ -357,7 +406,7 @@ class LLMEngine:
                              index=len(req.seqs), token_ids=list(parent.token_ids))
             child.block_hashes = list(parent.block_hashes)
             child.first_scheduled_time = parent.first_scheduled_time
-            child.detok = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids,
+            child.detok = IncrementalDetokenizer(self.output_tokenizer, parent.prompt_token_ids,
                                                  parent.params.skip_special_tokens)
             # a fresh matcher, not a copy of the parent's: the grammar thread may still be filling this step's
             # masks, and llguidance holds each matcher it fills borrowed (the parent has consumed nothing yet)
@@ -369,79 +418,35 @@ class LLMEngine:
         parent.num_forks_pending = 0
         return children
 
-    def _append_token(self, req: _Request, seq: Sequence, token: int, logprobs, now: float) -> None:
+    def _append_token(self, req: _Request, seq: Sequence, token: int, logprobs, now: float) -> TokenItem:
+        """The engine's half of a new token: its id, and the finishes that need no text (the sequence ends,
+        its blocks freed, at once). Its text, stop strings and output are `overlap/text.py`'s."""
         p = seq.params
         seq.token_ids.append(token)
         self.num_generation_tokens += 1
-        out = req.outputs[seq.index]
-        out.token_ids.append(token)
-        if out.logprobs is not None and logprobs is not None:
-            for tid, lp in logprobs.items():
-                logprobs[tid] = type(lp)(lp.logprob, lp.rank, self.tokenizer.decode([tid]))
-            out.logprobs.append(logprobs)
         if seq.first_token_time is None:
             seq.first_token_time = now
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
         seq.last_token_time = now
         req.metrics.last_token_time = now
-        finish: str | None = None
-        stop_reason = None
+        early: str | None = None
+        stop_token = None
+        late: str | None = None
         # the grammar allows nothing more (complete) or rejected the token: the output ends with this token
-        grammar_done = seq.grammar is not None and (not seq.grammar.consume_token(token) or seq.grammar.is_stopped())
+        if seq.grammar is not None and (not seq.grammar.consume_token(token) or seq.grammar.is_stopped()):
+            late = "stop"
         if not p.ignore_eos and token in self.eos_token_ids and seq.num_output_tokens >= p.min_tokens:
-            finish = "stop"
+            early = "stop"
         elif p.stop_token_ids and token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
-            finish, stop_reason = "stop", token
-        # as vLLM: the text of a stop token (EOS, stop_token_ids) is in the output only with
-        # include_stop_str_in_output (and then skip_special_tokens still applies to it)
-        if finish is None or p.include_stop_str_in_output:
-            emitted = len(seq.output_text)
-            seq.output_text += seq.detok.add(token)
-            if finish is None and p.stop_strings and seq.num_output_tokens >= p.min_tokens:
-                hit = _find_stop(seq.output_text, emitted, p.stop_strings)
-                if hit is not None:
-                    at, stop = hit
-                    seq.output_text = seq.output_text[:at + len(stop) if p.include_stop_str_in_output else at]
-                    finish, stop_reason = "stop", stop
-        if finish is None and grammar_done:
-            finish = "stop"
-        if finish is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
-            finish = "length"
-        if finish is None and p.stop_strings:
-            out.text = _hold_back_stop_prefix(seq.output_text, p.stop_strings)
-        else:
-            out.text = seq.output_text
+            early, stop_token = "stop", token
+        if late is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
+            late = "length"
+        finish = early or late
         if finish is not None:
-            out.finish_reason = finish
-            out.stop_reason = stop_reason
             self.scheduler.finish(seq, finish)
             self.sampler.forget(seq.seq_id)
-
-    def _output(self, req: _Request, finished: bool) -> RequestOutput:
-        first = req.seqs[0]
-        outs = [CompletionOutput(o.index, o.text, list(o.token_ids), o.finish_reason, o.stop_reason,
-                                 list(o.logprobs) if o.logprobs is not None else None, o.cumulative_logprob)
-                for o in req.outputs]
-        return RequestOutput(request_id=req.request_id, prompt=req.prompt,
-                             prompt_token_ids=req.prompt_token_ids, num_cached_tokens=first.num_cached_tokens,
-                             outputs=outs, finished=finished, metrics=req.metrics,
-                             prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None)
-
-    def _delta(self, req: _Request, finished: bool) -> RequestOutputDelta:
-        first_delta = not req.num_sent
-        outs = []
-        for position, o in enumerate(req.outputs):
-            num_tokens, num_chars = req.num_sent.get(position, (0, 0))
-            outs.append(CompletionDelta(o.index, o.text[num_chars:], o.token_ids[num_tokens:],
-                                        o.logprobs[num_tokens:] if o.logprobs is not None else None,
-                                        o.finish_reason, o.stop_reason, o.cumulative_logprob))
-            req.num_sent[position] = (len(o.token_ids), len(o.text))
-        send_prompt_logprobs = req.prompt_logprobs is not None and (first_delta or finished)
-        return RequestOutputDelta(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
-            num_cached_tokens=req.seqs[0].num_cached_tokens, outputs=outs, finished=finished, metrics=req.metrics,
-            prompt_logprobs=list(req.prompt_logprobs) if send_prompt_logprobs else None)
+        return TokenItem(seq, req.outputs[seq.index], token, logprobs, seq.num_output_tokens, early, stop_token, late)
 
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:
@@ -462,27 +467,3 @@ class LLMEngine:
             num_waiting_seqs=sum(self.scheduler.seats(s) for s in self.scheduler.waiting),  # n, beam_width
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)
 
-
-def _find_stop(text: str, emitted: int, stops: tuple[str, ...]) -> tuple[int, str] | None:
-    """The earliest stop string in text that ends after position `emitted` (where new text began)."""
-    longest = max(len(stop) for stop in stops)
-    search_from = max(0, emitted - longest + 1)
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        at = text.find(stop, search_from)
-        if at != -1 and (best is None or at < best[0]):
-            best = (at, stop)
-    return best
-
-
-def _hold_back_stop_prefix(text: str, stops: tuple[str, ...]) -> str:
-    """text without its longest suffix that could still grow into a stop string.
-
-    What a client sees only ever grows: held-back characters are released when
-    the next token rules the stop out, and dropped when the stop matches.
-    """
-    for keep in range(max(0, len(text) - max(len(s) for s in stops) + 1), len(text)):
-        tail = text[keep:]
-        if any(s.startswith(tail) for s in stops):
-            return text[:keep]
-    return text

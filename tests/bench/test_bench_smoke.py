@@ -21,7 +21,7 @@ def test_throughput_benchmark_runs_and_all_systems_agree(tmp_path):
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "throughput.py"), "--num-requests", "6", "--skip-vllm",
          "--dtypes", "float32,bfloat16", "--hf-check-requests", "3", "--compile", "off",
-         "--json-out", str(out), "--model-dir", str(tmp_path / "model")],
+         "--overlap", "both", "--json-out", str(out), "--model-dir", str(tmp_path / "model")],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     for system in ("pagedinfer", "hf-static", "hf-continuous"):
@@ -31,7 +31,8 @@ def test_throughput_benchmark_runs_and_all_systems_agree(tmp_path):
     results = json.loads(out.read_text())
     assert {(r["system"], r["dtype"]) for r in results} == {
         ("pagedinfer", "float32"), ("transformers", "float32"), ("hf-static", "float32"),
-        ("hf-continuous", "float32"), ("pagedinfer", "bfloat16")}
+        ("hf-continuous", "float32"), ("pagedinfer", "bfloat16"), ("pagedinfer+overlap", "float32"),
+        ("pagedinfer+overlap", "bfloat16")}  # each overlap run's tokens equal its run without (checked by the bench)
     for r in results:
         assert r["all_cpu_seconds"][0] > 0 and r["startup_seconds"] > 0 and r["peak_rss_bytes"] > 0
     # transformers' own tokens, one request at a time: pagedinfer's float32 ones equal them

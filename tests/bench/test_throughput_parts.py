@@ -35,6 +35,7 @@ def test_models_and_dtypes_are_comma_separated_lists_with_tiny_and_both_dtypes_b
     (["--models", "tiny"], "--vllm-python"),
     (["--breakdown-every", "0", "--skip-vllm"], "--breakdown-every"),
     (["--compile", "yes", "--skip-vllm"], "--compile"),
+    (["--overlap", "yes", "--skip-vllm"], "--overlap"),
     (["--profile", "p.out", "--skip-vllm"], "--profile"),  # two dtypes by default: which one to profile?
     (["--cpus", "0-a", "--skip-vllm"], "--cpus"),
     (["--cpus", "3-1", "--skip-vllm"], "--cpus"),

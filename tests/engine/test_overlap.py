@@ -1,0 +1,223 @@
+"""`EngineConfig.overlap`: outputs made on the output thread while the next forward runs, exactly as without it."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import transformers
+from greedy_reference import hf_greedy, mixed_prompts
+
+from pagedinfer.engine import LLM, SamplingParams
+from pagedinfer.engine import llm_engine as llm_engine_module
+from pagedinfer.engine.beam.params import BeamSearchParams
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.llm_engine import LLMEngine
+
+BOUNDED_WAIT_SECONDS = 60.0  # a bounded wait of the instrumentation, never a timing assertion
+
+
+def engine_pair(model_dir, **kwargs) -> tuple[LLMEngine, LLMEngine]:
+    """(without overlap, with overlap), otherwise the same engine."""
+    config = EngineConfig(model=str(model_dir), dtype="float32", **kwargs)
+    return LLMEngine(config), LLMEngine(dataclasses.replace(config, overlap=True))
+
+
+def run_deltas(engine: LLMEngine, requests) -> dict[str, list]:
+    """Every request's deltas (timings left out), in the order the engine returned them."""
+    for request_id, prompt, params in requests:
+        engine.add_request(request_id, prompt, params)
+    deltas: dict[str, list] = {request_id: [] for request_id, _, _ in requests}
+    while engine.has_unfinished_requests():
+        for delta in engine.step_deltas():
+            deltas[delta.request_id].append(dataclasses.replace(delta, metrics=None))
+    return deltas
+
+
+def assert_pool_free(engine: LLMEngine) -> None:
+    stats = engine.get_stats()
+    assert stats.num_used_blocks == 0 and stats.num_free_blocks == stats.num_total_blocks, stats
+    assert stats.num_running_reqs == stats.num_waiting_reqs == stats.num_swapped_reqs == 0
+    engine.kv.check_invariants()
+
+
+def kv_counters(engine: LLMEngine) -> tuple:
+    s = engine.get_stats()
+    return (s.num_free_blocks, s.num_cached_free_blocks, s.prefix_cache_query_tokens, s.prefix_cache_hit_tokens,
+            s.num_prompt_tokens, s.num_generation_tokens)
+
+
+@pytest.fixture(scope="module")
+def greedy_text(tiny_llama):
+    """The greedy text of "Hello" (16 tokens), from which stop strings that end mid-output are cut."""
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32)
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].outputs[0]
+    assert len(out.text) >= 12
+    return out.text
+
+
+def test_every_delta_is_the_same_with_overlap_on_and_off(tiny_llama, greedy_text):
+    """Stop strings ending mid-output (with and without their text, one held back), stop tokens, n > 1 with
+    logprobs, prompt logprobs, beam search and chunked prefill: each request gets the same deltas."""
+    text = greedy_text
+    requests = [
+        ("stop", "Hello", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[text[5:8]])),
+        ("stop-incl", "Hello", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[text[5:8]],
+                                              include_stop_str_in_output=True, logprobs=1)),
+        ("hold", "Hello", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                                         stop=[text[3:6] + "\x00never", text[7:9]])),
+        ("n2", "jumps over", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=7, ignore_eos=True,
+                                            logprobs=0, stop=["e", "a "])),
+        ("stop-token", "the quick brown fox", SamplingParams(temperature=0, max_tokens=9, stop_token_ids=[7, 9])),
+        ("prompt-lp", list(range(30, 70)), SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=3)),
+        ("beam", "hello there", BeamSearchParams(beam_width=2, max_tokens=4)),
+    ]
+    off, on = engine_pair(tiny_llama, block_size=8, max_model_len=128, num_gpu_blocks_override=64,
+                          max_num_batched_tokens=24, seed=11)  # chunked prompts
+    try:
+        want, got = run_deltas(off, requests), run_deltas(on, requests)
+        assert got == want
+        assert want["stop"][-1].outputs[0].finish_reason == "stop"
+        assert "".join(d.outputs[0].new_text for d in want["stop"]) == text[:5]  # nothing past the stop
+        assert len(want["hold"]) > 3 and want["n2"][-1].finished
+        for engine in (off, on):
+            assert_pool_free(engine)
+        assert kv_counters(on) == kv_counters(off)
+        assert on._output_thread.num_batches >= 5  # the outputs were made on the output thread
+    finally:
+        on.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(make_model):
+    model_dir = make_model("llama")
+    prompts = mixed_prompts(transformers.AutoConfig.from_pretrained(str(model_dir)).vocab_size)
+    return model_dir, prompts, hf_greedy(model_dir, prompts, 12)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="recompute"),
+    dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="swap", swap_space=0.01),
+    dict(block_size=16, enable_prefix_caching=True, max_num_batched_tokens=32, max_model_len=1024),
+], ids=["recompute", "swap", "prefix-cache-chunked"])
+def test_greedy_with_overlap_equals_transformers_and_leaks_no_block(reference, settings):
+    model_dir, prompts, want = reference
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm = LLM(model=str(model_dir), dtype="float32", overlap=True, **settings)
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert got == want
+        again = llm.generate(prompts, params)  # prefix-cache hits (or recomputes) change nothing
+        assert [o.outputs[0].token_ids for o in again] == want
+        assert_pool_free(llm.llm_engine)
+        assert llm.llm_engine._output_thread.num_batches >= 2 * 12
+        if "preemption_mode" in settings:
+            assert llm.get_stats().num_preemptions[settings["preemption_mode"]] > 0
+        else:
+            assert sum(o.num_cached_tokens for o in again) > 0
+    finally:
+        llm.shutdown()
+
+
+def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, monkeypatch):
+    """Each step's outputs are made off the engine thread, within the next step's forward; only the last
+    step's (no forward follows it) are waited for."""
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
+              overlap=True)
+    engine, engine_thread = llm.llm_engine, threading.get_ident()
+    output_thread = engine._output_thread
+    go = threading.Event()  # a forward began or the engine waits for outputs: the output thread may proceed
+    in_forward, processed = threading.Event(), threading.Event()
+    calls: list[tuple[int, bool]] = []  # per batch: (its thread, whether a forward was running)
+    real_process, real_execute, real_wait = llm_engine_module.process_batch, engine.runner.execute, output_thread.wait
+
+    def process(batch, tokenizer):
+        if threading.get_ident() != engine_thread:  # hold it until there is something to overlap with
+            assert go.wait(BOUNDED_WAIT_SECONDS)
+        calls.append((threading.get_ident(), in_forward.is_set()))
+        try:
+            return real_process(batch, tokenizer)
+        finally:
+            processed.set()
+
+    def execute(*args, **kwargs):
+        waiting_for_outputs = output_thread.in_flight
+        in_forward.set()
+        go.set()
+        try:
+            result = real_execute(*args, **kwargs)
+            if waiting_for_outputs:  # the previous step's outputs are made before this forward "ends"
+                assert processed.wait(BOUNDED_WAIT_SECONDS), "the output thread never processed the batch"
+            return result
+        finally:
+            processed.clear()
+            in_forward.clear()
+            go.clear()
+
+    def wait():
+        go.set()
+        try:
+            return real_wait()
+        finally:
+            go.clear()
+
+    monkeypatch.setattr(llm_engine_module, "process_batch", process)
+    engine.runner.execute, output_thread.wait = execute, wait
+    try:
+        outs = llm.generate(["Hello", "the quick brown fox"],
+                            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        assert all(len(o.outputs[0].token_ids) == 8 and o.outputs[0].text for o in outs)
+        assert len(calls) == 8
+        assert {thread for thread, _ in calls} == {output_thread.ident} != {engine_thread}
+        assert [during_forward for _, during_forward in calls] == [True] * 7 + [False]
+    finally:
+        llm.shutdown()
+
+
+def test_an_abort_drops_the_outputs_still_on_the_output_thread(tiny_llama):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", max_model_len=256,
+                                    num_gpu_blocks_override=32, overlap=True))
+    try:
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        engine.add_request("kept", "Hello", params)
+        engine.add_request("gone", "the quick brown fox", params)
+        assert engine.step_deltas() == []  # the first step's outputs are still on the output thread
+        assert engine._output_thread.in_flight
+        engine.abort_request("gone")
+        seen = []
+        while engine.has_unfinished_requests():
+            seen.extend(engine.step_deltas())
+        assert {d.request_id for d in seen} == {"kept"}
+        assert sum(len(d.outputs[0].new_token_ids) for d in seen) == 6
+        assert_pool_free(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny_llama, monkeypatch):
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
+              overlap=True)
+    engine = llm.llm_engine
+    real_process = llm_engine_module.process_batch
+    calls = []
+
+    def faulty(batch, tokenizer):
+        calls.append(threading.get_ident())
+        if len(calls) == 3:
+            raise KeyError("injected fault in output processing")
+        return real_process(batch, tokenizer)
+
+    monkeypatch.setattr(llm_engine_module, "process_batch", faulty)
+    with pytest.raises(KeyError, match="injected fault"):
+        llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert set(calls) == {engine._output_thread.ident}
+    assert not engine.has_unfinished_requests()
+    assert_pool_free(engine)
+    llm.shutdown()
+    assert not engine._output_thread._thread.is_alive()
+
+
+def test_overlap_must_be_a_boolean(tiny_llama):
+    with pytest.raises(ValueError, match="overlap"):
+        EngineConfig(model=str(tiny_llama), overlap="yes")
