@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -36,9 +35,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agreement import agreement
+from agreement import Agreement, agreement
 from bf16_swaps import SWAPS
-from throughput import FIRST_REGULAR_TOKEN_ID, MODELS, _choices, _in_child
+from throughput import DTYPES, FIRST_REGULAR_TOKEN_ID, MODELS, _choices, _in_child
 from workload import LengthDistribution, TokenIdsRequest, make_workload, save_workload
 
 TopK = list[list[tuple[int, float]]]  # per request: (token id, logprob), most likely first
@@ -50,17 +49,16 @@ class Closeness:
 
     system: str
     num_requests: int
-    first_token: float              # argmax equal to the reference's
+    agreement: Agreement            # first token (argmax) equal to the reference's, and its standard error
     first_token_own: float | None   # argmax equal to the same system's float32 one
     mean_abs_logprob_error: float   # nats, over the system's top-K tokens
     median_margin_flipped: float | None  # the reference's top-1 margin on the requests whose argmax differs
 
     def row(self) -> str:
-        se = math.sqrt(self.first_token * (1 - self.first_token) / self.num_requests)
         own = "-" if self.first_token_own is None else f"{self.first_token_own:.1%}"
         flipped = "-" if self.median_margin_flipped is None else f"{self.median_margin_flipped:.4f}"
-        return (f"{self.system:<34}{self.first_token:>9.1%} +-{se:.1%}{own:>10}{self.mean_abs_logprob_error:>12.5f}"
-                f"{flipped:>14}")
+        return (f"{self.system:<34}{self.agreement.first_token:>9.1%} +-{self.agreement.first_token_stderr:.1%}"
+                f"{own:>10}{self.mean_abs_logprob_error:>12.5f}{flipped:>14}")
 
 
 HEADER = f"{'system':<34}{'= fp32 ref':>16}{'= own fp32':>10}{'mean |dlp|':>12}{'margin flipped':>14}"
@@ -75,7 +73,7 @@ def measure(system: str, top: TopK, reference, own_fp32: TopK | None) -> Closene
     errors = [abs(lp - float(reference[i, tid])) for i, t in enumerate(top) for tid, lp in t]
     flipped = [m for m, a, b in zip(margins, firsts, ref_first) if a != b]
     own = agreement(firsts, [[t[0][0]] for t in own_fp32]).first_token if own_fp32 is not None else None
-    return Closeness(system, len(top), agreement(firsts, ref_first).first_token, own,
+    return Closeness(system, len(top), agreement(firsts, ref_first), own,
                      statistics.fmean(errors), statistics.median(flipped) if flipped else None)
 
 
@@ -150,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=_choices(MODELS, "--models"), default=["tiny"])
     p.add_argument("--systems", type=_choices(SYSTEMS, "--systems"), default=list(SYSTEMS))
+    p.add_argument("--dtypes", type=_choices(DTYPES, "--dtypes"), default=list(DTYPES),
+                   help="each system's runs (default both; bfloat16 alone skips the '= own fp32' column)")
     p.add_argument("--swaps", type=_choices(SWAPS + ("all",), "--swaps"), default=[],
                    help=f"extra pagedinfer bf16 rows, each with one piece in float32: {', '.join(SWAPS)}, all")
     p.add_argument("--compiled-row", action="store_true",
@@ -186,7 +186,7 @@ def run_model(args: argparse.Namespace, name: str, tmp: str) -> list[str]:
     k, t = args.top_k, args.threads
     runs: dict[str, dict[str, TopK]] = {}
     for system in args.systems:
-        for dtype in ("float32", "bfloat16"):
+        for dtype in args.dtypes:
             if system == "pagedinfer":
                 top = _in_child(pagedinfer_forward, model_dir, requests, t, dtype, k)
             elif system == "transformers":
@@ -201,6 +201,7 @@ def run_model(args: argparse.Namespace, name: str, tmp: str) -> list[str]:
         for dtype, top in by_dtype.items():
             own = by_dtype.get("float32") if dtype == "bfloat16" else None
             lines.append(measure(f"{system} {dtype}", top, reference, own).row())
+    print("\n".join(lines), flush=True)
     ours32 = runs.get("pagedinfer", {}).get("float32")
     if args.compiled_row:
         top = _in_child(pagedinfer_forward, model_dir, requests, t, "bfloat16", k, (), True)

@@ -6,7 +6,8 @@ Reads the workload written by throughput.py, runs it through `vllm.LLM`
 (--dtype, greedy, ignore_eos, the same KV budget in tokens), and writes a
 `RunResult` as JSON: start-up (LLM() + warm-up) timed apart, the CPU time of
 this process and its descendants (engine core, model worker) in each timed
-span, and the sum of their peak RSS. Threads: VLLM_CPU_OMP_THREADS_BIND=nobind and
+span, and the sum of their peak RSS. With --logprobs K, also each request's first-token
+top-K logprobs (bf16_closeness.py reads them) to --logprobs-out. Threads: VLLM_CPU_OMP_THREADS_BIND=nobind and
 OMP_NUM_THREADS=--threads, so the worker runs exactly that many torch
 threads, unpinned like the other systems (vLLM's engine core and its model
 worker are separate processes: the scheduling itself runs beside them).
@@ -37,7 +38,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--logprobs", type=int, default=0,
                    help="also write each request's first-token top-K logprobs (K <= 20) to --logprobs-out")
     p.add_argument("--logprobs-out", help="JSON: per request, [[token id, logprob], ...] of the first token")
-    return p.parse_args()
+    args = p.parse_args()
+    if not 0 <= args.logprobs <= 20 or (args.logprobs and not args.logprobs_out):
+        p.error("--logprobs: 0..20, and with --logprobs-out")
+    return args
 
 
 def _generate(llm, requests, logprobs: list | None = None, top_k: int = 0) -> list[tuple[int, ...]]:

@@ -18,18 +18,19 @@ def test_measure_counts_first_tokens_logprob_error_and_the_margin_of_flipped_req
     own = [[(0, 0.0)], [(1, 0.0)], [(1, 0.0)]]
     found = measure("x bfloat16", top, reference, own)
     assert found.num_requests == 3
-    assert found.first_token == pytest.approx(2 / 3)
+    assert found.agreement.first_token == pytest.approx(2 / 3)
+    assert found.agreement.first_token_stderr == pytest.approx(math.sqrt(2 / 9 / 3))
     assert found.first_token_own == pytest.approx(1 / 3)  # only request 0's argmax equals its own fp32 one
     assert found.mean_abs_logprob_error == pytest.approx(0.2 / 5, abs=1e-6)
     assert found.median_margin_flipped == pytest.approx(ref[1][1] - ref[1][2], abs=1e-6)
     assert math.isclose(found.median_margin_flipped, 0.1, abs_tol=1e-5)
-    assert "66.7%" in found.row()
+    assert "66.7% +-27.2%" in found.row()
 
 
 def test_measure_without_own_float32_or_flips_says_so():
     reference = torch.log_softmax(torch.tensor([[1.0, 0.0]]), dim=-1)
     found = measure("x float32", [[(0, float(reference[0, 0]))]], reference, None)
-    assert (found.first_token, found.first_token_own, found.median_margin_flipped) == (1.0, None, None)
+    assert (found.agreement.first_token, found.first_token_own, found.median_margin_flipped) == (1.0, None, None)
     assert found.mean_abs_logprob_error == 0.0
 
 
