@@ -57,11 +57,11 @@ class Closeness:
     def row(self) -> str:
         own = "-" if self.first_token_own is None else f"{self.first_token_own:.1%}"
         flipped = "-" if self.median_margin_flipped is None else f"{self.median_margin_flipped:.4f}"
-        return (f"{self.system:<34}{self.agreement.first_token:>9.1%} +-{self.agreement.first_token_stderr:.1%}"
-                f"{own:>10}{self.mean_abs_logprob_error:>12.5f}{flipped:>14}")
+        return (f"{self.system:<42}{self.agreement.first_token:>9.1%} +-{self.agreement.first_token_stderr:.1%}"
+                f"{own:>11}{self.mean_abs_logprob_error:>12.5f}{flipped:>15}")
 
 
-HEADER = f"{'system':<34}{'= fp32 ref':>16}{'= own fp32':>10}{'mean |dlp|':>12}{'margin flipped':>14}"
+HEADER = f"{'system':<42}{'= fp32 ref':>16}{'= own fp32':>11}{'mean |dlp|':>12}{'margin flipped':>15}"
 
 
 def measure(system: str, top: TopK, reference, own_fp32: TopK | None) -> Closeness:
