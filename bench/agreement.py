@@ -8,6 +8,7 @@ both sides have.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -19,9 +20,15 @@ class Agreement:
     whole_sequence: float   # fraction whose whole output is equal
     prefix_tokens: float    # reference tokens reproduced before the first divergence, over all reference tokens
 
+    @property
+    def first_token_stderr(self) -> float:
+        """The standard error of first_token as a binomial proportion: on 48 requests near 70% it is 6.6
+        points, so a gap of 12.5 points between two systems is under 2 of them (and was noise)."""
+        return math.sqrt(self.first_token * (1 - self.first_token) / self.num_requests)
+
     def __str__(self) -> str:
-        return (f"first token {self.first_token:.1%}, whole sequence {self.whole_sequence:.1%} "
-                f"of {self.num_requests} requests")
+        return (f"first token {self.first_token:.1%} +- {self.first_token_stderr:.1%}, whole sequence "
+                f"{self.whole_sequence:.1%} of {self.num_requests} requests")
 
 
 def agreement(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> Agreement:

@@ -126,3 +126,17 @@ def test_cpu_linear_fused_mode_checks_the_fused_gemm_against_the_separate_ones(t
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line for line in run.stdout.splitlines() if "M=3" in line]
     assert len(rows) == 4 and all("separate" in r and "fused" in r for r in rows)  # 2 dtypes x q/k/v, gate/up
+
+
+@pytest.mark.slow
+def test_bf16_closeness_study_reports_every_row_and_a_swap(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bf16_closeness.py"), "--num-requests", "6",
+                          "--systems", "pagedinfer", "--dtypes", "bfloat16", "--swaps", "all",
+                          "--model-dir", str(tmp_path / "model")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = {line[:42].strip(): line[42:].split() for line in run.stdout.splitlines() if line.startswith("pagedinfer")}
+    assert set(rows) == {"pagedinfer bfloat16", "pagedinfer bfloat16, all in fp32"}
+    for cells in rows.values():  # agreement +- its error, no own fp32 run, then a finite logprob error
+        assert cells[0].endswith("%") and cells[1].startswith("+-") and cells[2] == "-" and float(cells[3]) >= 0

@@ -133,6 +133,12 @@ def test_agreement_counts_first_tokens_whole_sequences_and_the_common_prefix():
     assert found.prefix_tokens == pytest.approx((4 + 1 + 0 + 1) / 10)
 
 
+def test_agreement_says_the_standard_error_of_its_first_token_share():
+    found = agreement([(1,)] * 7 + [(2,)] * 3, [(1,)] * 10)
+    assert found.first_token_stderr == pytest.approx((0.7 * 0.3 / 10) ** 0.5)
+    assert str(found).startswith("first token 70.0% +- 14.5%, whole sequence 70.0% of 10 requests")
+
+
 def test_agreement_covers_the_requests_both_sides_have_and_refuses_none():
     assert agreement([(1,), (2,), (3,)], [(1,), (9,)]).whole_sequence == 0.5  # reference on a subset
     with pytest.raises(ValueError, match="no request"):
