@@ -18,7 +18,8 @@ each (`pagedinfer.kernels.cpu.layer_ops`) for
 
 and the final norm as one more `fused_add_rms_norm`. The attention call is the
 engine's own (`engine.attention.paged_attention_forward`: eager, or the
-compiled forward's opaque op), so `--compile` traces this forward too.
+compiled forward's opaque op, looked up in transformers' attention registry
+as its own layers do), so `--compile` traces this forward too.
 
 Invariants:
 - only decoders of `MODEL_CLASSES` whose every layer is of `LAYER_CLASSES`
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedinfer.engine.attention import ATTN_IMPLEMENTATION, paged_attention_forward
+from pagedinfer.engine.attention import ATTN_IMPLEMENTATION
 from pagedinfer.kernels.cpu import layer_ops
 
 MODEL_CLASSES = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
@@ -123,8 +124,10 @@ def _layer_forward(layer: nn.Module, positions: torch.Tensor, hidden: torch.Tens
         layer_ops.rotary_embedding(positions, qkv, cos_sin, q_size // head_dim, k_size // head_dim, head_dim)
     tokens = qkv.shape[0]
     query, key, value = (t.view(1, tokens, -1, head_dim).transpose(1, 2) for t in qkv.split(attn.qkv_sizes, dim=-1))
-    out, _ = paged_attention_forward(attn, query, key, value, None, scaling=attn.scaling,
-                                     sliding_window=attn.fused_sliding_window, pagedinfer_step=step)
+    # looked up as transformers does (what the registry holds now: the engine's, or a bench's wrapper of it)
+    attention = attn.attention_functions.get_interface(attn.config._attn_implementation, attn.eager_attention)
+    out, _ = attention(attn, query, key, value, None, dropout=0.0, scaling=attn.scaling,
+                       sliding_window=attn.fused_sliding_window, pagedinfer_step=step)
     hidden = attn.o_proj(out.reshape(tokens, -1))
     norm = layer.post_attention_layernorm
     layer_ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
