@@ -10,7 +10,7 @@ the multiply, Qwen3's per-head q/k norms, and the Python dispatch of each.
 each (`pagedinfer.kernels.cpu.layer_ops`) for
 
 - the pre-attention norm: `rms_norm` in the first layer, then
-  `fused_add_rms_norm` (residual += the previous MLP's output, x = norm);
+  `fused_add_rms_norm` (residual += the previous MLP's output, x = norm of the float32 sum);
 - Qwen3's q/k norms and RoPE: `rotary_embedding` in place on the qkv GEMM's
   output (cos/sin from `RotaryCache`, the model's own rotary module's values);
 - the post-attention norm: `fused_add_rms_norm` (residual += attention output);
@@ -29,8 +29,11 @@ Invariants:
 - float32 and bfloat16 only, and only when the native library builds: without
   a compiler `build.load` warns once and transformers' forward stays (the torch path);
 - float32 logits equal the unfused model's up to float32 rounding; in bfloat16
-  the ops compute in float32 and round once (transformers rounds after each op),
-  so the logits are as close to float32's or closer (tests/engine/test_fused_layers.py);
+  the ops compute in float32 and round once (transformers rounds after each op:
+  RoPE's cos/sin, its products and sum, the norm before and after the weight
+  multiply), so the logits are as close to float32's or closer
+  (tests/engine/test_fused_layers.py; RoPE in bf16 was what kept our bf16 further
+  from fp32 than vLLM's in issue 16's bf16 closeness study);
 - the embedding output and each layer's o_proj/down_proj output are updated in
   place (they are dead after, as in vLLM); model weights are never written;
 - a tensor-parallel rank runs the same forward on its own heads (the head counts

@@ -77,6 +77,6 @@ def load() -> bool:
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
             _loaded = False
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            warnings.warn(f"pagedinfer: the native CPU attention could not be built ({first_line}); "
+            warnings.warn(f"pagedinfer: the native CPU kernels (attention, layer ops) could not be built ({first_line}); "
                           "using the slower torch path", RuntimeWarning, stacklevel=2)
     return _loaded

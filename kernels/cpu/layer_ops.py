@@ -10,8 +10,8 @@ so `torch.compile` traces a forward that calls them; the CPU kernels come with
 the library `build.load()` builds (the same one as the attention's):
 
 - `cpu_rms_norm(input, weight, eps)` -> new `[rows, hidden]`;
-- `cpu_fused_add_rms_norm(input!, residual!, weight, eps)`: `residual += input`
-  (rounded to the dtype), then `input = rms_norm(residual) * weight`;
+- `cpu_fused_add_rms_norm(input!, residual!, weight, eps)`: `s = residual + input`
+  in float32, `residual = s` rounded to the dtype, `input = rms_norm(s) * weight`;
 - `cpu_rotary_embedding(positions, qkv!, cos_sin_cache, num_query_heads,
   num_key_heads, head_dim, query_norm, key_norm, eps)`: in place on the
   query and key heads of each row of `qkv` (value columns untouched): an

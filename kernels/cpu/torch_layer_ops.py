@@ -19,9 +19,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(normalised, new residual): what the op leaves in `x` and in `residual`."""
-    summed = (residual.float() + x.float()).to(x.dtype)
-    return rms_norm(summed, weight, eps), summed
+    """(normalised, new residual): what the op leaves in `x` and in `residual` (the norm of the float32 sum)."""
+    summed = residual.float() + x.float()
+    return rms_norm(summed, weight, eps).to(x.dtype), summed.to(x.dtype)
 
 
 def _rotate_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor | None,

@@ -9,6 +9,8 @@ decode and a 5-token chunk, through the same caches.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import transformers
@@ -20,6 +22,7 @@ from pagedinfer.engine.cpu.fused_layers import fuse_layers, rotary_cos_sin
 from pagedinfer.engine.cpu.fused_projections import fuse_projections
 from pagedinfer.engine.cpu.linear import pack_linear_weights
 from pagedinfer.engine.tiny_model import tiny_config
+from pagedinfer.kernels.cpu import build, ops
 from pagedinfer.kernels.metadata import build_attention_metadata
 
 BLOCK_SIZE = 16
@@ -114,3 +117,19 @@ def test_the_engine_fuses_the_layers_on_cpu(tiny_llama):
     runner = LLM(model=str(tiny_llama), dtype="float32", device="cpu").llm_engine.runner
     assert runner.layer_fusion.fused and runner.model.model.fused_cos_sin.shape == (
         runner.max_position_embeddings, runner.head_dim)
+
+
+def test_without_a_compiler_the_decoder_stays_transformers_with_one_warning(monkeypatch, tmp_path):
+    """As tests/kernels/test_cpu_fallback.py: the real library is loaded first, then the loader reset to fail."""
+    assert ops.native_available()
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    model = _model("llama", torch.float32, fused_layers=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fuse_layers(model, 64)
+    assert not report.fused and report.reason.startswith("no native layer ops for torch.float32")
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert str(caught[0].message).startswith("pagedinfer: the native CPU kernels (attention, layer ops) could not be built")
+    assert "forward" not in vars(model.model)  # transformers' own forward: the torch path

@@ -27,8 +27,9 @@ struct NormRows {
   float eps;
 };
 
-// residual[r] += x[r] (rounded to T, as transformers' residual stream is), then
-// x[r] = RMSNorm(residual[r]) * weight: the pre-norm block boundary in one call, both in place.
+// s = residual[r] + x[r] in float32; residual[r] = s rounded to T (the residual stream stays in the
+// model's dtype, as in transformers and vLLM); x[r] = RMSNorm(s) * weight from the float32 sum (vLLM's
+// fused_add_rms_norm; transformers normalises the rounded sum): a pre-norm block boundary in one call.
 template <typename T>
 struct AddNormRows {
   T* x;

@@ -109,16 +109,37 @@ void rms_norm(const NormRows<T>& p) {
 
 template <typename T>
 void add_rms_norm(const AddNormRows<T>& p) {
+  // Two reads of each row (hot in L1 the second time) and no scratch: the first pass sums the float32
+  // squares of residual + x, the second recomputes the sum, writes the residual rounded to T and
+  // normalises the float32 sum (not the rounded residual, as vLLM's fused_add_rms_norm).
+  const float hidden = static_cast<float>(p.hidden);
   at::parallel_for(0, p.rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       T* x = p.x + r * p.x_stride;
       T* residual = p.residual + r * p.residual_stride;
+      Vec acc(0.f);
       int64_t i = 0;
-      for (; i + kLanes <= p.hidden; i += kLanes) store(residual + i, load(residual + i) + load(x + i));
-      for (; i < p.hidden; ++i)
-        residual[i] = static_cast<T>(static_cast<float>(residual[i]) + static_cast<float>(x[i]));
-      // the statistics of the residual as stored (rounded to T), as transformers' norm sees it
-      scale_row(residual, inverse_rms(residual, p.hidden, p.eps), p.weight, x, p.hidden);
+      for (; i + kLanes <= p.hidden; i += kLanes) {
+        const Vec s = load(residual + i) + load(x + i);
+        acc = acc + s * s;
+      }
+      float squares = sum(acc);
+      for (; i < p.hidden; ++i) {
+        const float s = static_cast<float>(residual[i]) + static_cast<float>(x[i]);
+        squares += s * s;
+      }
+      const float inv = 1.f / std::sqrt(squares / hidden + p.eps);
+      const Vec scale(inv);
+      for (i = 0; i + kLanes <= p.hidden; i += kLanes) {
+        const Vec s = load(residual + i) + load(x + i);
+        store(residual + i, s);
+        store(x + i, (s * scale) * load(p.weight + i));
+      }
+      for (; i < p.hidden; ++i) {
+        const float s = static_cast<float>(residual[i]) + static_cast<float>(x[i]);
+        residual[i] = static_cast<T>(s);
+        x[i] = static_cast<T>(s * inv * static_cast<float>(p.weight[i]));
+      }
     }
   });
 }
