@@ -21,7 +21,10 @@ the library `build.load()` builds (the same one as the attention's):
 
 Inputs are 2-d float32 or bfloat16 CPU tensors with a unit-stride last
 dimension (row strides are free: views of a fused GEMM's output work);
-weights are contiguous and of the input's dtype. `torch_layer_ops.py` holds
+weights are contiguous and of the input's dtype. The entry points below call
+the ops directly: `available(dtype)` must have answered True first in the
+process (it loads the library; `engine/cpu/fused_layers.py` checks it before
+using them). `torch_layer_ops.py` holds
 the torch references the tests compare with. The instruction set follows
 `ops.attention_isa` (one override for every native kernel).
 """
