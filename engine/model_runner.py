@@ -27,6 +27,7 @@ from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu.compiled_forward import CompiledForward
+from pagedinfer.engine.cpu.fused_layers import LayerFusionReport, fuse_layers
 from pagedinfer.engine.cpu.fused_projections import FusionReport, fuse_projections
 from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
 from pagedinfer.engine.distributed import sharding
@@ -125,6 +126,9 @@ class ModelRunner:
         self.fusion: FusionReport | None = fuse_projections(self.model) if self.device.type == "cpu" else None
         self.linear_packing: PackingReport | None = \
             pack_linear_weights(self.model) if self.device.type == "cpu" else None
+        # on CPU, norms, RoPE, SiLU-and-multiply and the residual adds as native ops (the decoder's forward replaced)
+        self.layer_fusion: LayerFusionReport | None = fuse_layers(self.model, self._rope_positions()) \
+            if self.device.type == "cpu" else None
         if self.model.config._attn_implementation != attn_name:
             raise RuntimeError(f"transformers did not set attention implementation {attn_name!r}")
         text_cfg = self.model.config.get_text_config()
@@ -148,6 +152,11 @@ class ModelRunner:
             if self.device.type != "cpu":
                 raise ValueError(f"compile (--compile): the compiled forward runs on a CPU, not {self.device}")
             self.compiled = CompiledForward(self.model, config.max_num_batched_tokens)
+
+    def _rope_positions(self) -> int:
+        """How many positions the fused layers' RoPE table covers: the model's and max_model_len's larger."""
+        text_cfg = self.model.config.get_text_config()
+        return max(int(getattr(text_cfg, "max_position_embeddings", 0) or 0), self.config.max_model_len or 0, 1)
 
     # ----- sizing --------------------------------------------------------------------
     def model_shape(self) -> ModelShape:

@@ -4,7 +4,7 @@
 system C++ compiler (`CXX`, else `c++`) into the torch extensions cache
 (`TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions/<python>_cpu/`),
 then loads the library, whose static initializers register the CPU kernels of
-the ops defined in `ops.py`. The extension's name carries a hash of the
+the ops defined in `ops.py` (attention) and `layer_ops.py` (norms, rotary, SiLU-and-multiply). The extension's name carries a hash of the
 sources (headers included) and flags, `pagedinfer_cpu_kernels_<hash>`, so
 another version of the sources (another checkout, an upgrade over a kept
 cache) builds into its own folder and never loads, or overwrites, this one's
@@ -34,10 +34,12 @@ from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
 # Baseline translation units first: the linker keeps the first copy of an inline function that
-# several define, so never one compiled for a wider instruction set (see csrc/attention_vec_avx2.cpp).
+# several define, so never one compiled for a wider instruction set (see csrc/target_avx2.h).
 SOURCES = [CSRC / name
            for name in ("paged_attention.cpp", "isa.cpp", "attention_vec_default.cpp", "attention_avx512.cpp",
-                        "attention_vec_avx2.cpp", "attention_vec_avx512.cpp")]
+                        "layer_ops.cpp", "layer_ops_default.cpp",
+                        "attention_vec_avx2.cpp", "attention_vec_avx512.cpp", "layer_ops_avx2.cpp",
+                        "layer_ops_avx512.cpp")]
 
 CFLAGS = ["-O3"]
 
@@ -75,6 +77,6 @@ def load() -> bool:
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
             _loaded = False
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            warnings.warn(f"pagedinfer: the native CPU attention could not be built ({first_line}); "
+            warnings.warn(f"pagedinfer: the native CPU kernels (attention, layer ops) could not be built ({first_line}); "
                           "using the slower torch path", RuntimeWarning, stacklevel=2)
     return _loaded

@@ -31,6 +31,7 @@ from pagedinfer.kernels.cpu import build, torch_attention
 from pagedinfer.kernels.metadata import AttentionMetadata
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ISA_LEVELS = ("portable", "avx2", "avx512", "avx512_bf16")  # csrc/isa.h's levels, each needing those before it
 
 _LIBRARY = torch.library.Library("pagedinfer", "FRAGMENT")
 _LIBRARY.define("cpu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "

@@ -19,3 +19,15 @@ def native_cpu_kernels():
 
     assert ops.native_available(), "the native CPU kernels did not build (a C++ compiler and ninja are needed)"
     return ops
+
+
+@pytest.fixture(params=("portable", "avx2", "avx512", "avx512_bf16"))
+def isa(request, native_cpu_kernels):
+    """Each native kernel level this CPU can run, forced for one test (then back to the best it has)."""
+    best = native_cpu_kernels.attention_isa("auto")
+    levels = native_cpu_kernels.ISA_LEVELS
+    if levels.index(request.param) > levels.index(best):
+        pytest.skip(f"this CPU lacks {request.param} (it has {best})")
+    assert native_cpu_kernels.attention_isa(request.param) == request.param
+    yield request.param
+    native_cpu_kernels.attention_isa("auto")

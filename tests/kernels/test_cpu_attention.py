@@ -109,20 +109,6 @@ def test_torch_compile_traces_the_ops_in_one_graph(native_cpu_kernels):
     torch.testing.assert_close(compiled_caches[0], eager_caches[0], equal_nan=True, rtol=0, atol=0)
 
 
-ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
-
-
-@pytest.fixture(params=ISAS)
-def isa(request, native_cpu_kernels):
-    """Each native kernel this CPU can run, forced for one test (then back to the best it has)."""
-    best = native_cpu_kernels.attention_isa("auto")
-    if ISAS.index(request.param) > ISAS.index(best):
-        pytest.skip(f"this CPU lacks {request.param} (it has {best})")
-    assert native_cpu_kernels.attention_isa(request.param) == request.param
-    yield request.param
-    native_cpu_kernels.attention_isa("auto")
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_every_kernel_equals_the_reference_on_the_125m_shapes(native_cpu_kernels, isa, dtype, block_size):
@@ -160,7 +146,7 @@ def test_an_unknown_or_missing_isa_is_refused_by_name(native_cpu_kernels):
         native_cpu_kernels.attention_isa("sse9")
     best = native_cpu_kernels.attention_isa("")
     if best != "avx512_bf16":
-        higher = ISAS[ISAS.index(best) + 1]
+        higher = native_cpu_kernels.ISA_LEVELS[native_cpu_kernels.ISA_LEVELS.index(best) + 1]
         with pytest.raises(RuntimeError, match=f"this CPU lacks {higher}"):
             native_cpu_kernels.attention_isa(higher)
     assert native_cpu_kernels.attention_isa("") == best

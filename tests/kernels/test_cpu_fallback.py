@@ -33,7 +33,7 @@ def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_outp
         outs = [dispatch.paged_attention(p.query, *caches, p.metadata, p.scale, w) for w in (None, 5)]
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1, messages
-    assert "native CPU attention could not be built" in messages[0] and "using the slower torch path" in messages[0]
+    assert "native CPU kernels (attention, layer ops) could not be built" in messages[0] and "using the slower torch path" in messages[0]
     assert build._loaded is False
 
     expected_caches = p.key_cache.clone(), p.value_cache.clone()

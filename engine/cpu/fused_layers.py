@@ -1,0 +1,173 @@
+"""The Llama-family decoder on CPU with its small ops native and the residual carried between layers, as vLLM runs it.
+
+transformers' decoder layer spends a fifth to a third of a CPU step
+(bench/throughput.py --breakdown, "model other") outside its GEMMs and
+attention: RMSNorm as eight torch ops with float32 temporaries, the residual
+adds, RoPE as slices, a cat, a negation and muls/adds on q and on k, SiLU and
+the multiply, Qwen3's per-head q/k norms, and the Python dispatch of each.
+`fuse_layers` replaces, in place, the decoder model's forward by
+`_model_forward`, which runs every layer as `_layer_forward`: one native op
+each (`pagedinfer.kernels.cpu.layer_ops`) for
+
+- the pre-attention norm: `rms_norm` in the first layer, then
+  `fused_add_rms_norm` (residual += the previous MLP's output, x = norm of the float32 sum);
+- Qwen3's q/k norms and RoPE: `rotary_embedding` in place on the qkv GEMM's
+  output (cos/sin from `RotaryCache`, the model's own rotary module's values);
+- the post-attention norm: `fused_add_rms_norm` (residual += attention output);
+- `silu_and_mul` on the gate_up GEMM's output;
+
+and the final norm as one more `fused_add_rms_norm`. The attention call is the
+engine's own (`engine.attention.paged_attention_forward`: eager, or the
+compiled forward's opaque op, looked up in transformers' attention registry
+as its own layers do), so `--compile` traces this forward too.
+
+Invariants:
+- only decoders of `MODEL_CLASSES` whose every layer is of `LAYER_CLASSES`
+  with q/k/v and gate/up fused (`fused_projections`, run first), a SiLU MLP,
+  full-width RoPE and the engine's paged attention are fused; anything else
+  is left as it is (the report says why);
+- float32 and bfloat16 only, and only when the native library builds: without
+  a compiler `build.load` warns once and transformers' forward stays (the torch path);
+- float32 logits equal the unfused model's up to float32 rounding; in bfloat16
+  the ops compute in float32 and round once (transformers rounds after each op:
+  RoPE's cos/sin, its products and sum, the norm before and after the weight
+  multiply), so the logits are as close to float32's or closer
+  (tests/engine/test_fused_layers.py; RoPE in bf16 was what kept our bf16 further
+  from fp32 than vLLM's in issue 16's bf16 closeness study);
+- the embedding output and each layer's o_proj/down_proj output are updated in
+  place (they are dead after, as in vLLM); model weights are never written;
+- a tensor-parallel rank runs the same forward on its own heads (the head counts
+  come from its qkv_proj's split; norms and RoPE are per head or replicated).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pagedinfer.engine.attention import ATTN_IMPLEMENTATION
+from pagedinfer.kernels.cpu import layer_ops
+
+MODEL_CLASSES = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
+LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+
+
+@dataclass(frozen=True)
+class LayerFusionReport:
+    """What `fuse_layers` did to a model."""
+
+    fused: bool   # the decoder's forward is now `_model_forward`
+    reason: str   # why not, when not ("" when fused)
+
+
+def rotary_cos_sin(rotary_emb: nn.Module, num_positions: int) -> torch.Tensor:
+    """`[num_positions, head_dim]` float32, row p = [cos | sin] of position p's head_dim / 2 frequencies.
+
+    The values are what the model's own rotary module returns for position p (its
+    inv_freq and attention_scaling: default, linear, llama3 and yarn RoPE alike), in float32.
+    """
+    device = rotary_emb.inv_freq.device
+    positions = torch.arange(num_positions, device=device)[None]
+    with torch.inference_mode():
+        cos, sin = rotary_emb(torch.zeros(1, dtype=torch.float32, device=device), positions)
+    half = cos.shape[-1] // 2
+    return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).float().contiguous()
+
+
+def _unfusable_layer(layer: nn.Module) -> str:
+    """Why `layer` cannot run as `_layer_forward` ("" when it can)."""
+    if type(layer).__name__ not in LAYER_CLASSES:
+        return f"layer class {type(layer).__name__}"
+    attn, mlp = layer.self_attn, layer.mlp
+    if not hasattr(attn, "qkv_proj") or not hasattr(mlp, "gate_up_proj"):
+        return "q/k/v or gate/up projections not fused"
+    if getattr(attn.config, "hidden_act", None) != "silu":
+        return f"activation {attn.config.hidden_act!r}"
+    if any(size % attn.head_dim for size in attn.qkv_sizes):
+        return "q/k/v sizes not whole heads"
+    return ""
+
+
+def _unfusable(decoder: nn.Module, dtype: torch.dtype) -> str:
+    """Why `decoder` cannot run as `_model_forward` ("" when it can)."""
+    if type(decoder).__name__ not in MODEL_CLASSES:
+        return f"model class {type(decoder).__name__}"
+    if decoder.config._attn_implementation != ATTN_IMPLEMENTATION:
+        return f"attention implementation {decoder.config._attn_implementation!r}"
+    reasons = [r for r in map(_unfusable_layer, decoder.layers) if r]
+    if reasons:
+        return reasons[0]
+    rotary_width = 2 * decoder.rotary_emb.inv_freq.numel()
+    if rotary_width != decoder.layers[0].self_attn.head_dim:
+        return f"partial RoPE ({rotary_width} of {decoder.layers[0].self_attn.head_dim} dims)"
+    if not layer_ops.available(dtype):
+        return f"no native layer ops for {dtype} (float32 and bfloat16 with a C++ compiler)"
+    return ""
+
+
+def _layer_forward(layer: nn.Module, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                   cos_sin: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer on packed `[tokens, hidden]` rows; returns (MLP output, residual) for the next."""
+    attn, mlp = layer.self_attn, layer.mlp
+    norm = layer.input_layernorm
+    if residual is None:
+        residual, hidden = hidden, layer_ops.rms_norm(hidden, norm.weight, norm.variance_epsilon)
+    else:
+        layer_ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
+    qkv = attn.qkv_proj(hidden)
+    head_dim = attn.head_dim
+    q_size, k_size, _ = attn.qkv_sizes
+    if attn.qk_norms:
+        layer_ops.rotary_embedding(positions, qkv, cos_sin, q_size // head_dim, k_size // head_dim, head_dim,
+                                   attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon)
+    else:
+        layer_ops.rotary_embedding(positions, qkv, cos_sin, q_size // head_dim, k_size // head_dim, head_dim)
+    tokens = qkv.shape[0]
+    query, key, value = (t.view(1, tokens, -1, head_dim).transpose(1, 2) for t in qkv.split(attn.qkv_sizes, dim=-1))
+    # looked up as transformers does (what the registry holds now: the engine's, or a bench's wrapper of it)
+    attention = attn.attention_functions.get_interface(attn.config._attn_implementation, attn.eager_attention)
+    out, _ = attention(attn, query, key, value, None, dropout=0.0, scaling=attn.scaling,
+                       sliding_window=attn.fused_sliding_window, pagedinfer_step=step)
+    hidden = attn.o_proj(out.reshape(tokens, -1))
+    norm = layer.post_attention_layernorm
+    layer_ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
+    return mlp.down_proj(layer_ops.silu_and_mul(mlp.gate_up_proj(hidden))), residual
+
+
+def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                   position_ids: torch.Tensor | None = None, cache=None, inputs_embeds: torch.Tensor | None = None,
+                   use_cache: bool | None = None, **kwargs):
+    """The decoder over one packed step (`[1, tokens]` ids and positions); `last_hidden_state` as transformers'."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    if attention_mask is not None or cache is not None or use_cache:
+        raise ValueError("the fused CPU decoder runs the engine's packed steps: no attention_mask, cache or use_cache")
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("give exactly one of input_ids or inputs_embeds")
+    embeds = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    if embeds.shape[0] != 1:
+        raise ValueError(f"the fused CPU decoder runs packed steps (batch 1), got batch {embeds.shape[0]}")
+    hidden = embeds[0] if inputs_embeds is None else embeds[0].clone()  # updated in place: never the caller's
+    tokens = hidden.shape[0]
+    positions = (torch.arange(tokens, device=hidden.device) if position_ids is None
+                 else position_ids.reshape(-1)).contiguous()
+    step = kwargs.get("pagedinfer_step")
+    residual = None
+    for layer in self.layers[: self.config.num_hidden_layers]:
+        hidden, residual = _layer_forward(layer, positions, hidden, residual, self.fused_cos_sin, step)
+    layer_ops.fused_add_rms_norm(hidden, residual, self.norm.weight, self.norm.variance_epsilon)
+    return BaseModelOutputWithPast(last_hidden_state=hidden[None])
+
+
+def fuse_layers(model: nn.Module, num_positions: int) -> LayerFusionReport:
+    """Run `model`'s decoder as `_model_forward` (see the invariants); RoPE for positions < `num_positions`."""
+    decoder = model.get_decoder()
+    reason = _unfusable(decoder, next(decoder.parameters()).dtype)
+    if reason:
+        return LayerFusionReport(False, reason)
+    decoder.fused_cos_sin = rotary_cos_sin(decoder.rotary_emb, num_positions)
+    decoder.forward = types.MethodType(_model_forward, decoder)
+    return LayerFusionReport(True, "")

@@ -1,0 +1,135 @@
+"""The decoder with native norms, RoPE and SiLU-and-multiply (engine/cpu/fused_layers.py): the unfused logits, per
+architecture.
+
+The engine's greedy tokens on the fused decoder equal transformers' generate for every architecture in
+tests/engine/test_matches_transformers.py (the runner fuses on CPU); these are the model-level checks, on the
+engine's own paged attention: a 30-token prefill (past the tiny Mistral's window of 24), then a step of one
+decode and a 5-token chunk, through the same caches.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from pagedinfer.engine import LLM
+from pagedinfer.engine.attention import StepContext, register
+from pagedinfer.engine.cpu.fused_layers import fuse_layers, rotary_cos_sin
+from pagedinfer.engine.cpu.fused_projections import fuse_projections
+from pagedinfer.engine.cpu.linear import pack_linear_weights
+from pagedinfer.engine.tiny_model import tiny_config
+from pagedinfer.kernels.cpu import build, ops
+from pagedinfer.kernels.metadata import build_attention_metadata
+
+BLOCK_SIZE = 16
+PROMPT = [5, 9, 11, 2, 40, 7, 63, 12, 90, 33, 7, 8, 300, 17, 250, 1, 77, 45, 2, 99, 101, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+# (token ids, seq_lens, query_lens, block tables): a prefill, then a decode of it beside a new 5-token sequence
+STEPS = [(PROMPT, [30], [30], [[0, 1]]), ([42, 1, 2, 3, 4, 5], [31, 5], [1, 5], [[0, 1], [2]])]
+
+
+def _model(arch: str, dtype: torch.dtype, fused_layers: bool, **config) -> nn.Module:
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch, **config), dtype=dtype,
+                                                          attn_implementation=register()).eval()
+    with torch.no_grad():  # decisive logits (engine/tiny_model.py's scale), and norm weights that are not all 1
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    fuse_projections(model)
+    pack_linear_weights(model)
+    if fused_layers:
+        assert fuse_layers(model, num_positions=64).fused
+    return model
+
+
+def _step_logits(model: nn.Module) -> list[torch.Tensor]:
+    """Every step's logits (all rows) through fresh paged caches."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dtype = next(model.parameters()).dtype
+    caches = [torch.zeros(3, BLOCK_SIZE, config.num_key_value_heads, head_dim, dtype=dtype)
+              for _ in range(2 * config.num_hidden_layers)]
+    out = []
+    for ids, seq_lens, query_lens, tables in STEPS:
+        meta = build_attention_metadata(seq_lens, query_lens, tables, BLOCK_SIZE)
+        positions = torch.cat([torch.arange(s - q, s) for s, q in zip(seq_lens, query_lens)])
+        ctx = StepContext(metadata=meta, key_caches=caches[::2], value_caches=caches[1::2])
+        with torch.inference_mode():
+            out.append(model(input_ids=torch.tensor([ids]), position_ids=positions[None], use_cache=False,
+                             pagedinfer_step=ctx).logits[0].float())
+        assert len(ctx.layers_seen) == config.num_hidden_layers
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_fused_layers_give_the_unfused_logits_in_float32(arch):
+    want = _step_logits(_model(arch, torch.float32, fused_layers=False))
+    for got, expected in zip(_step_logits(_model(arch, torch.float32, fused_layers=True)), want):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_scaled_rope_is_the_rotary_modules_own():
+    """llama3 and yarn RoPE: the table is what the module computes (inv_freq and attention_scaling reused)."""
+    for rope in ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 256, "rope_theta": 10000.0},
+                 {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0}):
+        want = _step_logits(_model("llama", torch.float32, False, rope_parameters=rope))
+        for got, expected in zip(_step_logits(_model("llama", torch.float32, True, rope_parameters=rope)), want):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    model = _model("llama", torch.float32, False, rope_parameters=rope)
+    cos, sin = model.model.rotary_emb(torch.zeros(1), torch.tensor([[0, 5, 63]]))
+    assert model.model.rotary_emb.attention_scaling != 1.0  # yarn scales cos and sin
+    table = rotary_cos_sin(model.model.rotary_emb, 64)
+    torch.testing.assert_close(table[[0, 5, 63]], torch.cat((cos[0, :, :8], sin[0, :, :8]), dim=-1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_bf16_logits_are_as_close_to_float32_as_the_unfused_ones(arch):
+    """One rounding per op instead of one per torch op: the fused bf16 logits are no further from the float32 ones
+    (mostly the bf16 weights' and GEMMs' rounding: 11% of the largest logit at most here, fused or not)."""
+    reference = _step_logits(_model(arch, torch.float32, fused_layers=False))
+    unfused = _step_logits(_model(arch, torch.bfloat16, fused_layers=False))
+    fused = _step_logits(_model(arch, torch.bfloat16, fused_layers=True))
+    for want, plain, got in zip(reference, unfused, fused):
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=0, atol=0.15 * scale)
+        assert (got - want).abs().mean() <= 1.02 * (plain - want).abs().mean()
+
+
+def test_other_models_and_dtypes_are_left_as_they_are():
+    phi3 = transformers.AutoModelForCausalLM.from_config(tiny_config("phi3"), attn_implementation=register())
+    report = fuse_layers(phi3, 64)
+    assert not report.fused and report.reason == "model class Phi3Model"
+    llama = transformers.AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation=register())
+    report = fuse_layers(llama, 64)  # q/k/v not fused first
+    assert not report.fused and report.reason == "q/k/v or gate/up projections not fused"
+    fuse_projections(llama)
+    assert fuse_layers(llama.half(), 64).reason.startswith("no native layer ops for torch.float16")
+    sdpa = transformers.AutoModelForCausalLM.from_config(tiny_config("llama"))
+    fuse_projections(sdpa)
+    assert fuse_layers(sdpa, 64).reason == "attention implementation 'sdpa'"
+
+
+def test_the_engine_fuses_the_layers_on_cpu(tiny_llama):
+    runner = LLM(model=str(tiny_llama), dtype="float32", device="cpu").llm_engine.runner
+    assert runner.layer_fusion.fused and runner.model.model.fused_cos_sin.shape == (
+        runner.max_position_embeddings, runner.head_dim)
+
+
+def test_without_a_compiler_the_decoder_stays_transformers_with_one_warning(monkeypatch, tmp_path):
+    """As tests/kernels/test_cpu_fallback.py: the real library is loaded first, then the loader reset to fail."""
+    assert ops.native_available()
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    model = _model("llama", torch.float32, fused_layers=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fuse_layers(model, 64)
+    assert not report.fused and report.reason.startswith("no native layer ops for torch.float32")
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert str(caught[0].message).startswith("pagedinfer: the native CPU kernels (attention, layer ops) could not be built")
+    assert "forward" not in vars(model.model)  # transformers' own forward: the torch path
