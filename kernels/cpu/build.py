@@ -9,7 +9,13 @@ sources (headers included) and flags, `pagedinfer_cpu_kernels_<hash>`, so
 another version of the sources (another checkout, an upgrade over a kept
 cache) builds into its own folder and never loads, or overwrites, this one's
 library; a later process with the same sources and flags reuses the cached
-library (a file lock serialises concurrent builds).
+library. Concurrent builds are serialised by an advisory lock on
+`<build dir>/pagedinfer.flock` (`_exclusive_build`), which the kernel drops
+with its holder: a build killed mid-way (an OOM kill, a Ctrl-C, a pod evicted
+during start-up) leaves torch's own lock file behind, on which every later
+`cpp_extension.load` would wait forever; holding the flock, that file can only
+be such a leftover, and is removed. A build still running elsewhere is waited
+for at most `BUILD_WAIT_S`, then this process takes the torch path.
 
 The code is compiled for the baseline x86-64 (`-O3`, no `-march`), so a
 library built on one machine (an image build, a cache shared between nodes)
@@ -26,10 +32,14 @@ forever after in this process; callers then take the torch path.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
@@ -42,6 +52,9 @@ SOURCES = [CSRC / name
                         "layer_ops_avx512.cpp")]
 
 CFLAGS = ["-O3"]
+
+BUILD_WAIT_S = 900.0  # the longest wait for another process's build of the same sources (a cold build: ~2 min)
+_POLL_S = 0.2
 
 _loaded: bool | None = None  # None: not tried yet in this process
 
@@ -63,6 +76,28 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+@contextmanager
+def _exclusive_build(directory: Path, wait_s: float) -> Iterator[None]:
+    """Hold the build lock of `directory` (see the module docstring); TimeoutError after `wait_s`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "pagedinfer.flock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"another process has been building {directory} for over {wait_s:.0f} s")
+                time.sleep(_POLL_S)
+        # every build of this folder runs under the flock: a torch lock file now is a killed build's
+        (directory / "lock").unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def load() -> bool:
     """True once the native kernels are registered; False (one warning) if they cannot be built."""
     global _loaded
@@ -71,8 +106,11 @@ def load() -> bool:
             from torch.utils import cpp_extension
 
             _ninja_on_path()
-            cpp_extension.load(name=extension_name(), sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
-                               is_python_module=False, verbose=False)
+            name = extension_name()
+            directory = Path(cpp_extension._get_build_directory(name, verbose=False))  # TORCH_EXTENSIONS_DIR's rule
+            with _exclusive_build(directory, BUILD_WAIT_S):
+                cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                                   build_directory=str(directory), is_python_module=False, verbose=False)
             _loaded = True
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
             _loaded = False

@@ -7,8 +7,12 @@ the build must fail; the outputs must equal the torch path's exactly.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
+import pytest
 import torch
 
 from pagedinfer.kernels import dispatch, reference
@@ -57,3 +61,30 @@ def test_the_extension_is_named_after_its_sources_so_another_version_never_loads
     header = csrc / "attention.h"
     header.write_text(header.read_text() + "\n// another version\n")
     assert build.extension_name() != original and build.extension_name().startswith("pagedinfer_cpu_kernels_")
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(tmp_path):
+    # a build killed mid-way leaves torch's lock file in the extension's folder; torch's own loader waits on
+    # it forever. Here the compiler is missing too, so the load must end at once, on the torch path.
+    extensions = tmp_path / "extensions"
+    folder = extensions / build.extension_name()
+    folder.mkdir(parents=True)
+    (folder / "lock").write_text("")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "CXX": str(tmp_path / "no-such-c++")}
+    try:
+        done = subprocess.run([sys.executable, "-c", "from pagedinfer.kernels.cpu import build; print(build.load())"],
+                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail("load() waited on the lock file of a build that no longer runs")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False" and "could not be built" in done.stderr
+    assert not (folder / "lock").exists()
+
+
+def test_a_build_running_elsewhere_is_waited_for_a_bounded_time(tmp_path):
+    with build._exclusive_build(tmp_path, wait_s=1.0):  # another build of the same folder holds the lock
+        with pytest.raises(TimeoutError, match=f"another process has been building {tmp_path}"):
+            with build._exclusive_build(tmp_path, wait_s=0.3):
+                pass
+    with build._exclusive_build(tmp_path, wait_s=0.3):  # released with its holder
+        pass
