@@ -3,10 +3,19 @@ here; it holds no `operator` folder, so nothing in the stdlib is shadowed)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import pytest
+# Triton runs on the CPU interpreter in every test (this machine has no GPU). `@triton.jit` picks the
+# interpreter when it decorates, and torch imports triton from many places (registering a custom op
+# imports torch._dynamo, which imports triton), so this must precede every import of torch, in the
+# first conftest read: a test module of another folder, collected before tests/kernels, once imported
+# triton first and every interpreted kernel then failed ("Cannot call @triton.jit'd outside of the
+# scope of a kernel"). tests/kernels/test_compiles_for_hopper.py removes it for its compile check.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
 
 SUPPORT = Path(__file__).resolve().parent / "support"
 if str(SUPPORT) not in sys.path:

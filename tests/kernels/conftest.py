@@ -2,14 +2,11 @@
 
 `TRITON_INTERPRET=1` must be in the environment before triton decorates any
 kernel (`@triton.jit` picks the interpreter at import), and without it Triton
-finds "0 active drivers" on this GPU-less machine; hence the first lines.
+finds "0 active drivers" on this GPU-less machine: tests/conftest.py sets it
+before anything imports torch.
 """
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
