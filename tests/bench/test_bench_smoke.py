@@ -90,7 +90,11 @@ def test_routing_benchmark_smoke_reports_every_policy_and_the_ceiling(tmp_path):
     assert set(rows) == {"round-robin", "prefix", "ceiling (1 engine, 2 pools)"}
     for r in rows.values():
         assert sum(r["requests_per_engine"]) == 8  # 4 tenants x 2 turns, every request answered
-        assert 0.0 < r["hit_rate"] <= 1.0  # the engines' own counters: turn 2 reuses turn 1's prefix
+        assert 0.0 <= r["hit_rate"] <= 1.0
+    # the engines' own counters: turn 2 reuses turn 1's prefix where it lands on turn 1's engine, always with
+    # prefix routing and one engine; round robin's turn 2 lands there only if the turns finish in arrival order
+    for system in ("prefix", "ceiling (1 engine, 2 pools)"):
+        assert rows[system]["hit_rate"] > 0.0, rows
 
 
 def test_tp_throughput_benchmark_runs_and_both_runs_agree(tmp_path):
