@@ -102,6 +102,23 @@ class Engine:
     log_path: Path
 
 
+def native_kernels_cache() -> str:
+    """The torch extensions folder of this process, which the engine processes share.
+
+    A pod's HOME is its own emptyDir (/tmp), so in a cluster each engine compiles
+    the native CPU kernels (kernels/cpu/build.py) once at start, in about a minute
+    on two cores. Here every engine process would compile them again, which is
+    g++'s time, not the engines': they load this process's build instead (the
+    same sources and flags, so the same hash-named folder; the first to need it
+    builds it under the build lock).
+    """
+    explicit = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "torch_extensions", f"py{sys.version_info.major}{sys.version_info.minor}_cpu")
+
+
 @dataclass
 class KubeletHarness:
     """Plays the kubelet for one InferenceService's Deployment with real engine processes.
@@ -165,7 +182,8 @@ class KubeletHarness:
         pod_name = f"{self.instance}-engine-{self._counter}"
         pod_dir = self.log_dir / pod_name
         local = local_process(template["spec"], ip, pod_dir, self.bin_dir)
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   TORCH_EXTENSIONS_DIR=native_kernels_cache())
         env.pop("PAGEDINFER_API_KEY", None)
         env.update(local.env)
         for value in local.env.values():
