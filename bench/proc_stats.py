@@ -1,4 +1,4 @@
-"""CPU time and peak memory of a process and its descendants, read from /proc (standard library only).
+"""CPU time and memory of a process and its descendants, read from /proc (standard library only).
 
 Shared by `throughput.py` (pagedinfer's venv) and `vllm_runner.py` (vLLM's
 venv, whose engine core and model worker are child processes of the one that
@@ -11,6 +11,8 @@ time before and after a timed span while its processes run, and subtract.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,15 +64,41 @@ def tree_cpu_seconds(root_pid: int, proc_root: str | Path = "/proc") -> float:
     return sum(s.cpu_seconds for s in tree(root_pid, proc_root))
 
 
-def peak_rss_bytes(pid: int, proc_root: str | Path = "/proc") -> int:
-    """The process's peak resident set size (VmHWM of /proc/<pid>/status); 0 if unknown."""
+def _status_bytes(pid: int, field: str, proc_root: str | Path) -> int:
+    """A kB field of /proc/<pid>/status in bytes; 0 if unknown."""
     try:
         for line in (Path(proc_root) / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024  # kB
     except OSError:
         pass
     return 0
+
+
+def peak_rss_bytes(pid: int, proc_root: str | Path = "/proc") -> int:
+    """The process's peak resident set size (VmHWM of /proc/<pid>/status); 0 if unknown."""
+    return _status_bytes(pid, "VmHWM", proc_root)
+
+
+def rss_bytes(pid: int, proc_root: str | Path = "/proc") -> int:
+    """The process's resident set size now (VmRSS of /proc/<pid>/status); 0 if unknown."""
+    return _status_bytes(pid, "VmRSS", proc_root)
+
+
+def resident_fraction(address: int, num_bytes: int) -> float:
+    """Share of the pages of this process's [address, address + num_bytes) in memory (mincore(2)).
+
+    Pages of an allocation never written are not resident (the host charges a page on first write).
+    """
+    page = mmap.PAGESIZE
+    start = address - address % page
+    length = address + num_bytes - start
+    residency = (ctypes.c_ubyte * -(-length // page))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    if libc.mincore(start, length, residency) != 0:
+        raise OSError(ctypes.get_errno(), f"mincore of {num_bytes} bytes at {address:#x}")
+    return sum(byte & 1 for byte in residency) / len(residency)
 
 
 def tree_peak_rss_bytes(root_pid: int, proc_root: str | Path = "/proc") -> int:

@@ -253,8 +253,12 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
             raise RuntimeError(f"pagedinfer leaked KV blocks after the run: {stats}")
     linears = _linears(engine.runner)
     system = (PAGEDINFER_COMPILED if compile else "pagedinfer") + (OVERLAP_SUFFIX if overlap else "")
+    # the pool is allocated untouched on CPU (engine/model_runner.py): its pages count in the
+    # peak RSS only once written, so a longer run reads higher, up to the whole pool
+    pool_mib = engine.runner.kv_cache.nbytes / 2**20
     result = _result(system, runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}; "
-                     f"linears: {linears}", startup.wall_seconds, dtype)
+                     f"KV pool {pool_mib:.0f} MiB (RSS counts its written pages); linears: {linears}",
+                     startup.wall_seconds, dtype)
     steps = _profile_steps(engine, requests, breakdown_every) if breakdown_every else None
     engine.shutdown()
     peak = max(snapshots, key=lambda s: s.num_allocated_slots)

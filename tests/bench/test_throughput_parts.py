@@ -3,6 +3,8 @@ tree, greedy agreement and the step breakdown's classification. Cheap: no vLLM, 
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import subprocess
 import sys
@@ -12,7 +14,8 @@ import pytest
 from affinity import format_cpu_list, parse_cpu_list
 from agreement import agreement
 from breakdown import Breakdown, Labels, classify, label
-from proc_stats import CLOCK_TICKS_PER_SECOND, peak_rss_bytes, tree, tree_cpu_seconds, tree_peak_rss_bytes
+from proc_stats import (CLOCK_TICKS_PER_SECOND, peak_rss_bytes, resident_fraction, rss_bytes, tree, tree_cpu_seconds,
+                        tree_peak_rss_bytes)
 from throughput import MODELS, parse_args
 
 
@@ -104,6 +107,23 @@ def test_a_tree_sums_the_process_and_every_descendant_and_nothing_else(tmp_path)
     assert tree_cpu_seconds(101, tmp_path) == pytest.approx(110 / CLOCK_TICKS_PER_SECOND)
     assert tree_peak_rss_bytes(100, tmp_path) == 3030 * 1024
     assert tree(999, tmp_path) == [] and tree_cpu_seconds(999, tmp_path) == 0
+
+
+def test_resident_fraction_counts_only_the_written_pages_of_an_allocation():
+    """What bench/rss_passes.py reads of the KV pool: an anonymous mapping is charged page by page on first write."""
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 64 * page)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    try:
+        assert resident_fraction(address, 64 * page) == 0.0
+        for i in range(0, 16 * page, page):  # the first quarter
+            region[i] = 1
+        assert resident_fraction(address, 64 * page) == 0.25
+        assert resident_fraction(address + 16 * page, 48 * page) == 0.0
+        assert resident_fraction(address + page // 2, page) == 1.0  # straddles pages 0 and 1, both written
+    finally:
+        region.close()
+    assert rss_bytes(os.getpid()) > 0 and rss_bytes(os.getpid()) <= peak_rss_bytes(os.getpid())
 
 
 def test_a_live_childs_cpu_time_counts_in_its_parents_tree():
