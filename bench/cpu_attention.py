@@ -396,8 +396,9 @@ def main() -> None:
           + (f", baseline {args.baseline}" if baseline else ""))
     print(f"one-thread copy bandwidth (torch copy of 256 MB, read + written bytes): {copy_bandwidth_gbs():.1f} GB/s")
     columns = ["torch", *([f"base {args.baseline}"] if baseline else []), *levels]
-    print(f"{'case':<28} {'dtype':<9}" + "".join(f" {c[:12]:>12}" for c in columns)
-          + f" {'speed-up':>9} {'GB/s':>6}  (ms)")
+    if not args.vllm_only:
+        print(f"{'case':<28} {'dtype':<9}" + "".join(f" {c[:12]:>12}" for c in columns)
+              + f" {'speed-up':>9} {'GB/s':>6}  (ms)")
     try:
         for name, case in CASES.items():
             if args.only not in name or args.vllm_only:
