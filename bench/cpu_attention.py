@@ -14,10 +14,11 @@ Every path reads the same paged cache
 (shuffled blocks, NaN in every unowned slot): the torch fallback
 (`kernels/cpu/torch_attention.py`) and the native library under each kernel
 this CPU can run (`ops.attention_isa`: portable, avx2, avx512, avx512_bf16),
-and, with `--baseline REV`, the single-file native kernel of git revision REV
-(e.g. `main` before issue 16's second round), built as that revision built it
-(`-O3 -march=native`, `at::vec` at the machine's capability) under its own
-extension and op namespace. The paths run in turn at every repeat, so a
+and, with `--baseline REV`, the native attention kernel of git revision REV
+(e.g. `main`), built as that revision built it (a single-file kernel, before
+issue 16's second round: `-O3 -march=native`; a multi-file one: `-O3`, its
+level chosen at run time, its C++ namespace renamed) under its own extension
+and op namespace. The paths run in turn at every repeat, so a
 change of the machine's load hits them all. Prints medians of `--repeats` per
 case, in thread CPU time (`time.thread_time`: one intra-op thread, so the op
 runs in the calling thread; a shared, loaded machine inflates wall time, not
