@@ -150,3 +150,19 @@ def test_an_unknown_or_missing_isa_is_refused_by_name(native_cpu_kernels):
         with pytest.raises(RuntimeError, match=f"this CPU lacks {higher}"):
             native_cpu_kernels.attention_isa(higher)
     assert native_cpu_kernels.attention_isa("") == best
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_every_kernel_equals_the_reference_on_the_tiny_shapes_across_spans(native_cpu_kernels, isa, dtype,
+                                                                           block_size):
+    # 8 query heads over 4 KV heads, head_dim 32 (the tiny bench model). The AVX-512 kernel folds the
+    # softmax once per span of 128 keys, walking every KV head per chunk for a few rows (decodes) and
+    # one KV head at a time for many (a prefill tile): decodes whose context ends on, just past and
+    # well past a span's end, and a prefill chunk of 150 tokens after 140 cached; with windows that
+    # start mid-span and mid-block, and one so short that a tile's late rows see none of a span's keys
+    seq_lens, query_lens = [300, 128, 129, 257, 40, 290], [1, 1, 1, 1, 1, 150]
+    problem = make_problem(seq_lens, query_lens, num_heads=8, num_kv_heads=4, head_dim=32, block_size=block_size,
+                           dtype=dtype, seed=block_size + 1)
+    for window in (None, 5, 37, 131):
+        check(problem, attend(native_cpu_kernels, problem, window), window)

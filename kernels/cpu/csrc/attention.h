@@ -18,7 +18,7 @@ namespace pagedinfer_cpu {
 
 constexpr int64_t kChunk = 16;          // keys scored at once (one block's slots, never across blocks)
 constexpr int64_t kRowTile = 64;        // rows (query token x query head) per KV head in one work item
-constexpr int64_t kPrefetchChunks = 4;  // how far ahead the K/V chunks are prefetched
+constexpr int64_t kPrefetchChunks = 1;  // how many K/V chunks ahead are prefetched
 
 struct WorkItem {
   int64_t seq;
@@ -75,7 +75,10 @@ inline Chunk chunk_at(const Problem<T>& p, const int32_t* table, int64_t start, 
   return {count, static_cast<int64_t>(table[start / p.block_size]) * p.block_size + offset};
 }
 
-// Prefetch the cache slots of the chunk starting at key position `start`.
+// Prefetch the cache slots of the chunk starting at key position `start` (`_MM_HINT_T1`:
+// locality 2). One chunk ahead is enough: a chunk's work (every KV head's 16 keys and values)
+// takes longer than a memory access, and a chunk of every KV head is 8-32 KB of K and as much of
+// V, so more chunks in flight would evict each other from the L1 before their use.
 template <typename T>
 inline void prefetch_chunk(const Problem<T>& p, const int32_t* table, int64_t start, int64_t hi) {
   if (start >= hi) return;
@@ -84,17 +87,35 @@ inline void prefetch_chunk(const Problem<T>& p, const int32_t* table, int64_t st
   const char* v = reinterpret_cast<const char*>(p.value_cache + c.slot0 * p.num_kv_heads * p.value_dim);
   const int64_t key_bytes = c.count * p.num_kv_heads * p.head_dim * int64_t(sizeof(T));
   const int64_t value_bytes = c.count * p.num_kv_heads * p.value_dim * int64_t(sizeof(T));
-  for (int64_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b);
-  for (int64_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b);
+  for (int64_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 2);
+  for (int64_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 2);
 }
 
-// The hardware prefetcher cannot guess the next block: at the walk's first chunk ask for the
-// next kPrefetchChunks - 1, then at every chunk for the one kPrefetchChunks ahead.
+// The hardware prefetcher cannot guess the next block: every chunk asks for the one
+// kPrefetchChunks ahead; the walk's first kPrefetchChunks were asked for by `prefetch_item`.
 template <typename T>
-inline void prefetch_ahead(const Problem<T>& p, const int32_t* table, int64_t start, int64_t lo, int64_t hi) {
-  if (start == lo)
-    for (int64_t ahead = 1; ahead < kPrefetchChunks; ++ahead) prefetch_chunk(p, table, start + ahead * kChunk, hi);
+inline void prefetch_ahead(const Problem<T>& p, const int32_t* table, int64_t start, int64_t hi) {
   prefetch_chunk(p, table, start + kPrefetchChunks * kChunk, hi);
+}
+
+// The first kPrefetchChunks chunks of an item's walk, asked for one item ahead (a decode's whole
+// walk is a few dozen chunks: without this, each sequence's first chunks would wait on memory).
+template <typename T>
+inline void prefetch_item(const Problem<T>& p, const WorkItem& item) {
+  const ItemSpan span = item_span(p, item);
+  const int32_t* table = p.block_tables + item.seq * p.block_table_stride;
+  for (int64_t ahead = 0; ahead < kPrefetchChunks; ++ahead) prefetch_chunk(p, table, span.lo + ahead * kChunk, span.hi);
+}
+
+// Runs attend(item) over items [begin, end), each next item's first chunks prefetched first.
+template <typename T, typename Attend>
+inline void walk_items(const Problem<T>& p, const std::vector<WorkItem>& items, int64_t begin, int64_t end,
+                       const Attend& attend) {
+  if (begin < end) prefetch_item(p, items[begin]);
+  for (int64_t i = begin; i < end; ++i) {
+    if (i + 1 < end) prefetch_item(p, items[i + 1]);
+    attend(items[i]);
+  }
 }
 
 // The at::vec kernel (any dtype, any head_dim, attention_vec.h), one per instruction set:

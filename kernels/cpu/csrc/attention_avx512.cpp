@@ -1,9 +1,15 @@
 // The AVX-512 CPU paged attention: float32 and bfloat16 caches, head sizes multiples of 16 (32 for
 // bfloat16 values).
 //
-// Same algorithm and invariants as attention_vec.h (flash attention's online softmax in
-// float32 over paged K/V, masking by selection so cache garbage, even NaN, never reaches an
-// output), written with intrinsics so that a bfloat16 cache costs half a float32 one:
+// Same invariants as attention_vec.h (flash attention's online softmax in float32 over paged
+// K/V, masking by selection so cache garbage, even NaN, never reaches an output), written with
+// intrinsics so that a bfloat16 cache costs half a float32 one, and with the softmax folded once
+// per span of up to kSpan keys rather than once per chunk:
+// - per span and KV head, every row's scores over the whole span are computed first (the keys
+//   chunk by chunk), then each row's span is folded into its running (max, sum) at once (one
+//   rescale of its accumulator per span, not per chunk: in a decode, a KV head has only 2-3 rows
+//   and the per-chunk reductions and rescales cost as much as the dot products), then the span's
+//   values are accumulated with those probabilities;
 // - per key chunk (up to 16 keys of one block) and KV head, the keys are read once for all the
 //   rows (query token x query head) of that KV head's group, straight from the cache into a
 //   transposed tile by a 16 x 16 register transpose of 32-bit lanes: float32 keys as they are;
@@ -39,6 +45,8 @@ namespace {
 
 constexpr int kScoreRows = 8;  // rows scored together in registers
 constexpr int kValueRows = 4;  // rows accumulating values together (4 rows x 64 dims: 16 registers)
+constexpr int64_t kSpan = 128;  // keys scored before the softmax folds them in (a multiple of kChunk)
+constexpr int64_t kSpanStride = kSpan + kChunk;  // a row's scores; a chunk stores 16 lanes from any offset
 
 // Per-thread tiles. Row state (max, sum, accumulator) of KV head h starts at row h * tile_rows.
 struct Scratch {
@@ -46,11 +54,11 @@ struct Scratch {
   std::vector<float> q;          // [kv_heads * tile_rows][head_dim]: float32 query rows times scale
   std::vector<uint16_t> q_bf16;  // same rows as bfloat16 bits (the bf16 dot path; scale applied after)
   std::vector<float> key_t;      // [head_dim][16] float32 keys, or [head_dim / 2][16] bf16 (d, d+1) pairs
-  std::vector<float> probs;      // [tile_rows][16]: one KV head's scores, then probabilities
+  std::vector<float> probs;      // [rows][kSpanStride]: scores over a span of the KV heads walked together, then probabilities
   std::vector<float> acc, row_max, row_sum;
   Scratch(int64_t tile_rows, int64_t kv_heads, int64_t head_dim, int64_t value_dim, bool bf16_dot)
       : tile_rows(tile_rows), q(bf16_dot ? 0 : kv_heads * tile_rows * head_dim),
-        q_bf16(bf16_dot ? kv_heads * tile_rows * head_dim : 0), key_t(head_dim * kChunk), probs(tile_rows * kChunk),
+        q_bf16(bf16_dot ? kv_heads * tile_rows * head_dim : 0), key_t(head_dim * kChunk), probs(std::max(tile_rows, kv_heads * kScoreRows) * kSpanStride),
         acc(kv_heads * tile_rows * value_dim), row_max(kv_heads * tile_rows), row_sum(kv_heads * tile_rows) {}
 };
 
@@ -109,22 +117,22 @@ PI_AVX512 inline void load_key_pairs(const c10::BFloat16* k, int64_t stride, int
   }
 }
 
-// scores[r][:] = q[r] . key_t for R rows of float32 queries (scale already applied).
+// scores[r * ld + c] = q[r] . key c (c < 16) for R rows of float32 queries (scale already applied).
 template <int R>
-PI_AVX512 inline void score_rows(const float* q, int64_t head_dim, const float* key_t, float* scores) {
+PI_AVX512 inline void score_rows(const float* q, int64_t head_dim, const float* key_t, float* scores, int64_t ld) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; ++d) {
     const __m512 k = _mm512_loadu_ps(key_t + d * 16);
     for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * head_dim + d]), k, acc[r]);
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + r * 16, acc[r]);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + r * ld, acc[r]);
 }
 
 // The same for bfloat16 queries against key pairs: one dpbf16 per pair of dims, then times scale.
 template <int R>
 PI_AVX512_BF16 void score_rows_bf16_dot(const uint16_t* q, int64_t head_dim, const float* key_t, float scale,
-                                        float* scores) {
+                                        float* scores, int64_t ld) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t i = 0; i < head_dim / 2; ++i) {
@@ -135,17 +143,17 @@ PI_AVX512_BF16 void score_rows_bf16_dot(const uint16_t* q, int64_t head_dim, con
       acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair), k);
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + r * 16, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + r * ld, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
 }
 
 template <int R = kScoreRows>
 PI_AVX512 inline void score_micro_tile(int64_t rows, const float* q, const uint16_t* q_bf16, int64_t head_dim,
-                                       const float* key_t, float scale, float* scores) {
+                                       const float* key_t, float scale, float* scores, int64_t ld) {
   if constexpr (R > 1) {
-    if (rows < R) return score_micro_tile<R - 1>(rows, q, q_bf16, head_dim, key_t, scale, scores);
+    if (rows < R) return score_micro_tile<R - 1>(rows, q, q_bf16, head_dim, key_t, scale, scores, ld);
   }
-  if (q_bf16 != nullptr) score_rows_bf16_dot<R>(q_bf16, head_dim, key_t, scale, scores);
-  else score_rows<R>(q, head_dim, key_t, scores);
+  if (q_bf16 != nullptr) score_rows_bf16_dot<R>(q_bf16, head_dim, key_t, scale, scores, ld);
+  else score_rows<R>(q, head_dim, key_t, scores, ld);
 }
 
 // e^x, Cephes' expf: x = n ln2 + r (ln2 in two parts), e^r by a degree-6 polynomial, times 2^n
@@ -166,27 +174,47 @@ PI_AVX512 inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
-// Lanes c < count of the chunk at key position `start` that a row at position `pos` sees:
-// start + c <= pos and, with a window W, start + c > pos - W.
-inline __mmask16 visible_keys(int64_t start, int64_t count, int64_t pos, int64_t window) {
-  const int64_t c_hi = std::clamp<int64_t>(pos - start + 1, 0, count);
-  const int64_t c_lo = window > 0 ? std::clamp<int64_t>(pos - window + 1 - start, 0, c_hi) : 0;
-  return static_cast<__mmask16>(((1u << c_hi) - 1u) & ~((1u << c_lo) - 1u));
+// The keys [begin, end) of a span that a row at position `pos` sees: <= pos and, with a window W,
+// > pos - W (within [lo, hi) of its item: never a key the span does not hold).
+struct Visible {
+  int64_t begin, end;
+};
+
+inline Visible visible_keys(int64_t span_lo, int64_t span_hi, int64_t pos, int64_t window) {
+  const int64_t end = std::min(span_hi, pos + 1);
+  const int64_t begin = window > 0 ? std::max(span_lo, pos - window + 1) : span_lo;
+  return {begin, std::max(begin, end)};
 }
 
-// Fold one row's 16 scores (in place: they become probabilities) into its running max and sum.
-PI_AVX512 inline void softmax_row(float* scores, __mmask16 visible, float& row_max, float& row_sum, float* acc,
-                                  int64_t value_dim) {
-  if (visible == 0) {
-    _mm512_storeu_ps(scores, _mm512_setzero_ps());
+// The lanes [from, to) of the 16 starting at `base`, as a mask.
+inline __mmask16 lanes(int64_t base, int64_t from, int64_t to) {
+  const int64_t lo = std::clamp<int64_t>(from - base, 0, 16), hi = std::clamp<int64_t>(to - base, 0, 16);
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// Fold one row's scores over a span of n keys (row[0, n): keys span_lo..; in place: they become
+// probabilities, 0 for a key the row does not see, so garbage there never reaches the values)
+// into its running max and sum, rescaling its accumulator once.
+PI_AVX512 inline void softmax_span_row(float* row, int64_t n, int64_t span_lo, Visible seen, float& row_max,
+                                       float& row_sum, float* acc, int64_t value_dim) {
+  const int64_t from = seen.begin - span_lo, to = seen.end - span_lo;
+  if (from >= to) {
+    for (int64_t c = 0; c < n; c += 16) _mm512_storeu_ps(row + c, _mm512_setzero_ps());
     return;
   }
-  const __m512 x = _mm512_loadu_ps(scores);
-  const float new_max = std::max(row_max, _mm512_mask_reduce_max_ps(visible, x));
-  const __m512 e = _mm512_maskz_mov_ps(visible, exp16(_mm512_sub_ps(x, _mm512_set1_ps(new_max))));
-  _mm512_storeu_ps(scores, e);
-  const float rescale = std::exp(row_max - new_max);  // 0 for the first visible chunk (row_max = -inf)
-  row_sum = row_sum * rescale + _mm512_reduce_add_ps(e);
+  __m512 max_vec = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t c = from & ~int64_t(15); c < to; c += 16)
+    max_vec = _mm512_mask_max_ps(max_vec, lanes(c, from, to), max_vec, _mm512_loadu_ps(row + c));
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(max_vec));
+  const __m512 shift = _mm512_set1_ps(new_max);
+  __m512 sum_vec = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += 16) {
+    const __m512 e = _mm512_maskz_mov_ps(lanes(c, from, to), exp16(_mm512_sub_ps(_mm512_loadu_ps(row + c), shift)));
+    _mm512_storeu_ps(row + c, e);
+    sum_vec = _mm512_add_ps(sum_vec, e);
+  }
+  const float rescale = std::exp(row_max - new_max);  // 0 for the first visible span (row_max = -inf)
+  row_sum = row_sum * rescale + _mm512_reduce_add_ps(sum_vec);
   row_max = new_max;
   if (rescale != 1.f) {
     const __m512 factor = _mm512_set1_ps(rescale);
@@ -208,10 +236,10 @@ PI_AVX512 inline __m512 load_values(const c10::BFloat16* v, int64_t d) {
                                       : _mm512_slli_epi32(bits, 16));
 }
 
-// acc[r][:] += sum_c probs[r][c] * value[c][:] for R rows (in the accumulator's layout); each value
-// row is read (and widened) once for the R rows, 64 dims at a time, then 16.
+// acc[r][:] += sum_c probs[r * ld + c] * value[c][:] for R rows (in the accumulator's layout); each
+// value row is read (and widened) once for the R rows, 64 dims at a time, then 16.
 template <int R, typename T>
-PI_AVX512 inline void accumulate_rows(const float* probs, int64_t count, const T* value, int64_t stride,
+PI_AVX512 inline void accumulate_rows(const float* probs, int64_t ld, int64_t count, const T* value, int64_t stride,
                                       int64_t value_dim, float* acc) {
   int64_t d = 0;
   for (; d + 64 <= value_dim; d += 64) {
@@ -222,7 +250,7 @@ PI_AVX512 inline void accumulate_rows(const float* probs, int64_t count, const T
       __m512 v[4];
       for (int u = 0; u < 4; ++u) v[u] = load_values(value + c * stride, d + 16 * u);
       for (int r = 0; r < R; ++r) {
-        const __m512 p = _mm512_set1_ps(probs[r * 16 + c]);
+        const __m512 p = _mm512_set1_ps(probs[r * ld + c]);
         for (int u = 0; u < 4; ++u) a[r][u] = _mm512_fmadd_ps(p, v[u], a[r][u]);
       }
     }
@@ -234,22 +262,22 @@ PI_AVX512 inline void accumulate_rows(const float* probs, int64_t count, const T
     for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(acc + r * value_dim + d);
     for (int64_t c = 0; c < count; ++c) {
       const __m512 v = load_values(value + c * stride, d);
-      for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(probs[r * 16 + c]), v, a[r]);
+      for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(probs[r * ld + c]), v, a[r]);
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * value_dim + d, a[r]);
   }
 }
 
 template <typename T>
-PI_AVX512 inline void accumulate_values(int64_t rows, const float* probs, int64_t count, const T* value,
+PI_AVX512 inline void accumulate_values(int64_t rows, const float* probs, int64_t ld, int64_t count, const T* value,
                                         int64_t stride, int64_t value_dim, float* acc) {
   int64_t r = 0;
   for (; r + kValueRows <= rows; r += kValueRows)
-    accumulate_rows<kValueRows>(probs + r * 16, count, value, stride, value_dim, acc + r * value_dim);
+    accumulate_rows<kValueRows>(probs + r * ld, ld, count, value, stride, value_dim, acc + r * value_dim);
   switch (rows - r) {
-    case 3: accumulate_rows<3>(probs + r * 16, count, value, stride, value_dim, acc + r * value_dim); break;
-    case 2: accumulate_rows<2>(probs + r * 16, count, value, stride, value_dim, acc + r * value_dim); break;
-    case 1: accumulate_rows<1>(probs + r * 16, count, value, stride, value_dim, acc + r * value_dim); break;
+    case 3: accumulate_rows<3>(probs + r * ld, ld, count, value, stride, value_dim, acc + r * value_dim); break;
+    case 2: accumulate_rows<2>(probs + r * ld, ld, count, value, stride, value_dim, acc + r * value_dim); break;
+    case 1: accumulate_rows<1>(probs + r * ld, ld, count, value, stride, value_dim, acc + r * value_dim); break;
     default: break;
   }
 }
@@ -273,31 +301,52 @@ PI_AVX512 void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s
 
   const int32_t* table = p.block_tables + item.seq * p.block_table_stride;
   const int64_t key_stride = KVH * D, value_stride = KVH * DV;
-  for (int64_t start = span.lo; start < span.hi;) {
-    const Chunk chunk = chunk_at(p, table, start, span.hi);
-    prefetch_ahead(p, table, start, span.lo, span.hi);
-    for (int64_t h = 0; h < KVH; ++h) {
-      const T* k = p.key_cache + chunk.slot0 * key_stride + h * D;
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        if (bf16_dot) load_key_pairs(k, key_stride, chunk.count, D, s.key_t.data());
-        else load_keys(k, key_stride, chunk.count, D, s.key_t.data());
-      } else {
-        load_keys(k, key_stride, chunk.count, D, s.key_t.data());
+  // A few rows per KV head (a decode: its group) walk every KV head per chunk, reading each
+  // block's slots (all KV heads side by side) in memory order; many rows walk one KV head at a time
+  // (their scores over a span stay in L1 / L2).
+  const int64_t heads_at_once = rows <= kScoreRows ? KVH : 1;
+  Chunk chunks[kSpan];  // the span's chunks (at least one key each)
+  for (int64_t span_lo = span.lo; span_lo < span.hi;) {
+    const int64_t span_hi = std::min(span.hi, span_lo + kSpan);
+    int64_t num_chunks = 0;
+    for (int64_t start = span_lo; start < span_hi; start += chunks[num_chunks++].count)
+      chunks[num_chunks] = chunk_at(p, table, start, span_hi);
+    for (int64_t h0 = 0; h0 < KVH; h0 += heads_at_once) {
+      // 1. every row's scores over the span, chunk by chunk (keys of one block, transposed)
+      for (int64_t i = 0, start = span_lo; i < num_chunks; start += chunks[i++].count) {
+        const Chunk& chunk = chunks[i];
+        if (h0 == 0) prefetch_ahead(p, table, start, span.hi);
+        for (int64_t h = h0; h < h0 + heads_at_once; ++h) {
+          const T* k = p.key_cache + chunk.slot0 * key_stride + h * D;
+          if constexpr (std::is_same_v<T, c10::BFloat16>) {
+            if (bf16_dot) load_key_pairs(k, key_stride, chunk.count, D, s.key_t.data());
+            else load_keys(k, key_stride, chunk.count, D, s.key_t.data());
+          } else {
+            load_keys(k, key_stride, chunk.count, D, s.key_t.data());
+          }
+          float* scores = s.probs.data() + (h - h0) * rows * kSpanStride + (start - span_lo);
+          for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows) {
+            const int64_t micro = std::min<int64_t>(kScoreRows, rows - r0);
+            score_micro_tile(micro, bf16_dot ? nullptr : s.q.data() + (h * tile + r0) * D,
+                             bf16_dot ? s.q_bf16.data() + (h * tile + r0) * D : nullptr, D, s.key_t.data(), p.scale,
+                             scores + r0 * kSpanStride, kSpanStride);
+          }
+        }
       }
-      const int64_t base = h * tile;
-      for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows) {
-        const int64_t micro = std::min<int64_t>(kScoreRows, rows - r0);
-        float* scores = s.probs.data() + r0 * 16;
-        score_micro_tile(micro, bf16_dot ? nullptr : s.q.data() + (base + r0) * D,
-                         bf16_dot ? s.q_bf16.data() + (base + r0) * D : nullptr, D, s.key_t.data(), p.scale, scores);
-        for (int64_t r = r0; r < r0 + micro; ++r)
-          softmax_row(s.probs.data() + r * 16, visible_keys(start, chunk.count, span.first_pos + r / p.group, p.window),
-                      s.row_max[base + r], s.row_sum[base + r], s.acc.data() + (base + r) * DV, DV);
-      }
-      accumulate_values(rows, s.probs.data(), chunk.count, p.value_cache + chunk.slot0 * value_stride + h * DV,
-                        value_stride, DV, s.acc.data() + base * DV);
+      // 2. each row's span folded into its softmax at once
+      for (int64_t h = h0; h < h0 + heads_at_once; ++h)
+        for (int64_t r = 0; r < rows; ++r)
+          softmax_span_row(s.probs.data() + ((h - h0) * rows + r) * kSpanStride, span_hi - span_lo, span_lo,
+                           visible_keys(span_lo, span_hi, span.first_pos + r / p.group, p.window),
+                           s.row_max[h * tile + r], s.row_sum[h * tile + r], s.acc.data() + (h * tile + r) * DV, DV);
+      // 3. the span's values, weighted by those probabilities
+      for (int64_t i = 0, start = span_lo; i < num_chunks; start += chunks[i++].count)
+        for (int64_t h = h0; h < h0 + heads_at_once; ++h)
+          accumulate_values(rows, s.probs.data() + (h - h0) * rows * kSpanStride + (start - span_lo), kSpanStride,
+                            chunks[i].count, p.value_cache + chunks[i].slot0 * value_stride + h * DV, value_stride, DV,
+                            s.acc.data() + h * tile * DV);
     }
-    start += chunk.count;
+    span_lo = span_hi;
   }
 
   for (int64_t h = 0; h < KVH; ++h) {
@@ -328,7 +377,7 @@ void attend_avx512(const Problem<T>& p, const std::vector<WorkItem>& items, int6
     const bool dot = std::is_same_v<T, c10::BFloat16> && bf16_dot && p.head_dim % 32 == 0;
     at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
       Scratch scratch(tile_rows, p.num_kv_heads, p.head_dim, p.value_dim, dot);
-      for (int64_t i = begin; i < end; ++i) attend_item(p, items[i], scratch, dot);
+      walk_items(p, items, begin, end, [&](const WorkItem& item) { attend_item(p, item, scratch, dot); });
     });
   }
 }

@@ -168,7 +168,7 @@ void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s) {
     const Chunk chunk = chunk_at(p, table, start, std::min(hi, start + kVecChunk));
     const int64_t count = chunk.count, slot0 = chunk.slot0;
     const int64_t next = start + count;
-    prefetch_ahead(p, table, start, lo, hi);
+    prefetch_ahead(p, table, start, hi);
     const Vec key_pos = Vec::arange(static_cast<float>(start), 1.f);
     const float last_key = static_cast<float>(start + count - 1);
     // Convert the chunk's keys (transposed) and values of every KV head, reading its slots in
@@ -229,7 +229,7 @@ void PI_VEC_ENTRY(const Problem<T>& p, const std::vector<WorkItem>& items, int64
   const int64_t dim_padded = (p.value_dim + Vec::size() - 1) / Vec::size() * Vec::size();
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch scratch(tile_rows, p.num_kv_heads, p.head_dim, dim_padded);
-    for (int64_t i = begin; i < end; ++i) attend_item(p, items[i], scratch);
+    walk_items(p, items, begin, end, [&](const WorkItem& item) { attend_item(p, item, scratch); });
   });
 }
 
