@@ -152,7 +152,10 @@ class Labels:
             original = ALL_ATTENTION_FUNCTIONS[name]
         except KeyError:
             return  # a built-in implementation (sdpa, eager): nothing of ours to label
-        AttentionInterface.register(name, _labelled(original, label("attention"), torch))
+        wrapper = _labelled(original, label("attention"), torch)
+        if callable(getattr(original, "packed", None)):  # the form the fused CPU decoder calls, labelled too
+            wrapper.packed = _labelled(original.packed, label("attention"), torch)
+        AttentionInterface.register(name, wrapper)
         self._undo.append(lambda: AttentionInterface.register(name, original))
 
     def restore(self) -> None:

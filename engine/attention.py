@@ -33,6 +33,9 @@ class StepContext:
     key_caches: list[torch.Tensor]  # one [num_blocks, block_size, kv_heads, head_dim] view per layer
     value_caches: list[torch.Tensor]
     layers_seen: set[int] = field(default_factory=set)  # checked after the forward: our attention really ran
+    # the dispatch's kernels for this step's device, chosen at its first layer (PAGEDINFER_ATTENTION is read
+    # once per step, not twice per layer)
+    kernels: dispatch.Kernels | None = None
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -53,15 +56,29 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
 def attend_layer(ctx: StepContext, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  scale: float, sliding_window: int | None) -> torch.Tensor:
     """Write layer `layer`'s K/V of the step, attend over the cache; transformers' layouts in and out."""
-    ctx.layers_seen.add(layer)
-    q = query[0].transpose(0, 1)  # [tokens, heads, head_dim]
-    k = key[0].transpose(0, 1)
-    v = value[0].transpose(0, 1)
-    k_cache, v_cache = ctx.key_caches[layer], ctx.value_caches[layer]
-    dispatch.write_kv(k, v, k_cache, v_cache, ctx.metadata.slot_mapping)
-    out = dispatch.paged_attention(q.contiguous(), k_cache, v_cache, ctx.metadata, scale,
-                                   sliding_window=sliding_window)
+    # [1, heads, tokens, head_dim] -> [tokens, heads, head_dim]
+    out = attend_packed(ctx, layer, query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                        scale, sliding_window)
     return out.unsqueeze(0)
+
+
+def attend_packed(ctx: StepContext, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  scale: float, sliding_window: int | None) -> torch.Tensor:
+    """`attend_layer` in the packed layout: q/k/v `[tokens, heads, head_dim]` (unit stride along head_dim)
+    in, `[tokens, heads, v_head_dim]` out (the fused CPU decoder calls it with views of its qkv GEMM's output)."""
+    dispatch.check_sliding_window(sliding_window)
+    ctx.layers_seen.add(layer)
+    kernels = ctx.kernels
+    if kernels is None:
+        kernels = ctx.kernels = dispatch.kernels_for(query.device)
+    k_cache, v_cache = ctx.key_caches[layer], ctx.value_caches[layer]
+    kernels.write_kv(key, value, k_cache, v_cache, ctx.metadata.slot_mapping)
+    return kernels.paged_attention(query.contiguous(), k_cache, v_cache, ctx.metadata, scale, sliding_window)
+
+
+# the packed form of the registered function: the fused CPU decoder calls it instead (a wrapper registered in
+# its place, as bench/breakdown.py's profiling label, may carry its own `packed`; one without is called as is)
+paged_attention_forward.packed = attend_packed
 
 
 def register() -> str:

@@ -5,24 +5,52 @@ the text past what the window decoded to before the token; if the window
 ends in U+FFFD (an incomplete UTF-8 sequence) nothing is emitted until the
 next token completes it. The window starts a few prompt tokens back so
 tokenizers that drop or add leading spaces decode a word boundary correctly.
+
+`fast_decode` returns a fast tokenizer's own Rust `decode` when the wrapper's
+`decode` would call it and nothing else (a class that overrides neither
+`decode` nor `_decode`, and no clean-up: we never ask for it): the same text
+without the wrapper's Python (two decodes per generated token, 5-7x cheaper
+each on a short window; tests/engine/test_detokenizer.py checks the texts are equal).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 _CONTEXT_TOKENS = 5
+
+
+def fast_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str] | None:
+    """`ids -> tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=False)` through the
+    Rust tokenizer directly, or None where the wrapper might do more than call it (see the module docstring)."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: the wrapper's decode
+        return None
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not (isinstance(tokenizer, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
+            and cls._decode is TokenizersBackend._decode and callable(getattr(backend, "decode", None))):
+        return None
+
+    def decode(ids: list[int]) -> str:
+        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return decode
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self._fast = fast_decode(tokenizer, skip_special_tokens)
         self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._fast is not None:
+            return self._fast(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 

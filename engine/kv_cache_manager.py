@@ -91,10 +91,21 @@ class KVCacheManager:
 
     # ----- allocation -----------------------------------------------------------------
     def _num_new_blocks(self, seq: Sequence, num_new_tokens: int, num_hit_blocks: int) -> int:
-        table = self.tables.get(seq.seq_id, [])
-        total_tokens = seq.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
-        needed = -(-total_tokens // self.block_size) - len(table) - num_hit_blocks
-        return max(needed, 0) + (1 if self._needs_cow(seq, num_new_tokens) else 0)
+        """Blocks that num_new_tokens more tokens (after num_hit_blocks prefix hits) take: the missing ones,
+        plus one if the first written block is shared (copy-on-write). One table lookup (run per sequence
+        per step)."""
+        bs = self.block_size
+        table = self.tables.get(seq.seq_id)
+        num_table = len(table) if table else 0
+        total_tokens = seq.num_computed_tokens + num_hit_blocks * bs + num_new_tokens
+        needed = -(-total_tokens // bs) - num_table - num_hit_blocks
+        if needed < 0:
+            needed = 0
+        if num_table and num_new_tokens:  # _needs_cow, inline
+            idx = seq.num_computed_tokens // bs
+            if idx < num_table and table[idx].ref_cnt > 1:
+                needed += 1
+        return needed
 
     def _needs_cow(self, seq: Sequence, num_new_tokens: int) -> bool:
         table = self.tables.get(seq.seq_id)
@@ -133,7 +144,9 @@ class KVCacheManager:
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[Block] | None = None,
                      use_watermark: bool = False) -> bool:
-        hits = hits or []
+        if not hits:  # every running sequence's step: no hits to revive
+            needed = self._num_new_blocks(seq, num_new_tokens, 0)
+            return needed + (self.watermark_blocks if use_watermark else 0) <= self.pool.num_free_blocks
         needed = self._num_new_blocks(seq, num_new_tokens, len(hits))
         revived = sum(1 for b in hits if b.ref_cnt == 0)  # hits sitting in the free queue
         reserve = self.watermark_blocks if use_watermark else 0

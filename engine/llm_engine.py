@@ -284,7 +284,10 @@ class LLMEngine:
         if rows:
             import torch
 
-            results = self.sampler.sample(logits[torch.tensor(row_index, device=logits.device)], rows)
+            # the common step samples every row once, in order: no gather (the sampler copies the rows it writes)
+            every_row = len(row_index) == logits.shape[0] and row_index == list(range(len(row_index)))
+            results = self.sampler.sample(
+                logits if every_row else logits[torch.tensor(row_index, device=logits.device)], rows)
         else:
             results = []
         touched: dict[str, _Request] = {}

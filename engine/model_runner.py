@@ -27,7 +27,7 @@ from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu.compiled_forward import CompiledForward
-from pagedinfer.engine.cpu.fused_layers import LayerFusionReport, fuse_layers
+from pagedinfer.engine.cpu.fused_layers import LayerFusionReport, causal_lm_logits, fuse_layers, fuses_causal_lm
 from pagedinfer.engine.cpu.fused_projections import FusionReport, fuse_projections
 from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
 from pagedinfer.engine.distributed import sharding
@@ -129,6 +129,8 @@ class ModelRunner:
         # on CPU, norms, RoPE, SiLU-and-multiply and the residual adds as native ops (the decoder's forward replaced)
         self.layer_fusion: LayerFusionReport | None = fuse_layers(self.model, self._rope_positions()) \
             if self.device.type == "cpu" else None
+        # eager steps of a fused causal LM skip transformers' outer forward (same ops: `causal_lm_logits`)
+        self.fused_lm = self.layer_fusion is not None and self.layer_fusion.fused and fuses_causal_lm(self.model)
         if self.model.config._attn_implementation != attn_name:
             raise RuntimeError(f"transformers did not set attention implementation {attn_name!r}")
         text_cfg = self.model.config.get_text_config()
@@ -245,6 +247,8 @@ class ModelRunner:
         with torch.inference_mode():
             if self.compiled is not None:
                 logits = self.compiled(input_ids, positions, ctx, logits_index)
+            elif self.fused_lm:
+                logits = causal_lm_logits(self.model, input_ids[0], positions[0], logits_index, ctx)
             else:
                 logits = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
                                     logits_to_keep=logits_index, pagedinfer_step=ctx).logits[0]

@@ -34,7 +34,8 @@ class SampleResult:
 class Sampler:
     """Samples one token per row of a step's logits, all rows at once.
 
-    Invariants: one device sync per step (the final `.tolist()`, which also
+    Invariants: the caller's logits are never written (the engine passes the runner's own when every row
+    samples); one device sync per step (the final `.tolist()`, which also
     carries every requested logprob), whatever the batch; a seeded request's draw consumes only its own generator, so it does
     not depend on what else is in the batch.
     """

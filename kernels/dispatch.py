@@ -1,6 +1,8 @@
 """The entry points the engine calls: each op picks the CPU path, torch, or the Triton kernel.
 
-Choice, made on every call (so a test may change it between calls):
+Choice, made on every call (so a test may change it between calls; `kernels_for`
+makes it once for a whole model step, every layer's calls then going straight to
+the chosen kernels):
 
 - `PAGEDINFER_ATTENTION=native` (CPU tensors only): the CPU path
   (`cpu/ops.py`): the native kernels, built on first use, falling back with
@@ -19,6 +21,8 @@ process never imports triton and a CUDA process never builds the CPU kernels.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -44,21 +48,41 @@ def backend_for(device: torch.device) -> str:
     return choice
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Scatter the step's K/V `[num_tokens, num_kv_heads, head_dim]` into the paged caches; slot -1 is skipped."""
-    backend = backend_for(key_cache.device)
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """One backend's `write_kv` and `paged_attention` (the signatures of this module's)."""
+
+    backend: str
+    write_kv: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]
+
+
+def kernels_for(device: torch.device) -> Kernels:
+    """The kernels `write_kv` and `paged_attention` would call now for tensors on `device`."""
+    backend = backend_for(device)
     if backend == "native":
         from pagedinfer.kernels.cpu import ops
 
-        ops.write_kv(key, value, key_cache, value_cache, slot_mapping)
-        return
+        return Kernels(backend, ops.write_kv, ops.paged_attention)
     if backend == "torch":
-        reference.write_kv(key, value, key_cache, value_cache, slot_mapping)
-        return
+        from pagedinfer.kernels.cpu import torch_attention
+
+        return Kernels(backend, reference.write_kv, torch_attention.paged_attention)
+    from pagedinfer.kernels.paged_attention import paged_attention_triton
     from pagedinfer.kernels.write_kv import write_kv_triton
 
-    write_kv_triton(key, value, key_cache, value_cache, slot_mapping)
+    return Kernels(backend, write_kv_triton, paged_attention_triton)
+
+
+def check_sliding_window(sliding_window: int | None) -> None:
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter the step's K/V `[num_tokens, num_kv_heads, head_dim]` into the paged caches; slot -1 is skipped."""
+    kernels_for(key_cache.device).write_kv(key, value, key_cache, value_cache, slot_mapping)
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -68,20 +92,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     The decodes (first `num_decode_seqs` sequences) and the prefill chunks (the
     rest) go to their own Triton kernels; the CPU paths handle both in one call.
     """
-    if sliding_window is not None and sliding_window <= 0:
-        raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
-    backend = backend_for(query.device)
-    if backend == "native":
-        from pagedinfer.kernels.cpu import ops
-
-        return ops.paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
-    if backend == "torch":
-        from pagedinfer.kernels.cpu import torch_attention
-
-        return torch_attention.paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
-    from pagedinfer.kernels.paged_attention import paged_attention_triton
-
-    return paged_attention_triton(query, key_cache, value_cache, metadata, scale, sliding_window)
+    check_sliding_window(sliding_window)
+    return kernels_for(query.device).paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
 
 
 def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],

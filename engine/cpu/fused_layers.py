@@ -19,7 +19,15 @@ each (`pagedinfer.kernels.cpu.layer_ops`) for
 and the final norm as one more `fused_add_rms_norm`. The attention call is the
 engine's own (`engine.attention.paged_attention_forward`: eager, or the
 compiled forward's opaque op, looked up in transformers' attention registry
-as its own layers do), so `--compile` traces this forward too.
+as its own layers do, once per forward), so `--compile` traces this forward too.
+Eager, when the function the registry holds has a packed form (its `packed`
+attribute: the engine's own, `attention.attend_packed`), each layer calls that on
+`[tokens, heads, head_dim]` views of the qkv GEMM's output: the same kernels on
+the same tensors, without transformers' layout round trip (a view, a transpose
+and back per q, k and v).
+`causal_lm_logits` runs a fused model's whole step as transformers'
+`*ForCausalLM.forward` does (decoder, rows kept, lm_head), without its
+wrappers and output dataclasses.
 
 Invariants:
 - only decoders of `MODEL_CLASSES` whose every layer is of `LAYER_CLASSES`
@@ -52,6 +60,8 @@ from pagedinfer.engine.attention import ATTN_IMPLEMENTATION
 from pagedinfer.kernels.cpu import layer_ops
 
 MODEL_CLASSES = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
+# their causal LMs: forward = decoder, hidden[:, logits_to_keep], lm_head (no logit scaling or soft-capping)
+CAUSAL_LM_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 
 
@@ -109,7 +119,7 @@ def _unfusable(decoder: nn.Module, dtype: torch.dtype) -> str:
 
 
 def _layer_forward(layer: nn.Module, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-                   cos_sin: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor]:
+                   cos_sin: torch.Tensor, step, attention, packed) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoder layer on packed `[tokens, hidden]` rows; returns (MLP output, residual) for the next."""
     attn, mlp = layer.self_attn, layer.mlp
     norm = layer.input_layernorm
@@ -126,11 +136,15 @@ def _layer_forward(layer: nn.Module, positions: torch.Tensor, hidden: torch.Tens
     else:
         layer_ops.rotary_embedding(positions, qkv, cos_sin, q_size // head_dim, k_size // head_dim, head_dim)
     tokens = qkv.shape[0]
-    query, key, value = (t.view(1, tokens, -1, head_dim).transpose(1, 2) for t in qkv.split(attn.qkv_sizes, dim=-1))
-    # looked up as transformers does (what the registry holds now: the engine's, or a bench's wrapper of it)
-    attention = attn.attention_functions.get_interface(attn.config._attn_implementation, attn.eager_attention)
-    out, _ = attention(attn, query, key, value, None, dropout=0.0, scaling=attn.scaling,
-                       sliding_window=attn.fused_sliding_window, pagedinfer_step=step)
+    if packed is not None:  # the attention's packed form (paged_attention_forward's scale and window)
+        query, key, value = (t.view(tokens, -1, head_dim) for t in qkv.split(attn.qkv_sizes, dim=-1))
+        scale = attn.scaling if attn.scaling is not None else head_dim ** -0.5
+        out = packed(step, attn.layer_idx, query, key, value, scale, attn.fused_sliding_window or None)
+    else:
+        query, key, value = (t.view(1, tokens, -1, head_dim).transpose(1, 2)
+                             for t in qkv.split(attn.qkv_sizes, dim=-1))
+        out, _ = attention(attn, query, key, value, None, dropout=0.0, scaling=attn.scaling,
+                           sliding_window=attn.fused_sliding_window, pagedinfer_step=step)
     hidden = attn.o_proj(out.reshape(tokens, -1))
     norm = layer.post_attention_layernorm
     layer_ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
@@ -154,12 +168,41 @@ def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, atten
     tokens = hidden.shape[0]
     positions = (torch.arange(tokens, device=hidden.device) if position_ids is None
                  else position_ids.reshape(-1)).contiguous()
-    step = kwargs.get("pagedinfer_step")
-    residual = None
-    for layer in self.layers[: self.config.num_hidden_layers]:
-        hidden, residual = _layer_forward(layer, positions, hidden, residual, self.fused_cos_sin, step)
-    layer_ops.fused_add_rms_norm(hidden, residual, self.norm.weight, self.norm.variance_epsilon)
+    hidden = _decoder_hidden(self, hidden, positions, kwargs.get("pagedinfer_step"))
     return BaseModelOutputWithPast(last_hidden_state=hidden[None])
+
+
+def _decoder_hidden(decoder: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, step) -> torch.Tensor:
+    """Every layer and the final norm over packed `[tokens, hidden]` embeddings (updated in place)."""
+    # looked up as transformers does (what the registry holds now: the engine's, or a bench's wrapper of it),
+    # once per forward; eager, its packed form when it has one
+    first = decoder.layers[0].self_attn
+    attention = first.attention_functions.get_interface(first.config._attn_implementation, first.eager_attention)
+    packed = getattr(attention, "packed", None) \
+        if step is not None and not torch.compiler.is_compiling() else None
+    residual = None
+    for layer in decoder.layers[: decoder.config.num_hidden_layers]:
+        hidden, residual = _layer_forward(layer, positions, hidden, residual, decoder.fused_cos_sin, step,
+                                          attention, packed)
+    layer_ops.fused_add_rms_norm(hidden, residual, decoder.norm.weight, decoder.norm.variance_epsilon)
+    return hidden
+
+
+def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
+                     logits_index: torch.Tensor, step) -> torch.Tensor:
+    """`model(input_ids=input_ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=logits_index,
+    pagedinfer_step=step).logits[0]` for a model `fuse_layers` fused (`fuses_causal_lm`): the same ops on the
+    same tensors, `[len(logits_index), vocab]` (packed `[tokens]` ids and positions in)."""
+    decoder = model.model
+    hidden = _decoder_hidden(decoder, decoder.embed_tokens(input_ids), positions.contiguous(), step)
+    return model.lm_head(hidden[None, logits_index, :])[0]
+
+
+def fuses_causal_lm(model: nn.Module) -> bool:
+    """Whether `causal_lm_logits` runs `model`: a causal LM of `CAUSAL_LM_CLASSES` whose decoder is fused."""
+    decoder = getattr(model, "model", None)
+    return (type(model).__name__ in CAUSAL_LM_CLASSES and decoder is not None
+            and getattr(decoder.forward, "__func__", None) is _model_forward)
 
 
 def fuse_layers(model: nn.Module, num_positions: int) -> LayerFusionReport:

@@ -208,6 +208,10 @@ def test_labels_on_a_real_engine_see_every_phase_and_are_removed_after(tiny_llam
                                     max_model_len=128, dtype="float32", device="cpu"))
     labels = Labels(engine)
     found = Breakdown()
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    # the fused CPU decoder calls the attention's packed form: the label wraps that too
+    assert callable(ALL_ATTENTION_FUNCTIONS[engine.runner.model.config._attn_implementation].packed)
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             outputs, _ = _drain(engine, [TokenIdsRequest(tuple(range(10, 30)), 3)], "r", None, lambda: None)
@@ -218,8 +222,6 @@ def test_labels_on_a_real_engine_see_every_phase_and_are_removed_after(tiny_llam
     assert all(found.microseconds[c] > 0 for c in ("matmul", "attention", "model other", "bookkeeping",
                                                    "sampling", "output")), found.microseconds
     assert "schedule" not in vars(engine.scheduler) and "_forward" not in vars(engine.runner)
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     from pagedinfer.engine.attention import paged_attention_forward
     assert ALL_ATTENTION_FUNCTIONS[engine.runner.model.config._attn_implementation] is paged_attention_forward
 

@@ -14,3 +14,26 @@ def test_streamed_text_equals_full_decode_and_has_no_broken_characters(tmp_path)
     pieces = [detok.add(t) for t in ids]
     assert "".join(pieces) == tok.decode(ids)
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_fast_decode_is_the_rust_tokenizer_and_equals_the_wrappers_decode(tmp_path):
+    """The per-token decode skips transformers' wrapper only where that changes nothing: same text,
+    special tokens kept or skipped alike; a tokenizer class with its own decode keeps the wrapper's."""
+    from pagedinfer.engine.detokenizer import fast_decode
+
+    tok = train_tokenizer(tmp_path)
+    ids = tok("café 東京 😀 naïve ∑ hello world").input_ids
+    ids = [tok.eos_token_id, *ids, tok.eos_token_id] if tok.eos_token_id is not None else ids
+    for skip in (True, False):
+        decode = fast_decode(tok, skip)
+        assert decode is not None
+        for end in range(1, len(ids) + 1):
+            window = ids[max(0, end - 6):end]
+            assert decode(window) == tok.decode(window, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+
+    class OwnDecode(type(tok)):
+        def decode(self, *args, **kwargs):
+            return "x"
+
+    tok.__class__ = OwnDecode
+    assert fast_decode(tok, True) is None

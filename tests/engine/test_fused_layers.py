@@ -18,7 +18,7 @@ from torch import nn
 
 from pagedinfer.engine import LLM
 from pagedinfer.engine.attention import StepContext, register
-from pagedinfer.engine.cpu.fused_layers import fuse_layers, rotary_cos_sin
+from pagedinfer.engine.cpu.fused_layers import causal_lm_logits, fuse_layers, fuses_causal_lm, rotary_cos_sin
 from pagedinfer.engine.cpu.fused_projections import fuse_projections
 from pagedinfer.engine.cpu.linear import pack_linear_weights
 from pagedinfer.engine.tiny_model import tiny_config
@@ -45,7 +45,16 @@ def _model(arch: str, dtype: torch.dtype, fused_layers: bool, **config) -> nn.Mo
     return model
 
 
-def _step_logits(model: nn.Module) -> list[torch.Tensor]:
+def _model_logits(model: nn.Module, ids: list[int], positions: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    return model(input_ids=torch.tensor([ids]), position_ids=positions[None], use_cache=False,
+                 pagedinfer_step=ctx).logits[0]
+
+
+def _lm_logits(model: nn.Module, ids: list[int], positions: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    return causal_lm_logits(model, torch.tensor(ids), positions, torch.arange(len(ids)), ctx)
+
+
+def _step_logits(model: nn.Module, forward=_model_logits) -> list[torch.Tensor]:
     """Every step's logits (all rows) through fresh paged caches."""
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -58,8 +67,7 @@ def _step_logits(model: nn.Module) -> list[torch.Tensor]:
         positions = torch.cat([torch.arange(s - q, s) for s, q in zip(seq_lens, query_lens)])
         ctx = StepContext(metadata=meta, key_caches=caches[::2], value_caches=caches[1::2])
         with torch.inference_mode():
-            out.append(model(input_ids=torch.tensor([ids]), position_ids=positions[None], use_cache=False,
-                             pagedinfer_step=ctx).logits[0].float())
+            out.append(forward(model, ids, positions, ctx).float())
         assert len(ctx.layers_seen) == config.num_hidden_layers
     return out
 
@@ -69,6 +77,41 @@ def test_fused_layers_give_the_unfused_logits_in_float32(arch):
     want = _step_logits(_model(arch, torch.float32, fused_layers=False))
     for got, expected in zip(_step_logits(_model(arch, torch.float32, fused_layers=True)), want):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_causal_lm_logits_are_the_models_own_forward_bit_for_bit(arch):
+    """The runner's eager step skips transformers' outer forward and the layout round trip of the attention call
+    (the packed `attend_packed`): the same ops on the same tensors, so the same bits."""
+    model = _model(arch, torch.float32, fused_layers=True)
+    assert fuses_causal_lm(model)
+    for got, expected in zip(_step_logits(model, _lm_logits), _step_logits(model, _model_logits)):
+        assert torch.equal(got, expected)
+
+
+def test_a_wrapper_registered_over_the_paged_attention_is_called_in_every_layer():
+    """The fused decoder looks the attention up in transformers' registry once per forward and calls what it
+    holds (a bench's profiling wrapper, say); only the engine's own function itself takes the packed path."""
+    from transformers import AttentionInterface
+
+    from pagedinfer.engine.attention import ATTN_IMPLEMENTATION, paged_attention_forward
+
+    model = _model("llama", torch.float32, fused_layers=True)
+    want = _step_logits(model, _lm_logits)
+    calls = []
+
+    def wrapper(module, *args, **kwargs):
+        calls.append(module.layer_idx)
+        return paged_attention_forward(module, *args, **kwargs)
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, wrapper)
+    try:
+        got = _step_logits(model, _lm_logits)
+    finally:
+        register()
+    assert calls == list(range(model.config.num_hidden_layers)) * len(STEPS)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
 
 
 def test_scaled_rope_is_the_rotary_modules_own():

@@ -181,3 +181,15 @@ def test_logprobs_of_every_row_come_back_without_a_per_row_scalar_read():
         for r, (v, i) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
             expected.setdefault(i, (v, r))
         assert {t: (lp.logprob, lp.rank) for t, lp in res.logprobs.items()} == expected
+
+
+def test_sample_never_writes_the_callers_logits():
+    """The engine hands the runner's logits to the sampler without a gather when every row samples: penalties,
+    logit bias and min_tokens must land in the sampler's own copy, never in the caller's tensor."""
+    logits = torch.stack([LOGITS, LOGITS.flip(0), LOGITS * 2])
+    before = logits.clone()
+    seqs = [seq(output=(1, 2), temperature=0.0, repetition_penalty=2.0, presence_penalty=1.0),
+            seq(temperature=1.0, logit_bias={3: 50.0}, seed=7),
+            seq(temperature=0.0, min_tokens=4, frequency_penalty=0.5)]
+    Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu")).sample(logits, seqs)
+    assert torch.equal(logits, before)
