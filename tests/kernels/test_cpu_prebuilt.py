@@ -18,16 +18,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pagedinfer.kernels.cpu import build, build_cli
 
-# Loads the kernels in a fresh process, then runs the native attention against the torch path.
+# Loads the kernels in a fresh process; with "attention", runs the native attention against the torch path
+# (importing ops.py's custom ops costs seconds, so only where the library loads).
 PROBE = """
 import json, logging, sys, warnings
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 import torch
-from pagedinfer.kernels.cpu import build, ops, torch_attention
-from pagedinfer.kernels.problems import make_problem
+from pagedinfer.kernels.cpu import build
 build.PACKAGE_PREBUILT_DIR = Path(sys.argv[1])  # not the checkout's own prebuilt/, which a developer may fill
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -35,8 +37,10 @@ with warnings.catch_warnings(record=True) as caught:
 result = {"loaded": loaded, "origin": None if build.origin() is None else build.origin().kind,
           "library": None if build.origin() is None else str(build.origin().library),
           "warnings": [str(w.message) for w in caught],
-          "registered": torch._C._dispatch_has_kernel_for_dispatch_key("pagedinfer::cpu_paged_attention", "CPU")}
-if loaded:
+          "registered": hasattr(torch.ops.pagedinfer, "cpu_attention_isa")}
+if sys.argv[2:] == ["attention"]:
+    from pagedinfer.kernels.cpu import ops, torch_attention
+    from pagedinfer.kernels.problems import make_problem
     p = make_problem([9, 30], [1, 20], 6, 2, head_dim=16, block_size=8)
     out = ops.paged_attention(p.query, p.key_cache, p.value_cache, p.metadata, p.scale)
     expected = torch_attention.paged_attention(p.query, p.key_cache, p.value_cache, p.metadata, p.scale)
@@ -45,7 +49,7 @@ print(json.dumps(result))
 """
 
 
-def probe(scratch: Path, kernels_dir: Path, cxx: str) -> tuple[dict, str]:
+def probe(scratch: Path, kernels_dir: Path, cxx: str, *args: str) -> tuple[dict, str]:
     """(the probe's result, its stderr) in a fresh process whose HOME, extensions cache and package prebuilt/
     are the (empty) folders home, extensions and none of scratch."""
     folders = [scratch / name for name in ("home", "extensions", "none")]
@@ -53,7 +57,7 @@ def probe(scratch: Path, kernels_dir: Path, cxx: str) -> tuple[dict, str]:
         folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HOME": str(folders[0]), "TORCH_EXTENSIONS_DIR": str(folders[1]), "CXX": cxx,
            build.DIR_ENV: str(kernels_dir)}
-    done = subprocess.run([sys.executable, "-c", PROBE, str(folders[2])], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", PROBE, str(folders[2]), *args], env=env, capture_output=True,
                           text=True, timeout=120, cwd=scratch)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
@@ -64,6 +68,7 @@ def tree(root: Path) -> list[tuple[str, int]]:
     return sorted((str(path.relative_to(root)), path.lstat().st_mtime_ns) for path in root.rglob("*"))
 
 
+@pytest.mark.slow  # the one proof of the prebuilt path: a fresh process importing the ops (5-18 s)
 def test_an_installed_library_loads_from_read_only_folders_compiling_and_writing_nothing(native_cpu_kernels,
                                                                                          tmp_path, capsys):
     prebuilt = tmp_path / "prebuilt"
@@ -80,7 +85,7 @@ def test_an_installed_library_loads_from_read_only_folders_compiling_and_writing
     try:
         for folder in read_only:
             folder.chmod(0o555)
-        result, log = probe(scratch, prebuilt, cxx="/bin/false")
+        result, log = probe(scratch, prebuilt, "/bin/false", "attention")
     finally:
         for folder in read_only:
             folder.chmod(0o755)
@@ -95,7 +100,7 @@ def test_a_folder_holding_only_another_hashs_library_is_passed_over(native_cpu_k
     other = tmp_path / "other"
     other.mkdir()
     shutil.copyfile(build.origin().library, other / "pagedinfer_cpu_kernels_000000000000.so")
-    result, log = probe(tmp_path, other, cxx=str(tmp_path / "no-such-c++"))
+    result, log = probe(tmp_path, other, str(tmp_path / "no-such-c++"))
     assert not result["loaded"] and result["origin"] is None and not result["registered"], log
     (warning,) = result["warnings"]
     assert "could not be built" in warning and f"none prebuilt for these sources is in {other}" in warning
