@@ -205,7 +205,7 @@ def load() -> bool:
                 kind = "compiled" if compiled else "cached"
             _origin = KernelsOrigin(kind, library, time.monotonic() - start)
             _loaded = True
-            logger.info("native CPU kernels: %s library %s, loaded in %.1f s", kind, library, _origin.load_seconds)
+            logger.info("native CPU kernels: %s library %s, loaded in %.0f ms", kind, library, 1e3 * _origin.load_seconds)
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
             _loaded, _origin = False, None
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
