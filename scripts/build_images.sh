@@ -12,7 +12,8 @@
 #    (~/.cache/pagedinfer) keyed by its inputs, and the base image stays in
 #    the store under a tag carrying its own key.
 # 2. Each image: `buildah bud` of its Dockerfile in images/ (the same files
-#    `docker build` takes), with --build-arg BASE_IMAGE=<the local base>. Its
+#    `docker build` takes), with --build-arg BASE_IMAGE=<the local base> (and
+#    COMPILER_IMAGE=<the base plus its Debian packages> where it has some). Its
 #    Python packages are resolved here by pip, as this machine's pip is
 #    configured (pip config list), into a wheelhouse that the build sees at
 #    /mnt with `no-index` (a pip.conf at /etc/xdg/pip): the build downloads
