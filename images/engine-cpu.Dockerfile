@@ -5,8 +5,27 @@
 #
 #   docker build -f images/engine-cpu.Dockerfile -t ghcr.io/pagedinfer/pagedinfer:0.1.0-cpu .
 #
+# The native CPU kernels (kernels/cpu/csrc) are compiled once, here, in the
+# `kernels` stage, and the image ships the library, root-owned and read-only
+# to the engine's user: a pod loads it at start and compiles nothing (the
+# engine logs "native CPU kernels: prebuilt library ..."). The image carries
+# no compiler: the library is built for exactly these sources and this torch
+# (its name is their hash), so only a changed source would need one, and a
+# changed source means a rebuilt image, whose own `kernels` stage compiles
+# it. Without the library and a compiler the engine would take the slower
+# torch path with one warning, never fail; the last RUN below makes sure the
+# image never ships that way.
+#
 # The base is pinned to an exact patch release and Debian suite.
 ARG BASE_IMAGE=python:3.12.11-slim-bookworm
+# The `kernels` stage's image: the base itself (the stage installs g++), or
+# the base with g++ already in a layer (scripts/build_images.sh passes its cached one).
+ARG COMPILER_IMAGE=${BASE_IMAGE}
+# The torch release the engine is tested with (the CUDA image's base has the
+# same). PyPI's Linux torch is the CUDA build with GBs of nvidia-* wheels; the
+# CPU build (2.13.0+cpu, which outranks it) is on PyTorch's CPU index.
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 FROM ${BASE_IMAGE} AS wheel
 WORKDIR /src
@@ -21,29 +40,37 @@ COPY testing ./testing
 WORKDIR /
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
 
-FROM ${BASE_IMAGE}
-# The torch release the engine is tested with (the CUDA image's base has the
-# same). PyPI's Linux torch is the CUDA build with GBs of nvidia-* wheels; the
-# CPU build (2.13.0+cpu, which outranks it) is on PyTorch's CPU index.
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+FROM ${COMPILER_IMAGE} AS kernels
+ARG TORCH_VERSION
+ARG TORCH_INDEX_URL
 COPY --from=wheel /wheels /wheels
-# g++ builds the native CPU attention on first use (kernels/cpu/build.py, ninja comes from pip);
-# without it the engine falls back to the slower torch attention with one warning. Installed unless
-# the base has it already (scripts/build_images.sh builds from a cached layer that does).
 # hadolint ignore=DL3008
 RUN command -v g++ >/dev/null \
     || { apt-get update \
          && apt-get install -y --no-install-recommends g++ \
          && rm -rf /var/lib/apt/lists/*; }
+# The same torch as the final stage (the library's hash covers its release), ninja from pip.
+RUN python -m pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
+        "torch==${TORCH_VERSION}" "$(ls /wheels/pagedinfer-*.whl)[engine]" \
+    && python -m pagedinfer.kernels.cpu.build --out /opt/pagedinfer/cpu-kernels
+
+FROM ${BASE_IMAGE}
+ARG TORCH_VERSION
+ARG TORCH_INDEX_URL
+COPY --from=wheel /wheels /wheels
 RUN python -m pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
         "torch==${TORCH_VERSION}" "$(ls /wheels/pagedinfer-*.whl)[engine]" \
     && rm -rf /wheels \
     && useradd --uid 1000 --user-group --create-home --home-dir /home/pagedinfer --shell /usr/sbin/nologin pagedinfer
-ENV HOME=/home/pagedinfer \
+# Root-owned (0755 folder, 0644 library): the engine's user loads it and cannot change it.
+COPY --from=kernels /opt/pagedinfer/cpu-kernels /opt/pagedinfer/cpu-kernels
+ENV PAGEDINFER_CPU_KERNELS_DIR=/opt/pagedinfer/cpu-kernels \
+    HOME=/home/pagedinfer \
     HF_HOME=/home/pagedinfer/.cache/huggingface \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
+# The library loads here, with no compiler, for exactly this image's sources and torch.
+RUN python -m pagedinfer.kernels.cpu.build --check
 WORKDIR /home/pagedinfer
 USER 1000:1000
 EXPOSE 8000

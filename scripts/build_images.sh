@@ -12,7 +12,8 @@
 #    (~/.cache/pagedinfer) keyed by its inputs, and the base image stays in
 #    the store under a tag carrying its own key.
 # 2. Each image: `buildah bud` of its Dockerfile in images/ (the same files
-#    `docker build` takes), with --build-arg BASE_IMAGE=<the local base>. Its
+#    `docker build` takes), with --build-arg BASE_IMAGE=<the local base> (and
+#    COMPILER_IMAGE=<the base plus its Debian packages> where it has some). Its
 #    Python packages are resolved here by pip, as this machine's pip is
 #    configured (pip config list), into a wheelhouse that the build sees at
 #    /mnt with `no-index` (a pip.conf at /etc/xdg/pip): the build downloads
@@ -32,7 +33,8 @@ SELF="$ROOT/scripts/build_images.sh"
 
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
 # image name | Dockerfile | tag (what the chart and the CRD expect) | pip requirements it resolves |
-# Debian packages its Dockerfile installs, kept in a cached layer over the base (its RUN then finds them)
+# Debian packages its build stage installs (the CPU engine's `kernels` stage: g++), kept in a cached layer over
+# the base, which the build gets as COMPILER_IMAGE (its RUN then finds them); the final stage is the bare base
 IMAGES=(
     "operator|images/operator.Dockerfile|ghcr.io/pagedinfer/pagedinfer-operator:${VERSION}|$ROOT[operator]|"
     "engine-cpu|images/engine-cpu.Dockerfile|ghcr.io/pagedinfer/pagedinfer:${VERSION}-cpu|$ROOT[engine] torch==TORCH_VERSION|g++"
@@ -206,10 +208,12 @@ build_image() {
     wheelhouse "$WORK/wheels/$name" "$@"
     local wheels_s; wheels_s="$(since "$start")"
     mkdir -p "$WORK/pip-$name"
+    local compiler=()
+    [ "$from" = "$base" ] || compiler=(--build-arg "COMPILER_IMAGE=$from")
     printf '[global]\nno-index = true\nfind-links = /mnt\n' >"$WORK/pip-$name/pip.conf"
     start="$(now)"
     "${BUILDAH[@]}" bud --quiet --isolation chroot --network host --layers=false \
-        --build-arg "BASE_IMAGE=$from" \
+        --build-arg "BASE_IMAGE=$base" "${compiler[@]}" \
         --volume "$WORK/wheels/$name:/mnt:ro" --volume "$WORK/pip-$name:/etc/xdg/pip:ro" \
         --label "dev.pagedinfer.source=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
         -f "$dockerfile" -t "$tag" "$ROOT" >/dev/null

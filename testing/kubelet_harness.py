@@ -105,12 +105,13 @@ class Engine:
 def native_kernels_cache() -> str:
     """The torch extensions folder of this process, which the engine processes share.
 
-    A pod's HOME is its own emptyDir (/tmp), so in a cluster each engine compiles
-    the native CPU kernels (kernels/cpu/build.py) once at start, in about a minute
-    on two cores. Here every engine process would compile them again, which is
-    g++'s time, not the engines': they load this process's build instead (the
-    same sources and flags, so the same hash-named folder; the first to need it
-    builds it under the build lock).
+    The engines here run the source tree, which has no prebuilt library (the
+    CPU engine image ships one, so its pods load it and compile nothing;
+    kernels/cpu/build.py), and a pod's HOME is its own emptyDir (/tmp): each
+    engine process would compile the native CPU kernels at start, in about a
+    minute on two cores, which is g++'s time, not the engines'. They load this
+    process's build instead (the same sources, flags and torch, so the same
+    hash-named folder; the first to need it builds it under the build lock).
     """
     explicit = os.environ.get("TORCH_EXTENSIONS_DIR")
     if explicit:

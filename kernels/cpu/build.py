@@ -1,21 +1,34 @@
-"""Build and load the native CPU kernels (`csrc/`) once per process, on first use.
+"""Find, or build, and load the native CPU kernels (`csrc/`) once per process, on first use.
 
-`torch.utils.cpp_extension.load` compiles `csrc/*.cpp` with ninja and the
-system C++ compiler (`CXX`, else `c++`) into the torch extensions cache
-(`TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions/<python>_cpu/`),
-then loads the library, whose static initializers register the CPU kernels of
-the ops defined in `ops.py` (attention) and `layer_ops.py` (norms, rotary, SiLU-and-multiply). The extension's name carries a hash of the
-sources (headers included) and flags, `pagedinfer_cpu_kernels_<hash>`, so
-another version of the sources (another checkout, an upgrade over a kept
-cache) builds into its own folder and never loads, or overwrites, this one's
-library; a later process with the same sources and flags reuses the cached
-library. Concurrent builds are serialised by an advisory lock on
-`<build dir>/pagedinfer.flock` (`_exclusive_build`), which the kernel drops
-with its holder: a build killed mid-way (an OOM kill, a Ctrl-C, a pod evicted
-during start-up) leaves torch's own lock file behind, on which every later
-`cpp_extension.load` would wait forever; holding the flock, that file can only
-be such a leftover, and is removed. A build still running elsewhere is waited
-for at most `BUILD_WAIT_S`, then this process takes the torch path.
+The library's name carries a hash of every file in csrc/ (headers included),
+the flags and the torch release it links against, `pagedinfer_cpu_kernels_<hash>`
+(`extension_name`), so a library of other sources, or built for another torch,
+is never loaded. `load()` takes the first of:
+
+1. A prebuilt library, `<dir>/<name>.so`, in the first folder of
+   `prebuilt_dirs()` that holds one: `$PAGEDINFER_CPU_KERNELS_DIR` (the CPU
+   engine image sets it to the root-owned folder its build compiled into), then
+   the package's own `prebuilt/` (`python -m pagedinfer.kernels.cpu.build`
+   installs there). It is loaded as it is (`torch.ops.load_library`): nothing
+   is written, no lock, no ninja, so a read-only folder, a read-only root
+   filesystem and a read-only HOME all do. A folder holding only other hashes'
+   libraries is passed over.
+2. The torch extensions cache (`TORCH_EXTENSIONS_DIR`, default
+   `~/.cache/torch_extensions/<python>_cpu/<name>/`): `torch.utils.cpp_extension.load`
+   compiles `csrc/*.cpp` there with ninja and the system C++ compiler (`CXX`,
+   else `c++`) if the folder holds no up-to-date build, then loads it. Concurrent
+   builds are serialised by an advisory lock on `<build dir>/pagedinfer.flock`
+   (`_exclusive_build`), which the kernel drops with its holder: a build killed
+   mid-way (an OOM kill, a Ctrl-C, a pod evicted during start-up) leaves torch's
+   own lock file behind, on which every later `cpp_extension.load` would wait
+   forever; holding the flock, that file can only be such a leftover, and is
+   removed. A build still running elsewhere is waited for at most
+   `BUILD_WAIT_S`, then this process takes the torch path.
+3. Neither (no prebuilt library, no compiler or ninja, a compile error): one
+   warning naming the cause, and the callers take the torch path.
+
+`origin()` says which it was (`KernelsOrigin`), and the load logs it at INFO
+(`pagedinfer.kernels`), with its seconds.
 
 The code is compiled for the baseline x86-64 (`-O3`, no `-march`), so a
 library built on one machine (an image build, a cache shared between nodes)
@@ -25,21 +38,29 @@ time (`cpuid`) and the kernels for wider sets (target attributes or a
 AVX-512 kernel (bfloat16 scored with avx512_bf16's dot product where the CPU
 has it), else `at::vec`'s kernel for AVX-512, AVX2 or generic vectors.
 
-Nothing here runs at import. `load()` tries once: on any failure (no compiler,
-no ninja, a compile error) it warns once, naming the cause, and returns False
-forever after in this process; callers then take the torch path.
+Nothing here runs at import. `load()` tries once per process: its answer
+(True, or False after the one warning) stands for the rest of it.
+
+`python -m pagedinfer.kernels.cpu.build [--out DIR]` (`build_cli.py`) compiles
+the library (or reuses the cache's build) and installs a copy into DIR
+(default: the package's `prebuilt/`); `--check` loads the prebuilt one only,
+failing (exit 1) where there is none for these sources: an image build runs
+both.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
@@ -53,18 +74,56 @@ SOURCES = [CSRC / name
 
 CFLAGS = ["-O3"]
 
+DIR_ENV = "PAGEDINFER_CPU_KERNELS_DIR"  # a folder of prebuilt libraries, searched first
+PACKAGE_PREBUILT_DIR = Path(__file__).parent / "prebuilt"  # the package's own, searched second
+
 BUILD_WAIT_S = 900.0  # the longest wait for another process's build of the same sources (a cold build: ~2 min)
 _POLL_S = 0.2
 
+logger = logging.getLogger("pagedinfer.kernels")
+
+
+@dataclass(frozen=True)
+class KernelsOrigin:
+    """Where this process's native CPU kernels came from."""
+
+    kind: str  # "prebuilt" (loaded as it is), "cached" (the extensions cache's build) or "compiled" (built now)
+    library: Path  # the .so loaded
+    load_seconds: float  # finding (and building) plus loading
+
+
 _loaded: bool | None = None  # None: not tried yet in this process
+_origin: KernelsOrigin | None = None  # set when _loaded is True
 
 
 def extension_name() -> str:
-    """`pagedinfer_cpu_kernels_<12 hex digits>`: a hash of every file in csrc/ and of the flags."""
-    digest = hashlib.sha256(" ".join(CFLAGS).encode())
+    """`pagedinfer_cpu_kernels_<12 hex digits>`: a hash of every file in csrc/, the flags and torch's release."""
+    import torch
+
+    digest = hashlib.sha256(" ".join(CFLAGS).encode() + b"\0" + torch.__version__.encode())
     for path in sorted(CSRC.iterdir()):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return f"pagedinfer_cpu_kernels_{digest.hexdigest()[:12]}"
+
+
+def library_filename(name: str) -> str:
+    return f"{name}.so"
+
+
+def prebuilt_dirs() -> list[Path]:
+    """The folders searched for a prebuilt library, in order: $PAGEDINFER_CPU_KERNELS_DIR, the package's."""
+    explicit = os.environ.get(DIR_ENV)
+    return [Path(explicit), PACKAGE_PREBUILT_DIR] if explicit else [PACKAGE_PREBUILT_DIR]
+
+
+def find_prebuilt(name: str) -> Path | None:
+    """The first `<dir>/<name>.so` of `prebuilt_dirs()`; None where none holds this hash's library."""
+    for directory in prebuilt_dirs():
+        candidate = directory / library_filename(name)
+        if candidate.is_file():
+            return candidate
+    return None
+
 
 def _ninja_on_path() -> None:
     """cpp_extension runs `ninja` from PATH; the pip wheel's binary sits beside the interpreter."""
@@ -98,23 +157,71 @@ def _exclusive_build(directory: Path, wait_s: float) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def load() -> bool:
-    """True once the native kernels are registered; False (one warning) if they cannot be built."""
-    global _loaded
-    if _loaded is None:
-        try:
-            from torch.utils import cpp_extension
+def build_and_load(name: str) -> tuple[Path, bool]:
+    """Build (unless the extensions cache holds an up-to-date build) and load; (the library, whether compiled now).
 
-            _ninja_on_path()
+    Raises whatever the build raises (no compiler, no ninja, a compile error, TimeoutError).
+    """
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    directory = Path(cpp_extension._get_build_directory(name, verbose=False))  # TORCH_EXTENSIONS_DIR's rule
+    library = directory / library_filename(name)
+    with _exclusive_build(directory, BUILD_WAIT_S):
+        before = library.stat().st_mtime_ns if library.exists() else None
+        cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                           build_directory=str(directory), is_python_module=False, verbose=False)
+    return library, before != library.stat().st_mtime_ns
+
+
+def load_prebuilt(name: str) -> Path | None:
+    """Load this hash's prebuilt library, writing nothing; None where there is none (or it does not load)."""
+    import torch
+
+    library = find_prebuilt(name)
+    if library is None:
+        return None
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as error:  # a truncated or foreign file: the build path may still work
+        warnings.warn(f"pagedinfer: the prebuilt native CPU kernels {library} did not load ({error}); "
+                      "building them instead", RuntimeWarning, stacklevel=3)
+        return None
+    return library
+
+
+def load() -> bool:
+    """True once the native kernels are registered; False (one warning) if there are none and they cannot be built."""
+    global _loaded, _origin
+    if _loaded is None:
+        start = time.monotonic()
+        try:
             name = extension_name()
-            directory = Path(cpp_extension._get_build_directory(name, verbose=False))  # TORCH_EXTENSIONS_DIR's rule
-            with _exclusive_build(directory, BUILD_WAIT_S):
-                cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
-                                   build_directory=str(directory), is_python_module=False, verbose=False)
+            library = load_prebuilt(name)
+            if library is not None:
+                kind = "prebuilt"
+            else:
+                library, compiled = build_and_load(name)
+                kind = "compiled" if compiled else "cached"
+            _origin = KernelsOrigin(kind, library, time.monotonic() - start)
             _loaded = True
+            logger.info("native CPU kernels: %s library %s, loaded in %.0f ms", kind, library, 1e3 * _origin.load_seconds)
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
-            _loaded = False
+            _loaded, _origin = False, None
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            warnings.warn(f"pagedinfer: the native CPU kernels (attention, layer ops) could not be built ({first_line}); "
-                          "using the slower torch path", RuntimeWarning, stacklevel=2)
+            searched = ", ".join(str(d) for d in prebuilt_dirs())
+            warnings.warn(f"pagedinfer: the native CPU kernels (attention, layer ops) could not be built ({first_line}) "
+                          f"and none prebuilt for these sources is in {searched}; using the slower torch path",
+                          RuntimeWarning, stacklevel=2)
     return _loaded
+
+
+def origin() -> KernelsOrigin | None:
+    """Where the loaded kernels came from; None before `load()` or where it returned False."""
+    return _origin
+
+
+if __name__ == "__main__":
+    from pagedinfer.kernels.cpu import build_cli
+
+    sys.exit(build_cli.main())

@@ -14,6 +14,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,25 @@ def test_the_build_context_holds_exactly_what_the_images_copy():
     for image, path in IMAGES.items():
         for src in Dockerfile.read(path).copies:
             assert src.rstrip("/") in allowed, f"{image} COPYs {src}, which .dockerignore leaves out"
+
+
+def test_the_wheel_ships_every_file_the_native_cpu_kernels_are_built_from():
+    """The CPU engine image's kernels stage compiles the installed package's csrc/, and the library's name
+    hashes every file there: a header the wheel leaves out fails that build (an installed engine could never
+    compile) and would name another hash than the checkout's."""
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    globs = package_data["pagedinfer.kernels.cpu"]
+    left_out = sorted(path.name for path in (REPO / "kernels" / "cpu" / "csrc").iterdir()
+                      if not any(fnmatch(f"csrc/{path.name}", glob) for glob in globs))
+    assert not left_out, f"pyproject.toml's package-data leaves {left_out} out of the wheel"
+
+
+def test_the_cpu_engine_compiles_its_kernels_in_a_stage_and_checks_the_final_image_loads_them():
+    cpu = Dockerfile.read(IMAGES["engine-cpu"])
+    assert cpu.text.count("python -m pagedinfer.kernels.cpu.build --out ") == 1
+    final_stage = cpu.text.rsplit("\nFROM ", 1)[1]
+    assert "python -m pagedinfer.kernels.cpu.build --check" in final_stage
+    assert "g++" not in final_stage and "COPY --from=kernels " in final_stage
 
 
 def test_hadolint_passes_on_every_dockerfile():

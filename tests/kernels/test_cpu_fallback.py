@@ -1,6 +1,8 @@
-"""Without a working C++ compiler the CPU path falls back to the torch attention, with one warning.
+"""Without a prebuilt library and a working C++ compiler the CPU path falls back to the torch attention,
+with one warning.
 
-The loader's state is reset for the test (as in a fresh process), the
+The loader's state is reset for the test (as in a fresh process), no folder
+holds a prebuilt library (tests/kernels/test_cpu_prebuilt.py loads one), the
 compiler named by CXX does not exist and the extensions cache is empty, so
 the build must fail; the outputs must equal the torch path's exactly.
 """
@@ -25,6 +27,9 @@ def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_outp
     # native_cpu_kernels: the real library is loaded first, so the failed build below cannot
     # make cpp_extension rebuild it under a new version for the tests that follow
     monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "_origin", None)
+    monkeypatch.setattr(build, "PACKAGE_PREBUILT_DIR", tmp_path / "no-prebuilt")  # nor a library built before
+    monkeypatch.delenv(build.DIR_ENV, raising=False)
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setenv(dispatch.ENV_VAR, "auto")
@@ -38,7 +43,8 @@ def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_outp
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1, messages
     assert "native CPU kernels (attention, layer ops) could not be built" in messages[0] and "using the slower torch path" in messages[0]
-    assert build._loaded is False
+    assert f"none prebuilt for these sources is in {tmp_path / 'no-prebuilt'}" in messages[0]
+    assert build._loaded is False and build.origin() is None
 
     expected_caches = p.key_cache.clone(), p.value_cache.clone()
     reference.write_kv(key, -key, *expected_caches, p.metadata.slot_mapping)
@@ -71,8 +77,11 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(tmp_path):
     folder.mkdir(parents=True)
     (folder / "lock").write_text("")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "CXX": str(tmp_path / "no-such-c++")}
+    env.pop(build.DIR_ENV, None)
+    load = ("from pathlib import Path; from pagedinfer.kernels.cpu import build; "
+            f"build.PACKAGE_PREBUILT_DIR = Path({str(tmp_path / 'no-prebuilt')!r}); print(build.load())")
     try:
-        done = subprocess.run([sys.executable, "-c", "from pagedinfer.kernels.cpu import build; print(build.load())"],
+        done = subprocess.run([sys.executable, "-c", load],
                               env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         pytest.fail("load() waited on the lock file of a build that no longer runs")

@@ -46,7 +46,7 @@ class BuiltImage:
     tag: str  # what the chart and the CRD name it
     dockerfile: str
     base: str  # the local base image it was built on
-    from_image: str  # its Dockerfile's BASE_IMAGE: the base, or the base plus a cached apt layer (g++)
+    from_image: str  # the base, or the base plus a cached apt layer (g++): the CPU engine's COMPILER_IMAGE
     id: str
     size_bytes: int  # unpacked: the sum of its layers
     archive: Path  # OCI archive for `kind load image-archive` / `ctr images import`

@@ -46,17 +46,21 @@ class Dockerfile:
         joined = re.sub(r"\\\n", " ", text)
         args = dict(re.findall(r"^ARG (\w+)=(\S+)", joined, re.M))
 
-        def substitute(value: str) -> str:
-            return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
+        def substitute(value: str) -> str:  # an ARG's default may name an earlier ARG
+            while "${" in value:
+                value = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
+            return value
 
         bases = tuple(substitute(b) for b in re.findall(r"^FROM (\S+)", joined, re.M))
         users = re.findall(r"^USER (\S+)", joined, re.M)
         copies = tuple(src for line in re.findall(r"^COPY (?!--from)(.+)$", joined, re.M)
                        for src in line.split()[:-1])
-        extras = re.findall(r"pagedinfer-\*\.whl\)\[(\w+)\]", joined)
+        final_stage = joined.rsplit("\nFROM ", 1)[-1]  # what the image holds (earlier stages may install too)
+        extras = re.findall(r"pagedinfer-\*\.whl\)\[(\w+)\]", final_stage)
         if len(extras) != 1:
-            raise ValueError(f"{path.name}: expected one `pagedinfer-*.whl)[extra]` install, found {extras}")
-        pins = tuple(substitute(pin) for pin in re.findall(r'pip install [^\n]*?"([\w-]+==[^"]+)"', joined))
+            raise ValueError(f"{path.name}: expected one `pagedinfer-*.whl)[extra]` install in the final stage, "
+                             f"found {extras}")
+        pins = tuple(substitute(pin) for pin in re.findall(r'pip install [^\n]*?"([\w-]+==[^"]+)"', final_stage))
         return cls(bases, args, users[-1] if users else None, copies, extras[0], pins, text)
 
 
