@@ -1,7 +1,7 @@
 """A prebuilt native CPU library (kernels/cpu/build.py) loads as it is, writing nothing; one for other sources never.
 
-`python -m pagedinfer.kernels.cpu.build --out DIR` (build_cli.main, here in
-this process: it reuses the session's build in the extensions cache) installs
+`python -m pagedinfer.kernels.cpu.build --out DIR` (build_cli.main, in a
+process of its own: it reuses the session's build in the extensions cache) installs
 the library for these sources' hash; a fresh process finds it through
 PAGEDINFER_CPU_KERNELS_DIR and loads it with every folder it could write to
 read-only and no compiler (CXX=/bin/false), as the CPU engine image's pod
@@ -70,11 +70,15 @@ def tree(root: Path) -> list[tuple[str, int]]:
 
 @pytest.mark.slow  # the one proof of the prebuilt path: a fresh process importing the ops (5-18 s)
 def test_an_installed_library_loads_from_read_only_folders_compiling_and_writing_nothing(native_cpu_kernels,
-                                                                                         tmp_path, capsys):
+                                                                                         tmp_path):
     prebuilt = tmp_path / "prebuilt"
-    assert build_cli.main(["--out", str(prebuilt)]) == 0
+    # In its own process, as an image build runs it: a build here that replaced the library this session
+    # has loaded would load a second copy, whose op registrations abort the process.
+    done = subprocess.run([sys.executable, "-m", "pagedinfer.kernels.cpu.build", "--out", str(prebuilt)],
+                          capture_output=True, text=True, timeout=build.BUILD_WAIT_S, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
     installed = prebuilt / f"{build.extension_name()}.so"
-    assert capsys.readouterr().out.strip() == str(installed)
+    assert done.stdout.strip().splitlines()[-1] == str(installed)
     assert [p.name for p in prebuilt.iterdir()] == [installed.name] and installed.stat().st_mode & 0o777 == 0o644
     scratch = tmp_path / "scratch"
     scratch.mkdir()
