@@ -157,6 +157,13 @@ def _exclusive_build(directory: Path, wait_s: float) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
+def cached_library(name: str) -> Path:
+    """Where the torch extensions cache holds (or will hold) the build of `name` (TORCH_EXTENSIONS_DIR's rule)."""
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(name, verbose=False)) / library_filename(name)
+
+
 def build_and_load(name: str) -> tuple[Path, bool]:
     """Build (unless the extensions cache holds an up-to-date build) and load; (the library, whether compiled now).
 
@@ -165,8 +172,8 @@ def build_and_load(name: str) -> tuple[Path, bool]:
     from torch.utils import cpp_extension
 
     _ninja_on_path()
-    directory = Path(cpp_extension._get_build_directory(name, verbose=False))  # TORCH_EXTENSIONS_DIR's rule
-    library = directory / library_filename(name)
+    library = cached_library(name)
+    directory = library.parent
     with _exclusive_build(directory, BUILD_WAIT_S):
         before = library.stat().st_mtime_ns if library.exists() else None
         cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,

@@ -68,10 +68,7 @@ def session_library() -> Path:
     state may have hidden the origin) the extensions cache's build for these sources."""
     if build.origin() is not None:
         return build.origin().library
-    from torch.utils import cpp_extension
-
-    name = build.extension_name()
-    library = Path(cpp_extension._get_build_directory(name, verbose=False)) / build.library_filename(name)
+    library = build.cached_library(build.extension_name())
     assert library.exists(), library
     return library
 
