@@ -16,7 +16,12 @@ is never loaded. `load()` takes the first of:
 2. The torch extensions cache (`TORCH_EXTENSIONS_DIR`, default
    `~/.cache/torch_extensions/<python>_cpu/<name>/`): `torch.utils.cpp_extension.load`
    compiles `csrc/*.cpp` there with ninja and the system C++ compiler (`CXX`,
-   else `c++`) if the folder holds no up-to-date build, then loads it. Concurrent
+   else `c++`) if the folder holds no up-to-date build, then loads it, and
+   stamps the library it saw built (`<name>.so.stamp`: its size and mtime). A
+   stamped library is loaded as it is, without ninja (`load_cached`): the name
+   already says which sources it was built from, while torch's `build.ninja`
+   holds their paths, so two checkouts of the same sources sharing the cache
+   would otherwise rebuild each other's library (minutes each). Concurrent
    builds are serialised by an advisory lock on `<build dir>/pagedinfer.flock`
    (`_exclusive_build`), which the kernel drops with its holder: a build killed
    mid-way (an OOM kill, a Ctrl-C, a pod evicted during start-up) leaves torch's
@@ -164,6 +169,41 @@ def cached_library(name: str) -> Path:
     return Path(cpp_extension._get_build_directory(name, verbose=False)) / library_filename(name)
 
 
+def stamp_path(library: Path) -> Path:
+    """The file saying that `library` is a build this module saw finish."""
+    return library.with_name(library.name + ".stamp")
+
+
+def _stamp_of(library: Path) -> str:
+    st = library.stat()
+    return f"{st.st_size} {st.st_mtime_ns}\n"
+
+
+def _write_stamp(library: Path) -> None:
+    stamp = stamp_path(library)
+    partial = stamp.with_name(f"{stamp.name}.{os.getpid()}")
+    partial.write_text(_stamp_of(library))
+    partial.replace(stamp)  # atomic: a reader sees the whole stamp or none
+
+
+def load_cached(name: str) -> Path | None:
+    """Load the extensions cache's build of this hash without ninja where its stamp matches it (a build seen
+    to finish, not replaced since); None where there is none, it is unstamped or stale, or it does not load."""
+    import torch
+
+    library = cached_library(name)
+    try:
+        if stamp_path(library).read_text() != _stamp_of(library):
+            return None
+    except OSError:  # no library or no stamp
+        return None
+    try:
+        torch.ops.load_library(str(library))
+    except OSError:  # a stamped but unloadable file: let the build path replace it
+        return None
+    return library
+
+
 def build_and_load(name: str) -> tuple[Path, bool]:
     """Build (unless the extensions cache holds an up-to-date build) and load; (the library, whether compiled now).
 
@@ -178,6 +218,7 @@ def build_and_load(name: str) -> tuple[Path, bool]:
         before = library.stat().st_mtime_ns if library.exists() else None
         cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
                            build_directory=str(directory), is_python_module=False, verbose=False)
+        _write_stamp(library)
     return library, before != library.stat().st_mtime_ns
 
 
@@ -207,6 +248,8 @@ def load() -> bool:
             library = load_prebuilt(name)
             if library is not None:
                 kind = "prebuilt"
+            elif (library := load_cached(name)) is not None:
+                kind = "cached"
             else:
                 library, compiled = build_and_load(name)
                 kind = "compiled" if compiled else "cached"

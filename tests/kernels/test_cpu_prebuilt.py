@@ -120,6 +120,24 @@ def test_a_folder_holding_only_another_hashs_library_is_passed_over(native_cpu_k
     assert "could not be built" in warning and f"none prebuilt for these sources is in {other}" in warning
 
 
+def test_a_stamped_build_in_the_extensions_cache_loads_without_ninja_and_a_stale_one_is_built_again(
+        native_cpu_kernels, tmp_path):
+    # As another checkout of the same sources left it: its build.ninja (which names that checkout's paths)
+    # is not here, so ninja would rebuild; the stamp says the library is a finished build of this hash.
+    name = build.extension_name()
+    cached = tmp_path / "extensions" / name / build.library_filename(name)
+    cached.parent.mkdir(parents=True)
+    shutil.copyfile(session_library(), cached)
+    build._write_stamp(cached)
+    result, log = probe(tmp_path, tmp_path / "none", "/bin/false")  # no compiler: a build would fail
+    assert result["loaded"] and result["origin"] == "cached" and result["library"] == str(cached), log
+    assert result["warnings"] == [] and sorted(p.name for p in cached.parent.iterdir()) == [cached.name,
+                                                                                             f"{cached.name}.stamp"]
+    os.utime(cached, ns=(1, 1))  # replaced since its stamp (by an unstamped build): not trusted
+    result, log = probe(tmp_path, tmp_path / "none", "/bin/false")
+    assert not result["loaded"] and "could not be built" in result["warnings"][0], log
+
+
 def test_the_first_folder_holding_this_hashs_library_is_the_one_found(monkeypatch, tmp_path):
     name = build.extension_name()
     explicit, package = tmp_path / "explicit", tmp_path / "package"
