@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from affinity import parse_cpu_list, pin
@@ -96,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="timed runs per system; the median is reported")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run pagedinfer and vLLM back to back this many times, alternating which goes first, each "
+                        "time --repeats runs in a fresh process; the medians pool every round's runs, and the "
+                        "summary gives the range of the rounds' own ratios (a VM's speed drifts between minutes)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for every system")
     p.add_argument("--cpus", type=parse_cpu_list, metavar="LIST",
                    help="pin every system, its child processes included, to these CPUs (as taskset -c: 0 or 0-3 "
@@ -135,8 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", help="write a cProfile of pagedinfer's last timed run to this file "
                                      "(one model and dtype only)")
     args = p.parse_args(argv)
-    if args.repeats < 1 or args.num_requests < 1 or args.threads < 1 or args.breakdown_every < 1:
-        p.error("--repeats, --num-requests, --threads and --breakdown-every: must be >= 1")
+    if min(args.repeats, args.rounds, args.num_requests, args.threads, args.breakdown_every) < 1:
+        p.error("--repeats, --rounds, --num-requests, --threads and --breakdown-every: must be >= 1")
     if args.cpus is not None and args.threads > len(args.cpus):
         p.error(f"--threads: {args.threads} threads on the {len(args.cpus)} CPUs of --cpus would share cores")
     if args.hf_check_requests < 0:
@@ -241,16 +245,18 @@ def bf16_agreements(by_dtype: dict[str, dict[str, RunResult]]) -> list[tuple[str
     return [(name, agreement(a.outputs, b.outputs)) for name, a, b in pairs if a is not None and b is not None]
 
 
-def summary(rows: list[tuple[str, str, RunResult, RunResult | None]]) -> list[str]:
-    """pagedinfer against vLLM per model and dtype."""
-    lines = [f"{'model':<6}{'dtype':<10}{'system':<19}{'tok/s':>9}{'vs vLLM':>9}{'CPU/wall':>9}{'tok/CPU-s':>10}"
-             f"{'start-up s':>11}{'RSS MiB':>9}"]
-    for model, dtype, r, vllm in rows:
+def summary(rows: list[tuple[str, str, RunResult, RunResult | None, list[float]]]) -> list[str]:
+    """pagedinfer against vLLM per model and dtype: the ratio of the medians over every round's runs, and
+    with --rounds > 1 the range of the rounds' own ratios (each round ran both systems back to back)."""
+    lines = [f"{'model':<6}{'dtype':<10}{'system':<19}{'tok/s':>9}{'vs vLLM':>9}{'per round':>12}{'CPU/wall':>9}"
+             f"{'tok/CPU-s':>10}{'start-up s':>11}{'RSS MiB':>9}"]
+    for model, dtype, r, vllm, ratios in rows:
         ratio = r.output_tokens_per_second / vllm.output_tokens_per_second if vllm else None
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else "-"
         # tokens per CPU second: the work per core, whatever share of the cores a loaded machine left it
         per_cpu = r.output_tokens_per_second / r.cpu_per_wall if r.cpu_per_wall else None
         lines.append(f"{model:<6}{dtype:<10}{r.system:<19}{r.output_tokens_per_second:>9.1f}"
-                     f"{_cell(ratio, '.2f', 9)}{_cell(r.cpu_per_wall, '.2f', 9)}{_cell(per_cpu, '.1f', 10)}"
+                     f"{_cell(ratio, '.2f', 9)}{spread:>12}{_cell(r.cpu_per_wall, '.2f', 9)}{_cell(per_cpu, '.1f', 10)}"
                      f"{r.startup_seconds:>11.1f}{r.peak_rss_bytes / 2**20:>9.0f}")
     return lines
 
@@ -274,16 +280,32 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
         print(f"== {name} {dtype}: requests={len(requests)}; "
               f"prompt tokens={sum(len(r.prompt_token_ids) for r in requests)}; "
               f"output tokens={sum(r.max_tokens for r in requests)}", flush=True)
-        paged_runs = [_in_child(run_pagedinfer, model_dir, requests, args.block_size,
-                                args.kv_budget_tokens // args.block_size, args.max_num_seqs,
-                                args.max_num_batched_tokens, spec.max_model_len, args.threads, args.repeats,
-                                args.profile if not i else None, dtype,  # the first run's cProfile
-                                args.breakdown_every if args.breakdown else 0, compiled, overlap)
-                      for i, (compiled, overlap) in enumerate((c, o) for c in COMPILE_RUNS[args.compile]
-                                                              for o in OVERLAP_RUNS[args.overlap])]
-        for run in paged_runs:
-            print(f"{run.result.system} done: {run.result.output_tokens_per_second:.1f} tok/s"
-                  f" (start-up {run.result.startup_seconds:.1f} s)", flush=True)
+        paged_rounds: list[list] = []  # per round, one PagedRun per (compile, overlap) variant
+        vllm_rounds: list[RunResult] = []
+        for i in range(args.rounds):
+            # odd rounds start with vLLM: a drift of the machine's speed favours neither system
+            if i % 2 and not args.skip_vllm:
+                vllm_rounds.append(run_vllm(args, model_dir, workload_path, spec.max_model_len, dtype))
+            paged_rounds.append([
+                _in_child(run_pagedinfer, model_dir, requests, args.block_size, args.kv_budget_tokens // args.block_size,
+                          args.max_num_seqs, args.max_num_batched_tokens, spec.max_model_len, args.threads, args.repeats,
+                          args.profile if not i and not j else None, dtype,  # the first run's cProfile
+                          args.breakdown_every if args.breakdown and not i else 0, compiled, overlap)
+                for j, (compiled, overlap) in enumerate((c, o) for c in COMPILE_RUNS[args.compile]
+                                                        for o in OVERLAP_RUNS[args.overlap])])
+            if not i % 2 and not args.skip_vllm:
+                vllm_rounds.append(run_vllm(args, model_dir, workload_path, spec.max_model_len, dtype))
+            for run in paged_rounds[-1]:
+                print(f"round {i + 1}: {run.result.system} {run.result.output_tokens_per_second:.1f} tok/s"
+                      f" (start-up {run.result.startup_seconds:.1f} s)", flush=True)
+            if vllm_rounds:
+                print(f"round {i + 1}: vllm {vllm_rounds[-1].output_tokens_per_second:.1f} tok/s", flush=True)
+        # each variant's runs of every round pooled; KV figures and breakdown from the first round
+        paged_runs = [replace(runs[0], result=RunResult.pooled([r.result for r in runs]))
+                      for runs in zip(*paged_rounds)]
+        round_ratios = {runs[0].result.system: [r.result.output_tokens_per_second / v.output_tokens_per_second
+                                                for r, v in zip(runs, vllm_rounds)]
+                        for runs in zip(*paged_rounds)}
         paged = paged_runs[0]
         by_system = {run.result.system: run.result for run in paged_runs}
         for system, r in by_system.items():
@@ -308,11 +330,9 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
             print(f"hf-continuous done: {results[-1].output_tokens_per_second:.1f} tok/s", flush=True)
         if dtype == "float32" and not hf_timed:
             print(f"hf-static and hf-continuous skipped on {name} (--hf-all-models runs them)", flush=True)
-        vllm = None
-        if not args.skip_vllm:
-            vllm = run_vllm(args, model_dir, workload_path, spec.max_model_len, dtype)
+        vllm = RunResult.pooled(vllm_rounds) if vllm_rounds else None
+        if vllm is not None:
             results.append(vllm)
-            print(f"vllm done: {vllm.output_tokens_per_second:.1f} tok/s", flush=True)
         for r in results:
             check_lengths(r, requests)
         print("\n".join(report_table(results, reference) + report_paged(paged)
@@ -320,7 +340,8 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
                            for run in paged_runs[1:] if run.breakdown is not None]), flush=True)
         by_dtype[dtype] = {r.system: r for r in results}
         all_results.extend((name, r) for r in results + ([reference] if reference else []))
-        rows.extend((name, dtype, r, vllm) for r in results if r.system.startswith("pagedinfer") or r.system == "vllm")
+        rows.extend((name, dtype, r, vllm, round_ratios.get(r.system, [])) for r in results
+                    if r.system.startswith("pagedinfer") or r.system == "vllm")
     for what, found in bf16_agreements(by_dtype):
         print(f"{name} greedy agreement, {what}: {found}", flush=True)
 
@@ -341,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             run_model(args, name, MODELS[name], tmp, all_results, rows)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps([{"model": m, **json.loads(r.to_json())} for m, r in all_results]))
-    print("\n".join(["summary (threads=%d per engine, %s, medians of %d):" % (args.threads, pinned, args.repeats)]
+    print("\n".join(["summary (threads=%d per engine, %s, medians of %d runs in %d round(s)):"
+                      % (args.threads, pinned, args.repeats * args.rounds, args.rounds)]
                     + summary(rows)))
     return 0
 

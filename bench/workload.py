@@ -17,7 +17,7 @@ import json
 import math
 import random
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
@@ -122,6 +122,26 @@ class RunResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+    @classmethod
+    def pooled(cls, rounds: "list[RunResult]") -> "RunResult":
+        """One system's runs over several rounds (`--rounds`) as one result: every round's timed runs
+        (so the medians are over all of them), the median start-up, the highest peak RSS, the first
+        round's outputs. Every round must have generated the same tokens (greedy is deterministic)."""
+        if not rounds:
+            raise ValueError("pooled: no rounds given")
+        first = rounds[0]
+        for i, r in enumerate(rounds[1:], start=2):
+            if (r.system, r.dtype, r.num_output_tokens) != (first.system, first.dtype, first.num_output_tokens):
+                raise ValueError(f"pooled: round {i} is {r.system} {r.dtype} with {r.num_output_tokens} tokens, "
+                                 f"round 1 {first.system} {first.dtype} with {first.num_output_tokens}")
+            if r.outputs != first.outputs:
+                raise ValueError(f"pooled: {r.system}'s tokens in round {i} differ from round 1's")
+        cpu = tuple(c for r in rounds for c in r.all_cpu_seconds)
+        return replace(first, all_elapsed_seconds=tuple(t for r in rounds for t in r.all_elapsed_seconds),
+                       all_cpu_seconds=cpu if all(r.all_cpu_seconds for r in rounds) else (),
+                       startup_seconds=statistics.median(r.startup_seconds for r in rounds),
+                       peak_rss_bytes=max(r.peak_rss_bytes for r in rounds))
 
     @classmethod
     def from_json(cls, text: str) -> "RunResult":

@@ -16,7 +16,8 @@ from agreement import agreement
 from breakdown import Breakdown, Labels, classify, label
 from proc_stats import (CLOCK_TICKS_PER_SECOND, peak_rss_bytes, resident_fraction, rss_bytes, tree, tree_cpu_seconds,
                         tree_peak_rss_bytes)
-from throughput import MODELS, parse_args
+from throughput import MODELS, parse_args, summary
+from workload import RunResult
 
 
 # ----- flags ---------------------------------------------------------------------------------------
@@ -37,6 +38,7 @@ def test_models_and_dtypes_are_comma_separated_lists_with_tiny_and_both_dtypes_b
     (["--dtypes", "float16", "--skip-vllm"], "--dtypes"),
     (["--models", "tiny"], "--vllm-python"),
     (["--breakdown-every", "0", "--skip-vllm"], "--breakdown-every"),
+    (["--rounds", "0", "--skip-vllm"], "--rounds"),
     (["--compile", "yes", "--skip-vllm"], "--compile"),
     (["--overlap", "yes", "--skip-vllm"], "--overlap"),
     (["--profile", "p.out", "--skip-vllm"], "--profile"),  # two dtypes by default: which one to profile?
@@ -246,3 +248,37 @@ def test_labels_leave_a_compiled_forwards_attention_alone_and_skip_missing_phase
     assert runner._forward is not forward and runner._forward() == "logits"
     labels.restore()
     assert runner._forward is forward and vars(engine.scheduler) == {}
+
+
+# ----- rounds ----------------------------------------------------------------------------------------
+def _run(system: str, seconds: tuple[float, ...], cpu: tuple[float, ...] = (), outputs=((5, 6),), startup=1.0,
+         rss=100) -> RunResult:
+    return RunResult(system, 1, 2, seconds, 1, outputs, all_cpu_seconds=cpu, startup_seconds=startup,
+                     peak_rss_bytes=rss)
+
+
+def test_rounds_pool_every_run_into_the_medians_and_keep_the_highest_rss():
+    pooled = RunResult.pooled([_run("vllm", (4.0, 5.0), (8.0, 10.0), startup=3.0, rss=200),
+                               _run("vllm", (1.0,), (1.5,), startup=5.0, rss=300),
+                               _run("vllm", (2.0, 3.0), (4.0, 6.0), startup=4.0, rss=100)])
+    assert pooled.all_elapsed_seconds == (4.0, 5.0, 1.0, 2.0, 3.0) and pooled.elapsed_seconds == 3.0
+    assert pooled.cpu_per_wall == 2.0 and pooled.startup_seconds == 4.0 and pooled.peak_rss_bytes == 300
+    assert RunResult.pooled([_run("vllm", (1.0,), (1.0,)), _run("vllm", (2.0,))]).cpu_per_wall is None
+
+
+@pytest.mark.parametrize("other, named", [
+    (_run("vllm", (1.0,), outputs=((5, 7),)), "tokens in round 2 differ"),
+    (_run("pagedinfer", (1.0,)), "round 2 is pagedinfer"),
+])
+def test_rounds_that_generated_different_tokens_or_ran_another_system_are_not_pooled(other, named):
+    with pytest.raises(ValueError, match=named):
+        RunResult.pooled([_run("vllm", (1.0,)), other])
+    with pytest.raises(ValueError, match="no rounds"):
+        RunResult.pooled([])
+
+
+def test_the_summary_gives_the_ratio_of_the_pooled_medians_and_the_range_of_the_rounds_own_ratios():
+    ours, vllm = _run("pagedinfer", (1.0, 2.0, 4.0)), _run("vllm", (2.0, 2.0, 3.0))
+    lines = summary([("tiny", "float32", ours, vllm, [0.9, 1.5, 1.1]), ("tiny", "float32", vllm, vllm, [])])
+    assert lines[1].split()[2:6] == ["pagedinfer", "1.0", "1.00", "0.90-1.50"]
+    assert lines[2].split()[2:6] == ["vllm", "1.0", "1.00", "-"]
