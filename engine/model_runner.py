@@ -25,6 +25,7 @@ from pagedinfer.engine import sizing
 from pagedinfer.engine.attention import StepContext, register
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
+from pagedinfer.engine.batch.step_inputs import IndexBuffer
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu.compiled_forward import CompiledForward
 from pagedinfer.engine.cpu.fused_layers import LayerFusionReport, causal_lm_logits, fuse_layers, fuses_causal_lm
@@ -149,6 +150,9 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.cpu_cache: torch.Tensor | None = None
         self.batch = PersistentBatch(self.block_size, config.max_num_seqs)
+        # a step's token ids and logits rows, written into buffers kept across steps (engine/batch/step_inputs.py)
+        self._input_ids = IndexBuffer(self.device, config.max_num_batched_tokens)
+        self._logits_rows = IndexBuffer(self.device, config.max_num_seqs)
         self.compiled: CompiledForward | None = None
         if config.compile:
             if self.device.type != "cpu":
@@ -327,8 +331,8 @@ class ModelRunner:
         if step.blocks_to_copy:
             dispatch.copy_blocks(self.key_caches, self.value_caches, _pairs(step.blocks_to_copy, self.device))
         meta, positions = self.batch.prepare(step.seq_ids, step.seq_lens, step.query_lens, self.device)
-        input_ids = torch.tensor([step.token_ids], dtype=torch.long, device=self.device)
-        return self._forward(input_ids, positions[None], meta, torch.tensor(step.logits_rows, device=self.device))
+        input_ids = self._input_ids.put(step.token_ids)
+        return self._forward(input_ids[None], positions[None], meta, self._logits_rows.put(step.logits_rows))
 
 
 def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device | str = "cpu") -> torch.Tensor:

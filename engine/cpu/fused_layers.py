@@ -25,6 +25,9 @@ attribute: the engine's own, `attention.attend_packed`), each layer calls that o
 `[tokens, heads, head_dim]` views of the qkv GEMM's output: the same kernels on
 the same tensors, without transformers' layout round trip (a view, a transpose
 and back per q, k and v).
+Each layer's norms, head counts and projections are bound once, at fusion
+(`layer_plan.py`: the GEMM op with its packed weight and bias, no
+`Module.__call__` and no attribute walks per layer and step).
 `causal_lm_logits` runs a fused model's whole step as transformers'
 `*ForCausalLM.forward` does (decoder, rows kept, lm_head), without its
 wrappers and output dataclasses.
@@ -57,6 +60,7 @@ import torch
 from torch import nn
 
 from pagedinfer.engine.attention import ATTN_IMPLEMENTATION
+from pagedinfer.engine.cpu.layer_plan import DecoderPlan, LayerPlan, Projection, plan_decoder, projection
 from pagedinfer.kernels.cpu import layer_ops
 
 MODEL_CLASSES = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
@@ -118,37 +122,34 @@ def _unfusable(decoder: nn.Module, dtype: torch.dtype) -> str:
     return ""
 
 
-def _layer_forward(layer: nn.Module, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+def _layer_forward(plan: LayerPlan, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                    cos_sin: torch.Tensor, step, attention, packed) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoder layer on packed `[tokens, hidden]` rows; returns (MLP output, residual) for the next."""
-    attn, mlp = layer.self_attn, layer.mlp
-    norm = layer.input_layernorm
+    weight, eps = plan.input_norm
     if residual is None:
-        residual, hidden = hidden, layer_ops.rms_norm(hidden, norm.weight, norm.variance_epsilon)
+        residual, hidden = hidden, layer_ops.rms_norm(hidden, weight, eps)
     else:
-        layer_ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
-    qkv = attn.qkv_proj(hidden)
-    head_dim = attn.head_dim
-    q_size, k_size, _ = attn.qkv_sizes
-    if attn.qk_norms:
-        layer_ops.rotary_embedding(positions, qkv, cos_sin, q_size // head_dim, k_size // head_dim, head_dim,
-                                   attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon)
+        layer_ops.fused_add_rms_norm(hidden, residual, weight, eps)
+    qkv = plan.qkv.fn(hidden, *plan.qkv.args)
+    head_dim = plan.head_dim
+    if plan.qk_norms is not None:
+        layer_ops.rotary_embedding(positions, qkv, cos_sin, plan.num_query_heads, plan.num_key_heads, head_dim,
+                                   *plan.qk_norms)
     else:
-        layer_ops.rotary_embedding(positions, qkv, cos_sin, q_size // head_dim, k_size // head_dim, head_dim)
+        layer_ops.rotary_embedding(positions, qkv, cos_sin, plan.num_query_heads, plan.num_key_heads, head_dim)
     tokens = qkv.shape[0]
+    query, key, value = qkv.split(plan.qkv_sizes, dim=-1)
     if packed is not None:  # the attention's packed form (paged_attention_forward's scale and window)
-        query, key, value = (t.view(tokens, -1, head_dim) for t in qkv.split(attn.qkv_sizes, dim=-1))
-        scale = attn.scaling if attn.scaling is not None else head_dim ** -0.5
-        out = packed(step, attn.layer_idx, query, key, value, scale, attn.fused_sliding_window or None)
+        out = packed(step, plan.layer_idx, query.view(tokens, -1, head_dim), key.view(tokens, -1, head_dim),
+                     value.view(tokens, -1, head_dim), plan.scale, plan.sliding_window)
     else:
-        query, key, value = (t.view(1, tokens, -1, head_dim).transpose(1, 2)
-                             for t in qkv.split(attn.qkv_sizes, dim=-1))
-        out, _ = attention(attn, query, key, value, None, dropout=0.0, scaling=attn.scaling,
-                           sliding_window=attn.fused_sliding_window, pagedinfer_step=step)
-    hidden = attn.o_proj(out.reshape(tokens, -1))
-    norm = layer.post_attention_layernorm
-    layer_ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
-    return mlp.down_proj(layer_ops.silu_and_mul(mlp.gate_up_proj(hidden))), residual
+        query, key, value = (t.view(1, tokens, -1, head_dim).transpose(1, 2) for t in (query, key, value))
+        out, _ = attention(plan.attn, query, key, value, None, dropout=0.0, scaling=plan.scaling,
+                           sliding_window=plan.sliding_window, pagedinfer_step=step)
+    hidden = plan.o.fn(out.reshape(tokens, -1), *plan.o.args)
+    weight, eps = plan.post_norm
+    layer_ops.fused_add_rms_norm(hidden, residual, weight, eps)
+    return plan.down.fn(layer_ops.silu_and_mul(plan.gate_up.fn(hidden, *plan.gate_up.args)), *plan.down.args), residual
 
 
 def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -161,7 +162,7 @@ def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, atten
         raise ValueError("the fused CPU decoder runs the engine's packed steps: no attention_mask, cache or use_cache")
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("give exactly one of input_ids or inputs_embeds")
-    embeds = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    embeds = self.fused_plan.embed(input_ids) if inputs_embeds is None else inputs_embeds
     if embeds.shape[0] != 1:
         raise ValueError(f"the fused CPU decoder runs packed steps (batch 1), got batch {embeds.shape[0]}")
     hidden = embeds[0] if inputs_embeds is None else embeds[0].clone()  # updated in place: never the caller's
@@ -174,17 +175,19 @@ def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, atten
 
 def _decoder_hidden(decoder: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, step) -> torch.Tensor:
     """Every layer and the final norm over packed `[tokens, hidden]` embeddings (updated in place)."""
+    plan: DecoderPlan = decoder.fused_plan
     # looked up as transformers does (what the registry holds now: the engine's, or a bench's wrapper of it),
     # once per forward; eager, its packed form when it has one
-    first = decoder.layers[0].self_attn
+    first = plan.layers[0].attn
     attention = first.attention_functions.get_interface(first.config._attn_implementation, first.eager_attention)
     packed = getattr(attention, "packed", None) \
         if step is not None and not torch.compiler.is_compiling() else None
+    cos_sin = decoder.fused_cos_sin
     residual = None
-    for layer in decoder.layers[: decoder.config.num_hidden_layers]:
-        hidden, residual = _layer_forward(layer, positions, hidden, residual, decoder.fused_cos_sin, step,
-                                          attention, packed)
-    layer_ops.fused_add_rms_norm(hidden, residual, decoder.norm.weight, decoder.norm.variance_epsilon)
+    for layer in plan.layers:
+        hidden, residual = _layer_forward(layer, positions, hidden, residual, cos_sin, step, attention, packed)
+    weight, eps = plan.final_norm
+    layer_ops.fused_add_rms_norm(hidden, residual, weight, eps)
     return hidden
 
 
@@ -194,15 +197,16 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, positions: torch
     pagedinfer_step=step).logits[0]` for a model `fuse_layers` fused (`fuses_causal_lm`): the same ops on the
     same tensors, `[len(logits_index), vocab]` (packed `[tokens]` ids and positions in)."""
     decoder = model.model
-    hidden = _decoder_hidden(decoder, decoder.embed_tokens(input_ids), positions.contiguous(), step)
-    return model.lm_head(hidden[None, logits_index, :])[0]
+    hidden = _decoder_hidden(decoder, decoder.fused_plan.embed(input_ids), positions.contiguous(), step)
+    head: Projection = model.fused_lm_head
+    return head.fn(hidden[logits_index], *head.args)
 
 
 def fuses_causal_lm(model: nn.Module) -> bool:
     """Whether `causal_lm_logits` runs `model`: a causal LM of `CAUSAL_LM_CLASSES` whose decoder is fused."""
     decoder = getattr(model, "model", None)
     return (type(model).__name__ in CAUSAL_LM_CLASSES and decoder is not None
-            and getattr(decoder.forward, "__func__", None) is _model_forward)
+            and getattr(decoder.forward, "__func__", None) is _model_forward and "fused_lm_head" in vars(model))
 
 
 def fuse_layers(model: nn.Module, num_positions: int) -> LayerFusionReport:
@@ -212,5 +216,8 @@ def fuse_layers(model: nn.Module, num_positions: int) -> LayerFusionReport:
     if reason:
         return LayerFusionReport(False, reason)
     decoder.fused_cos_sin = rotary_cos_sin(decoder.rotary_emb, num_positions)
+    decoder.fused_plan = plan_decoder(decoder)
+    if type(model).__name__ in CAUSAL_LM_CLASSES and isinstance(getattr(model, "lm_head", None), nn.Module):
+        model.fused_lm_head = projection(model.lm_head)
     decoder.forward = types.MethodType(_model_forward, decoder)
     return LayerFusionReport(True, "")

@@ -87,7 +87,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
             key = key.contiguous()
         if value.stride(-1) != 1:
             value = value.contiguous()
-        torch.ops.pagedinfer.cpu_write_kv(key.to(key_cache.dtype), value.to(value_cache.dtype), key_cache,
-                                          value_cache, slot_mapping)
+        if key.dtype != key_cache.dtype:  # the engine's steps already match: no conversion per layer
+            key = key.to(key_cache.dtype)
+        if value.dtype != value_cache.dtype:
+            value = value.to(value_cache.dtype)
+        torch.ops.pagedinfer.cpu_write_kv(key, value, key_cache, value_cache, slot_mapping)
         return
     reference.write_kv(key, value, key_cache, value_cache, slot_mapping)

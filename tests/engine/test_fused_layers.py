@@ -176,3 +176,18 @@ def test_without_a_compiler_the_decoder_stays_transformers_with_one_warning(monk
     assert len(caught) == 1, [str(w.message) for w in caught]
     assert str(caught[0].message).startswith("pagedinfer: the native CPU kernels (attention, layer ops) could not be built")
     assert "forward" not in vars(model.model)  # transformers' own forward: the torch path
+
+
+def test_a_fused_step_calls_each_projection_op_directly_not_through_its_module():
+    """The layers' ops are bound at fusion (engine/cpu/layer_plan.py): a step runs no `Module.__call__` of the
+    projections, embedding or LM head (a forward pre-hook on each would fire), and its logits equal the unfused
+    model's."""
+    model = _model("qwen3", torch.float32, fused_layers=True)
+    calls = []
+    for name, module in model.named_modules():
+        if name.endswith(("_proj", "embed_tokens", "lm_head")):
+            module.register_forward_pre_hook(lambda m, args, name=name: calls.append(name))
+    got = _step_logits(model, _lm_logits)
+    assert calls == []
+    for got_step, expected in zip(got, _step_logits(_model("qwen3", torch.float32, fused_layers=False))):
+        torch.testing.assert_close(got_step, expected, rtol=1e-5, atol=1e-5)
