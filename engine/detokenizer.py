@@ -11,10 +11,16 @@ tokenizers that drop or add leading spaces decode a word boundary correctly.
 `decode` nor `_decode`, and no clean-up: we never ask for it): the same text
 without the wrapper's Python (two decodes per generated token, 5-7x cheaper
 each on a short window; tests/engine/test_detokenizer.py checks the texts are equal).
+
+In the steady state (every token completes its text) the window before the
+new token is that one previous token: its text, `decode([id])`, depends on
+the id alone, so it is memoised in `pieces` (shared by the detokenizers of
+one tokenizer and skip_special_tokens setting) and each token costs one decode.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 _CONTEXT_TOKENS = 5
@@ -34,31 +40,34 @@ def fast_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int
             and cls._decode is TokenizersBackend._decode and callable(getattr(backend, "decode", None))):
         return None
 
-    def decode(ids: list[int]) -> str:
-        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
-    return decode
+    return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+                 pieces: dict[int, str] | None = None) -> None:
+        """`pieces`: the `decode([id])` memo to share (the same tokenizer and skip_special_tokens only)."""
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._fast = fast_decode(tokenizer, skip_special_tokens)
+        self._decode = fast_decode(tokenizer, skip_special_tokens) or functools.partial(
+            tokenizer.decode, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        self.pieces = {} if pieces is None else pieces
         self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
 
-    def _decode(self, ids: list[int]) -> str:
-        if self._fast is not None:
-            return self._fast(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
-
     def add(self, token_id: int) -> str:
         """Append one token; return the newly complete text (maybe empty)."""
-        self.ids.append(token_id)
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(self.ids[self.prefix_offset:])
+        ids = self.ids
+        ids.append(token_id)
+        if self.read_offset - self.prefix_offset == 1:  # the window before the token is one token: memoised
+            last = ids[self.prefix_offset]
+            prefix_text = self.pieces.get(last)
+            if prefix_text is None:
+                prefix_text = self.pieces[last] = self._decode([last])
+        else:
+            prefix_text = self._decode(ids[self.prefix_offset:self.read_offset])
+        full_text = self._decode(ids[self.prefix_offset:])
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             new_text = full_text[len(prefix_text):]
             self.prefix_offset = self.read_offset

@@ -107,6 +107,20 @@ class KVCacheManager:
                 needed += 1
         return needed
 
+    def fits_in_place(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether seq's next num_new_tokens go into blocks its table already holds, the first written one
+        its own (ref_cnt 1): then `allocate` would change nothing (no block, no copy, no table change).
+
+        The scheduler's fast path for a running sequence (a decode needs a new block once every
+        block_size tokens): one dict lookup and the slot arithmetic, no allocation call.
+        """
+        table = self.tables.get(seq.seq_id)
+        if not table:
+            return False
+        computed = seq.num_computed_tokens
+        return computed + num_new_tokens <= len(table) * self.block_size \
+            and table[computed // self.block_size].ref_cnt == 1
+
     def _needs_cow(self, seq: Sequence, num_new_tokens: int) -> bool:
         table = self.tables.get(seq.seq_id)
         if not table or num_new_tokens == 0:

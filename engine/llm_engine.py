@@ -112,6 +112,8 @@ class LLMEngine:
             self._output_thread = OutputThread(lambda batch: process_batch(batch, self.output_tokenizer))
         else:
             self.output_tokenizer = self.tokenizer
+        # the detokenizers' `decode([id])` memo, one per skip_special_tokens (used on the output side only)
+        self._pieces: dict[bool, dict[int, str]] = {True: {}, False: {}}
         logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host swap blocks",
                     self.num_gpu_blocks, config.block_size, self.bytes_per_block, self.num_cpu_blocks)
 
@@ -191,7 +193,8 @@ class LLMEngine:
         seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now,
                        prompt=req.prompt, index=0)
         seq.num_forks_pending = params.n - 1
-        seq.detok = IncrementalDetokenizer(self.output_tokenizer, ids, params.skip_special_tokens)
+        seq.detok = IncrementalDetokenizer(self.output_tokenizer, ids, params.skip_special_tokens,
+                                           self._pieces[params.skip_special_tokens])
         if params.structured_outputs is not None:
             seq.grammar = self.structured.matcher_for(params.structured_outputs)  # compiled: a cache hit
         req.seqs.append(seq)
@@ -247,17 +250,25 @@ class LLMEngine:
                     f"{self.num_gpu_blocks} blocks free")
             return []
         now = time.monotonic()
-        for it in sched.scheduled:
-            if it.seq.first_scheduled_time is None:
-                it.seq.first_scheduled_time = now
-                req = self.requests[it.seq.request_id]
+        # one pass over the step: first-scheduled times, the rows that sample (a sequence whose last token
+        # is computed this step samples a new token), prompt-logprob rows and prompt tokens computed
+        sampling: list[Sequence] = []
+        prompt_rows: set[int] = set()
+        num_prompt_tokens = 0
+        for seq, num_new in sched.scheduled:
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+                req = self.requests[seq.request_id]
                 if req.metrics.first_scheduled_time is None:
                     req.metrics.first_scheduled_time = now
-        # Sequences whose last token is computed this step sample a new token.
-        sampling = [it.seq for it in sched.scheduled
-                    if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
-        prompt_rows = {it.seq.seq_id for it in sched.scheduled if it.seq.params.prompt_logprobs is not None
-                       and it.seq.num_computed_tokens < it.seq.num_prompt_tokens - 1}
+            computed = seq.num_computed_tokens
+            if computed + num_new == len(seq.token_ids):
+                sampling.append(seq)
+            num_prompt = len(seq.prompt_token_ids)
+            if computed < num_prompt:
+                num_prompt_tokens += min(num_prompt - computed, num_new)
+                if seq.params.prompt_logprobs is not None and computed < num_prompt - 1:
+                    prompt_rows.add(seq.seq_id)
         # the grammar masks of this step's constrained rows are computed while the forward runs
         self.sampler.grammar_bitmask.prefetch([s.grammar for s in sampling if s.grammar is not None],
                                               self.runner.vocab_size, self.runner.device)
@@ -265,9 +276,7 @@ class LLMEngine:
         if prompt_logits:
             self._record_prompt_logprobs(sched, prompt_logits)
         self.scheduler.after_step(sched)
-        self.num_prompt_tokens += sum(
-            max(0, min(it.seq.num_prompt_tokens - (it.seq.num_computed_tokens - it.num_new_tokens),
-                       it.num_new_tokens)) for it in sched.scheduled)
+        self.num_prompt_tokens += num_prompt_tokens
         # with overlap: the previous step's outputs, made while this forward ran; its stop strings end their
         # sequences now, and the tokens this step computed for them are never sampled
         previous = self._take_previous_outputs() \
@@ -410,7 +419,8 @@ class LLMEngine:
             child.block_hashes = list(parent.block_hashes)
             child.first_scheduled_time = parent.first_scheduled_time
             child.detok = IncrementalDetokenizer(self.output_tokenizer, parent.prompt_token_ids,
-                                                 parent.params.skip_special_tokens)
+                                                 parent.params.skip_special_tokens,
+                                                 self._pieces[parent.params.skip_special_tokens])
             # a fresh matcher, not a copy of the parent's: the grammar thread may still be filling this step's
             # masks, and llguidance holds each matcher it fills borrowed (the parent has consumed nothing yet)
             child.grammar = self.structured.matcher_for(parent.params.structured_outputs) \
@@ -425,7 +435,10 @@ class LLMEngine:
         """The engine's half of a new token: its id, and the finishes that need no text (the sequence ends,
         its blocks freed, at once). Its text, stop strings and output are `overlap/text.py`'s."""
         p = seq.params
-        seq.token_ids.append(token)
+        token_ids = seq.token_ids
+        token_ids.append(token)
+        num_tokens = len(token_ids)
+        num_output_tokens = num_tokens - len(seq.prompt_token_ids)
         self.num_generation_tokens += 1
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -439,17 +452,18 @@ class LLMEngine:
         # the grammar allows nothing more (complete) or rejected the token: the output ends with this token
         if seq.grammar is not None and (not seq.grammar.consume_token(token) or seq.grammar.is_stopped()):
             late = "stop"
-        if not p.ignore_eos and token in self.eos_token_ids and seq.num_output_tokens >= p.min_tokens:
+        if token in self.eos_token_ids and not p.ignore_eos and num_output_tokens >= p.min_tokens:
             early = "stop"
-        elif p.stop_token_ids and token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
+        elif p.stop_token_ids and token in p.stop_token_ids and num_output_tokens >= p.min_tokens:
             early, stop_token = "stop", token
-        if late is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
+        # max_num_tokens: prompt + max_tokens, capped at max_model_len (the length limit in one comparison)
+        if late is None and num_tokens >= min(seq.max_num_tokens, self.max_model_len):
             late = "length"
         finish = early or late
         if finish is not None:
             self.scheduler.finish(seq, finish)
             self.sampler.forget(seq.seq_id)
-        return TokenItem(seq, req.outputs[seq.index], token, logprobs, seq.num_output_tokens, early, stop_token, late)
+        return TokenItem(seq, req.outputs[seq.index], token, logprobs, num_output_tokens, early, stop_token, late)
 
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:

@@ -15,7 +15,7 @@ draw from the engine's generator, seeded from the engine's seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -25,8 +25,9 @@ from pagedinfer.engine.sequence import Sequence
 from pagedinfer.engine.structured.bitmask import GrammarBitmask
 
 
-@dataclass(frozen=True)
-class SampleResult:
+class SampleResult(NamedTuple):
+    """One row's draw (a named tuple: one per sampled row per step)."""
+
     token_id: int
     logprobs: dict[int, Logprob] | None  # the sampled token and the top-k, when asked
 
@@ -58,6 +59,11 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
+        if all(s.argmax_only and s.grammar is None for s in seqs):
+            # every row a plain greedy one (the common batch): one argmax over the rows as they are, no copy
+            # (a float32 copy holds the same values, so the same first maximum) and no per-row work
+            self.grammar_bitmask.apply(logits, [])  # drops a prefetch of no rows, as the general path does
+            return [SampleResult(token, None) for token in logits.argmax(dim=-1).tolist()]
         logits = logits.to(torch.float32, copy=True)  # one copy: the penalties below write into it
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pagedinfer.engine.batch.deltas import TableDeltas
 from pagedinfer.engine.config import EngineConfig
@@ -48,8 +49,9 @@ from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
-@dataclass(frozen=True)
-class ScheduledSeq:
+class ScheduledSeq(NamedTuple):
+    """One sequence of a step (a named tuple: built for every running sequence every step)."""
+
     seq: Sequence
     num_new_tokens: int  # tokens computed for seq this step
 
@@ -123,8 +125,25 @@ class Scheduler:
         preempted: list[Sequence] = []
 
         # 1. running units, oldest first
+        running = self.running
+        fits_in_place = self.kv.fits_in_place
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            if seq.group is None:
+                num_new = seq.num_tokens - seq.num_computed_tokens
+                if num_new > budget:
+                    num_new = budget
+                if num_new <= 0:
+                    i += 1
+                    continue
+                # fast path (most decodes): the table already holds the slots, so `allocate` would do
+                # nothing and the pool's room is never asked; exactly the general path's outcome
+                if fits_in_place(seq, num_new):
+                    chosen.append((seq, num_new))
+                    budget -= num_new
+                    i += 1
+                    continue
             unit = self._unit_at(i)
             writes = []
             for seq in unit:
@@ -151,7 +170,7 @@ class Scheduler:
         # 2. swapped sequences come back when nothing was preempted; a prefill swapped out
         #    mid-prompt comes back with a chunk of its rest, as a running prefill would
         # seats of max_num_seqs held by running sequences (steps 2 and 3 only add to them)
-        seats_taken = sum(self.seats(s) for s in self.running)
+        seats_taken = sum(self.seats(s) for s in self.running) if self.swapped or self.waiting else 0
         if not preempted:
             while self.swapped and budget > 0:
                 seq = self.swapped[0]
@@ -208,8 +227,8 @@ class Scheduler:
                 budget -= num_new
 
         return SchedulerOutput(
-            scheduled=tuple(ScheduledSeq(s, n) for s, n in chosen),
-            num_batched_tokens=sum(n for _, n in chosen),
+            scheduled=tuple(map(ScheduledSeq._make, chosen)),
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
             blocks_to_swap_out=tuple(swap_out),
             blocks_to_swap_in=tuple(swap_in),
             blocks_to_copy=tuple(copies),
@@ -264,14 +283,16 @@ class Scheduler:
     # ----- bookkeeping after the forward -------------------------------------------------
     def after_step(self, output: SchedulerOutput) -> None:
         """Advance computed tokens and register newly full blocks in the prefix cache."""
-        for item in output.scheduled:
-            seq = item.seq
-            if seq.status is not SequenceStatus.RUNNING:
+        running = SequenceStatus.RUNNING
+        cache_computed_blocks = self.kv.cache_computed_blocks
+        for seq, num_new_tokens in output.scheduled:
+            if seq.status is not running:
                 continue
-            seq.num_computed_tokens += item.num_new_tokens
-            self.kv.cache_computed_blocks(seq)
-            if seq.group is not None and seq is seq.group.leader and seq.num_computed_tokens == seq.num_tokens:
-                self._unpark(seq.group)
+            seq.num_computed_tokens += num_new_tokens
+            cache_computed_blocks(seq)
+            group = seq.group
+            if group is not None and seq is group.leader and seq.num_computed_tokens == seq.num_tokens:
+                self._unpark(group)
 
     def _unpark(self, group: SequenceGroup) -> None:
         """Fork a recomputed leader's parked beams again, each sharing their common prefix with it."""

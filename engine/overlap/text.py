@@ -11,15 +11,15 @@ engine may run ahead by a step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pagedinfer.engine.outputs import CompletionDelta, CompletionOutput, RequestOutput, RequestOutputDelta
 from pagedinfer.engine.sequence import Sequence
 
 
-@dataclass(frozen=True)
-class TokenItem:
-    """One sampled token as the engine thread appended it, and the finishes it decided at once."""
+class TokenItem(NamedTuple):
+    """One sampled token as the engine thread appended it, and the finishes it decided at once
+    (a named tuple: one per sampled token)."""
 
     seq: Sequence
     out: CompletionOutput  # the request's output for seq.index
@@ -64,7 +64,10 @@ def outputs_finished(req: Any) -> bool:
     """Whether every completion of req has its finish reason (beam search: its search is done)."""
     if req.beam is not None:
         return req.beam.done
-    return all(o.finish_reason is not None for o in req.outputs)
+    outs = req.outputs
+    if len(outs) == 1:  # n == 1: no generator per request per step
+        return outs[0].finish_reason is not None
+    return all(o.finish_reason is not None for o in outs)
 
 
 def _apply_token(item: TokenItem, tokenizer: Any) -> bool:

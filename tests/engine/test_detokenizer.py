@@ -37,3 +37,16 @@ def test_fast_decode_is_the_rust_tokenizer_and_equals_the_wrappers_decode(tmp_pa
 
     tok.__class__ = OwnDecode
     assert fast_decode(tok, True) is None
+
+
+def test_a_shared_piece_memo_streams_each_text_as_its_full_decode(tmp_path):
+    """The `decode([id])` memo shared by the engine's detokenizers (one per skip_special_tokens): streams of
+    different prompts and texts through one memo each equal their full decode, and the memo was used."""
+    tok = train_tokenizer(tmp_path)
+    pieces: dict[int, str] = {}
+    for prompt, text in [("hello", "naïve café hello world"), ("東京", "world 😀 hello naïve"),
+                         ("x", "hello hello world world")]:
+        ids = tok(text).input_ids
+        detok = IncrementalDetokenizer(tok, tok(prompt).input_ids, skip_special_tokens=True, pieces=pieces)
+        assert "".join(detok.add(t) for t in ids) == tok.decode(ids)
+    assert pieces and all(pieces[t] == tok.decode([t]) for t in pieces)

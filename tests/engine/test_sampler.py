@@ -193,3 +193,30 @@ def test_sample_never_writes_the_callers_logits():
             seq(temperature=0.0, min_tokens=4, frequency_penalty=0.5)]
     Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu")).sample(logits, seqs)
     assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_batch_of_plain_greedy_rows_takes_the_general_paths_tokens(dtype):
+    """A step whose rows are all plain greedy ones takes one argmax of the logits as they are (no copy, no
+    per-row work): the same tokens as the general path's float32 copy, ties (first maximum) and a row that
+    only one option (min_tokens, a penalty, a bias, logprobs) would change included; any such row sends the
+    whole batch down the general path."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(64, 50, generator=gen) * 3).round().to(dtype)  # rounded: many tied maxima
+    logits[5, :] = 7.0  # a row of ties
+    plain = [seq(output=(1,) * (i % 3), temperature=0.0) for i in range(64)]
+    assert all(s.argmax_only for s in plain)
+    general = [seq(output=(1,) * (i % 3), temperature=0.0) for i in range(64)]
+    for s in general:
+        s.argmax_only = False
+    fast_tokens = [r.token_id for r in Sampler(0, {EOS}, torch.device("cpu")).sample(logits, plain)]
+    general_tokens = [r.token_id for r in Sampler(0, {EOS}, torch.device("cpu")).sample(logits, general)]
+    assert fast_tokens == general_tokens and fast_tokens[5] == 0
+    for option in (dict(min_tokens=1), dict(repetition_penalty=2.0), dict(logit_bias={3: -100.0}),
+                   dict(presence_penalty=2.0), dict(frequency_penalty=2.0), dict(logprobs=1), dict(temperature=1.0)):
+        assert not seq(**{"temperature": 0.0, **option}).argmax_only, option
+    eos_first = torch.full((2, 50), -5.0, dtype=dtype)
+    eos_first[:, EOS] = 9.0
+    mixed = [seq(temperature=0.0), seq(temperature=0.0, min_tokens=1)]
+    assert [r.token_id for r in Sampler(0, {EOS}, torch.device("cpu")).sample(eos_first, mixed)][0] == EOS
+    assert Sampler(0, {EOS}, torch.device("cpu")).sample(eos_first, mixed)[1].token_id != EOS

@@ -481,3 +481,116 @@ def test_random_beam_groups_under_a_tight_pool_finish_and_leak_nothing(mode):
         assert kv.stats().num_free_blocks == 14 and kv.stats().num_free_cpu_blocks == 10
     # the test really preempts groups of several beams (in swap mode, swapping them out whole too)
     assert seen["whole_groups_preempted"] > 0 and (mode == "recompute" or seen["swapped"] > 0), seen
+
+
+class _GeneralPathOnly(KVCacheManager):
+    """The manager with the scheduler's fast path refused: every running sequence takes the general path."""
+
+    def fits_in_place(self, seq, num_new_tokens):
+        return False
+
+
+class _CountingFastPath(KVCacheManager):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.num_in_place = 0
+
+    def fits_in_place(self, seq, num_new_tokens):
+        fits = super().fits_in_place(seq, num_new_tokens)
+        self.num_in_place += fits
+        return fits
+
+
+def _twin(kv_class, mode, num_blocks):
+    cfg = EngineConfig(model="unused", block_size=8, max_num_batched_tokens=12, max_num_seqs=6,
+                       preemption_mode=mode, watermark=0.0)
+    kv = kv_class(num_blocks, 4, num_cpu_blocks=6 if mode == "swap" else 0, watermark=0.0)
+    return Scheduler(cfg, kv, max_model_len=num_blocks * 4)
+
+
+def _step_view(sched, out, name):
+    """A step's outcome in request terms (seq ids differ between twins): what ran, copied, moved, changed.
+    name: seq_id -> (request_id, index) of every sequence the twin ever had."""
+    return ([(name[it.seq.seq_id], it.num_new_tokens) for it in out.scheduled], out.num_batched_tokens,
+            out.blocks_to_copy, out.blocks_to_swap_out, out.blocks_to_swap_in,
+            [name[s.seq_id] for s in out.preempted],
+            [(name[u.seq_id], u.start, u.block_ids) for u in out.table_deltas.updates],
+            sorted(name[i] for i in out.table_deltas.freed_seq_ids),
+            sorted((name[i], [b.block_id for b in t]) for i, t in sched.kv.tables.items() if i in name))
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_the_in_place_fast_path_schedules_exactly_as_the_general_path(mode):
+    """Twin schedulers, one refusing the fast path, run the same random workload under a tight pool (decodes
+    crossing block boundaries, forks whose shared last block is copied on write, shared prefixes,
+    preemption, aborts): every step's batch, copies, swaps, table deltas and tables are equal, the fast
+    path is taken for most decodes, and no block is left after every request ends."""
+    rng = random.Random(5)
+    num_copies = 0
+    fast, general = _twin(_CountingFastPath, mode, 10), _twin(_GeneralPathOnly, mode, 10)
+    live = {fast: {}, general: {}}
+    names = {fast: {}, general: {}}
+    for t in range(150):
+        action = rng.random()
+        if action < 0.25 and len(live[fast]) < 8:
+            tokens = [1] * rng.choice([0, 4, 6]) + [t % 40 + 2] * rng.randint(1, 9)
+            for sched in (fast, general):
+                seq = Sequence(request_id=f"r{t}", prompt_token_ids=tokens, params=SamplingParams(max_tokens=8),
+                               arrival_time=float(t))
+                sched.add(seq)
+                live[sched][(seq.request_id, 0)] = seq
+                names[sched][seq.seq_id] = (seq.request_id, 0)
+        elif action < 0.35:
+            forkable = sorted(k for k, s in live[fast].items()
+                              if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1)
+            if forkable:
+                key = rng.choice(forkable)
+                for sched in (fast, general):
+                    parent = live[sched][key]
+                    child = Sequence(request_id=parent.request_id, prompt_token_ids=parent.prompt_token_ids,
+                                     params=parent.params, arrival_time=parent.arrival_time,
+                                     index=sum(1 for k in live[sched] if k[0] == key[0]) + t,
+                                     token_ids=list(parent.token_ids))
+                    child.block_hashes = list(parent.block_hashes)
+                    sched.fork(parent, child)
+                    live[sched][(child.request_id, child.index)] = child
+                    names[sched][child.seq_id] = (child.request_id, child.index)
+        elif action < 0.4 and live[fast]:
+            key = rng.choice(sorted(live[fast]))
+            for sched in (fast, general):
+                sched.finish(live[sched].pop(key), "abort")
+        views = []
+        for sched in (fast, general):
+            out = step(sched)
+            views.append(_step_view(sched, out, names[sched]))
+            for key, s in list(live[sched].items()):
+                if s.num_output_tokens >= 12 and not s.is_finished:
+                    sched.finish(s, "length")
+                    del live[sched][key]
+            sched.kv.check_invariants()
+        assert views[0] == views[1], f"step {t}"
+        num_copies += len(views[0][2])
+    for sched in (fast, general):
+        for s in live[sched].values():
+            sched.finish(s, "abort")
+        assert sched.kv.pool.num_used_blocks == 0 and not sched.kv.tables and not sched.kv.swapped
+    assert fast.kv.num_in_place > 100 and num_copies > 0 and sum(fast.counters.num_preemptions.values()) > 0
+
+
+def test_fits_in_place_refuses_a_block_boundary_and_a_shared_block():
+    sched, kv = make(num_blocks=8, block_size=4)
+    seq = new_seq([2, 3, 4], 0)
+    sched.add(seq)
+    step(sched)  # 3 prompt tokens computed, 1 sampled: 4 tokens in one block
+    assert kv.fits_in_place(seq, 1)  # the 4th slot of its block
+    step(sched)  # 5 tokens, 4 computed: the 5th needs a second block
+    assert not kv.fits_in_place(seq, 1)
+    step(sched)
+    assert len(kv.tables[seq.seq_id]) == 2 and kv.fits_in_place(seq, 1)
+    child = new_seq(seq.prompt_token_ids, 1, rid=seq.request_id)
+    child.token_ids = list(seq.token_ids)
+    sched.fork(seq, child)  # its second block is shared now: the next write copies it first
+    assert not kv.fits_in_place(seq, 1) and not kv.fits_in_place(child, 1)
+    out = step(sched)
+    assert len(out.blocks_to_copy) == 1
+    kv.check_invariants()
