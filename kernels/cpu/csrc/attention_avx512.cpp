@@ -19,7 +19,9 @@
 // - scores are a register-blocked outer product (up to 8 rows x 16 keys), the softmax's exp a
 //   vectorised Cephes polynomial (scalef for 2^n), and values are read once per key for up to 4
 //   rows, widened in registers (no float32 copy of the cache; bfloat16 32 dims per load, even and
-//   odd dims apart, see acc_index), accumulated in float32.
+//   odd dims apart, see acc_index), accumulated in float32, 64, 32 or 16 dims per pass over the keys;
+// - a decode (a few rows per KV head) is bound by memory latency, not by the transpose or the dot
+//   products: its walk asks for the next chunk's keys and values into L1 (prefetch_slots_l1).
 // Every function here carries a target attribute: the library is compiled for the baseline
 // x86-64 and this code runs only where isa.cpp found AVX-512 (and avx512_bf16 for the dot) at
 // run time.
