@@ -71,6 +71,8 @@ def _tiny(seq_lens, query_lens, block_size):
 
 
 TINY_DECODE_CONTEXTS = [200 + (i * 83) % 201 for i in range(48)]  # 48 contexts spread over 200-400
+# bench/throughput.py's tiny run (192 requests): a step decodes ~120 sequences of 150-450 keys
+TINY_STEP_CONTEXTS = [150 + (i * 97) % 301 for i in range(120)]
 CASES = {
     "125m decode 8x512 bs16": _m125([512] * 8, [1] * 8, 16),  # its K/V (4 MB in bf16) fit in the L3 cache
     "125m decode 64x512 bs16": _m125([512] * 64, [1] * 64, 16),
@@ -79,6 +81,7 @@ CASES = {
     "125m prefill 2048": _m125([2048], [2048], 16),
     "tiny decode 48x200-400 bs16": _tiny(TINY_DECODE_CONTEXTS, [1] * 48, 16),
     "tiny decode 48x200-400 bs32": _tiny(TINY_DECODE_CONTEXTS, [1] * 48, 32),
+    "tiny decode 120x150-450 bs16": _tiny(TINY_STEP_CONTEXTS, [1] * 120, 16),
     "tiny prefill 256": _tiny([256], [256], 16),
 }
 REPO = Path(__file__).resolve().parent.parent

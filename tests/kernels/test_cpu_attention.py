@@ -166,3 +166,19 @@ def test_every_kernel_equals_the_reference_on_the_tiny_shapes_across_spans(nativ
                            dtype=dtype, seed=block_size + 1)
     for window in (None, 5, 37, 131):
         check(problem, attend(native_cpu_kernels, problem, window), window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_every_kernel_equals_the_reference_with_one_to_three_rows_per_kv_head(native_cpu_kernels, isa, dtype,
+                                                                               block_size):
+    # Rows per KV head = query tokens x group: 1 to 3 is the AVX-512 kernel's few-rows walk (every KV
+    # head per chunk, the next chunk's keys and values asked for ahead); head_dim 32, 64, 96 and 128
+    # take its value passes of 64, 32 and 16 dims in every combination. Contexts end mid-block and
+    # past a span of 128 keys; a window starts mid-span. NaN fills every slot no sequence owns.
+    for head_dim in (32, 64, 96, 128):
+        for group, query_lens in ((1, [1, 2, 3, 1]), (2, [1, 1, 1, 1]), (3, [1, 1, 1, 1])):
+            problem = make_problem([151, 7, 200, 33], query_lens, num_heads=2 * group, num_kv_heads=2,
+                                   head_dim=head_dim, block_size=block_size, dtype=dtype, seed=head_dim + group)
+            for window in (None, 20):
+                check(problem, attend(native_cpu_kernels, problem, window), window)

@@ -19,7 +19,9 @@
 // - scores are a register-blocked outer product (up to 8 rows x 16 keys), the softmax's exp a
 //   vectorised Cephes polynomial (scalef for 2^n), and values are read once per key for up to 4
 //   rows, widened in registers (no float32 copy of the cache; bfloat16 32 dims per load, even and
-//   odd dims apart, see acc_index), accumulated in float32.
+//   odd dims apart, see acc_index), accumulated in float32, 64, 32 or 16 dims per pass over the keys;
+// - a decode (a few rows per KV head) is bound by memory latency, not by the transpose or the dot
+//   products: its walk asks for the next chunk's keys and values into L1 (prefetch_slots_l1).
 // Every function here carries a target attribute: the library is compiled for the baseline
 // x86-64 and this code runs only where isa.cpp found AVX-512 (and avx512_bf16 for the dot) at
 // run time.
@@ -236,36 +238,35 @@ PI_AVX512 inline __m512 load_values(const c10::BFloat16* v, int64_t d) {
                                       : _mm512_slli_epi32(bits, 16));
 }
 
-// acc[r][:] += sum_c probs[r * ld + c] * value[c][:] for R rows (in the accumulator's layout); each
-// value row is read (and widened) once for the R rows, 64 dims at a time, then 16.
+// acc[r][:] += sum_c probs[r * ld + c] * value[c][:] for R rows and U * 16 dims from `d` (in the
+// accumulator's layout): each value row is read (and widened) once for the R rows.
+template <int R, int U, typename T>
+PI_AVX512 inline void accumulate_dims(const float* probs, int64_t ld, int64_t count, const T* value, int64_t stride,
+                                      int64_t value_dim, int64_t d, float* acc) {
+  __m512 a[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) a[r][u] = _mm512_loadu_ps(acc + r * value_dim + d + 16 * u);
+  for (int64_t c = 0; c < count; ++c) {
+    __m512 v[U];
+    for (int u = 0; u < U; ++u) v[u] = load_values(value + c * stride, d + 16 * u);
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_set1_ps(probs[r * ld + c]);
+      for (int u = 0; u < U; ++u) a[r][u] = _mm512_fmadd_ps(p, v[u], a[r][u]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) _mm512_storeu_ps(acc + r * value_dim + d + 16 * u, a[r][u]);
+}
+
+// The same over every dim: 64 at a time, then 32 (head_dim 32: both halves of a value row in one
+// pass over the keys, each probability broadcast once), then 16.
 template <int R, typename T>
 PI_AVX512 inline void accumulate_rows(const float* probs, int64_t ld, int64_t count, const T* value, int64_t stride,
                                       int64_t value_dim, float* acc) {
   int64_t d = 0;
-  for (; d + 64 <= value_dim; d += 64) {
-    __m512 a[R][4];
-    for (int r = 0; r < R; ++r)
-      for (int u = 0; u < 4; ++u) a[r][u] = _mm512_loadu_ps(acc + r * value_dim + d + 16 * u);
-    for (int64_t c = 0; c < count; ++c) {
-      __m512 v[4];
-      for (int u = 0; u < 4; ++u) v[u] = load_values(value + c * stride, d + 16 * u);
-      for (int r = 0; r < R; ++r) {
-        const __m512 p = _mm512_set1_ps(probs[r * ld + c]);
-        for (int u = 0; u < 4; ++u) a[r][u] = _mm512_fmadd_ps(p, v[u], a[r][u]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc + r * value_dim + d + 16 * u, a[r][u]);
-  }
-  for (; d < value_dim; d += 16) {
-    __m512 a[R];
-    for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(acc + r * value_dim + d);
-    for (int64_t c = 0; c < count; ++c) {
-      const __m512 v = load_values(value + c * stride, d);
-      for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(probs[r * ld + c]), v, a[r]);
-    }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * value_dim + d, a[r]);
-  }
+  for (; d + 64 <= value_dim; d += 64) accumulate_dims<R, 4>(probs, ld, count, value, stride, value_dim, d, acc);
+  for (; d + 32 <= value_dim; d += 32) accumulate_dims<R, 2>(probs, ld, count, value, stride, value_dim, d, acc);
+  for (; d < value_dim; d += 16) accumulate_dims<R, 1>(probs, ld, count, value, stride, value_dim, d, acc);
 }
 
 template <typename T>
@@ -280,6 +281,19 @@ PI_AVX512 inline void accumulate_values(int64_t rows, const float* probs, int64_
     case 1: accumulate_rows<1>(probs + r * ld, ld, count, value, stride, value_dim, acc + r * value_dim); break;
     default: break;
   }
+}
+
+// The slots [slot0, slot0 + count) of a cache (every KV head), asked for into L1 (`_MM_HINT_T0`).
+// Few rows per KV head (a decode) are bound by memory latency, not arithmetic (perf on the tiny
+// model's decode step: ~80% of the kernel's cycles wait on the first loads of a chunk's keys and
+// values): prefetch_ahead's request one chunk ahead (into L2) is not enough, so the next chunk's keys
+// are also asked for into L1 while this one's are scored, and the next chunk's values while this
+// one's are accumulated (a span's values were read long before, when it was scored).
+template <typename T>
+inline void prefetch_slots_l1(const T* cache, int64_t slot0, int64_t count, int64_t slot_elems) {
+  const char* first = reinterpret_cast<const char*>(cache + slot0 * slot_elems);
+  const int64_t bytes = count * slot_elems * int64_t(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(first + b, 0, 3);
 }
 
 template <typename T>
@@ -305,6 +319,7 @@ PI_AVX512 void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s
   // block's slots (all KV heads side by side) in memory order; many rows walk one KV head at a time
   // (their scores over a span stay in L1 / L2).
   const int64_t heads_at_once = rows <= kScoreRows ? KVH : 1;
+  const bool prefetch_next = heads_at_once > 1;  // the few-rows walk: see prefetch_slots_l1
   Chunk chunks[kSpan];  // the span's chunks (at least one key each)
   for (int64_t span_lo = span.lo; span_lo < span.hi;) {
     const int64_t span_hi = std::min(span.hi, span_lo + kSpan);
@@ -316,6 +331,8 @@ PI_AVX512 void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s
       for (int64_t i = 0, start = span_lo; i < num_chunks; start += chunks[i++].count) {
         const Chunk& chunk = chunks[i];
         if (h0 == 0) prefetch_ahead(p, table, start, span.hi);
+        if (prefetch_next && i + 1 < num_chunks)
+          prefetch_slots_l1(p.key_cache, chunks[i + 1].slot0, chunks[i + 1].count, key_stride);
         for (int64_t h = h0; h < h0 + heads_at_once; ++h) {
           const T* k = p.key_cache + chunk.slot0 * key_stride + h * D;
           if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -340,11 +357,14 @@ PI_AVX512 void attend_item(const Problem<T>& p, const WorkItem& item, Scratch& s
                            visible_keys(span_lo, span_hi, span.first_pos + r / p.group, p.window),
                            s.row_max[h * tile + r], s.row_sum[h * tile + r], s.acc.data() + (h * tile + r) * DV, DV);
       // 3. the span's values, weighted by those probabilities
-      for (int64_t i = 0, start = span_lo; i < num_chunks; start += chunks[i++].count)
+      for (int64_t i = 0, start = span_lo; i < num_chunks; start += chunks[i++].count) {
+        if (prefetch_next && i + 1 < num_chunks)
+          prefetch_slots_l1(p.value_cache, chunks[i + 1].slot0, chunks[i + 1].count, value_stride);
         for (int64_t h = h0; h < h0 + heads_at_once; ++h)
           accumulate_values(rows, s.probs.data() + (h - h0) * rows * kSpanStride + (start - span_lo), kSpanStride,
                             chunks[i].count, p.value_cache + chunks[i].slot0 * value_stride + h * DV, value_stride, DV,
                             s.acc.data() + h * tile * DV);
+      }
     }
     span_lo = span_hi;
   }
