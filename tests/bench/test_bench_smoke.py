@@ -13,9 +13,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# Past these runs' own 600 s subprocess limit: pytest-timeout's default 300 s ended the whole CI run (thread
+# method) inside the throughput run's seven fresh processes on a loaded machine; a TimeoutExpired fails one test.
+BENCH_RUN_TIMEOUT = pytest.mark.timeout(660)
 
 
 @pytest.mark.slow
+@BENCH_RUN_TIMEOUT
 def test_throughput_benchmark_runs_and_all_systems_agree(tmp_path):
     out = tmp_path / "result.json"
     run = subprocess.run(
@@ -82,6 +86,7 @@ def test_structured_outputs_benchmark_runs_and_checks_every_constrained_output(t
 
 
 @pytest.mark.slow
+@BENCH_RUN_TIMEOUT
 def test_routing_benchmark_smoke_reports_every_policy_and_the_ceiling(tmp_path):
     out = tmp_path / "routing.json"
     run = subprocess.run([sys.executable, str(REPO / "bench" / "routing.py"), "--smoke", "--json-out", str(out),
@@ -135,6 +140,7 @@ def test_cpu_linear_fused_mode_checks_the_fused_gemm_against_the_separate_ones(t
 
 
 @pytest.mark.slow
+@BENCH_RUN_TIMEOUT
 def test_bf16_closeness_study_reports_every_row_and_a_swap(tmp_path):
     run = subprocess.run([sys.executable, str(REPO / "bench" / "bf16_closeness.py"), "--num-requests", "6",
                           "--systems", "pagedinfer", "--dtypes", "bfloat16", "--swaps", "all",
