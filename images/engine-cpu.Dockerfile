@@ -40,21 +40,9 @@ COPY testing ./testing
 WORKDIR /
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
 
-FROM ${COMPILER_IMAGE} AS kernels
-ARG TORCH_VERSION
-ARG TORCH_INDEX_URL
-COPY --from=wheel /wheels /wheels
-# hadolint ignore=DL3008
-RUN command -v g++ >/dev/null \
-    || { apt-get update \
-         && apt-get install -y --no-install-recommends g++ \
-         && rm -rf /var/lib/apt/lists/*; }
-# The same torch as the final stage (the library's hash covers its release), ninja from pip.
-RUN python -m pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
-        "torch==${TORCH_VERSION}" "$(ls /wheels/pagedinfer-*.whl)[engine]" \
-    && python -m pagedinfer.kernels.cpu.build --out /opt/pagedinfer/cpu-kernels
-
-FROM ${BASE_IMAGE}
+# The image's packages, installed once: the final stage is this stage plus the library, and the `kernels`
+# stage compiles against this stage's torch through a read-only bind mount instead of installing it again.
+FROM ${BASE_IMAGE} AS runtime
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL
 COPY --from=wheel /wheels /wheels
@@ -62,6 +50,23 @@ RUN python -m pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" 
         "torch==${TORCH_VERSION}" "$(ls /wheels/pagedinfer-*.whl)[engine]" \
     && rm -rf /wheels \
     && useradd --uid 1000 --user-group --create-home --home-dir /home/pagedinfer --shell /usr/sbin/nologin pagedinfer
+
+FROM ${COMPILER_IMAGE} AS kernels
+# hadolint ignore=DL3008
+RUN command -v g++ >/dev/null \
+    || { apt-get update \
+         && apt-get install -y --no-install-recommends g++ \
+         && rm -rf /var/lib/apt/lists/*; }
+# The runtime stage's packages (torch, ninja, pagedinfer) at the same paths under /runtime: both stages
+# start from the same base, so its Python and site-packages path are this stage's. The library is built
+# for exactly the torch the image ships (its hash covers torch's release).
+RUN --mount=type=bind,from=runtime,source=/,target=/runtime \
+    site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    && bin="$(dirname "$(command -v python)")" \
+    && PYTHONPATH="/runtime${site}" PATH="/runtime${bin}:${PATH}" PYTHONDONTWRITEBYTECODE=1 \
+       python -m pagedinfer.kernels.cpu.build --out /opt/pagedinfer/cpu-kernels
+
+FROM runtime
 # Root-owned (0755 folder, 0644 library): the engine's user loads it and cannot change it.
 COPY --from=kernels /opt/pagedinfer/cpu-kernels /opt/pagedinfer/cpu-kernels
 ENV PAGEDINFER_CPU_KERNELS_DIR=/opt/pagedinfer/cpu-kernels \

@@ -51,17 +51,33 @@ class Dockerfile:
                 value = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
             return value
 
-        bases = tuple(substitute(b) for b in re.findall(r"^FROM (\S+)", joined, re.M))
+        stages = re.findall(r"^FROM (\S+)(?: AS (\w+))?$", joined, re.M)
+        names = {name for _, name in stages if name}
+        bases = tuple(substitute(base) for base, _ in stages if base not in names)  # images, not earlier stages
         users = re.findall(r"^USER (\S+)", joined, re.M)
         copies = tuple(src for line in re.findall(r"^COPY (?!--from)(.+)$", joined, re.M)
                        for src in line.split()[:-1])
-        final_stage = joined.rsplit("\nFROM ", 1)[-1]  # what the image holds (earlier stages may install too)
+        final_stage = _final_stage(joined)
         extras = re.findall(r"pagedinfer-\*\.whl\)\[(\w+)\]", final_stage)
         if len(extras) != 1:
             raise ValueError(f"{path.name}: expected one `pagedinfer-*.whl)[extra]` install in the final stage, "
                              f"found {extras}")
         pins = tuple(substitute(pin) for pin in re.findall(r'pip install [^\n]*?"([\w-]+==[^"]+)"', final_stage))
         return cls(bases, args, users[-1] if users else None, copies, extras[0], pins, text)
+
+
+def _final_stage(joined: str) -> str:
+    """What the image holds: the last stage's text, after the text of each earlier stage it starts FROM (a
+    stage may build on a named one, `FROM runtime`); other stages (a build stage) may install too."""
+    texts = {}
+    for block in re.split(r"^(?=FROM )", joined, flags=re.M)[1:]:
+        header = re.match(r"FROM (\S+)(?: AS (\w+))?", block)
+        texts[header.group(2) or ""] = (header.group(1), block)
+    base, text = texts[""]
+    while base in texts:
+        base, earlier = texts[base]
+        text = earlier + text
+    return text
 
 
 def base_torch_version() -> str:
