@@ -2,17 +2,49 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 
 
+# Ports for children are drawn from [_FIRST_PORT, the kernel's ephemeral range): every outgoing connection of
+# every process takes its local port from that range, so a port found free there (as binding port 0 finds one)
+# can be taken by some connection before the child binds it (seen in CI: "address already in use").
+_FIRST_PORT = 20000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port of 127.0.0.1 free now, for a child process to bind: below the ephemeral range (above), never
+    the same twice in this process, drawn at random so that two test processes rarely try the same one."""
+    high = _ephemeral_low()
+    if high - _FIRST_PORT < 1000:  # an unusual range: fall back to one the kernel picks
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    for _ in range(1000):
+        port = random.randrange(_FIRST_PORT, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port of 127.0.0.1 in [{_FIRST_PORT}, {high})")
 
 
 def wait_process_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 120.0) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from chart_rbac import RbacPolicy
 from fake_engine_metrics import fake_engines
 from helm_chart import NAMESPACE, helm_template
 from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
+from pagedinfer.testing.server_process import free_port
 from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, SERVICES, add_gpu_node,
                                                  condition, eventually, inference_service, serving_emulator,
                                                  write_kubeconfig)
@@ -47,12 +47,6 @@ LLAMA3_8B_CONFIG = ('{"model_type": "llama", "num_hidden_layers": 32, "num_atten
                     '"num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336, '
                     '"vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}')
 LLAMA3_405B = {"numLayers": 126, "numKVHeads": 8, "headDim": 128, "numParameters": 405_000_000_000}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chart(helm: str, scope: str):

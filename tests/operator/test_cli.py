@@ -3,22 +3,16 @@
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import aiohttp
 import pytest
 
+from pagedinfer.testing.server_process import free_port
 from pagedinfer.testing.operator_harness import DEPLOYMENTS, ISVC, eventually, inference_service
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_namespace_or_all_namespaces_is_required():
