@@ -39,7 +39,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
+from pagedinfer.operator.spec.crd_model import (API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, EngineImages,
+                                               InferenceServiceSpec)
 from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
 from pagedinfer.operator.kv_plan.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
 from pagedinfer.operator.routing.engine_flags import engine_router_args, engine_router_ports
@@ -225,7 +226,9 @@ def content_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
+def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan,
+                   images: EngineImages = EngineImages()) -> dict[str, Any]:
+    """The engine pod; its image is spec.engine.image, else `images`' for the pod's GPU count."""
     _, model_volumes, model_mounts, model_env = model_arg_and_mounts(spec)
     placement = placement_for(spec)
     cache_volume: dict[str, Any] = (
@@ -234,7 +237,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
     )
     container = {
         "name": "engine",
-        "image": spec.engine.image,
+        "image": spec.engine.image or images.for_gpus(spec.resources.gpus),
         "command": ["pagedinfer"],
         "args": engine_args(spec, plan),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}, *engine_router_ports(spec.router)],
@@ -277,8 +280,9 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
     return pod
 
 
-def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
-    pod_spec = build_pod_spec(spec, plan)
+def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan,
+                     images: EngineImages = EngineImages()) -> dict[str, Any]:
+    pod_spec = build_pod_spec(spec, plan, images)
     labels = common_labels(owner.name)
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.resources.gpus else
