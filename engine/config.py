@@ -96,7 +96,7 @@ class EngineConfig:
         4.0, flag="--swap-space", type=float, managed=True,
         help="GiB of host memory for KV blocks swapped out by preemption (default 4); with"
              " --preemption-mode swap it must fit in the host memory available (MemAvailable, or the"
-             " cgroup's limit less its working set if lower)")
+             " cgroup's limit less its working set if lower); on a CPU beside the KV pool, which is host memory too")
     preemption_mode: str = flag_field(
         "recompute", flag="--preemption-mode", choices=PREEMPTION_MODES,
         help="when the pool runs out: recompute (free and redo) or swap (to host memory)")

@@ -13,7 +13,9 @@ In the order the engine takes them (`LLMEngine.__init__`):
    which is lowered with a warning when it does not fit; the pool must hold
    one max_model_len sequence, else InsufficientMemoryError.
 5. `num_swap_blocks`: the host pool holds swapped-out sequences only, so
-   recompute preemption gets none.
+   recompute preemption gets none. `check_host_pools_fit`: on a CPU the KV
+   pool is host memory too, not yet touched when it is allocated, so the swap
+   pool must fit beside it (the config checked the swap pool alone).
 6. `eos_token_ids`: the generation config's EOS ids, else the tokenizer's.
 
 Steps 3 to 6 take plain values and return plain values: tests call them
@@ -27,6 +29,7 @@ import logging
 from typing import Any
 
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.host_memory import HostMemoryBound
 from pagedinfer.engine.model_source import resolve_model_dir
 from pagedinfer.engine.sizing import InsufficientMemoryError
 
@@ -93,6 +96,28 @@ def num_swap_blocks(config: EngineConfig, bytes_per_block: int) -> int:
     if config.preemption_mode != "swap":
         return 0
     return int(config.swap_space * 2**30) // bytes_per_block
+
+
+def check_host_pools_fit(config: EngineConfig, device_type: str, kv_pool_bytes: int, swap_pool_bytes: int,
+                         bound: HostMemoryBound | None) -> None:
+    """On a CPU, every rank's KV pool and host swap pool must fit in the host memory still available (`bound`,
+    read after the weights loaded and before either pool is allocated), else a ValueError naming both.
+
+    Both pools are allocated untouched and filled as blocks are written, so without this an engine whose swap
+    pool fit alone would start, then be OOM-killed under load (a pod's limit: its KV budget plus 1 GiB).
+    On a GPU the KV pool is device memory: the config's swap check is the whole story.
+    """
+    if device_type != "cpu" or not swap_pool_bytes or bound is None:
+        return
+    ranks = config.tensor_parallel_size
+    if (kv_pool_bytes + swap_pool_bytes) * ranks > bound.available_bytes:
+        per_rank = f", x {ranks} tensor-parallel ranks" if ranks > 1 else ""
+        raise ValueError(
+            f"swap_space (--swap-space): {config.swap_space:g} GiB of host swap pool beside this CPU engine's"
+            f" {kv_pool_bytes / 2**30:.2f} GiB KV pool{per_rank} does not fit in the"
+            f" {bound.available_bytes / 2**30:.2f} GiB this host has available ({bound.source}); lower"
+            " --swap-space or --cpu-memory-budget, or use preemption_mode recompute (on a CPU, swapping copies"
+            " host memory to host memory)")
 
 
 def eos_token_ids(generation_eos: int | list[int] | tuple[int, ...] | None, tokenizer_eos: int | None) -> set[int]:

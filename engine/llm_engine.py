@@ -32,6 +32,7 @@ from pagedinfer.engine.beam.params import BeamSearchParams
 from pagedinfer.engine.beam.search import BeamSearch
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
+from pagedinfer.engine.host_memory import available_host_memory
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.outputs import (CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput,
                                        RequestOutputDelta)
@@ -95,6 +96,8 @@ class LLMEngine:
         self.num_gpu_blocks = setup.choose_num_gpu_blocks(config, self.sizing.num_gpu_blocks, self.max_model_len,
                                                           self.runner.device.type)
         self.num_cpu_blocks = setup.num_swap_blocks(config, self.bytes_per_block)
+        setup.check_host_pools_fit(config, self.runner.device.type, self.num_gpu_blocks * self.bytes_per_block,
+                                   self.num_cpu_blocks * self.bytes_per_block, available_host_memory())
         self.runner.allocate_kv_cache(self.num_gpu_blocks, self.num_cpu_blocks)
         self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.num_cpu_blocks,
                                  config.enable_prefix_caching, config.watermark)

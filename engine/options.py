@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 _MISSING = dataclasses.MISSING
 _SAME = object()  # Flag.cli_default unset: the flag defaults to the field's default
@@ -115,6 +115,34 @@ def values_from_args(cls: type, args: argparse.Namespace) -> dict[str, Any]:
             value = getattr(args, flag.dest)
             values[field.name] = flag.parse(value) if flag.parse is not None and value is not None else value
     return values
+
+
+def command_line(classes: Iterable[type], values: Mapping[str, Any]) -> list[str]:
+    """The flags that set `values` ({field name: value}, in that order), each the flag of the first of `classes`
+    with that field: a text as `--flag TEXT` (the caller formats numbers, so what it renders stays byte-stable),
+    a bool as a switch (`--flag`, or `--no-flag` for a True-by-default one; a False-by-default one only when
+    True), None as nothing (the engine's default). A name no class has is a KeyError (the operator's builders:
+    no flag is spelled out by hand)."""
+    by_name: dict[str, tuple[dataclasses.Field, Flag]] = {}
+    for cls in reversed(tuple(classes)):
+        by_name.update((f.name, (f, flag)) for f, flag in flag_fields(cls))
+    out: list[str] = []
+    for name, value in values.items():
+        if name not in by_name:
+            raise KeyError(f"no flag field {name!r} in {[c.__name__ for c in classes]}")
+        field, flag = by_name[name]
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            if flag_default(field, flag) is True:
+                out.append(flag.name if value else "--no-" + flag.name.removeprefix("--"))
+            elif value:
+                out.append(flag.name)
+        elif isinstance(value, str):
+            out += [flag.name, value]
+        else:
+            raise TypeError(f"{flag.name}: give its text (formatted by the caller) or a bool, got {value!r}")
+    return out
 
 
 def managed_flags(*classes: type) -> tuple[str, ...]:

@@ -59,7 +59,7 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
-        if all(s.argmax_only and s.grammar is None for s in seqs):
+        if all(s.params.argmax_only and s.grammar is None for s in seqs):
             # every row a plain greedy one (the common batch): one argmax over the rows as they are, no copy
             # (a float32 copy holds the same values, so the same first maximum) and no per-row work
             self.grammar_bitmask.apply(logits, [])  # drops a prefetch of no rows, as the general path does

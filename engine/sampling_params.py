@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pagedinfer.engine.structured.params import StructuredOutputsParams
 
@@ -121,3 +122,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @cached_property  # read per row per step: computed once (a frozen dataclass's __dict__ still takes it)
+    def argmax_only(self) -> bool:
+        """Greedy, and nothing the sampler applies to a row before its argmax (logprobs, logit bias,
+        min_tokens, penalties): such a row's token is the argmax of its logits as they are. The sampler's
+        per-row work (`engine/sampler.py`) is what this names; a new option there must be named here."""
+        return (self.greedy and self.logprobs is None and not self.logit_bias and self.min_tokens == 0
+                and self.repetition_penalty == 1.0 and not self.presence_penalty and not self.frequency_penalty)

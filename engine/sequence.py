@@ -60,8 +60,6 @@ class Sequence:
     finished_time: float | None = None
     group: "SequenceGroup | None" = None  # the beam group this sequence is a live beam of
     # derived from params (frozen) at construction, read per token on the hot path:
-    # the sampler takes the plain argmax of this row (greedy; no logprobs, bias, penalties or min_tokens)
-    argmax_only: bool = field(init=False)
     # len(token_ids) at which max_tokens ends the sequence: prompt + max_tokens (the engine also stops it
     # at max_model_len when that comes first)
     max_num_tokens: int = field(init=False)
@@ -70,8 +68,6 @@ class Sequence:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
         p = self.params
-        self.argmax_only = (p.greedy and p.logprobs is None and not p.logit_bias and p.min_tokens == 0
-                            and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty)
         self.max_num_tokens = len(self.prompt_token_ids) + p.max_tokens
 
     @property

@@ -48,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--router-image", default=None,
                    help="the router pods' image when spec.router.image is unset (default"
                         " $PAGEDINFER_ROUTER_IMAGE or ghcr.io/pagedinfer/pagedinfer-router:0.1.0)")
+    p.add_argument("--engine-image", default=None,
+                   help="the engine pods' image for services with GPUs when spec.engine.image is unset"
+                        " (default $PAGEDINFER_ENGINE_IMAGE or ghcr.io/pagedinfer/pagedinfer:0.1.0)")
+    p.add_argument("--engine-cpu-image", default=None,
+                   help="the engine pods' image for `gpus: 0` services when spec.engine.image is unset"
+                        " (default $PAGEDINFER_ENGINE_CPU_IMAGE or ghcr.io/pagedinfer/pagedinfer:0.1.0-cpu)")
     p.add_argument("--retry-seconds", type=float, default=None,
                    help="delay before retrying after an API error (default 15)")
     p.set_defaults(func=run)
@@ -72,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if args.liveness is not None and ":" not in args.liveness:
         raise ValueError(f"--liveness: expected HOST:PORT, got {args.liveness!r}")
     config = OperatorConfig.from_env(hf_endpoint=args.hf_endpoint, retry_delay_seconds=args.retry_seconds,
-                                     router_image=args.router_image,
+                                     router_image=args.router_image, engine_image=args.engine_image,
+                                     engine_cpu_image=args.engine_cpu_image,
                                      **({"fetch_hf_config": False} if args.no_fetch_hf_config else {}),
                                      **({"allow_host_path_models": True} if args.allow_host_path_models else {}))
     runtime = Runtime(config=config)

@@ -131,7 +131,7 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
                                        wait_retry_seconds=runtime.config.no_nodes_retry_seconds)
         router = (routing_builders.router_children(owner, spec, runtime.config.router_image)
                   if spec.router.enabled else [])
-        applied = await apply.apply_children(api, ownership, builders.build_deployment(owner, spec, plan),
+        applied = await apply.apply_children(api, ownership, builders.build_deployment(owner, spec, plan, runtime.config.engine_images),
                                                 routing_builders.build_front_service(owner, spec), logger,
                                                 on_applied=remember, extra=router)
     except apply.NotApplied as failure:

@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator.spec.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE
+from pagedinfer.operator.spec.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE, EngineImages
 from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher
 from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.metrics import OperatorMetrics
@@ -37,6 +37,8 @@ class OperatorConfig:
     allow_host_path_models: bool = False  # file:// models as hostPath volumes (a privilege: off by default)
     # The router pods' image when spec.router.image is not set (images/router.Dockerfile; the chart sets it).
     router_image: str = DEFAULT_ROUTER_IMAGE
+    # The engine pods' images when spec.engine.image is not set: GPU pods, and `gpus: 0` pods (the chart sets both).
+    engine_images: EngineImages = EngineImages()
 
     def __post_init__(self) -> None:
         for name in ("hf_timeout_seconds", "api_timeout_seconds", "retry_delay_seconds",
@@ -52,6 +54,10 @@ class OperatorConfig:
             "hf_token": env.get("HF_TOKEN") or None,
             "router_image": env.get("PAGEDINFER_ROUTER_IMAGE") or cls.router_image,
         }
+        engine_image = overrides.pop("engine_image", None) or env.get("PAGEDINFER_ENGINE_IMAGE")
+        engine_cpu_image = overrides.pop("engine_cpu_image", None) or env.get("PAGEDINFER_ENGINE_CPU_IMAGE")
+        values["engine_images"] = EngineImages(gpu=engine_image or EngineImages.gpu,
+                                               cpu=engine_cpu_image or EngineImages.cpu)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

@@ -36,7 +36,7 @@ from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slice
 from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.metrics import RouterMetrics
 from pagedinfer.router.policy import Decision, pick
-from pagedinfer.router.request_tokens import RequestTokenizer
+from pagedinfer.router.engine_tokenizer import RouterTokenizer
 from pagedinfer.router.state import RouterState
 
 ROUTE_HEADER = "x-pagedinfer-route"
@@ -52,7 +52,7 @@ class RouterSettings:
     engines: tuple[str, ...]
     policy: str = "prefix"
     api_key: str | None = None
-    tokenizer_dir: str | None = None  # None: the embedded model's tokenizer
+    tokenizer_dir: str | None = None  # None: the engines' own, fetched (the embedded model's until then)
     discovery: DiscoverySettings | None = None  # follow a Service's ready endpoints instead of `engines`
     max_request_body_bytes: int = 1 << 20  # 413 above this, as the engine's server
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # the whole body, counted from its headers: else 408
@@ -67,7 +67,7 @@ def route_header(decision: Decision | None, reason: str = "no-engine") -> str:
 def create_router_app(settings: RouterSettings) -> FastAPI:
     from pagedinfer.engine.model_source import default_model_dir
 
-    tokenizer = RequestTokenizer(settings.tokenizer_dir or str(default_model_dir()))
+    tokenizer = RouterTokenizer(settings.tokenizer_dir, str(default_model_dir()), settings.api_key)
     tokenize_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-tokenize")
     turns = itertools.count()
     holder: dict[str, Any] = {}
@@ -75,8 +75,10 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=1000))
-        state = RouterState(list(settings.engines), client)
+        state = RouterState(list(settings.engines), client,
+                            on_discovery=lambda url, info: tokenizer.offer(client, url, info.tokenizer_sha256))
         holder.update(client=client, state=state, metrics=RouterMetrics(state))
+        app.state.tokenizer = tokenizer
         app.state.router = state
         state.start()
         discovery = asyncio.create_task(follow_endpoint_slices(settings.discovery, state.set_engines)) \
@@ -131,7 +133,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             response.headers[ROUTE_HEADER] = route_header(None, "invalid-request")
             return response
         ids = await asyncio.get_running_loop().run_in_executor(
-            tokenize_thread, tokenizer.prompt_ids, body, chat)
+            tokenize_thread, tokenizer.current.prompt_ids, body, chat)
         state: RouterState = holder["state"]
         client: httpx.AsyncClient = holder["client"]
         metrics: RouterMetrics = holder["metrics"]

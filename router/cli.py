@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="answer 413 to bodies larger than this (default 1 MiB)")
     add_read_timeout_args(p)
     p.add_argument("--tokenizer", default=None,
-                   help="the engines' tokenizer directory (default: the embedded model's, as `serve`)")
+                   help="the engines' tokenizer directory (default: the engines' own, fetched from the first that"
+                        " publishes KV events; the embedded model's until then)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run_router)
 

@@ -10,8 +10,9 @@
    new snapshot.
 
 The feed owns nothing shared: it calls `on_update(hashes, seq)` with its new
-state (the router's state owner applies it) and `on_lost()` when the engine
-stops answering. Torch-free; zmq and httpx only.
+state (the router's state owner applies it), and `on_discovery(url, info)`
+once it has read GET /kv_events (the router's tokenizer follows the engines'
+fingerprint from it). Torch-free; zmq and httpx only.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,6 +40,7 @@ class Discovery:
     replay_endpoint: str
     topic: bytes
     block_size: int
+    tokenizer_sha256: str | None = None  # the engine's tokenizer's fingerprint (GET /kv_events/tokenizer)
 
 
 async def discover(client: httpx.AsyncClient, url: str) -> Discovery:
@@ -47,8 +49,10 @@ async def discover(client: httpx.AsyncClient, url: str) -> Discovery:
     if not body.get("enabled"):
         raise ValueError(f"{url} does not publish KV events (start it with --kv-events)")
     host = urlsplit(url).hostname
+    sha256 = body.get("tokenizer_sha256")
     return Discovery(f"tcp://{host}:{body['pub_port']}", f"tcp://{host}:{body['replay_port']}",
-                     str(body.get("topic", "")).encode(), int(body["block_size"]))
+                     str(body.get("topic", "")).encode(), int(body["block_size"]),
+                     sha256 if isinstance(sha256, str) else None)
 
 
 async def fetch_snapshot(client: httpx.AsyncClient, url: str) -> tuple[int | None, set[bytes]]:
@@ -80,10 +84,12 @@ async def replay(ctx, endpoint: str, start_seq: int) -> list[EventBatch] | None:
 
 class KVFeed:
     def __init__(self, url: str, on_update: Callable[[set[bytes], int | None, int], None],
-                 client: httpx.AsyncClient) -> None:
+                 client: httpx.AsyncClient,
+                 on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None) -> None:
         self.url = url
         self.on_update = on_update  # (hashes, seq, block_size); hashes is the feed's own set: copy to keep
         self.client = client
+        self.on_discovery = on_discovery
         self.hashes: set[bytes] = set()
         self.seq: int | None = None
         self.num_snapshots = 0
@@ -96,6 +102,8 @@ class KVFeed:
 
         ctx = zmq.asyncio.Context.instance()
         info = await discover(self.client, self.url)
+        if self.on_discovery is not None:
+            await self.on_discovery(self.url, info)
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, info.topic)

@@ -32,19 +32,38 @@ def _token_text(value: Any) -> str | None:
 
 class RequestTokenizer:
     def __init__(self, tokenizer_dir: str) -> None:
-        from tokenizers import Tokenizer
-
+        """From a tokenizer directory (`--tokenizer`, or the embedded model's)."""
         root = Path(tokenizer_dir)
         try:
-            self.tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+            tokenizer_json = (root / "tokenizer.json").read_text()
             config = json.loads((root / "tokenizer_config.json").read_text()) \
                 if (root / "tokenizer_config.json").is_file() else {}
+            template_file = (root / "chat_template.jinja").read_text() \
+                if (root / "chat_template.jinja").is_file() else None
+            self._load(tokenizer_json, config, template_file)
         except Exception as exc:  # noqa: BLE001 - any loading failure names the directory
             raise ValueError(f"--tokenizer: cannot load {root / 'tokenizer.json'}: {exc}") from None
+
+    @classmethod
+    def from_files(cls, files: dict[str, str], source: str) -> "RequestTokenizer":
+        """From an engine's `GET /kv_events/tokenizer` files (engine/kv_events/tokenizer_files.py); a ValueError
+        naming `source` if they do not load."""
+        self = cls.__new__(cls)
+        try:
+            self._load(files["tokenizer.json"], json.loads(files.get("tokenizer_config.json", "{}")),
+                       files.get("chat_template.jinja"))
+        except Exception as exc:  # noqa: BLE001 - any loading failure names where the files came from
+            raise ValueError(f"the tokenizer from {source} does not load: {type(exc).__name__}: {exc}") from None
+        return self
+
+    def _load(self, tokenizer_json: str, config: dict[str, Any], template_file: str | None) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.special = {name: _token_text(config.get(name)) for name in _SPECIAL}
         template = config.get("chat_template")
-        if template is None and (root / "chat_template.jinja").is_file():
-            template = (root / "chat_template.jinja").read_text()
+        if template is None:
+            template = template_file
         self.template = _compile(template) if isinstance(template, str) else None
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 import httpx
 
-from pagedinfer.router.kv_feed import KVFeed
+from pagedinfer.router.kv_feed import Discovery, KVFeed
 from pagedinfer.router.policy import EngineView
 
 logger = logging.getLogger("pagedinfer.router")
@@ -39,9 +40,12 @@ class EngineRecord:
 
 
 class RouterState:
-    def __init__(self, urls: list[str], client: httpx.AsyncClient) -> None:
+    def __init__(self, urls: list[str], client: httpx.AsyncClient,
+                 on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None) -> None:
+        """on_discovery(url, info): each engine's GET /kv_events, read when its feed starts."""
         self.engines = {url: EngineRecord(url) for url in urls}
         self.client = client
+        self.on_discovery = on_discovery
         self._supervisors: dict[str, asyncio.Task] = {}
         self._started = False
 
@@ -119,7 +123,7 @@ class RouterState:
         def update(hashes: set[bytes], seq: int | None, block_size: int) -> None:
             engine.hashes, engine.kv_seq, engine.block_size = hashes, seq, block_size
 
-        feed = KVFeed(engine.url, update, self.client)
+        feed = KVFeed(engine.url, update, self.client, self.on_discovery)
         try:
             await feed.run()
         except asyncio.CancelledError:

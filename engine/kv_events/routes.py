@@ -1,7 +1,9 @@
-"""The server's KV-event endpoints: discovery and snapshot (outside /v1, no API key, no body).
+"""The server's KV-event endpoints: discovery, snapshot and tokenizer (outside /v1, no body).
 
-GET /kv_events           where to subscribe, and how blocks are hashed
-GET /kv_events/snapshot  the cached block hashes (hex) and the sequence number they are exact at
+GET /kv_events            where to subscribe, how blocks are hashed, the tokenizer's fingerprint
+GET /kv_events/snapshot   the cached block hashes (hex) and the sequence number they are exact at
+GET /kv_events/tokenizer  the engine's tokenizer as files (`tokenizer_files.py`): behind the API key
+                          when the server has one, as /v1 is (a gated model's vocabulary is the model's)
 
 A consumer needs only the engine's HTTP URL: it reads /kv_events, subscribes
 to the PUB port on the URL's host, then takes a snapshot and applies the
@@ -10,27 +12,54 @@ batches numbered above it (see docs/router.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from pagedinfer.engine.block_pool import HASH_ALGORITHM, ROOT_HASH_SEED
 from pagedinfer.engine.kv_events.publisher import KVEventPublisher
+from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH, TokenizerFiles, tokenizer_files
 
 
-def discovery(publisher: KVEventPublisher | None) -> dict[str, Any]:
+def discovery(publisher: KVEventPublisher | None, tokenizer: TokenizerFiles | None = None) -> dict[str, Any]:
     if publisher is None:
         return {"enabled": False}
     return {"enabled": True, "format": "vllm-kv-events-msgpack", "pub_port": publisher.pub_port,
             "replay_port": publisher.replay_port, "topic": publisher.config.topic,
             "block_size": publisher.block_size, "hash_algorithm": HASH_ALGORITHM,
-            "hash_seed": ROOT_HASH_SEED.decode()}
+            "hash_seed": ROOT_HASH_SEED.decode(),
+            "tokenizer_sha256": tokenizer.sha256 if tokenizer is not None else None}
 
 
-def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None) -> None:
+def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None,
+                            loaded_tokenizer: Callable[[], Any] = lambda: None) -> None:
+    """loaded_tokenizer: the server's transformers tokenizer once the model is loaded, else None."""
     from pagedinfer.engine.server.errors import ApiError
 
+    served: dict[int, TokenizerFiles | None] = {}  # id(tokenizer) -> its files (None: it has no fast backend)
+
+    def files() -> TokenizerFiles | None:
+        tokenizer = loaded_tokenizer()
+        if publisher is None or tokenizer is None:
+            return None
+        if id(tokenizer) not in served:
+            try:
+                served[id(tokenizer)] = tokenizer_files(tokenizer)
+            except ValueError:
+                served[id(tokenizer)] = None
+        return served[id(tokenizer)]
+
     @app.get("/kv_events")
-    async def kv_events() -> dict:
-        return discovery(publisher)
+    def kv_events() -> dict:  # sync: the first call serializes the tokenizer, on a worker thread
+        return discovery(publisher, files())
+
+    @app.get(TOKENIZER_PATH)
+    def kv_events_tokenizer() -> dict:
+        if publisher is None:
+            raise ApiError(404, "KV events are off: start the server with --kv-events", code="kv_events_disabled")
+        found = files()
+        if found is None:
+            raise ApiError(503, "the tokenizer is not loaded, or has no fast (tokenizer.json) form to serve",
+                           code="tokenizer_unavailable", headers={"Retry-After": "1"})
+        return found.body()
 
     @app.get("/kv_events/snapshot")
     async def kv_events_snapshot() -> dict:

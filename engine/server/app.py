@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedinfer.engine.kv_events.routes import install_kv_event_routes
+from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH
 from pagedinfer.engine.options import field_default
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
@@ -110,7 +111,7 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
 
     app = FastAPI(title="pagedinfer", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
-    install_kv_event_routes(app, kv_events)
+    install_kv_event_routes(app, kv_events, lambda: engine_loop.info.tokenizer if engine_loop.info else None)
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
@@ -169,7 +170,8 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
                        body_timeout_seconds=settings.body_timeout_seconds)
     described_at = tuple(url for url in (app.openapi_url, app.docs_url, app.redoc_url) if url)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, protected_prefixes=("/v1", *described_at))
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key,
+                       protected_prefixes=("/v1", TOKENIZER_PATH, *described_at))
     return app
 
 

@@ -50,8 +50,8 @@ class ServeArgs:
     kv_events: bool = flag_field(
         False, flag="--kv-events",
         help="publish the prefix cache's BlockStored/BlockRemoved/AllBlocksCleared events (vLLM's"
-             " ZeroMQ format) on --host, and serve GET /kv_events (discovery) and"
-             " GET /kv_events/snapshot")
+             " ZeroMQ format) on --host, and serve GET /kv_events (discovery), GET /kv_events/snapshot"
+             " and GET /kv_events/tokenizer (behind --api-key)")
     kv_events_port: int = flag_field(
         5557, flag="--kv-events-port", type=cli_types.port_or_zero,
         help="the PUB port; replay answers on the port above it; 0 binds any free ports (default 5557)")

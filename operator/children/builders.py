@@ -39,7 +39,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, InferenceServiceSpec
+from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.options import command_line
+from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.operator.spec.crd_model import (API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, EngineImages,
+                                               InferenceServiceSpec)
 from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
 from pagedinfer.operator.kv_plan.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
 from pagedinfer.operator.routing.engine_flags import engine_router_args, engine_router_ports
@@ -122,46 +126,49 @@ def model_arg_and_mounts(spec: InferenceServiceSpec) -> tuple[list[str], list[di
         token = spec.model.hf_token_secret_ref
         if token is not None:  # a reference only: the token itself never enters a manifest or the status
             env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})
-        revision = [] if spec.model.revision == "main" else ["--revision", spec.model.revision]
-        return ["--model", uri.repo_id or "", *revision], [], [], env
+        revision = None if spec.model.revision == "main" else spec.model.revision
+        return serve_flags(model=uri.repo_id or "", revision=revision), [], [], env
     if uri.scheme == "pvc":
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": uri.claim_name, "readOnly": True}}
         mount = {"name": "model", "mountPath": PVC_MODEL_ROOT, "readOnly": True}
         path = f"{PVC_MODEL_ROOT}/{uri.path}" if uri.path else PVC_MODEL_ROOT
-        return ["--model", path], [volume], [mount], []
+        return serve_flags(model=path), [volume], [mount], []
     if uri.scheme == "file":
         volume = {"name": "model", "hostPath": {"path": uri.path, "type": "Directory"}}
         mount = {"name": "model", "mountPath": uri.path, "readOnly": True}
-        return ["--model", uri.path or ""], [volume], [mount], []
-    return ["--model", uri.raw], [], [], []
+        return serve_flags(model=uri.path or ""), [volume], [mount], []
+    return serve_flags(model=uri.raw), [], [], []
+
+
+def serve_flags(**values: str | bool | None) -> list[str]:
+    """`pagedinfer serve` flags by their fields' names (EngineConfig, ServeArgs): the options' one definition
+    names each flag (`engine/options.py` `command_line`); texts are formatted here, as they always were, so a
+    built pod template does not change (a change would roll every engine pod on an operator upgrade)."""
+    return command_line((EngineConfig, ServeArgs), values)
+
+
+def _text(value: int | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
     """The `pagedinfer serve` command line (after the executable)."""
     e = spec.engine
     model_args = model_arg_and_mounts(spec)[0]
-    args = ["serve", *model_args, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
-            "--block-size", str(e.block_size),
-            "--gpu-memory-utilization", repr(e.gpu_memory_utilization)]
-    if plan.cpu_memory_budget_bytes is not None:
-        args += ["--cpu-memory-budget", str(plan.cpu_memory_budget_bytes)]
-    if plan.num_gpu_blocks is not None:
-        args += ["--num-gpu-blocks-override", str(plan.num_gpu_blocks)]
-    if e.max_model_len is not None:
-        args += ["--max-model-len", str(e.max_model_len)]
-    args += [
-        "--max-num-seqs", str(e.max_num_seqs),
-        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
-        "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching",
-        "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill",
-        "--swap-space", f"{e.swap_space_gib:g}",
-        "--tensor-parallel-size", str(e.tensor_parallel_size),
-        "--dtype", spec.model.dtype,
-        "--served-model-name", spec.served_model_name,
+    return [
+        "serve", *model_args,
+        *serve_flags(
+            host="0.0.0.0", port=str(HTTP_PORT), block_size=str(e.block_size),
+            gpu_memory_utilization=repr(e.gpu_memory_utilization),
+            cpu_memory_budget_bytes=_text(plan.cpu_memory_budget_bytes),
+            num_gpu_blocks_override=_text(plan.num_gpu_blocks), max_model_len=_text(e.max_model_len),
+            max_num_seqs=str(e.max_num_seqs), max_num_batched_tokens=str(e.max_num_batched_tokens),
+            enable_prefix_caching=e.enable_prefix_caching, enable_chunked_prefill=e.enable_chunked_prefill,
+            swap_space=f"{e.swap_space_gib:g}", tensor_parallel_size=str(e.tensor_parallel_size),
+            dtype=spec.model.dtype, served_model_name=spec.served_model_name),
         *engine_router_args(spec.router),
         *e.extra_args,
     ]
-    return args
 
 
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -225,7 +232,9 @@ def content_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
+def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan,
+                   images: EngineImages = EngineImages()) -> dict[str, Any]:
+    """The engine pod; its image is spec.engine.image, else `images`' for the pod's GPU count."""
     _, model_volumes, model_mounts, model_env = model_arg_and_mounts(spec)
     placement = placement_for(spec)
     cache_volume: dict[str, Any] = (
@@ -234,7 +243,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
     )
     container = {
         "name": "engine",
-        "image": spec.engine.image,
+        "image": spec.engine.image or images.for_gpus(spec.resources.gpus),
         "command": ["pagedinfer"],
         "args": engine_args(spec, plan),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}, *engine_router_ports(spec.router)],
@@ -277,8 +286,9 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, A
     return pod
 
 
-def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
-    pod_spec = build_pod_spec(spec, plan)
+def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan,
+                     images: EngineImages = EngineImages()) -> dict[str, Any]:
+    pod_spec = build_pod_spec(spec, plan, images)
     labels = common_labels(owner.name)
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.resources.gpus else

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedinfer.engine.options import command_line
+from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.operator.routing.spec import RouterSpec
 
 KV_EVENTS_PORT = 5557  # `serve --kv-events-port`
 
 
 def engine_router_args(router: RouterSpec) -> list[str]:
-    return ["--kv-events", "--kv-events-port", str(KV_EVENTS_PORT)] if router.enabled else []
+    if not router.enabled:
+        return []
+    return command_line((ServeArgs,), {"kv_events": True, "kv_events_port": str(KV_EVENTS_PORT)})
 
 
 def engine_router_ports(router: RouterSpec) -> list[dict[str, Any]]:

@@ -23,7 +23,11 @@ API_VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
+# The engine pods' image unless spec.engine.image says otherwise: the CUDA image for a service with
+# GPUs, the CPU image (CPU torch, the native CPU kernels prebuilt) for `gpus: 0` (operator
+# --engine-image / --engine-cpu-image; the chart sets both).
 DEFAULT_IMAGE = "ghcr.io/pagedinfer/pagedinfer:0.1.0"
+DEFAULT_CPU_IMAGE = "ghcr.io/pagedinfer/pagedinfer:0.1.0-cpu"
 # The router pods' image unless spec.router.image says otherwise (operator --router-image).
 DEFAULT_ROUTER_IMAGE = "ghcr.io/pagedinfer/pagedinfer-router:0.1.0"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -114,8 +118,19 @@ def _engine(name: str) -> Any:
 
 
 @dataclass(frozen=True)
+class EngineImages:
+    """The engine images the operator runs where spec.engine.image is unset, one per kind of pod."""
+
+    gpu: str = DEFAULT_IMAGE  # spec.resources.gpus > 0: CUDA torch and the Triton kernels
+    cpu: str = DEFAULT_CPU_IMAGE  # gpus: 0: CPU torch and the native CPU kernels, prebuilt
+
+    def for_gpus(self, gpus: int) -> str:
+        return self.gpu if gpus > 0 else self.cpu
+
+
+@dataclass(frozen=True)
 class EngineSpec:
-    image: str = DEFAULT_IMAGE
+    image: str | None = None  # None: the operator's image for the pod's kind (EngineImages)
     block_size: int = _engine("block_size")
     gpu_memory_utilization: float = _engine("gpu_memory_utilization")
     max_model_len: int | None = _engine("max_model_len")  # None: the model's max_position_embeddings

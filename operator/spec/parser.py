@@ -23,7 +23,6 @@ from pagedinfer.engine.model_shape import CONFIG_FIELD_BOUNDS
 from pagedinfer.operator.spec.crd_model import (
     Architecture,
     ConfigMapRef,
-    DEFAULT_IMAGE,
     DTYPES,
     EngineSpec,
     HF_TOKEN_ENV,
@@ -274,7 +273,7 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
         named = _name_and_key(r, engine["apiKeySecretRef"], f"{path}.apiKeySecretRef", "api-key")
         api_key = SecretKeyRef(*named) if named else None
     spec = EngineSpec(
-        image=r.string(engine, "image", path, DEFAULT_IMAGE) or DEFAULT_IMAGE,
+        image=r.string(engine, "image", path, None, max_length=512),
         block_size=block_size if block_size in sizing.VALID_BLOCK_SIZES else d.block_size,
         gpu_memory_utilization=util,
         max_model_len=r.integer(engine, "maxModelLen", path, d.max_model_len, minimum=1),

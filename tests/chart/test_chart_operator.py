@@ -120,6 +120,25 @@ def test_the_image_is_pinned_by_digest_when_one_is_given(helm):
     assert pod["containers"][0]["image"] == "ghcr.io/pagedinfer/pagedinfer-operator:0.1.0"
 
 
+def test_the_operator_gets_the_engine_images_for_gpu_and_cpu_services_from_the_values(helm):
+    from pagedinfer.operator.settings import OperatorConfig
+    from pagedinfer.operator.spec.crd_model import EngineImages
+
+    def images(values):
+        _, pod = operator_pod(helm_template(helm, set_values=values))
+        parsed = parse_operator_command(pod["containers"][0])
+        return OperatorConfig.from_env(engine_image=parsed.engine_image,
+                                       engine_cpu_image=parsed.engine_cpu_image).engine_images
+
+    assert images({}) == EngineImages() == EngineImages("ghcr.io/pagedinfer/pagedinfer:0.1.0",
+                                                        "ghcr.io/pagedinfer/pagedinfer:0.1.0-cpu")
+    digest = "sha256:" + "0e" * 32
+    assert images({"engine.image.repository": "registry.local/engine", "engine.image.tag": "7",
+                   "engine.cpuImage.repository": "registry.local/engine", "engine.cpuImage.digest": digest,
+                   "engine.cpuImage.tag": "ignored"}) == EngineImages("registry.local/engine:7",
+                                                                       f"registry.local/engine@{digest}")
+
+
 def parse_operator_command(container: dict):
     from pagedinfer.engine.cli import build_parser
 

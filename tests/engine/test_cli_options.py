@@ -179,3 +179,23 @@ def test_a_flag_field_derives_switches_defaults_and_parsing():
         options.add_flags(argparse.ArgumentParser(), Toy, ("plain",))
     with pytest.raises(ValueError, match="flag: must be a lower-case long flag"):
         options.flag_field(1, flag="-s", help="h")
+
+
+def test_command_line_renders_fields_as_the_flags_the_parser_reads_back():
+    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.engine.server.serve_args import ServeArgs
+
+    argv = options.command_line((EngineConfig, ServeArgs), {
+        "model": "/m", "block_size": "32", "max_model_len": None, "enable_prefix_caching": False,
+        "enable_chunked_prefill": True, "kv_events": True, "kv_events_port": "5557", "compile": False,
+        "cpu_memory_budget_bytes": str(3 * 2**30), "served_model_name": "llama"})
+    assert argv == ["--model", "/m", "--block-size", "32", "--no-enable-prefix-caching", "--enable-chunked-prefill",
+                    "--kv-events", "--kv-events-port", "5557", "--cpu-memory-budget", str(3 * 2**30),
+                    "--served-model-name", "llama"]  # None and a False store_true switch: left out
+    args = build_parser().parse_args(["serve", *argv])
+    assert (args.model, args.block_size, args.enable_prefix_caching, args.kv_events, args.kv_events_port) == \
+        ("/m", 32, False, True, 5557)
+    with pytest.raises(KeyError, match="no flag field 'block_sise'"):
+        options.command_line((EngineConfig,), {"block_sise": "32"})
+    with pytest.raises(TypeError, match="--block-size: give its text"):
+        options.command_line((EngineConfig,), {"block_size": 32})

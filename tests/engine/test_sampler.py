@@ -205,16 +205,15 @@ def test_a_batch_of_plain_greedy_rows_takes_the_general_paths_tokens(dtype):
     logits = (torch.randn(64, 50, generator=gen) * 3).round().to(dtype)  # rounded: many tied maxima
     logits[5, :] = 7.0  # a row of ties
     plain = [seq(output=(1,) * (i % 3), temperature=0.0) for i in range(64)]
-    assert all(s.argmax_only for s in plain)
-    general = [seq(output=(1,) * (i % 3), temperature=0.0) for i in range(64)]
-    for s in general:
-        s.argmax_only = False
+    assert all(s.params.argmax_only for s in plain)
+    general = [seq(output=(1,) * (i % 3), temperature=0.0, logprobs=0) for i in range(64)]  # logprobs: general path
+    assert not any(s.params.argmax_only for s in general)
     fast_tokens = [r.token_id for r in Sampler(0, {EOS}, torch.device("cpu")).sample(logits, plain)]
     general_tokens = [r.token_id for r in Sampler(0, {EOS}, torch.device("cpu")).sample(logits, general)]
     assert fast_tokens == general_tokens and fast_tokens[5] == 0
     for option in (dict(min_tokens=1), dict(repetition_penalty=2.0), dict(logit_bias={3: -100.0}),
                    dict(presence_penalty=2.0), dict(frequency_penalty=2.0), dict(logprobs=1), dict(temperature=1.0)):
-        assert not seq(**{"temperature": 0.0, **option}).argmax_only, option
+        assert not seq(**{"temperature": 0.0, **option}).params.argmax_only, option
     eos_first = torch.full((2, 50), -5.0, dtype=dtype)
     eos_first[:, EOS] = 9.0
     mixed = [seq(temperature=0.0), seq(temperature=0.0, min_tokens=1)]

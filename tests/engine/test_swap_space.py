@@ -99,3 +99,29 @@ def test_the_cli_exits_2_with_one_line_naming_the_flag(command):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"pagedinfer {command}: error: swap_space (--swap-space): 1e+09 GiB"), proc.stderr
     assert "GiB this host has available" in line
+
+
+def test_on_a_cpu_the_swap_pool_must_fit_beside_the_kv_pool_on_a_gpu_alone():
+    from pagedinfer.engine.engine_setup import check_host_pools_fit
+
+    bound = HostMemoryBound(10 * GIB, "cgroup memory.max of /kubepods/pod1")
+    config = EngineConfig(model="m", preemption_mode="swap", swap_space=1.0)
+    check_host_pools_fit(config, "cpu", 9 * GIB, GIB, bound)  # exactly fits
+    with pytest.raises(ValueError, match=r"--swap-space\): 1 GiB of host swap pool beside this CPU engine's 9\.50 GiB"
+                                         r" KV pool does not fit in the 10\.00 GiB .*memory\.max of /kubepods/pod1"):
+        check_host_pools_fit(config, "cpu", 9 * GIB + GIB // 2, GIB, bound)
+    with pytest.raises(ValueError, match=r"KV pool, x 2 tensor-parallel ranks does not fit"):
+        check_host_pools_fit(EngineConfig(model="m", preemption_mode="swap", swap_space=1.0, tensor_parallel_size=2),
+                             "cpu", 4 * GIB + 1, GIB, bound)
+    check_host_pools_fit(config, "cuda", 100 * GIB, GIB, bound)  # a GPU's KV pool is device memory
+    check_host_pools_fit(config, "cpu", 100 * GIB, 0, bound)  # recompute: no swap pool, the budget is the bound
+    check_host_pools_fit(config, "cpu", 100 * GIB, GIB, None)  # nothing readable bounds nothing
+
+
+def test_a_cpu_engine_refuses_a_swap_pool_that_fits_only_without_its_kv_pool(tiny_llama):
+    """The config's check passes (the swap pool alone fits with a GiB to spare); the engine, which knows its
+    KV pool (about 2 GiB of the 3 GiB budget), refuses before allocating either."""
+    swap_gib = available_host_memory().available_bytes / GIB - 1.0
+    with pytest.raises(ValueError, match=r"--swap-space\): .* GiB of host swap pool beside this CPU engine's"):
+        LLM(model=str(tiny_llama), preemption_mode="swap", swap_space=swap_gib, dtype="float32", device="cpu",
+            cpu_memory_budget_bytes=3 * GIB)

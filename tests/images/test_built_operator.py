@@ -17,7 +17,7 @@ from built_images import ImageContainer, ProcessView
 from dockerfiles import REPO
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, condition, eventually, roll_out,
                                                  serving_emulator, write_kubeconfig)
-from pagedinfer.operator.spec.crd_model import DEFAULT_IMAGE
+from pagedinfer.operator.spec.crd_model import DEFAULT_CPU_IMAGE
 from pagedinfer.testing.server_process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -56,7 +56,7 @@ async def test_the_operator_image_reconciles_an_inference_service_as_its_user_on
             assert emulator.read(SERVICES, "default", name) is not None
             assert deployment["metadata"]["ownerReferences"][0]["uid"] == isvc["metadata"]["uid"]
             engine = deployment["spec"]["template"]["spec"]["containers"][0]
-            assert engine["image"] == DEFAULT_IMAGE  # the CRD's default: the CUDA image
+            assert engine["image"] == DEFAULT_CPU_IMAGE  # gpus: 0, no spec.engine.image: the operator's CPU image
             assert "--cpu-memory-budget" in engine["args"]
 
             await roll_out(emulator, name, ready=1)

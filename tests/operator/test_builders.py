@@ -6,7 +6,7 @@ import pytest
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.routing import builders as routing_builders
-from pagedinfer.operator.spec.crd_model import SpecError
+from pagedinfer.operator.spec.crd_model import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, EngineImages, SpecError
 from pagedinfer.operator.spec.parser import parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-2222-3333-444455556666", generation=3)
@@ -85,6 +85,19 @@ def test_a_cpu_engine_gets_the_pod_memory_its_kv_budget_was_derived_from():
     gpu_container = container(built("hf")[2])
     assert "--cpu-memory-budget" not in gpu_container["args"]
     assert gpu_container["resources"]["limits"] == {"memory": "32Gi", "nvidia.com/gpu": "1"}
+
+
+def test_an_unset_engine_image_is_the_operators_image_for_the_pods_kind_and_a_set_one_wins():
+    cpu, gpu = built("cpu"), built("hf")
+    assert container(cpu[2])["image"] == DEFAULT_CPU_IMAGE == EngineImages().cpu  # gpus: 0: CPU torch, CPU kernels
+    assert container(gpu[2])["image"] == DEFAULT_IMAGE == EngineImages().gpu  # gpus: 1: CUDA torch
+    mine = EngineImages(gpu="registry.local/engine:cuda", cpu="registry.local/engine:cpu")
+    assert container(builders.build_deployment(OWNER, cpu[0], cpu[1], mine))["image"] == "registry.local/engine:cpu"
+    assert container(builders.build_deployment(OWNER, gpu[0], gpu[1], mine))["image"] == "registry.local/engine:cuda"
+    own = parse_spec("tiny", {"resources": {"gpus": 0}, "engine": {"image": "registry.local/own:1"}})
+    assert container(builders.build_deployment(OWNER, own, plan_of(own), mine))["image"] == "registry.local/own:1"
+    with pytest.raises(SpecError, match=r"spec.engine.image"):
+        parse_spec("tiny", {"engine": {"image": ""}})
 
 
 def test_gpu_limits_port_probes_and_security_context():
@@ -210,3 +223,15 @@ def test_the_deployment_records_the_owner_generation_it_was_built_from_outside_t
     later = builders.build_deployment(builders.Owner("llama", "serving", OWNER.uid, generation=4), spec, plan)
     assert later["spec"] == deployment["spec"]  # a new generation alone rolls nothing
     assert builders.built_for_generation({"metadata": {"annotations": {}}}) is None
+
+
+def test_the_engine_images_come_from_the_flags_else_the_environment(monkeypatch):
+    from pagedinfer.operator.settings import OperatorConfig
+
+    assert OperatorConfig.from_env().engine_images == EngineImages()
+    monkeypatch.setenv("PAGEDINFER_ENGINE_IMAGE", "registry.local/engine:env")
+    monkeypatch.setenv("PAGEDINFER_ENGINE_CPU_IMAGE", "registry.local/engine:cpu-env")
+    assert OperatorConfig.from_env().engine_images == EngineImages("registry.local/engine:env",
+                                                                   "registry.local/engine:cpu-env")
+    flagged = OperatorConfig.from_env(engine_cpu_image="registry.local/engine:cpu-flag").engine_images
+    assert flagged == EngineImages("registry.local/engine:env", "registry.local/engine:cpu-flag")

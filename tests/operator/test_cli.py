@@ -25,11 +25,14 @@ async def test_the_operator_process_reconciles_and_serves_liveness_and_metrics(e
     metrics_port, liveness_port = free_port(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "pagedinfer.engine.cli", "operator", "--namespace", "default",
-         "--metrics-port", str(metrics_port), "--liveness", f"127.0.0.1:{liveness_port}", "--no-fetch-hf-config"],
+         "--metrics-port", str(metrics_port), "--liveness", f"127.0.0.1:{liveness_port}", "--no-fetch-hf-config",
+         "--engine-cpu-image", "registry.local/engine:cpu-flag"],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         await emulator.create(ISVC, inference_service("tiny", {"resources": {"gpus": 0}}))
-        await eventually(lambda: emulator.read(DEPLOYMENTS, "default", "tiny"), timeout_seconds=45)
+        deployment = await eventually(lambda: emulator.read(DEPLOYMENTS, "default", "tiny"), timeout_seconds=45)
+        # gpus: 0 and no spec.engine.image: the CPU engine image the operator was given
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/engine:cpu-flag"
         async with aiohttp.ClientSession() as session:
             async def text(url):
                 async with session.get(url) as r:

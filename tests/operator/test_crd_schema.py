@@ -77,8 +77,10 @@ def test_schema_defaults_equal_the_operators_defaults():
                         ("maxNumSeqs", "max_num_seqs"), ("maxNumBatchedTokens", "max_num_batched_tokens"),
                         ("enablePrefixCaching", "enable_prefix_caching"),
                         ("enableChunkedPrefill", "enable_chunked_prefill"), ("swapSpaceGiB", "swap_space_gib"),
-                        ("tensorParallelSize", "tensor_parallel_size"), ("image", "image")]:
+                        ("tensorParallelSize", "tensor_parallel_size")]:
         assert engine[field]["default"] == getattr(defaults, attr), field
+    # image has no schema default: the operator picks its CPU or CUDA engine image by resources.gpus
+    assert "default" not in engine["image"] and defaults.image is None
     spec = SCHEMA["properties"]["spec"]["properties"]
     # gpus has no schema default: the operator defaults it to engine.tensorParallelSize (one GPU per rank)
     assert "default" not in spec["resources"]["properties"]["gpus"]

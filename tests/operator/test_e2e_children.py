@@ -115,7 +115,8 @@ async def test_a_name_clash_with_an_unowned_service_is_a_child_conflict_and_crea
         assert isvc_of(emulator)["status"]["phase"] == "Failed"
         assert condition(isvc_of(emulator), "Ready")["reason"] == "NotDeployed"
         assert emulator.count("create", "deployments") == 0  # no half-applied pair
-        assert [e for e in emulator.read_all(EVENTS) if e.get("reason") == "ChildConflict"]
+        # the Event is posted beside the status patch, not before it: wait for it, as a watcher would
+        await eventually(lambda: [e for e in emulator.read_all(EVENTS) if e.get("reason") == "ChildConflict"])
         await emulator.remove(SERVICES, "default", "llama")
         await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
         assert deployment_of(emulator) and emulator.read(SERVICES, "default", "llama")["spec"]["selector"] == \

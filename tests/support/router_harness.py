@@ -27,7 +27,8 @@ def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: st
     from pagedinfer.engine.server.launcher import uvicorn_server
     from pagedinfer.router.app import RouterSettings, create_router_app
 
-    app = create_router_app(RouterSettings(tuple(engine_urls), policy, api_key, str(tokenizer_dir), discovery))
+    tokenizer = None if tokenizer_dir is None else str(tokenizer_dir)  # None: the engines' own, fetched
+    app = create_router_app(RouterSettings(tuple(engine_urls), policy, api_key, tokenizer, discovery))
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

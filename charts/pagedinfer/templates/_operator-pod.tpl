@@ -59,6 +59,8 @@ spec:
         {{- if not .Values.operator.huggingFace.fetchConfig }}
         - --no-fetch-hf-config
         {{- end }}
+        - --engine-image={{ include "pagedinfer.image" (list .Values.engine.image .Chart.AppVersion) }}
+        - --engine-cpu-image={{ include "pagedinfer.image" (list .Values.engine.cpuImage (printf "%s-cpu" .Chart.AppVersion)) }}
         - --router-image={{ include "pagedinfer.image" (list .Values.router.image .Chart.AppVersion) }}
         {{- range .Values.operator.extraArgs }}
         - {{ . | quote }}
