@@ -248,6 +248,26 @@ def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny
     assert not engine._output_side._thread.is_alive()
 
 
+def test_step_returns_the_same_cumulative_outputs_from_the_output_process(tiny_llama, greedy_text):
+    """step() (a RequestOutput, every token so far, per touched request) crosses back as well as deltas do."""
+    off, on = engine_pair(tiny_llama, "process", max_model_len=128, num_gpu_blocks_override=32)
+    try:
+        outputs = []
+        for engine in (off, on):
+            engine.add_request("stop", "Hello", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                               stop=[greedy_text[5:8]], logprobs=1))
+            engine.add_request("n2", "jumps over", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5,
+                                                                  ignore_eos=True, prompt_logprobs=1))
+            steps = []
+            while engine.has_unfinished_requests():
+                steps.extend(dataclasses.replace(o, metrics=None) for o in engine.step())
+            outputs.append(steps)
+        assert outputs[1] == outputs[0] and outputs[0][-1].finished
+        assert on._output_side.num_child_requests == 0
+    finally:
+        on.shutdown()
+
+
 def test_a_killed_output_process_fails_generate_and_shutdown_still_works(tiny_llama):
     """The child dies mid-run (killed between two steps): generate raises (no hang), the requests are
     aborted and their blocks freed; the engine's shutdown is still clean."""
