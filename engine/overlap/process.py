@@ -143,7 +143,7 @@ class OutputProcess:
             del self._reqs[key]
             self._frees.append(key)
 
-    def shutdown(self, timeout_seconds: float = 5.0) -> None:
+    def shutdown(self, timeout_seconds: float = 30.0) -> None:
         """Close the pipe (the child exits on its EOF), wait for it, kill it if it does not exit; idempotent."""
         if self._closed:
             return
@@ -255,8 +255,8 @@ def serve(read_fd: str, write_fd: str, tokenizer_path: str) -> None:
     while True:
         try:
             data = recv.recv_bytes()
-        except (EOFError, OSError):  # the engine shut us down, or died
-            return
+        except (EOFError, OSError):  # the engine shut us down, or died: nothing to flush, skip the teardown
+            os._exit(0)
         start = time.thread_time()
         message = pickle.loads(data)
         unpickle_seconds = time.thread_time() - start
