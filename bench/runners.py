@@ -24,7 +24,7 @@ from proc_stats import peak_rss_bytes, tree_cpu_seconds
 from workload import TokenIdsRequest, RunResult
 
 PAGEDINFER_COMPILED = "pagedinfer+compile"  # the system name of the engine run with --compile
-OVERLAP_SUFFIX = "+overlap"  # added to the system name of the engine run with --overlap
+OVERLAP_SUFFIX = "+overlap-"  # + the mode: added to the system name of the engine run with --overlap thread|process
 _WARMUP = [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)]
 
 
@@ -208,7 +208,7 @@ class PagedRun:
 def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: int, num_gpu_blocks: int,
                    max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_threads: int,
                    repeats: int = 1, profile_path: str | None = None, dtype: str = "float32",
-                   breakdown_every: int = 0, compile: bool = False, overlap: bool = False) -> PagedRun:
+                   breakdown_every: int = 0, compile: bool = False, overlap: str = "off") -> PagedRun:
     """Step LLMEngine by hand; KV accounting after every step is kept out of the timed span.
 
     The prefix cache is emptied before every repeat (a repeat must not hit the
@@ -216,8 +216,9 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
     cProfile that of the last. With breakdown_every N > 0, one more run after
     the timed ones profiles every Nth step (torch.profiler, see breakdown.py).
     With `compile` the engine runs its compiled forward (--compile; its
-    compile counted in start-up) and the system is named "pagedinfer+compile"; with `overlap` its outputs
-    are made on the output thread (--overlap) and "+overlap" ends the name.
+    compile counted in start-up) and the system is named "pagedinfer+compile"; with `overlap` thread or process
+    its outputs are made beside the forward (--overlap) and "+overlap-<mode>" ends the name (process: the
+    crossing's cost per batch is printed).
     """
     import torch
 
@@ -252,7 +253,13 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
         if stats.num_used_blocks or engine.has_unfinished_requests():
             raise RuntimeError(f"pagedinfer leaked KV blocks after the run: {stats}")
     linears = _linears(engine.runner)
-    system = (PAGEDINFER_COMPILED if compile else "pagedinfer") + (OVERLAP_SUFFIX if overlap else "")
+    system = (PAGEDINFER_COMPILED if compile else "pagedinfer") + (OVERLAP_SUFFIX + overlap if overlap != "off" else "")
+    crossing = getattr(engine._output_side, "crossing", None)
+    if crossing is not None and crossing.num_batches:
+        n = crossing.num_batches
+        print(f"{system} {dtype}: crossing per batch ({n} batches, all repeats and the warm-up): engine side"
+              f" {crossing.engine_seconds / n * 1e6:.0f} us, child {crossing.child_seconds / n * 1e6:.0f} us,"
+              f" {crossing.bytes_sent / n:.0f} B sent, {crossing.bytes_received / n:.0f} B back", flush=True)
     # the pool is allocated untouched on CPU (engine/model_runner.py): its pages count in the
     # peak RSS only once written, so a longer run reads higher, up to the whole pool
     pool_mib = engine.runner.kv_cache.nbytes / 2**20

@@ -20,8 +20,9 @@ Greedy agreement: in float32 every system against transformers' own tokens
 requests) and against pagedinfer; in bfloat16 pagedinfer's tokens against
 its float32 ones and against vLLM's bfloat16 ones. `--compile both` (the default) runs pagedinfer
 twice, eager and with its compiled forward (`--compile`; the compile counted in start-up), as the rows
-"pagedinfer" and "pagedinfer+compile"; `--overlap both` runs each of those with and without the output
-thread (`--overlap`, rows "...+overlap"; each overlap run's tokens must equal its run without). See
+"pagedinfer" and "pagedinfer+compile"; `--overlap off,thread,process` runs each of those in each of the
+engine's `--overlap` modes (rows "...+overlap-thread", "...+overlap-process"; each mode's tokens must equal
+the first mode's). See
 docs/engine-benchmark.md.
 """
 
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from affinity import parse_cpu_list, pin
 from agreement import Agreement, agreement
+from pagedinfer.engine.config import OVERLAP_MODES
 from workload import LengthDistribution, RunResult, check_lengths, make_workload, save_workload
 
 
@@ -83,7 +85,6 @@ def _choices(allowed: tuple[str, ...] | dict, flag: str):
 
 
 COMPILE_RUNS = {"off": (False,), "on": (True,), "both": (False, True)}  # --compile: pagedinfer's runs
-OVERLAP_RUNS = COMPILE_RUNS  # --overlap: the same choices, for the engine's output thread
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -132,9 +133,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--breakdown-every", type=int, default=5, help="profile every Nth step of that run")
     p.add_argument("--compile", choices=tuple(COMPILE_RUNS), default="both",
                    help="pagedinfer eager (off), with its compiled forward (on), or both rows (default)")
-    p.add_argument("--overlap", choices=tuple(OVERLAP_RUNS), default="off",
-                   help="pagedinfer without (off, the default), with (on) its output thread (--overlap), or both "
-                        "rows of each --compile run")
+    p.add_argument("--overlap", type=_choices(OVERLAP_MODES, "--overlap"), default=["off"],
+                   help=f"comma-separated, of {', '.join(OVERLAP_MODES)}: pagedinfer's --overlap modes, one row each "
+                        "per --compile run, alternated in each round; every mode's tokens must equal those of the "
+                        "first (default off)")
     p.add_argument("--json-out", help="write every system's RunResult (outputs included) to this JSON file")
     p.add_argument("--profile", help="write a cProfile of pagedinfer's last timed run to this file "
                                      "(one model and dtype only)")
@@ -292,7 +294,7 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
                           args.profile if not i and not j else None, dtype,  # the first run's cProfile
                           args.breakdown_every if args.breakdown and not i else 0, compiled, overlap)
                 for j, (compiled, overlap) in enumerate((c, o) for c in COMPILE_RUNS[args.compile]
-                                                        for o in OVERLAP_RUNS[args.overlap])])
+                                                        for o in args.overlap)])
             if not i % 2 and not args.skip_vllm:
                 vllm_rounds.append(run_vllm(args, model_dir, workload_path, spec.max_model_len, dtype))
             for run in paged_rounds[-1]:
@@ -308,10 +310,10 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
                         for runs in zip(*paged_rounds)}
         paged = paged_runs[0]
         by_system = {run.result.system: run.result for run in paged_runs}
-        for system, r in by_system.items():
-            plain = by_system.get(system.removesuffix(OVERLAP_SUFFIX))
-            if system.endswith(OVERLAP_SUFFIX) and plain is not None and r.outputs != plain.outputs:
-                raise RuntimeError(f"{system}: its tokens differ from {plain.system}'s")
+        for system, r in by_system.items():  # each overlap mode's tokens equal the compile run's first mode's
+            first = next(s for s in by_system if s.partition(OVERLAP_SUFFIX)[0] == system.partition(OVERLAP_SUFFIX)[0])
+            if r.outputs != by_system[first].outputs:
+                raise RuntimeError(f"{system}: its tokens differ from {first}'s")
         results = [run.result for run in paged_runs]
         reference = None
         if dtype == "float32" and args.hf_check_requests:

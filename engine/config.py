@@ -19,6 +19,7 @@ from pagedinfer.engine.sizing import VALID_BLOCK_SIZES, parse_bytes
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", *ENGINE_DTYPES)
 DEVICES = ("auto", "cpu", "cuda")
+OVERLAP_MODES = ("off", "thread", "process")  # EngineConfig.overlap: where the output side runs
 
 
 def _positive(name: str, value, allow_none: bool = False) -> None:
@@ -116,11 +117,11 @@ class EngineConfig:
         False, flag="--compile",
         help="on a CPU (tensor parallel size 1): torch.compile the model's decoder at start-up, one graph"
              " for every step size up to --max-num-batched-tokens (default off)")
-    overlap: bool = flag_field(
-        False, flag="--overlap",
-        help="run detokenization, stop strings and output building on a second thread while the next"
-             " step's forward runs (engine/overlap/; default off: on a shared 2-core CPU it did not pay, see"
-             " docs/engine-benchmark.md)")
+    overlap: str = flag_field(
+        "off", flag="--overlap", choices=OVERLAP_MODES, const="process",
+        help="detokenization, stop strings and output building beside the next step's forward"
+             " (engine/overlap/): off (inline, the default), thread (a second thread: it shares the GIL) or"
+             " process (a child process, on another core); --overlap alone means process")
     seed: int = flag_field(
         0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)
@@ -160,8 +161,8 @@ class EngineConfig:
         if self.compile and (self.device == "cuda" or self.tensor_parallel_size > 1):
             raise ValueError("compile (--compile): the compiled forward runs on a CPU with tensor_parallel_size 1"
                              f" only, got device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size}")
-        if not isinstance(self.overlap, bool):
-            raise ValueError(f"overlap: must be a boolean, got {self.overlap!r}")
+        if not isinstance(self.overlap, str) or self.overlap not in OVERLAP_MODES:
+            raise ValueError(f"overlap (--overlap): must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}")
         _positive("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")

@@ -6,8 +6,8 @@ advance computed tokens (and cache full blocks) -> fork n>1 requests whose
 prompt just finished -> sample -> append token ids and end sequences on the
 finishes that need no text (EOS, stop tokens, grammar, length), freeing their
 blocks at once -> the step's `OutputBatch` (detokenize, stop strings, outputs:
-`engine/overlap/`). With `EngineConfig.overlap` that batch runs on the output
-thread during the next step's forward, whose step returns its outputs (one
+`engine/overlap/`). With `EngineConfig.overlap` "thread" or "process" that batch runs on the output
+thread (or in the output process) during the next step's forward, whose step returns its outputs (one
 step later) and ends the sequences its stop strings ended, dropping the token
 sampled for them meanwhile; without it the batch runs inline. Beam-search requests (`BeamSearchParams`)
 skip the sampler: their rows go to their search (`engine/beam/group.py`).
@@ -37,6 +37,7 @@ from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.outputs import (CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput,
                                        RequestOutputDelta)
 from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
+from pagedinfer.engine.overlap.process import OutputProcess
 from pagedinfer.engine.overlap.thread import OutputThread
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
@@ -59,7 +60,7 @@ class _Request:
     group: SequenceGroup | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled as the prompt is computed
     num_sent: dict[int, tuple[int, int]] = field(default_factory=dict)  # output position -> (tokens, chars) sent
-    aborted: bool = False  # an output of it still on the output thread is dropped
+    aborted: bool = False  # an output of it still on the output side is dropped
 
     @property
     def finished(self) -> bool:
@@ -78,7 +79,7 @@ class LLMEngine:
         from pagedinfer.engine.distributed.launch import create_runner
 
         self.config = config = setup.resolve_model_paths(config)
-        self._output_thread: OutputThread | None = None
+        self._output_side: OutputThread | OutputProcess | None = None  # None: the output side runs inline
         self.runner = create_runner(config)  # first: a bad model is named as the model
         try:
             self._init_after_runner(config)
@@ -109,12 +110,14 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        if config.overlap:
+        if config.overlap == "thread":
             # its own tokenizer: a fast tokenizer may refuse a decode while another thread encodes with it
             self.output_tokenizer = setup.load_tokenizer(config.tokenizer or config.model)
-            self._output_thread = OutputThread(lambda batch: process_batch(batch, self.output_tokenizer))
+            self._output_side = OutputThread(lambda batch: process_batch(batch, self.output_tokenizer))
         else:
             self.output_tokenizer = self.tokenizer
+            if config.overlap == "process":  # the child holds the output side's state (overlap/mirror.py)
+                self._output_side = OutputProcess(str(config.tokenizer or config.model))
         # the detokenizers' `decode([id])` memo, one per skip_special_tokens (used on the output side only)
         self._pieces: dict[bool, dict[int, str]] = {True: {}, False: {}}
         logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host swap blocks",
@@ -212,6 +215,8 @@ class LLMEngine:
             if req is None:
                 continue
             req.aborted = True
+            if isinstance(self._output_side, OutputProcess):
+                self._output_side.forget(req)
             for seq in req.live_seqs:
                 self.scheduler.finish(seq, "abort")
                 self.sampler.forget(seq.seq_id)
@@ -225,9 +230,9 @@ class LLMEngine:
             self.runner.workers.check()
 
     def shutdown(self) -> None:
-        """Stop the output thread and the other ranks of a tensor-parallel replica (idempotent)."""
-        if self._output_thread is not None:
-            self._output_thread.shutdown()
+        """Stop the output thread or process and the other ranks of a tensor-parallel replica (idempotent)."""
+        if self._output_side is not None:
+            self._output_side.shutdown()
         if getattr(self, "runner", None) is not None and self.runner.workers is not None:
             self.runner.workers.shutdown()
 
@@ -243,7 +248,7 @@ class LLMEngine:
     def _step(self, cumulative: bool) -> list:
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            if self._output_thread is not None and self._output_thread.in_flight:  # the last step's outputs
+            if self._output_side is not None and self._output_side.in_flight:  # the last step's outputs
                 return self._collect(self._take_previous_outputs())
             if self.scheduler.num_unfinished:  # the scheduler promises progress: say so rather than spin
                 kv = self.kv.stats()
@@ -283,7 +288,7 @@ class LLMEngine:
         # with overlap: the previous step's outputs, made while this forward ran; its stop strings end their
         # sequences now, and the tokens this step computed for them are never sampled
         previous = self._take_previous_outputs() \
-            if self._output_thread is not None and self._output_thread.in_flight else None
+            if self._output_side is not None and self._output_side.in_flight else None
         by_id = {s.seq_id: s for s in sampling}
         all_rows = [by_id[i] for i in row_ids]
         row_index = [r for r, seq in enumerate(all_rows) if seq.group is None and not seq.is_finished]
@@ -314,16 +319,16 @@ class LLMEngine:
             items.append(self._append_token(req, seq, res.token_id, res.logprobs, now))
             touched[req.request_id] = req
         batch = OutputBatch(items, list(touched.values()), cumulative)
-        if self._output_thread is not None and not touched:  # a step of prompt chunks only: nothing to hand over
+        if self._output_side is not None and not touched:  # a step of prompt chunks only: nothing to hand over
             return self._collect(previous) if previous is not None else []
-        if self._output_thread is None:
+        if self._output_side is None:
             return self._collect(self._finish_text_stops(process_batch(batch, self.output_tokenizer)))
-        self._output_thread.submit(batch)
+        self._output_side.submit(batch)
         return self._collect(previous) if previous is not None else []
 
     def _take_previous_outputs(self) -> ProcessedBatch:
-        """The output thread's result for the previous step, its stop strings applied to the engine."""
-        return self._finish_text_stops(self._output_thread.wait())
+        """The output side's result for the previous step, its stop strings applied to the engine."""
+        return self._finish_text_stops(self._output_side.wait())
 
     def _finish_text_stops(self, processed: ProcessedBatch) -> ProcessedBatch:
         """End (and free) each sequence a stop string ended on the output side."""

@@ -9,6 +9,7 @@ on every pod it builds (`managed`). From such a dataclass (`EngineConfig`,
   `Flag.cli_default` where the flag takes a text the field holds parsed, as
   `--cpu-memory-budget 2GiB` for `cpu_memory_budget_bytes`); a bool field
   defaulting to True becomes `--x/--no-x`, one defaulting to False `--x`;
+  a flag with `Flag.const` may be given without its value (`--overlap`);
 - the field values from parsed arguments (`values_from_args`), each through
   `Flag.parse` when it has one;
 - the operator's managed flags (`managed_flags`), `--no-x` forms included:
@@ -42,6 +43,7 @@ class Flag:
     managed: bool = False  # the operator sets it on every pod; extraArgs may not (nor abbreviate it)
     cli_default: Any = _SAME  # the flag's default where it differs from the field's (a text `parse` reads)
     parse: Callable[[Any], Any] | None = None  # the parsed flag value -> the field's value
+    const: Any = _SAME  # set: the value may be left out (`--overlap` alone means `--overlap <const>`)
 
     def __post_init__(self) -> None:
         if not self.name.startswith("--") or self.name != self.name.lower() or " " in self.name:
@@ -104,6 +106,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
                 kwargs["type"] = flag.type
             if flag.choices is not None:
                 kwargs["choices"] = flag.choices
+            if flag.const is not _SAME:
+                kwargs["nargs"], kwargs["const"] = "?", flag.const
         parser.add_argument(flag.name, **kwargs)
 
 

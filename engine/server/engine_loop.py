@@ -11,9 +11,10 @@ inbox gains work. Each pass of the thread:
    hands each `RequestOutputDelta` (only what the step added: serving.py
    assembles the outputs) to the asyncio queue of the request that owns it,
    through `loop.call_soon_threadsafe` (the only safe way to touch an asyncio
-   queue from another thread); with `--overlap` a step's deltas are those of
-   the step before, made on the engine's output thread during this step's
-   forward (`engine/overlap/`), and a failure there raises from this call;
+   queue from another thread); with `--overlap thread|process` a step's deltas
+   are those of the step before, made on the engine's output thread (or in
+   its output process) during this step's forward (`engine/overlap/`), and a
+   failure there (the output process dying included) raises from this call;
 3. otherwise sleeps on the wake flag.
 
 Invariants: a request id is in `_sinks` from its add until its finished

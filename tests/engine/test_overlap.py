@@ -1,8 +1,11 @@
-"""`EngineConfig.overlap`: outputs made on the output thread while the next forward runs, exactly as without it."""
+"""`EngineConfig.overlap`: outputs made on the output thread or in the output process while the next forward runs,
+exactly as without it."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import threading
 
 import pytest
@@ -18,21 +21,39 @@ from pagedinfer.engine.llm_engine import LLMEngine
 BOUNDED_WAIT_SECONDS = 60.0  # a bounded wait of the instrumentation, never a timing assertion
 
 
-def engine_pair(model_dir, **kwargs) -> tuple[LLMEngine, LLMEngine]:
-    """(without overlap, with overlap), otherwise the same engine."""
+MODES = ["thread", "process"]  # the overlap modes; each is proven against "off"
+
+
+def engine_pair(model_dir, mode: str, **kwargs) -> tuple[LLMEngine, LLMEngine]:
+    """(without overlap, with overlap `mode`), otherwise the same engine."""
     config = EngineConfig(model=str(model_dir), dtype="float32", **kwargs)
-    return LLMEngine(config), LLMEngine(dataclasses.replace(config, overlap=True))
+    return LLMEngine(config), LLMEngine(dataclasses.replace(config, overlap=mode))
 
 
-def run_deltas(engine: LLMEngine, requests) -> dict[str, list]:
-    """Every request's deltas (timings left out), in the order the engine returned them."""
+def run_deltas(engine: LLMEngine, requests, steps_with_outputs: list | None = None) -> dict[str, list]:
+    """Every request's deltas (timings left out), in the order the engine returned them; appends to
+    steps_with_outputs the number of steps that returned any."""
     for request_id, prompt, params in requests:
         engine.add_request(request_id, prompt, params)
     deltas: dict[str, list] = {request_id: [] for request_id, _, _ in requests}
+    num_steps = 0
     while engine.has_unfinished_requests():
-        for delta in engine.step_deltas():
+        step = engine.step_deltas()
+        num_steps += bool(step)
+        for delta in step:
             deltas[delta.request_id].append(dataclasses.replace(delta, metrics=None))
+    if steps_with_outputs is not None:
+        steps_with_outputs.append(num_steps)
     return deltas
+
+
+def assert_worked_beside(engine: LLMEngine, num_batches: int) -> None:
+    """The engine's output side processed num_batches batches, off the engine thread (or process)."""
+    side = engine._output_side
+    assert side.num_batches == num_batches
+    if engine.config.overlap == "process":
+        assert side.pid != os.getpid() and side.num_child_requests == 0  # every request's state freed
+        assert not side._reqs and not side._keys
 
 
 def assert_pool_free(engine: LLMEngine) -> None:
@@ -57,7 +78,8 @@ def greedy_text(tiny_llama):
     return out.text
 
 
-def test_every_delta_is_the_same_with_overlap_on_and_off(tiny_llama, greedy_text):
+@pytest.mark.parametrize("mode", MODES)
+def test_every_delta_is_the_same_with_overlap_on_and_off(tiny_llama, greedy_text, mode):
     """Stop strings ending mid-output (with and without their text, one held back), stop tokens, n > 1 with
     logprobs, prompt logprobs, beam search and chunked prefill: each request gets the same deltas."""
     text = greedy_text
@@ -73,10 +95,11 @@ def test_every_delta_is_the_same_with_overlap_on_and_off(tiny_llama, greedy_text
         ("prompt-lp", list(range(30, 70)), SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=3)),
         ("beam", "hello there", BeamSearchParams(beam_width=2, max_tokens=4)),
     ]
-    off, on = engine_pair(tiny_llama, block_size=8, max_model_len=128, num_gpu_blocks_override=64,
+    off, on = engine_pair(tiny_llama, mode, block_size=8, max_model_len=128, num_gpu_blocks_override=64,
                           max_num_batched_tokens=24, seed=11)  # chunked prompts
     try:
-        want, got = run_deltas(off, requests), run_deltas(on, requests)
+        steps: list[int] = []
+        want, got = run_deltas(off, requests, steps), run_deltas(on, requests)
         assert got == want
         assert want["stop"][-1].outputs[0].finish_reason == "stop"
         assert "".join(d.outputs[0].new_text for d in want["stop"]) == text[:5]  # nothing past the stop
@@ -84,7 +107,7 @@ def test_every_delta_is_the_same_with_overlap_on_and_off(tiny_llama, greedy_text
         for engine in (off, on):
             assert_pool_free(engine)
         assert kv_counters(on) == kv_counters(off)
-        assert on._output_thread.num_batches >= 5  # the outputs were made on the output thread
+        assert_worked_beside(on, steps[0])  # each step's outputs (one step later) were made on the output side
     finally:
         on.shutdown()
 
@@ -96,22 +119,25 @@ def reference(make_model):
     return model_dir, prompts, hf_greedy(model_dir, prompts, 12)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("settings", [
     dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="recompute"),
     dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="swap", swap_space=0.01),
     dict(block_size=16, enable_prefix_caching=True, max_num_batched_tokens=32, max_model_len=1024),
 ], ids=["recompute", "swap", "prefix-cache-chunked"])
-def test_greedy_with_overlap_equals_transformers_and_leaks_no_block(reference, settings):
+def test_greedy_with_overlap_equals_transformers_and_leaks_no_block(reference, settings, mode):
     model_dir, prompts, want = reference
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    llm = LLM(model=str(model_dir), dtype="float32", overlap=True, **settings)
+    llm = LLM(model=str(model_dir), dtype="float32", overlap=mode, **settings)
     try:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert got == want
         again = llm.generate(prompts, params)  # prefix-cache hits (or recomputes) change nothing
         assert [o.outputs[0].token_ids for o in again] == want
         assert_pool_free(llm.llm_engine)
-        assert llm.llm_engine._output_thread.num_batches >= 2 * 12
+        assert llm.llm_engine._output_side.num_batches >= 2 * 12
+        if mode == "process":
+            assert llm.llm_engine._output_side.num_child_requests == 0
         if "preemption_mode" in settings:
             assert llm.get_stats().num_preemptions[settings["preemption_mode"]] > 0
         else:
@@ -124,9 +150,9 @@ def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, m
     """Each step's outputs are made off the engine thread, within the next step's forward; only the last
     step's (no forward follows it) are waited for."""
     llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
-              overlap=True)
+              overlap="thread")
     engine, engine_thread = llm.llm_engine, threading.get_ident()
-    output_thread = engine._output_thread
+    output_thread = engine._output_side
     go = threading.Event()  # a forward began or the engine waits for outputs: the output thread may proceed
     in_forward, processed = threading.Event(), threading.Event()
     calls: list[tuple[int, bool]] = []  # per batch: (its thread, whether a forward was running)
@@ -175,15 +201,17 @@ def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, m
         llm.shutdown()
 
 
-def test_an_abort_drops_the_outputs_still_on_the_output_thread(tiny_llama):
+@pytest.mark.parametrize("mode", MODES)
+def test_an_abort_drops_the_outputs_still_on_the_output_side(tiny_llama, mode):
+    """...and in process mode the child frees the aborted request's state (nothing grows)."""
     engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", max_model_len=256,
-                                    num_gpu_blocks_override=32, overlap=True))
+                                    num_gpu_blocks_override=32, overlap=mode))
     try:
         params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
         engine.add_request("kept", "Hello", params)
         engine.add_request("gone", "the quick brown fox", params)
         assert engine.step_deltas() == []  # the first step's outputs are still on the output thread
-        assert engine._output_thread.in_flight
+        assert engine._output_side.in_flight
         engine.abort_request("gone")
         seen = []
         while engine.has_unfinished_requests():
@@ -191,13 +219,15 @@ def test_an_abort_drops_the_outputs_still_on_the_output_thread(tiny_llama):
         assert {d.request_id for d in seen} == {"kept"}
         assert sum(len(d.outputs[0].new_token_ids) for d in seen) == 6
         assert_pool_free(engine)
+        if mode == "process":  # "gone"'s state reached the child with its first token; the abort freed it
+            assert engine._output_side.num_child_requests == 0 and not engine._output_side._reqs
     finally:
         engine.shutdown()
 
 
 def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny_llama, monkeypatch):
     llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
-              overlap=True)
+              overlap="thread")
     engine = llm.llm_engine
     real_process = llm_engine_module.process_batch
     calls = []
@@ -211,13 +241,86 @@ def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny
     monkeypatch.setattr(llm_engine_module, "process_batch", faulty)
     with pytest.raises(KeyError, match="injected fault"):
         llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    assert set(calls) == {engine._output_thread.ident}
+    assert set(calls) == {engine._output_side.ident}
     assert not engine.has_unfinished_requests()
     assert_pool_free(engine)
     llm.shutdown()
-    assert not engine._output_thread._thread.is_alive()
+    assert not engine._output_side._thread.is_alive()
 
 
-def test_overlap_must_be_a_boolean(tiny_llama):
-    with pytest.raises(ValueError, match="overlap"):
-        EngineConfig(model=str(tiny_llama), overlap="yes")
+def test_step_returns_the_same_cumulative_outputs_from_the_output_process(tiny_llama, greedy_text):
+    """step() (a RequestOutput, every token so far, per touched request) crosses back as well as deltas do."""
+    off, on = engine_pair(tiny_llama, "process", max_model_len=128, num_gpu_blocks_override=32)
+    try:
+        outputs = []
+        for engine in (off, on):
+            engine.add_request("stop", "Hello", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                               stop=[greedy_text[5:8]], logprobs=1))
+            engine.add_request("n2", "jumps over", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5,
+                                                                  ignore_eos=True, prompt_logprobs=1))
+            steps = []
+            while engine.has_unfinished_requests():
+                steps.extend(dataclasses.replace(o, metrics=None) for o in engine.step())
+            outputs.append(steps)
+        assert outputs[1] == outputs[0] and outputs[0][-1].finished
+        assert on._output_side.num_child_requests == 0
+    finally:
+        on.shutdown()
+
+
+def test_a_killed_output_process_fails_generate_and_shutdown_still_works(tiny_llama):
+    """The child dies mid-run (killed between two steps): generate raises (no hang), the requests are
+    aborted and their blocks freed; the engine's shutdown is still clean."""
+    from pagedinfer.engine.overlap.process import OutputProcessError
+
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
+              overlap="process")
+    engine = llm.llm_engine
+    side = engine._output_side
+    real_execute, calls = engine.runner.execute, []
+
+    def execute(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(side.pid, signal.SIGKILL)
+            side._proc.wait(BOUNDED_WAIT_SECONDS)
+        return real_execute(*args, **kwargs)
+
+    engine.runner.execute = execute
+    with pytest.raises(OutputProcessError, match="died"):
+        llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert len(calls) == 3 and not engine.has_unfinished_requests()
+    assert_pool_free(engine)
+    llm.shutdown()
+    llm.shutdown()  # idempotent
+
+
+def test_the_output_process_is_a_fresh_interpreter_that_exits_with_the_engine(tiny_llama):
+    """Spawned, not forked (its command line is its own, not the engine's); shutdown closes its pipe and it
+    exits cleanly on the EOF."""
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
+              overlap="process")
+    side = llm.llm_engine._output_side
+    try:
+        with open(f"/proc/{side.pid}/cmdline", "rb") as cmdline:
+            assert b"pagedinfer.engine.overlap.process import serve" in cmdline.read()
+        assert llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].text
+    finally:
+        llm.shutdown()
+    assert side._proc.returncode == 0
+
+
+@pytest.mark.parametrize("bad", ["yes", "on", True, None])
+def test_overlap_must_be_a_mode(tiny_llama, bad):
+    with pytest.raises(ValueError, match=f"overlap \\(--overlap\\): must be one of off, thread, process, got {bad!r}"):
+        EngineConfig(model=str(tiny_llama), overlap=bad)
+
+
+def test_the_overlap_flag_alone_means_process():
+    from pagedinfer.engine.cli import build_parser
+    from pagedinfer.engine.engine_args import engine_config_from_args
+
+    parse = build_parser().parse_args
+    assert engine_config_from_args(parse(["generate", "--overlap"]), model="m").overlap == "process"
+    assert engine_config_from_args(parse(["generate", "--overlap", "thread"]), model="m").overlap == "thread"
+    assert engine_config_from_args(parse(["generate"]), model="m").overlap == "off"
