@@ -12,12 +12,12 @@ same output the same way. The MLP is row-wise, so `chunked_mlp` runs it on
 even row chunks whose gate_up output is at most `MLP_CHUNK_BYTES` (16 MiB:
 half the threshold, room for the allocator's alignment) and concatenates the
 down projections: the heap reuses each chunk's memory, and a 16 MiB output
-still keeps the GEMM at its large-M speed (bench/cpu_mlp_rows.py).
+still keeps the GEMM at its large-M speed (bench/cpu_mlp_vllm.py).
 
 Invariants:
 - a step whose gate_up output fits `MLP_CHUNK_BYTES` runs as one call, as before;
 - each row's result is the unchunked one (the GEMMs and SiLU-and-multiply are
-  row-wise; tests/engine/test_mlp_chunks.py compares logits);
+  row-wise; tests/engine/test_fused_layers.py compares logits);
 - a compiled forward never chunks (inductor plans its own buffers, and a
   branch on the symbolic token count would specialise the graph);
 - a tensor-parallel rank chunks alike (every rank runs the same rows), so its
