@@ -14,7 +14,9 @@ each (`pagedinfer.kernels.cpu.layer_ops`) for
 - Qwen3's q/k norms and RoPE: `rotary_embedding` in place on the qkv GEMM's
   output (cos/sin from `RotaryCache`, the model's own rotary module's values);
 - the post-attention norm: `fused_add_rms_norm` (residual += attention output);
-- `silu_and_mul` on the gate_up GEMM's output;
+- `silu_and_mul` on the gate_up GEMM's output (a long step's MLP in row
+  chunks, `mlp_chunks.py`: its gate_up output would otherwise be a fresh
+  `mmap`, page-faulted in at every layer);
 
 and the final norm as one more `fused_add_rms_norm`. The attention call is the
 engine's own (`engine.attention.paged_attention_forward`: eager, or the
@@ -61,6 +63,7 @@ from torch import nn
 
 from pagedinfer.engine.attention import ATTN_IMPLEMENTATION
 from pagedinfer.engine.cpu.layer_plan import DecoderPlan, LayerPlan, Projection, plan_decoder, projection
+from pagedinfer.engine.cpu.mlp_chunks import MLP_CHUNK_BYTES, chunked_mlp
 from pagedinfer.kernels.cpu import layer_ops
 
 MODEL_CLASSES = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
@@ -149,7 +152,7 @@ def _layer_forward(plan: LayerPlan, positions: torch.Tensor, hidden: torch.Tenso
     hidden = plan.o.fn(out.reshape(tokens, -1), *plan.o.args)
     weight, eps = plan.post_norm
     layer_ops.fused_add_rms_norm(hidden, residual, weight, eps)
-    return plan.down.fn(layer_ops.silu_and_mul(plan.gate_up.fn(hidden, *plan.gate_up.args)), *plan.down.args), residual
+    return chunked_mlp(hidden, plan.gate_up, plan.down, plan.mlp_max_rows), residual
 
 
 def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -209,14 +212,15 @@ def fuses_causal_lm(model: nn.Module) -> bool:
             and getattr(decoder.forward, "__func__", None) is _model_forward and "fused_lm_head" in vars(model))
 
 
-def fuse_layers(model: nn.Module, num_positions: int) -> LayerFusionReport:
-    """Run `model`'s decoder as `_model_forward` (see the invariants); RoPE for positions < `num_positions`."""
+def fuse_layers(model: nn.Module, num_positions: int, mlp_chunk_bytes: int = MLP_CHUNK_BYTES) -> LayerFusionReport:
+    """Run `model`'s decoder as `_model_forward` (see the invariants); RoPE for positions < `num_positions`; the
+    MLP of a long step in row chunks whose gate_up output fits `mlp_chunk_bytes` (`mlp_chunks.py`)."""
     decoder = model.get_decoder()
     reason = _unfusable(decoder, next(decoder.parameters()).dtype)
     if reason:
         return LayerFusionReport(False, reason)
     decoder.fused_cos_sin = rotary_cos_sin(decoder.rotary_emb, num_positions)
-    decoder.fused_plan = plan_decoder(decoder)
+    decoder.fused_plan = plan_decoder(decoder, mlp_chunk_bytes)
     if type(model).__name__ in CAUSAL_LM_CLASSES and isinstance(getattr(model, "lm_head", None), nn.Module):
         model.fused_lm_head = projection(model.lm_head)
     decoder.forward = types.MethodType(_model_forward, decoder)

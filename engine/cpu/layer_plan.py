@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from pagedinfer.engine.cpu.linear import PackedLinear, packed_linear
+from pagedinfer.engine.cpu.mlp_chunks import MLP_CHUNK_BYTES, max_chunk_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,7 @@ class LayerPlan:
     o: Projection
     gate_up: Projection
     down: Projection
+    mlp_max_rows: int               # rows per MLP chunk (mlp_chunks.py: its gate_up output fits the chunk bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +89,9 @@ def _norm(module: nn.Module) -> tuple[torch.Tensor, float]:
     return module.weight, module.variance_epsilon
 
 
-def plan_layer(layer: nn.Module) -> LayerPlan:
+def plan_layer(layer: nn.Module, mlp_chunk_bytes: int = MLP_CHUNK_BYTES) -> LayerPlan:
     attn, mlp = layer.self_attn, layer.mlp
+    gate_up_weight = mlp.gate_up_proj.weight  # [out, in], dense or packed (same shape and dtype)
     head_dim = attn.head_dim
     q_size, k_size, v_size = attn.qkv_sizes
     qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon) if attn.qk_norms else None
@@ -99,9 +102,11 @@ def plan_layer(layer: nn.Module) -> LayerPlan:
         head_dim=head_dim, qk_norms=qk_norms, scaling=attn.scaling,
         scale=attn.scaling if attn.scaling is not None else head_dim ** -0.5,
         sliding_window=attn.fused_sliding_window or None, o=projection(attn.o_proj),
-        gate_up=projection(mlp.gate_up_proj), down=projection(mlp.down_proj))
+        gate_up=projection(mlp.gate_up_proj), down=projection(mlp.down_proj),
+        mlp_max_rows=max_chunk_rows(gate_up_weight.shape[0] * gate_up_weight.element_size(), mlp_chunk_bytes))
 
 
-def plan_decoder(decoder: nn.Module) -> DecoderPlan:
-    return DecoderPlan(tuple(plan_layer(layer) for layer in decoder.layers[: decoder.config.num_hidden_layers]),
+def plan_decoder(decoder: nn.Module, mlp_chunk_bytes: int = MLP_CHUNK_BYTES) -> DecoderPlan:
+    return DecoderPlan(tuple(plan_layer(layer, mlp_chunk_bytes)
+                             for layer in decoder.layers[: decoder.config.num_hidden_layers]),
                        _norm(decoder.norm), decoder.embed_tokens.forward)

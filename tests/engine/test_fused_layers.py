@@ -21,6 +21,7 @@ from pagedinfer.engine.attention import StepContext, register
 from pagedinfer.engine.cpu.fused_layers import causal_lm_logits, fuse_layers, fuses_causal_lm, rotary_cos_sin
 from pagedinfer.engine.cpu.fused_projections import fuse_projections
 from pagedinfer.engine.cpu.linear import pack_linear_weights
+from pagedinfer.engine.cpu.mlp_chunks import MLP_CHUNK_BYTES
 from pagedinfer.engine.tiny_model import tiny_config
 from pagedinfer.kernels.cpu import build, ops
 from pagedinfer.kernels.metadata import build_attention_metadata
@@ -31,7 +32,8 @@ PROMPT = [5, 9, 11, 2, 40, 7, 63, 12, 90, 33, 7, 8, 300, 17, 250, 1, 77, 45, 2, 
 STEPS = [(PROMPT, [30], [30], [[0, 1]]), ([42, 1, 2, 3, 4, 5], [31, 5], [1, 5], [[0, 1], [2]])]
 
 
-def _model(arch: str, dtype: torch.dtype, fused_layers: bool, **config) -> nn.Module:
+def _model(arch: str, dtype: torch.dtype, fused_layers: bool, mlp_chunk_bytes: int = MLP_CHUNK_BYTES,
+           **config) -> nn.Module:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch, **config), dtype=dtype,
                                                           attn_implementation=register()).eval()
@@ -41,7 +43,7 @@ def _model(arch: str, dtype: torch.dtype, fused_layers: bool, **config) -> nn.Mo
     fuse_projections(model)
     pack_linear_weights(model)
     if fused_layers:
-        assert fuse_layers(model, num_positions=64).fused
+        assert fuse_layers(model, num_positions=64, mlp_chunk_bytes=mlp_chunk_bytes).fused
     return model
 
 
@@ -77,6 +79,24 @@ def test_fused_layers_give_the_unfused_logits_in_float32(arch):
     want = _step_logits(_model(arch, torch.float32, fused_layers=False))
     for got, expected in zip(_step_logits(_model(arch, torch.float32, fused_layers=True)), want):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_steps_mlp_in_row_chunks_gives_the_unchunked_logits(dtype):
+    """engine/cpu/mlp_chunks.py: with chunks of 7 rows' gate_up output, the 30-token prefill's MLP runs in 5
+    chunks of 6 rows and the 6-token step's in one: the same rows, the same logits."""
+    width = tiny_config("llama").intermediate_size * 2
+    chunked = _model("llama", dtype, fused_layers=True, mlp_chunk_bytes=7 * width * dtype.itemsize)
+    assert {layer.mlp_max_rows for layer in chunked.model.fused_plan.layers} == {7}
+    rows_seen = []
+    gate_up = chunked.model.fused_plan.layers[0].gate_up
+    object.__setattr__(chunked.model.fused_plan.layers[0], "gate_up", type(gate_up)(
+        lambda x, *args: rows_seen.append(x.shape[0]) or gate_up.fn(x, *args), gate_up.args))
+    got = _step_logits(chunked, _lm_logits)
+    assert rows_seen == [6] * 5 + [6]
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for got_step, expected in zip(got, _step_logits(_model("llama", dtype, fused_layers=True), _lm_logits)):
+        torch.testing.assert_close(got_step, expected, **tolerance)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
