@@ -61,8 +61,11 @@ async def serving_emulator(**kwargs: Any) -> AsyncIterator[tuple[KubeEmulator, s
 
 @contextlib.asynccontextmanager
 async def running_operator(config: OperatorConfig = FAST_CONFIG, *, namespaces: tuple[str, ...] = ("default",),
-                           startup_timeout_seconds: float = 20.0) -> AsyncIterator[Runtime]:
-    """kopf.operator in this event loop; $KUBECONFIG must point at the emulator. Stopped as on SIGTERM."""
+                           startup_timeout_seconds: float = 60.0) -> AsyncIterator[Runtime]:
+    """kopf.operator in this event loop; $KUBECONFIG must point at the emulator. Stopped as on SIGTERM.
+
+    startup_timeout_seconds bounds the wait for kopf's ready flag: generous, as kopf took over 20 s to start on a
+    2-core box at load 5-8 (a bound on a wait, not a timed assertion)."""
     runtime = Runtime(config=config)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(kopf.operator(
