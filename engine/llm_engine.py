@@ -215,7 +215,7 @@ class LLMEngine:
             if req is None:
                 continue
             req.aborted = True
-            if isinstance(self._output_side, OutputProcess):
+            if self._output_side is not None:
                 self._output_side.forget(req)
             for seq in req.live_seqs:
                 self.scheduler.finish(seq, "abort")

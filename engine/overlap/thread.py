@@ -78,6 +78,10 @@ class OutputThread:
             raise value
         return value
 
+    def forget(self, req: Any) -> None:
+        """The engine dropped req (an abort): nothing to free here, the thread works on the engine's own objects
+        (the output side's interface, as `OutputProcess.forget`, which frees the child's copy)."""
+
     def shutdown(self, timeout_seconds: float = 5.0) -> None:
         """Stop the thread once its current batch is done (a result still queued is dropped)."""
         if not self._thread.is_alive():
