@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Refreshes the locks in requirements/ from pyproject.toml, then installs them and runs the whole suite.
+#
+#   bash scripts/lock.sh             # refresh every lock, install dev.lock into .venv, run scripts/test.sh
+#   bash scripts/lock.sh --no-test   # refresh the locks only
+#
+# Each lock is the newest set of versions that pyproject.toml's ranges allow today, resolved by uv
+# (`uv pip compile`, CPython 3.11 on Linux x86_64: CI's machines and the images' Debian bookworm base) under
+# requirements/pins.txt (the CPU build of torch, triton), with every file's sha256. What installs from them:
+#   dev.lock         scripts/setup.sh (the tests, the demo, CI): every extra and test tool, and the build
+#                    requirements (requirements/build.in), since setup.sh builds pagedinfer without isolation
+#   engine-cpu.lock  images/engine-cpu.Dockerfile: pagedinfer[engine] and torch's CPU build
+#   operator.lock    images/operator.Dockerfile: pagedinfer[operator]
+#   router.lock      images/router.Dockerfile: pagedinfer[router]
+# The image locks are resolved under dev.lock's versions, so an image runs exactly what the suite tested.
+# Refresh when a dependency must move (a fix, a new model family, a security release) or when
+# scripts/versions.sh newest finds the newest versions pass; commit the locks with what they needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+test_after=1
+[ "${1:-}" = "--no-test" ] && test_after=0
+
+# uv: the venv's (uv itself is locked in dev.lock), or $UV (the first lock, a broken venv).
+if [ -z "${UV:-}" ]; then
+    bash scripts/setup.sh
+    UV="$ROOT/.venv/bin/uv"
+fi
+# This machine's pip configuration (find-links: a local torch build), which uv does not read itself.
+mapfile -t FIND_LINKS < <(bash scripts/pip_find_links.sh)
+COMPILE=("$UV" pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28
+         --generate-hashes --no-strip-extras --custom-compile-command "bash scripts/lock.sh"
+         "${FIND_LINKS[@]}" --constraint "$ROOT/requirements/pins.txt")
+if [ -n "${PAGEDINFER_TORCH_INDEX_URL:-}" ]; then
+    COMPILE+=(--extra-index-url "$PAGEDINFER_TORCH_INDEX_URL" --index-strategy unsafe-best-match)
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+# From /: uv never puts the working directory on a path, but keep every tool out of the repository root.
+(cd / && "${COMPILE[@]}" --upgrade "$ROOT/pyproject.toml" "$ROOT/requirements/build.in" --extra dev \
+    -o "$work/dev.lock")
+# The same versions, without hashes, as the constraint of the image locks.
+sed -e '/^ *--hash/d' -e 's/ \\$//' -e '/^--/d' "$work/dev.lock" >"$work/dev.constraints"
+for spec in "engine-cpu|engine|torch" "operator|operator|" "router|router|"; do
+    IFS='|' read -r name extra extra_req <<<"$spec"
+    inputs=("$ROOT/pyproject.toml" "$ROOT/requirements/build.in")
+    if [ -n "$extra_req" ]; then
+        echo "$extra_req" >"$work/$name.in"
+        inputs+=("$work/$name.in")
+    fi
+    (cd / && "${COMPILE[@]}" "${inputs[@]}" --extra "$extra" --constraint "$work/dev.constraints" \
+        -o "$work/$name.lock")
+done
+for lock in "$work"/*.lock; do
+    # Paths in the "via" comments are this checkout's: write them relative to the repository.
+    sed -E -e "s#-c ${work#/}/dev\.constraints#-c requirements/dev.lock#" -e "s#-r ${work#/}/[a-z-]+\.in#-r (the image's torch)#" \
+        -e "s#${ROOT#/}/##g" "$lock" >"requirements/$(basename "$lock")"
+done
+echo "locks written: $(ls requirements/*.lock | tr '\n' ' ')"
+[ "$test_after" = 1 ] || exit 0
+bash scripts/test.sh
