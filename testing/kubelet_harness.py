@@ -259,9 +259,10 @@ class KubeletHarness:
         for value in local.env.values():
             if value.startswith(str(pod_dir)):
                 Path(value).mkdir(parents=True, exist_ok=True)
+        Path(local.cwd).mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{pod_name}.log"
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(local.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            process = subprocess.Popen(local.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=local.cwd)
         engine = Engine(pod_name, ip, port, process, log_path)
         try:
             ready = await self._wait_ready(engine, container["readinessProbe"]["httpGet"]["path"], stop)
