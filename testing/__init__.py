@@ -10,6 +10,8 @@
 - `kubelet_harness` and `pod_process`: a Deployment's pods run as local
   processes on 127.0.0.x, their command line as the kubelet would run it.
 - `server_process`: a free port and a wait for a server's /health.
+- `watched`: what a wait depends on (the operator's task, the kubelet
+  harness's pods): `eventually` fails at once, naming it, when one has died.
 
 Needs the `testing` extra (kmock, kopf, aiohttp). See docs/testing.md.
 """

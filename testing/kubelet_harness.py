@@ -15,6 +15,9 @@ what a kubelet would do:
   spec) plus a Running, Ready status and that podIP in the emulated API
   server; on scale-down it deletes the Pod object first (as endpoints drop
   a terminating pod) and then stops the process. At most `max_engines` run.
+  `async with harness.running():` runs it for a block, watched by every
+  `eventually` there (watched.py): an engine that exits unexpectedly fails
+  the wait at once, naming its pod, its exit code and its log's tail.
 - `loopback_ip()`: a free 127.0.0.x address for port 8000.
 """
 
@@ -30,15 +33,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import aiohttp
 import kmock
 
 from pagedinfer.testing.kube_emulator import KubeEmulator
 from pagedinfer.testing.pod_process import http_port, local_process
+from pagedinfer.testing.watched import Died, exit_report, log_tail, stop_task, watching
 
 ENGINE_PORT = 8000
+KILL_WAIT_SECONDS = 10.0  # for a SIGKILLed process to be reaped: only one stuck in the kernel takes longer
 PODS = kmock.resource("", "v1", "pods")
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
 ISVC = kmock.resource("serving.pagedinfer.dev", "v1alpha1", "inferenceservices")
@@ -93,6 +98,16 @@ def pod_from_template(name: str, template: dict[str, Any], ip: str) -> dict[str,
     }
 
 
+async def pause(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or until `stop` is set (seen within 50 ms), creating no task.
+
+    No task, unlike `asyncio.wait_for(stop.wait(), ...)`: kopf, exiting, waits up to 5 s for every
+    task created after it started and then cancels it, and a harness may outlive the operator."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, 0.05))
+
+
 @dataclass
 class Engine:
     pod_name: str
@@ -128,7 +143,16 @@ class KubeletHarness:
     pod_process.py for the only changes a local process
     needs); its Pod object is the Deployment's pod template plus a Running,
     Ready status. The template is read when a pod starts: a later change does
-    not roll running pods."""
+    not roll running pods.
+
+    Invariants: `engines` holds the pods that are Ready: a process joins it
+    once its readiness probe answered and its Pod object exists, and leaves
+    it before the harness deletes its Pod object and stops it. Nothing is
+    restarted: an engine that exits before it is ready ends `run()` with
+    RuntimeError (kept in `failure`); one that exits later stays in
+    `engines`, dead, and `death()` reports it. Every wait for a process is
+    bounded: readiness by `ready_timeout_seconds` (or the stop), a stop by
+    the pod's terminationGracePeriodSeconds, then SIGKILL."""
 
     emulator: KubeEmulator
     namespace: str
@@ -136,9 +160,11 @@ class KubeletHarness:
     log_dir: Path
     max_engines: int = 3
     poll_seconds: float = 0.3
+    ready_timeout_seconds: float = 120.0
     bin_dir: Path = Path(sys.executable).parent
     engines: list[Engine] = field(default_factory=list)
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, desired replicas)
+    failure: Exception | None = None  # why run() ended, if it ended by raising
     _counter: int = 0
 
     def deployment(self) -> dict[str, Any] | None:
@@ -149,6 +175,43 @@ class KubeletHarness:
         deployment = self.deployment()
         return 0 if deployment is None else int((deployment.get("spec") or {}).get("replicas", 1))
 
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator["KubeletHarness"]:
+        """run() in a task of its own for the block, watched by every `eventually` in it; then stopped.
+
+        Enter it before `running_operator()`: kopf, exiting, cancels the tasks created after it. The
+        stop is bounded (each engine's stop is; stop_task bounds the rest). run()'s exception is raised
+        at the end of a block that did not fail itself (one that failed has already reported it)."""
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.run(stop), name=f"kubelet harness {self.namespace}/{self.instance}")
+        try:
+            with watching(self):
+                yield self
+        except BaseException as exc:
+            stop.set()
+            await stop_task(task, self._stop_bound_seconds())
+            if isinstance(exc, Died) and not task.cancelled():
+                task.exception()  # retrieved: the block's failure reports it (asyncio would log it again)
+            raise
+        stop.set()
+        await stop_task(task, self._stop_bound_seconds())
+        if self.failure is not None:
+            raise self.failure
+
+    def death(self) -> str | None:
+        """Why the harness or one of its Ready pods' processes ended unexpectedly; None if neither did.
+
+        A pod's process counts only while the pod is in `engines` (the harness removes it before it
+        stops it) and its Pod object exists (a test that deleted it has stopped the pod on purpose)."""
+        if self.failure is not None:
+            return f"the kubelet harness of {self.namespace}/{self.instance} stopped: {self.failure}"
+        for engine in self.engines:
+            code = engine.process.poll()
+            if code is not None and self.emulator.read(PODS, self.namespace, engine.pod_name) is not None:
+                return exit_report(f"pod {self.namespace}/{engine.pod_name}'s process (pid {engine.process.pid})",
+                                   code, engine.log_path)
+        return None
+
     async def run(self, stop: asyncio.Event) -> None:
         """Converge engines to the desired count until `stop` is set; then stop every engine."""
         try:
@@ -158,10 +221,12 @@ class KubeletHarness:
                     self.history.append((time.monotonic(), desired))
                 while len(self.engines) > desired:
                     await self._stop(self.engines.pop())
-                while len(self.engines) < desired:
-                    await self._start()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_seconds)
+                while len(self.engines) < desired and not stop.is_set():
+                    await self._start(stop)
+                await pause(stop, self.poll_seconds)
+        except Exception as exc:
+            self.failure = exc
+            raise
         finally:
             while self.engines:
                 await self._stop(self.engines.pop())
@@ -174,7 +239,11 @@ class KubeletHarness:
     def urls(self) -> list[str]:
         return [f"http://{e.ip}:{e.port}" for e in self.engines]
 
-    async def _start(self) -> None:
+    async def _start(self, stop: asyncio.Event) -> None:
+        """Start a pod's process; once it is ready, create its Pod object and add it to `engines`.
+
+        A process that exits or is never ready raises RuntimeError; one still starting when `stop` is
+        set, or when this task is cancelled, is stopped before this returns."""
         template = copy.deepcopy(self.deployment()["spec"]["template"])
         container = template["spec"]["containers"][0]
         port = http_port(container)
@@ -190,42 +259,71 @@ class KubeletHarness:
         for value in local.env.values():
             if value.startswith(str(pod_dir)):
                 Path(value).mkdir(parents=True, exist_ok=True)
+        Path(local.cwd).mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{pod_name}.log"
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(local.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            process = subprocess.Popen(local.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=local.cwd)
         engine = Engine(pod_name, ip, port, process, log_path)
-        await self._wait_ready(engine, container["readinessProbe"]["httpGet"]["path"])
-        self.engines.append(engine)
-        await add_ready_pod(self.emulator, self.namespace, pod_from_template(pod_name, template, ip))
+        try:
+            ready = await self._wait_ready(engine, container["readinessProbe"]["httpGet"]["path"], stop)
+            if ready:
+                await add_ready_pod(self.emulator, self.namespace, pod_from_template(pod_name, template, ip))
+        except BaseException:
+            await self._stop_process(engine)
+            raise
+        if ready:
+            self.engines.append(engine)
+        else:
+            await self._stop_process(engine)
 
-    async def _wait_ready(self, engine: Engine, probe_path: str, timeout_seconds: float = 120.0) -> None:
-        """Poll the readiness probe's path, as the kubelet does before marking the pod Ready."""
-        deadline = time.monotonic() + timeout_seconds
+    async def _wait_ready(self, engine: Engine, probe_path: str, stop: asyncio.Event) -> bool:
+        """Poll the readiness probe's path, as the kubelet does before marking the pod Ready.
+
+        True once it answers 200; False if `stop` is set first; RuntimeError if the process exits or
+        is not ready within `ready_timeout_seconds`."""
+        deadline = time.monotonic() + self.ready_timeout_seconds
         url = f"http://{engine.ip}:{engine.port}{probe_path}"
+        name = f"pod {self.namespace}/{engine.pod_name}'s process (pid {engine.process.pid})"
         async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if engine.process.poll() is not None:
-                    raise RuntimeError(f"engine {engine.pod_name} exited: {engine.log_path.read_text()[-2000:]}")
+            while time.monotonic() < deadline and not stop.is_set():
+                code = engine.process.poll()
+                if code is not None:
+                    raise RuntimeError(exit_report(name, code, engine.log_path, " before it was ready"))
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
                         if response.status == 200:
-                            return
-                await asyncio.sleep(0.3)
-        engine.process.kill()
-        raise RuntimeError(f"engine {engine.pod_name} not ready after {timeout_seconds} s")
+                            return True
+                await pause(stop, 0.3)
+        if stop.is_set():
+            return False
+        raise RuntimeError(f"{name} not ready after {self.ready_timeout_seconds:g} s; the last lines of its log "
+                           f"{engine.log_path}:\n{log_tail(engine.log_path)}")
+
+    def _grace_seconds(self) -> float:
+        return float((((self.deployment() or {}).get("spec") or {}).get("template", {}).get("spec") or {})
+                     .get("terminationGracePeriodSeconds", 30))
+
+    def _stop_bound_seconds(self) -> float:
+        """Long enough for run() to stop every engine it holds (each SIGTERM, grace, SIGKILL) and one starting."""
+        return (len(self.engines) + 1) * (self._grace_seconds() + KILL_WAIT_SECONDS) + 5.0
 
     async def _stop(self, engine: Engine) -> None:
-        """Delete the Pod object (endpoints drop a terminating pod), SIGTERM, SIGKILL after the grace period."""
+        """Delete the Pod object (endpoints drop a terminating pod), then stop its process."""
         with contextlib.suppress(Exception):
             await self.emulator.remove(PODS, self.namespace, engine.pod_name)
-        grace_seconds = ((self.deployment() or {}).get("spec", {}).get("template", {}).get("spec", {})
-                         .get("terminationGracePeriodSeconds", 30))
+        await self._stop_process(engine)
+
+    async def _stop_process(self, engine: Engine) -> None:
+        """SIGTERM, SIGKILL after the grace period; bounded (a process that outlives SIGKILL is left)."""
+        if engine.process.poll() is not None:
+            return
         engine.process.terminate()
         try:
-            await asyncio.to_thread(engine.process.wait, grace_seconds)
+            await asyncio.to_thread(engine.process.wait, self._grace_seconds())
         except subprocess.TimeoutExpired:
             engine.process.kill()
-            await asyncio.to_thread(engine.process.wait)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(engine.process.wait, KILL_WAIT_SECONDS)
 
 
 @dataclass

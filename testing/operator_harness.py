@@ -19,6 +19,7 @@ import kopf
 import yaml
 
 from pagedinfer.testing.kube_emulator import KubeEmulator, default_emulator
+from pagedinfer.testing.watched import Died, TaskWatch, raise_if_died, stop_task, watching
 from pagedinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.settings import OperatorConfig, Runtime
@@ -61,31 +62,57 @@ async def serving_emulator(**kwargs: Any) -> AsyncIterator[tuple[KubeEmulator, s
 
 @contextlib.asynccontextmanager
 async def running_operator(config: OperatorConfig = FAST_CONFIG, *, namespaces: tuple[str, ...] = ("default",),
-                           startup_timeout_seconds: float = 60.0) -> AsyncIterator[Runtime]:
+                           startup_timeout_seconds: float = 60.0,
+                           stop_timeout_seconds: float = 20.0) -> AsyncIterator[Runtime]:
     """kopf.operator in this event loop; $KUBECONFIG must point at the emulator. Stopped as on SIGTERM.
 
-    startup_timeout_seconds bounds the wait for kopf's ready flag: generous, as kopf took over 20 s to start on a
-    2-core box at load 5-8 (a bound on a wait, not a timed assertion)."""
+    Inside the block the operator's task is watched (watched.py): should it end before the block does,
+    every `eventually` there fails at once with its exception. startup_timeout_seconds bounds the wait for
+    kopf's ready flag: generous, as kopf took over 20 s to start on a 2-core box at load 5-8 (a bound on a
+    wait, not a timed assertion). The stop is bounded too (stop_task): stop_timeout_seconds after the stop
+    flag, then a cancellation. The operator's exception, if it raised one, is raised at the end of a
+    block that did not fail itself (one that failed has already reported it through `eventually`, or
+    failed for its own reason, which stays the error)."""
     runtime = Runtime(config=config)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(kopf.operator(
         registry=REGISTRY, memo=kopf.Memo(pagedinfer=runtime), standalone=True,
         namespaces=list(namespaces), stop_flag=stop, ready_flag=ready,
-    ))
+    ), name="kopf.operator")
     try:
-        await asyncio.wait_for(ready.wait(), startup_timeout_seconds)
-        yield runtime
-    finally:
+        with watching(TaskWatch("the operator (its kopf.operator task)", task, stop.is_set)):
+            await until_ready(ready, startup_timeout_seconds)
+            yield runtime
+    except BaseException:
         stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 20)
+        await stop_task(task, stop_timeout_seconds)
+        raise
+    stop.set()
+    await stop_task(task, stop_timeout_seconds)
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()
+
+
+async def until_ready(ready: asyncio.Event, timeout_seconds: float) -> None:
+    """Wait for kopf's ready flag; `Died` at once if the operator ends first (it is watched)."""
+    try:
+        await eventually(ready.is_set, timeout_seconds)
+    except Died:
+        raise
+    except AssertionError as exc:
+        raise TimeoutError(f"kopf.operator not ready within {timeout_seconds:g} s") from exc
 
 
 async def eventually(check: Callable[[], Any], timeout_seconds: float = 20.0, interval_seconds: float = 0.05) -> Any:
-    """Poll `check` until it returns a truthy value (returned) or raises nothing; fail after the timeout."""
+    """Poll `check` until it returns a truthy value (returned) or raises nothing; fail after the timeout.
+
+    Before each poll, what the block depends on is checked (watched.py): a process or task registered
+    there (the operator's task, the kubelet harness's pods) that ended unexpectedly fails the wait at once
+    with `Died`, saying which and why, instead of polling on until the timeout."""
     deadline = time.monotonic() + timeout_seconds
     last_error: BaseException | None = None
     while time.monotonic() < deadline:
+        raise_if_died()
         try:
             value = check()
             if value:

@@ -2,7 +2,7 @@
 
 The kubelet execs the container's `command` + `args` with its `env`, inside
 the pod's network namespace and with its volumes mounted. A local process
-shares the host's network and filesystem, so exactly three things change, and
+shares the host's network and filesystem, so exactly these things change, and
 nothing else in the command line does:
 
 - `--host`: every pod has its own IP and binds the same port there; locally
@@ -14,6 +14,11 @@ nothing else in the command line does:
   kind (a PVC, a Secret) cannot be mounted here and is refused.
 - The executable: `command[0]` is looked up in `bin_dir` (the image's PATH),
   here the virtual environment's bin folder.
+- The working directory: the container's `workingDir` (its path mapped as
+  above), else `pod_dir`, which stands for the image's WORKDIR; never the
+  test runner's own (a source tree there shadows installed packages for a
+  child started with `python -m`, which puts its working directory first on
+  sys.path, as a tensor-parallel engine's rank 1 once found `kernels`).
 
 Env from `valueFrom` (Secrets, ConfigMaps, the downward API) is refused
 rather than guessed. Pure: no I/O beyond checking the executable exists.
@@ -32,6 +37,7 @@ PATH_FLAGS = ("--model", "--tokenizer")
 class LocalProcess:
     argv: tuple[str, ...]
     env: Mapping[str, str]  # the container's env, its paths mapped; the caller adds the host's
+    cwd: str  # where it runs (the caller creates it)
 
 
 def http_port(container: Mapping[str, Any]) -> int:
@@ -89,4 +95,6 @@ def local_process(pod_spec: Mapping[str, Any], ip: str, pod_dir: Path, bin_dir: 
         if "value" not in item:
             raise ValueError(f"env {item.get('name')!r}: valueFrom is not resolved for a local process")
         env[item["name"]] = local_path(str(item["value"]), pod_spec, container, pod_dir)
-    return LocalProcess((str(executable), *command[1:], *args), env)
+    working_dir = container.get("workingDir")
+    cwd = str(pod_dir) if not working_dir else local_path(working_dir, pod_spec, container, pod_dir)
+    return LocalProcess((str(executable), *command[1:], *args), env, cwd)

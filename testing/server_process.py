@@ -10,6 +10,8 @@ from pathlib import Path
 
 import httpx
 
+from pagedinfer.testing.watched import exit_report
+
 
 # Ports for children are drawn from [_FIRST_PORT, the kernel's ephemeral range): every outgoing connection of
 # every process takes its local port from that range, so a port found free there (as binding port 0 finds one)
@@ -47,15 +49,20 @@ def free_port() -> int:
     raise RuntimeError(f"no free port of 127.0.0.1 in [{_FIRST_PORT}, {high})")
 
 
-def wait_process_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 120.0) -> None:
-    """Poll url/health until 200; fail at once if the process exits first."""
+def wait_process_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 120.0,
+                         log_path: Path | None = None) -> None:
+    """Poll url/health until 200; fail at once if the process exits first, with its exit code and, given
+    the file its output goes to, the tail of that log (watched.exit_report)."""
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "server exited before becoming healthy"
+        code = proc.poll()
+        if code is not None:
+            raise AssertionError(exit_report(f"server {url} (pid {proc.pid})", code, log_path,
+                                             " before it was healthy"))
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    raise TimeoutError("server did not become healthy")
+    raise TimeoutError(f"server {url} (pid {proc.pid}) did not become healthy within {timeout_seconds:g} s")

@@ -81,3 +81,52 @@ def test_a_task_that_ignores_cancellation_fails_the_run_naming_it_instead_of_han
     assert "teardown of test_generated.py::test_fails_leaving_a_stubborn_task still running after 2 s" in output
     assert "deliberate: a task is left that ignores cancellation" in output  # the failure, before the summary
     assert "pending task <Task" in output and "coro=<stubborn()" in output  # the task that never finishes
+
+
+def test_a_wait_on_a_pod_whose_process_exits_at_once_fails_naming_it_and_the_run_ends(tmp_path):
+    # The wait's timeout (600 s) is far past this run's bound (HANG_BOUND_SECONDS): the run can only end in
+    # time, with this failure, if the wait ended on the pod's death. The operator runs meanwhile, so its
+    # stop and the kubelet harness's are part of the teardown that must end too.
+    run = run_pytest(tmp_path, """
+        import time
+        import pytest
+        from pagedinfer.testing.kubelet_harness import DEPLOYMENTS, KubeletHarness
+        from pagedinfer.testing.operator_harness import (ISVC, LLAMA3_8B_SPEC, add_gpu_node, eventually,
+                                                         inference_service, running_operator, serving_emulator,
+                                                         write_kubeconfig)
+
+        CRASHES = "import sys; print('loading the model'); print('no such model: crashy'); sys.exit(1)"
+        CONTAINER = {"name": "engine", "command": ["python", "-c", CRASHES],
+                     "ports": [{"name": "http", "containerPort": 8000}],
+                     "readinessProbe": {"httpGet": {"path": "/health"}}}
+
+        @pytest.mark.timeout(300)
+        async def test_waits_on_a_crashing_pod(tmp_path, monkeypatch):
+            async with serving_emulator() as (emulator, url):
+                monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", url)))
+                monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+                await add_gpu_node(emulator, "h100", 81559)
+                await emulator.create(DEPLOYMENTS, {
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "crashy", "namespace": "default"},
+                    "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": "crashy"}},
+                                                         "spec": {"containers": [CONTAINER]}}}})
+                harness = KubeletHarness(emulator, "default", "crashy", tmp_path, max_engines=1)
+                async with harness.running(), running_operator():
+                    await emulator.create(ISVC, inference_service("llama", LLAMA3_8B_SPEC))
+                    started = time.monotonic()
+                    try:
+                        await eventually(lambda: harness.urls, timeout_seconds=600)
+                    finally:
+                        print(f"the wait ended after {time.monotonic() - started:.1f} s")
+    """)
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output[-4000:]
+    assert "test_waits_on_a_crashing_pod FAILED" in output and "1 failed" in output
+    assert "pagedinfer.testing.watched.Died: the kubelet harness of default/crashy stopped: " \
+           "pod default/crashy-engine-1's process" in output, output[-4000:]
+    assert "exited with code 1 before it was ready; the last 30 lines of its log" in output
+    assert "Task exception was never retrieved" not in output  # reported once, by the wait
+    assert "no such model: crashy" in output
+    waited = [float(line.split()[-2]) for line in output.splitlines() if line.startswith("the wait ended after")]
+    assert waited and waited[0] < 120, output[-4000:]  # a bound on a 600 s wait, not a timing claim: ~0.3 s here

@@ -59,21 +59,24 @@ def inference_service(metrics, scale_down_window_seconds=6):
 @contextlib.asynccontextmanager
 async def cluster_with_engines(emulator, tmp_path, prompt_of, **load):
     """Harness and load generator start before kopf (which, exiting, cancels the
-    tasks it finds were created after it) and stop before it exits."""
+    tasks it finds were created after it); the load generator stops before it
+    exits. Every wait inside watches the operator and the engines: one that
+    ends unexpectedly fails it at once."""
     harness = KubeletHarness(emulator, NS, "tiny", tmp_path, max_engines=3)
     generator = LoadGenerator(harness, prompt_of, **load)
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(harness.run(stop)), asyncio.create_task(generator.run(stop))]
-    try:
-        async with running_operator():
-            try:
-                yield harness, generator
-            finally:
-                stop.set()
-                await asyncio.gather(*tasks)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async with harness.running():
+        task = asyncio.create_task(generator.run(stop))
+        try:
+            async with running_operator():
+                try:
+                    yield harness, generator
+                finally:
+                    stop.set()
+                    await task
+        finally:
+            stop.set()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def replicas(emulator):

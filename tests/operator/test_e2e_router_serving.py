@@ -42,11 +42,9 @@ async def test_a_completion_goes_through_the_operators_router_to_an_engine_it_di
         "resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
         "replicas": 2, "maxReplicas": 2, "router": {"replicas": 1}}))
     engines = KubeletHarness(emulator, NS, "tiny", tmp_path, max_engines=2)
-    stop = asyncio.Event()
-    task = asyncio.create_task(engines.run(stop))  # before kopf, which cancels tasks created after it
     router = None
     try:
-        async with running_operator():
+        async with engines.running(), running_operator():  # the harness first: kopf cancels tasks made after it
             await eventually(lambda: len(engines.urls) == 2, timeout_seconds=240)
             front = emulator.read(SERVICES, NS, "tiny")
             assert front["spec"]["selector"] == routing.router_selector_labels("tiny")
@@ -83,8 +81,6 @@ async def test_a_completion_goes_through_the_operators_router_to_an_engine_it_di
         if router is not None:
             router.terminate()
             router.wait(30)
-        stop.set()
-        await task
 
 
 def emulator_url() -> str:

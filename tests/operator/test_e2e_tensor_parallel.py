@@ -1,7 +1,6 @@
 """A tensorParallelSize: 2 InferenceService end to end: the real kopf runtime against the emulator sizes it
 per GPU on nodes with two GPUs, and the kubelet harness runs its pod's real command line (two ranks)."""
 
-import asyncio
 import contextlib
 from pathlib import Path
 
@@ -56,25 +55,15 @@ async def test_a_two_rank_pod_runs_its_real_command_line_and_serves(emulator, tm
                                                                       "numGpuBlocksOverride": 32,
                                                                       "maxModelLen": 256}}))
     harness = KubeletHarness(emulator, "default", "tiny", tmp_path, max_engines=1)
-    stop = asyncio.Event()
-    task = asyncio.create_task(harness.run(stop))  # before kopf, which cancels tasks created after it
-    try:
-        async with running_operator():
-            await eventually(lambda: harness.urls, timeout_seconds=240)
-            client = openai.AsyncOpenAI(base_url=f"{harness.urls[0]}/v1", api_key="unused", timeout=60,
-                                        max_retries=0)
-            engine = harness.engines[0]
-            argv = open(f"/proc/{engine.process.pid}/cmdline", "rb").read().split(b"\0")
-            ranks = children_of(engine.process.pid)
-            model = (await client.models.list()).data[0].id
-            completion = await client.completions.create(model=model, prompt="Hello", max_tokens=4)
-            await client.close()
-            stop.set()
-            await task
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await task
+    async with harness.running(), running_operator():  # an engine that exits fails the wait at once, naming it
+        await eventually(lambda: harness.urls, timeout_seconds=240)
+        client = openai.AsyncOpenAI(base_url=f"{harness.urls[0]}/v1", api_key="unused", timeout=60, max_retries=0)
+        engine = harness.engines[0]
+        argv = open(f"/proc/{engine.process.pid}/cmdline", "rb").read().split(b"\0")
+        ranks = children_of(engine.process.pid)
+        model = (await client.models.list()).data[0].id
+        completion = await client.completions.create(model=model, prompt="Hello", max_tokens=4)
+        await client.close()
     assert argv[argv.index(b"--tensor-parallel-size") + 1] == b"2"
     assert len(ranks) == 1  # rank 1, started by rank 0 (engine/distributed/workers.py)
     assert completion.usage.completion_tokens == 4

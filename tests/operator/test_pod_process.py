@@ -40,6 +40,13 @@ def test_env_paths_on_empty_dirs_move_into_the_pods_folder(bin_dir):
     assert local.env["HF_HOME"] == str(POD_DIR / "model-cache" / "huggingface")
 
 
+def test_it_runs_in_the_pods_folder_or_the_containers_working_dir_never_the_test_runners(bin_dir):
+    spec = pod_spec({"resources": {"gpus": 0}})
+    assert local_process(spec, "127.0.0.2", POD_DIR, bin_dir).cwd == str(POD_DIR)
+    spec["containers"][0]["workingDir"] = "/tmp/work"  # on the pod's emptyDir mounted at /tmp
+    assert local_process(spec, "127.0.0.2", POD_DIR, bin_dir).cwd == str(POD_DIR / "tmp" / "work")
+
+
 def test_a_host_path_model_is_the_same_directory_here(bin_dir):
     spec = pod_spec({"resources": {"gpus": 0}, "model": {"uri": "file:///srv/models/tiny"}})
     local = local_process(spec, "127.0.0.2", POD_DIR, bin_dir)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from pagedinfer.testing.watched import exit_report
+
 
 class RunningRouter:
     def __init__(self, app, url: str, server, thread) -> None:
@@ -50,7 +52,9 @@ def start_router_process(url: str, args: list[str], log_path: Path) -> subproces
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
 
     def answers() -> bool:
-        assert proc.poll() is None, log_path.read_text()[-2000:]
+        code = proc.poll()
+        assert code is None, exit_report(f"pagedinfer router (pid {proc.pid})", code, log_path,
+                                         " before it answered /health")
         try:
             return httpx.get(url + "/health", timeout=2).status_code in (200, 503)
         except httpx.TransportError:
