@@ -13,12 +13,14 @@ Start-up contract: every wait of rank 0 (the children starting, the group's
 rendezvous, their shards loading) polls the children every `_POLL_SECONDS`; a
 child that exits, at any moment and before its handshake too (dying while
 importing, it never reaches the store), fails the start with a
-TensorParallelError naming its rank, its exit code or signal, its stored
-error if any, and its last lines of stderr. Rank 0 looks at the store through
-a connection of its own (`_watch_store`), never the one the group's
-rendezvous may be blocked on. A child that dies inside the rendezvous leaves
-that blocked daemon thread behind until the store's timeout; waiting for every
-`rank<r>/started` first keeps that window to the rendezvous itself.
+TensorParallelError naming its rank, its exit code or signal, its stored error
+if any, and its last lines of stderr; one still alive but not started
+(connected to the store) after the store's timeout is named too. Rank 0 looks
+at the store through a connection of its own (`_watch_store`), never the one
+the group's rendezvous may be blocked on. A child that dies inside the
+rendezvous leaves that blocked daemon thread behind until the store's timeout;
+waiting for every `rank<r>/started` first keeps that window to the rendezvous
+itself.
 
 Failure contract: if a child exits or raises, rank 0's next (or current)
 collective fails within about a second (gloo reports the closed connection);
@@ -48,7 +50,7 @@ from pagedinfer.engine.child_python import child_python_argv
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.distributed import step_message
 from pagedinfer.engine.distributed.channel import StepChannel
-from pagedinfer.engine.distributed.group import TPGroup, connect_store, create_store
+from pagedinfer.engine.distributed.group import STORE_TIMEOUT, TPGroup, connect_store, create_store
 from pagedinfer.engine.distributed.stderr_tail import StderrTail
 from pagedinfer.engine.distributed.step_message import Message
 
@@ -104,7 +106,7 @@ class WorkerSet:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.procs.append(proc)
             self._stderr.append(StderrTail(proc.stderr, f"rank{rank}"))
-        self._wait_for("started", "starting")
+        self._wait_for("started", "starting", STORE_TIMEOUT.total_seconds())
         self.group = self._while_alive(lambda: TPGroup.join(self.store, 0, n, device), "joining the process group")
         self.channel = StepChannel(self.group, step_message.capacity_words(
             config.max_num_batched_tokens, config.max_num_seqs))
@@ -125,16 +127,23 @@ class WorkerSet:
             raise exc
         return value
 
-    def _wait_for(self, key: str, what: str) -> dict[int, bytes]:
-        """Every child's `rank<r>/<key>`, polled while watching the children (a dead one is named)."""
+    def _wait_for(self, key: str, what: str, timeout_seconds: float | None = None) -> dict[int, bytes]:
+        """Every child's `rank<r>/<key>`, polled while watching the children (a dead one is named; one
+        still silent after `timeout_seconds`, if given, too)."""
         values: dict[int, bytes] = {}
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         while len(values) < self.world_size - 1:
             for rank in range(1, self.world_size):
                 if rank not in values and self._watch_store.check([f"rank{rank}/{key}"]):
                     values[rank] = self._watch_store.get(f"rank{rank}/{key}")
             self._raise_if_dead(what)
-            if len(values) < self.world_size - 1:
-                time.sleep(_POLL_SECONDS)
+            if len(values) == self.world_size - 1:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                rank = min(set(range(1, self.world_size)) - set(values))
+                self._fail(TensorParallelError(f"tensor-parallel rank {rank} (pid {self.procs[rank - 1].pid}) is"
+                                               f" still alive but did not finish {what} in {timeout_seconds:.0f} s"))
+            time.sleep(_POLL_SECONDS)
         return values
 
     def wait_ready(self) -> None:

@@ -3,6 +3,7 @@ error naming it, and no child outlives rank 0."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from proc_tree import alive, children, wait_gone
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.distributed.step_message import STEP, Message, StepInputs
+from pagedinfer.engine.distributed import workers as workers_module
 from pagedinfer.engine.distributed.workers import TensorParallelError
 
 pytestmark = pytest.mark.slow
@@ -126,4 +128,17 @@ def test_a_rank_dying_before_its_handshake_fails_the_start_within_seconds_naming
         LLM(str(tiny_llama), **SETTINGS)
     elapsed_seconds = time.monotonic() - start
     assert elapsed_seconds < 30, f"the start failed only after {elapsed_seconds:.1f} s"
+    assert children(os.getpid(), WORKER) <= before
+
+
+def test_a_rank_that_never_reaches_the_store_fails_the_start_after_the_store_timeout(tiny_llama, tmp_path,
+                                                                                     monkeypatch):
+    (tmp_path / "pagedinfer").mkdir()
+    (tmp_path / "pagedinfer" / "__init__.py").write_text("import time\ntime.sleep(120)\n")  # a hung import
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(workers_module, "STORE_TIMEOUT", datetime.timedelta(seconds=2))
+    before = children(os.getpid(), WORKER)
+    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) is still alive but did not finish starting"
+                                                  r" in 2 s"):
+        LLM(str(tiny_llama), **SETTINGS)
     assert children(os.getpid(), WORKER) <= before

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def test_a_namespace_or_all_namespaces_is_required():
-    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "operator"], capture_output=True, text=True,
-                         cwd="/")
+    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "operator"], capture_output=True,
+                         text=True, cwd="/")
     assert out.returncode == 2 and "--namespace" in out.stderr
 
 
