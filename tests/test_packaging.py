@@ -42,7 +42,7 @@ def test_operator_imports_no_torch_transformers_or_triton():
         "bad = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules)\n"
         "assert not bad, bad\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/")
 
 
 def test_stdlib_operator_from_python_started_in_the_repo_root_with_the_cwd_on_sys_path():
@@ -67,7 +67,7 @@ def test_no_installed_path_or_finder_maps_plain_operator_to_our_folder():
             "print(importlib.util.find_spec('pagedinfer.operator').origin)\n")
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
     for cwd in ("/", REPO):
-        plain, ours = subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True,
+        plain, ours = subprocess.run([sys.executable, "-P", "-c", code], cwd=cwd, check=True, capture_output=True,
                                      text=True).stdout.split("\n")[:2]
         assert Path(plain).resolve().parent == stdlib, (cwd, plain)
         assert Path(ours).resolve() == REPO / "operator" / "__init__.py", ours  # the lookup does reach our folder
@@ -209,9 +209,9 @@ def _venv_with_only(tmp_path: Path, extra: str) -> Path:
     extra is genuinely absent there, as in an operator image.
     """
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, cwd="/")
+    subprocess.run([sys.executable, "-P", "-m", "venv", "--without-pip", str(venv)], check=True, cwd="/")
     python = venv / "bin" / "python"
-    target = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    target = Path(subprocess.run([str(python), "-P", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                  check=True, capture_output=True, text=True, cwd="/").stdout.strip())
     ours = metadata.distribution("pagedinfer")
     site = Path(ours.locate_file(""))
@@ -233,11 +233,11 @@ def test_engine_commands_in_an_operator_only_install_name_the_extra(tmp_path):
     cli = "import sys; from pagedinfer.engine.cli import main; sys.exit(main())"  # what the console script runs
 
     def pagedinfer(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(python), "-c", cli, *argv], capture_output=True, text=True, cwd=tmp_path,
+        return subprocess.run([str(python), "-P", "-c", cli, *argv], capture_output=True, text=True, cwd=tmp_path,
                               timeout=120)
 
-    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True, cwd=tmp_path).returncode != 0
-    assert subprocess.run([str(python), "-c", "import kopf"], cwd=tmp_path).returncode == 0
+    assert subprocess.run([str(python), "-P", "-c", "import torch"], capture_output=True, cwd=tmp_path).returncode != 0
+    assert subprocess.run([str(python), "-P", "-c", "import kopf"], cwd=tmp_path).returncode == 0
     listed = pagedinfer("--help")
     assert listed.returncode == 0 and "serve" in listed.stdout and "operator" in listed.stdout
     for argv in (["serve"], ["generate", "--prompt", "hi"], ["bench", "serve", "--url", "http://127.0.0.1:1"]):
@@ -277,7 +277,7 @@ def test_the_cpu_engine_generates_without_triton():
         "out = llm.generate(['Hello'], SamplingParams(temperature=0.0, max_tokens=4))\n"
         "assert len(out[0].outputs[0].token_ids) == 4, out\n" % sorted(GPU_ONLY_IMPORTS)
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=240)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/", timeout=240)
 
 
 def test_nothing_outside_tests_reaches_into_tests_support():

@@ -29,7 +29,9 @@ def create_store(world_size: int) -> dist.TCPStore:
                          timeout=STORE_TIMEOUT)
 
 
-def connect_store(port: int, world_size: int) -> dist.TCPStore:
+def connect_store(port: int, world_size: int | None) -> dist.TCPStore:
+    """A connection to rank 0's store: a rank's (`world_size` set), or None for one that is no rank's
+    (rank 0's own second connection, which polls while its first may be blocked in a rendezvous)."""
     return dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=STORE_TIMEOUT)
 
 

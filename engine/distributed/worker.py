@@ -1,7 +1,8 @@
-"""Rank r > 0 of a tensor-parallel replica: `python -m pagedinfer.engine.distributed.worker ...`.
+"""Rank r > 0 of a tensor-parallel replica: `python -P -m pagedinfer.engine.distributed.worker ...`.
 
-Started by rank 0 (`workers.py`) with the pickled EngineConfig on stdin. It
-joins the replica's groups, loads its shard, reports `rank<r>/ready`, then
+Started by rank 0 (`workers.py`). It connects to rank 0's store, says
+`rank<r>/started`, reads the pickled EngineConfig at `config`, joins the
+replica's groups, loads its shard, reports `rank<r>/ready`, then
 repeats: receive rank 0's message, run it (allocate the KV pool, or one
 step's block moves and forward), until STOP. Any exception is written to
 `rank<r>/error` and ends the process with code 1. A watchdog thread ends it
@@ -40,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-threads", type=int, required=True)
     args = p.parse_args(argv)
     _watch_parent(args.parent_pid)
-    config = pickle.loads(sys.stdin.buffer.read())
 
     import torch
 
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.num_threads)
     store = connect_store(args.store_port, args.world_size)
     try:
+        store.set(f"rank{args.rank}/started", b"")
+        config = pickle.loads(store.get("config"))
         group = TPGroup.join(store, args.rank, args.world_size, tp_device(config, args.rank))
         runner = ModelRunner(config, group)
         store.set(f"rank{args.rank}/ready", json.dumps({

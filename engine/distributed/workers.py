@@ -1,9 +1,26 @@
 """Rank 0's side: start ranks 1..N-1 as child processes, watch them, stop them.
 
-The children are `python -m pagedinfer.engine.distributed.worker` processes
-(not multiprocessing: nothing of the user's __main__ is re-run), given the
-engine config on stdin. They report through the replica's TCPStore:
-`rank<r>/ready` (a JSON of their parameter bytes) or `rank<r>/error`.
+The children are `python -P -m pagedinfer.engine.distributed.worker` processes
+(`child_python.py`: never importing from the working directory; not
+multiprocessing: nothing of the user's __main__ is re-run). Everything between
+rank 0 and a child goes through the replica's TCPStore: rank 0 puts the
+pickled engine config at `config`; the child says `rank<r>/started` once
+connected, `rank<r>/ready` (a JSON of its parameter bytes) once its shard is
+loaded, or `rank<r>/error`. Its stderr passes through rank 0 (`stderr_tail.py`),
+which keeps the last lines.
+
+Start-up contract: every wait of rank 0 (the children starting, the group's
+rendezvous, their shards loading) polls the children every `_POLL_SECONDS`; a
+child that exits, at any moment and before its handshake too (dying while
+importing, it never reaches the store), fails the start with a
+TensorParallelError naming its rank, its exit code or signal, its stored error
+if any, and its last lines of stderr; one still alive but not started
+(connected to the store) after the store's timeout is named too. Rank 0 looks
+at the store through a connection of its own (`_watch_store`), never the one
+the group's rendezvous may be blocked on. A child that dies inside the
+rendezvous leaves that blocked daemon thread behind until the store's timeout;
+waiting for every `rank<r>/started` first keeps that window to the rendezvous
+itself.
 
 Failure contract: if a child exits or raises, rank 0's next (or current)
 collective fails within about a second (gloo reports the closed connection);
@@ -20,8 +37,8 @@ import json
 import logging
 import os
 import pickle
+import signal
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -29,10 +46,12 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.engine.child_python import child_python_argv
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.distributed import step_message
 from pagedinfer.engine.distributed.channel import StepChannel
-from pagedinfer.engine.distributed.group import TPGroup, create_store
+from pagedinfer.engine.distributed.group import STORE_TIMEOUT, TPGroup, connect_store, create_store
+from pagedinfer.engine.distributed.stderr_tail import StderrTail
 from pagedinfer.engine.distributed.step_message import Message
 
 logger = logging.getLogger(__name__)
@@ -40,6 +59,7 @@ logger = logging.getLogger(__name__)
 _POLL_SECONDS = 0.05
 _FAILURE_WAIT_SECONDS = 5.0  # after a failed collective: how long to wait for the culprit to exit
 _STOP_WAIT_SECONDS = 10.0
+_STDERR_WAIT_SECONDS = 1.0  # after a child's exit: how long to wait for the end of its stderr
 
 
 @dataclass(frozen=True)
@@ -72,19 +92,21 @@ class WorkerSet:
         n = config.tensor_parallel_size
         self.world_size = n
         self.store = create_store(n)
+        self._watch_store = connect_store(self.store.port, None)
         self.procs: list[subprocess.Popen] = []
+        self._stderr: list[StderrTail] = []  # rank r's at r - 1, as procs
         self.reports: list[RankReport] = []
         self.error: TensorParallelError | None = None
         self._finalizer = weakref.finalize(self, _terminate, self.procs)
-        blob = pickle.dumps(config)
+        self.store.set("config", pickle.dumps(config))
         for rank in range(1, n):
-            cmd = [sys.executable, "-m", "pagedinfer.engine.distributed.worker", "--rank", str(rank),
-                   "--world-size", str(n), "--store-port", str(self.store.port), "--parent-pid", str(os.getpid()),
-                   "--num-threads", str(torch.get_num_threads())]
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE)
-            proc.stdin.write(blob)
-            proc.stdin.close()
+            argv = child_python_argv(module="pagedinfer.engine.distributed.worker", args=(
+                "--rank", rank, "--world-size", n, "--store-port", self.store.port, "--parent-pid", os.getpid(),
+                "--num-threads", torch.get_num_threads()))
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.procs.append(proc)
+            self._stderr.append(StderrTail(proc.stderr, f"rank{rank}"))
+        self._wait_for("started", "starting", STORE_TIMEOUT.total_seconds())
         self.group = self._while_alive(lambda: TPGroup.join(self.store, 0, n, device), "joining the process group")
         self.channel = StepChannel(self.group, step_message.capacity_words(
             config.max_num_batched_tokens, config.max_num_seqs))
@@ -105,26 +127,43 @@ class WorkerSet:
             raise exc
         return value
 
+    def _wait_for(self, key: str, what: str, timeout_seconds: float | None = None) -> dict[int, bytes]:
+        """Every child's `rank<r>/<key>`, polled while watching the children (a dead one is named; one
+        still silent after `timeout_seconds`, if given, too)."""
+        values: dict[int, bytes] = {}
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        while len(values) < self.world_size - 1:
+            for rank in range(1, self.world_size):
+                if rank not in values and self._watch_store.check([f"rank{rank}/{key}"]):
+                    values[rank] = self._watch_store.get(f"rank{rank}/{key}")
+            self._raise_if_dead(what)
+            if len(values) == self.world_size - 1:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                rank = min(set(range(1, self.world_size)) - set(values))
+                self._fail(TensorParallelError(f"tensor-parallel rank {rank} (pid {self.procs[rank - 1].pid}) is"
+                                               f" still alive but did not finish {what} in {timeout_seconds:.0f} s"))
+            time.sleep(_POLL_SECONDS)
+        return values
+
     def wait_ready(self) -> None:
         """Block until every child has loaded its shard (or raise naming the one that failed)."""
-        pending = set(range(1, self.world_size))
-        while pending:
-            for rank in sorted(pending):
-                if self.store.check([f"rank{rank}/ready"]):
-                    info = json.loads(self.store.get(f"rank{rank}/ready"))
-                    self.reports.append(RankReport(rank, info["weight_bytes"], info["sharded_weight_bytes"],
-                                                   info["num_packed_linears"]))
-                    pending.discard(rank)
-            self._raise_if_dead("loading the model")
-            if pending:
-                time.sleep(_POLL_SECONDS)
-        self.reports.sort(key=lambda r: r.rank)
+        for rank, value in sorted(self._wait_for("ready", "loading the model").items()):
+            info = json.loads(value)
+            self.reports.append(RankReport(rank, info["weight_bytes"], info["sharded_weight_bytes"],
+                                           info["num_packed_linears"]))
 
     # ----- health ---------------------------------------------------------------------
     def _rank_error(self, rank: int, proc: subprocess.Popen) -> str:
-        if self.store.check([f"rank{rank}/error"]):
-            return self.store.get(f"rank{rank}/error").decode(errors="replace")
-        return f"exited with code {proc.returncode}" if proc.returncode is not None else "is not responding"
+        """How an exited child ended: its exit, its own error (from the store), its last lines of stderr."""
+        parts = [_exit_description(proc.returncode)]
+        if self._watch_store.check([f"rank{rank}/error"]):
+            parts.append(self._watch_store.get(f"rank{rank}/error").decode(errors="replace"))
+        message = ": ".join(parts)
+        tail = self._stderr[rank - 1].text(_STDERR_WAIT_SECONDS)
+        if tail:
+            message += "\nits stderr ended with:\n" + "\n".join(f"    {line}" for line in tail.splitlines())
+        return message
 
     def _raise_if_dead(self, what: str) -> None:
         for rank, proc in enumerate(self.procs, start=1):
@@ -135,7 +174,7 @@ class WorkerSet:
 
     def _fail(self, error: TensorParallelError) -> None:
         self.error = error
-        logger.error("%s; stopping the replica", error)
+        logger.error("stopping the replica: %s", error)
         _terminate(self.procs)
         raise error
 
@@ -180,6 +219,15 @@ class WorkerSet:
                 time.sleep(_POLL_SECONDS)
         _terminate(self.procs)
         self._finalizer.detach()
+
+
+def _exit_description(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
 
 
 def _capture(fn):

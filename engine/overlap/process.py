@@ -16,7 +16,8 @@ pairs its stop strings ended, which `wait` maps back to the engine's objects
 Invariants:
 - the child is a fresh interpreter (`subprocess`, as multiprocessing's
   `spawn`: never a fork of a process holding torch's threads) importing the
-  tokenizer only; its ready message (or its load error) is awaited at start;
+  tokenizer only, never from the working directory (`child_python.py`);
+  its ready message (or its load error) is awaited at start;
 - at most one batch is in flight; every wait is bounded: `wait` polls in
   slices of `POLL_SECONDS`, raises `OutputProcessError` if the child has
   died or `timeout_seconds` passed, never hangs;
@@ -33,13 +34,13 @@ from __future__ import annotations
 import os
 import pickle
 import subprocess
-import sys
 import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pagedinfer.engine.child_python import child_python_argv
 from pagedinfer.engine.outputs import CompletionDelta, CompletionOutput, RequestOutput, RequestOutputDelta
 from pagedinfer.engine.overlap.mirror import NewRequest, OutputMirror, StepMessage, StepReply, TextParams
 from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch
@@ -74,9 +75,8 @@ class OutputProcess:
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
         try:
-            # -P: the working directory is not on sys.path (a checkout's operator/ would shadow the stdlib's)
             self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-c", _CHILD_CODE, str(to_child_r), str(from_child_w), str(tokenizer_path)],
+                child_python_argv(code=_CHILD_CODE, args=(to_child_r, from_child_w, tokenizer_path)),
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
         finally:
             os.close(to_child_r)

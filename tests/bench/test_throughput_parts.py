@@ -76,14 +76,14 @@ print(sorted(_in_child(os.sched_getaffinity, 0)))  # a system's process, as the 
 grandchild = "import os; print(sorted(os.sched_getaffinity(0)))"
 child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
 sys.stdout.flush()
-subprocess.run([sys.executable, "-c", child])  # a runner and the process it starts (vLLM's engine core)
+subprocess.run([sys.executable, "-P", "-c", child])  # a runner and the process it starts (vLLM's engine core)
 """
 
 
 def test_pinning_reaches_every_system_process_and_the_processes_they_start():
     cpu = max(os.sched_getaffinity(0))  # on a multi-CPU machine not the default set
     bench = os.path.dirname(sys.modules["affinity"].__file__)
-    proc = subprocess.run([sys.executable, "-c", PINNED_CHILDREN.replace("CPU", str(cpu))], cwd=bench,
+    proc = subprocess.run([sys.executable, "-P", "-c", PINNED_CHILDREN.replace("CPU", str(cpu))], cwd=bench,
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=bench))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [f"every system pinned to cpus {cpu}", f"[{cpu}]", f"[{cpu}]"]
@@ -129,7 +129,7 @@ def test_resident_fraction_counts_only_the_written_pages_of_an_allocation():
 
 
 def test_a_live_childs_cpu_time_counts_in_its_parents_tree():
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+    child = subprocess.Popen([sys.executable, "-P", "-c", "import sys, time\n"
                               "while time.process_time() < 0.3: pass\n"
                               "print('burnt', flush=True); sys.stdin.read()"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -105,7 +105,7 @@ def test_the_definition_modules_and_the_operators_spec_import_no_torch():
             "import pagedinfer.operator.spec.crd_model, pagedinfer.operator.spec.parser\n"
             "bad = sorted(m for m in ('torch', 'transformers', 'triton', 'fastapi', 'uvicorn') if m in sys.modules)\n"
             "assert not bad, bad\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/")
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ RESOLVE = "import sys; from pagedinfer.engine.model_source import resolve_model_
 def resolve_offline(hf_home: Path, *args: str) -> subprocess.CompletedProcess:
     """In a fresh process: huggingface_hub reads HF_HOME and HF_HUB_OFFLINE when imported."""
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-c", RESOLVE, *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-P", "-c", RESOLVE, *args], env=env, capture_output=True, text=True,
                           timeout=120, cwd="/")
 
 

@@ -3,6 +3,7 @@ error naming it, and no child outlives rank 0."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from proc_tree import alive, children, wait_gone
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.distributed.step_message import STEP, Message, StepInputs
+from pagedinfer.engine.distributed import workers as workers_module
 from pagedinfer.engine.distributed.workers import TensorParallelError
 
 pytestmark = pytest.mark.slow
@@ -76,7 +78,7 @@ time.sleep(600)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_no_child_outlives_rank0(tiny_llama, tmp_path, sig):
     pids_file = tmp_path / "pids.json"
-    rank0 = subprocess.Popen([sys.executable, "-c", _RANK0, str(tiny_llama), str(pids_file)])
+    rank0 = subprocess.Popen([sys.executable, "-P", "-c", _RANK0, str(tiny_llama), str(pids_file)])
     try:
         deadline = time.monotonic() + 300
         while not pids_file.exists() or not pids_file.read_text():
@@ -101,3 +103,42 @@ def test_a_layer_that_does_not_split_is_a_value_error_and_leaves_no_child(make_m
         LLM(str(model), **SETTINGS)
     assert children(os.getpid(), WORKER) <= before
 
+
+
+# Put on rank 1's PYTHONPATH (ahead of site-packages): rank 1 dies importing `pagedinfer`, before it can reach
+# rank 0's store. -P does not drop PYTHONPATH, so this is the decoy-directory failure on any command line.
+_DEATHS_WHILE_IMPORTING = {
+    "raising": ('raise ImportError("decoy pagedinfer: rank 1 cannot import")',
+                r"exited with code 1.*ImportError: decoy pagedinfer: rank 1 cannot import"),
+    "killed": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", r"killed by SIGKILL"),
+}
+
+
+@pytest.mark.parametrize("death", sorted(_DEATHS_WHILE_IMPORTING))
+def test_a_rank_dying_before_its_handshake_fails_the_start_within_seconds_naming_it(tiny_llama, tmp_path,
+                                                                                     monkeypatch, death):
+    source, error = _DEATHS_WHILE_IMPORTING[death]
+    (tmp_path / "pagedinfer").mkdir()
+    (tmp_path / "pagedinfer" / "__init__.py").write_text(source + "\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    before = children(os.getpid(), WORKER)
+    start = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"(?s)tensor-parallel rank 1 \(pid \d+\) failed while "
+                                                  r"starting: " + error):
+        LLM(str(tiny_llama), **SETTINGS)
+    elapsed_seconds = time.monotonic() - start
+    assert elapsed_seconds < 30, f"the start failed only after {elapsed_seconds:.1f} s"
+    assert children(os.getpid(), WORKER) <= before
+
+
+def test_a_rank_that_never_reaches_the_store_fails_the_start_after_the_store_timeout(tiny_llama, tmp_path,
+                                                                                     monkeypatch):
+    (tmp_path / "pagedinfer").mkdir()
+    (tmp_path / "pagedinfer" / "__init__.py").write_text("import time\ntime.sleep(120)\n")  # a hung import
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(workers_module, "STORE_TIMEOUT", datetime.timedelta(seconds=2))
+    before = children(os.getpid(), WORKER)
+    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) is still alive but did not finish starting"
+                                                  r" in 2 s"):
+        LLM(str(tiny_llama), **SETTINGS)
+    assert children(os.getpid(), WORKER) <= before

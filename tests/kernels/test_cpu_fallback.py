@@ -81,7 +81,7 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(tmp_path):
     load = ("from pathlib import Path; from pagedinfer.kernels.cpu import build; "
             f"build.PACKAGE_PREBUILT_DIR = Path({str(tmp_path / 'no-prebuilt')!r}); print(build.load())")
     try:
-        done = subprocess.run([sys.executable, "-c", load],
+        done = subprocess.run([sys.executable, "-P", "-c", load],
                               env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         pytest.fail("load() waited on the lock file of a build that no longer runs")

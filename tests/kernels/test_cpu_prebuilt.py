@@ -57,7 +57,7 @@ def probe(scratch: Path, kernels_dir: Path, cxx: str, *args: str) -> tuple[dict,
         folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HOME": str(folders[0]), "TORCH_EXTENSIONS_DIR": str(folders[1]), "CXX": cxx,
            build.DIR_ENV: str(kernels_dir)}
-    done = subprocess.run([sys.executable, "-c", PROBE, str(folders[2]), *args], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-P", "-c", PROBE, str(folders[2]), *args], env=env, capture_output=True,
                           text=True, timeout=120, cwd=scratch)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
@@ -84,7 +84,7 @@ def test_an_installed_library_loads_from_read_only_folders_compiling_and_writing
     prebuilt = tmp_path / "prebuilt"
     # In its own process, as an image build runs it: a build here that replaced the library this session
     # has loaded would load a second copy, whose op registrations abort the process.
-    done = subprocess.run([sys.executable, "-m", "pagedinfer.kernels.cpu.build", "--out", str(prebuilt)],
+    done = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.kernels.cpu.build", "--out", str(prebuilt)],
                           capture_output=True, text=True, timeout=build.BUILD_WAIT_S, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     installed = prebuilt / f"{build.extension_name()}.so"

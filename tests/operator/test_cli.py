@@ -16,15 +16,15 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def test_a_namespace_or_all_namespaces_is_required():
-    out = subprocess.run([sys.executable, "-m", "pagedinfer.engine.cli", "operator"], capture_output=True, text=True,
-                         cwd="/")
+    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "operator"], capture_output=True,
+                         text=True, cwd="/")
     assert out.returncode == 2 and "--namespace" in out.stderr
 
 
 async def test_the_operator_process_reconciles_and_serves_liveness_and_metrics(emulator):
     metrics_port, liveness_port = free_port(), free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pagedinfer.engine.cli", "operator", "--namespace", "default",
+        [sys.executable, "-P", "-m", "pagedinfer.engine.cli", "operator", "--namespace", "default",
          "--metrics-port", str(metrics_port), "--liveness", f"127.0.0.1:{liveness_port}", "--no-fetch-hf-config",
          "--engine-cpu-image", "registry.local/engine:cpu-flag"],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -59,6 +59,6 @@ async def test_the_operator_process_reconciles_and_serves_liveness_and_metrics(e
 def test_no_credentials_is_a_clear_error_not_a_retry_loop(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     env.update(KUBECONFIG=str(tmp_path / "missing"), HOME=str(tmp_path))
-    out = subprocess.run([sys.executable, "-m", "pagedinfer.engine.cli", "operator", "-A"], capture_output=True,
+    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "operator", "-A"], capture_output=True,
                          text=True, cwd="/", env=env, timeout=60)
     assert out.returncode == 2 and "no Kubernetes credentials" in out.stderr and "Traceback" not in out.stderr

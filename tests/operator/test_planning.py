@@ -152,7 +152,7 @@ def test_pagedinfer_plan_gives_the_same_number(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG))
     s = parse_spec("llama", {"engine": {"maxModelLen": 8192}})
     plan = planning.plan_for(s, planning.shape_from_config(LLAMA3_8B_CONFIG, "auto"), H100_BYTES, "spec")
-    out = subprocess.run([sys.executable, "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
+    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
                           "--gpu-memory", "81559Mi", "--max-model-len", "8192", "--json"],
                          check=True, capture_output=True, text=True, cwd="/").stdout
     assert json.loads(out)["num_gpu_blocks"] == plan.num_gpu_blocks
@@ -171,7 +171,7 @@ def test_the_tensor_parallel_example_and_pagedinfer_plan_give_the_same_numbers(t
     shape = planning.shape_from_architecture(s.model.architecture, s.model.dtype)
     status = planning.plan_for(s, shape, H100_BYTES, "node-labels").to_status()
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_70B_CONFIG))
-    out = subprocess.run([sys.executable, "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
+    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
                           "--gpu-memory", "81559Mi", "--max-model-len", "8192", "--tensor-parallel-size", "4",
                           "--json"], check=True, capture_output=True, text=True, cwd="/").stdout
     cli = json.loads(out)

@@ -22,7 +22,7 @@ def test_importing_and_running_the_router_never_imports_torch(tiny_llama):
             " from pagedinfer.router.request_tokens import RequestTokenizer;"
             f" RequestTokenizer({str(tiny_llama)!r}).prompt_ids({{'messages': [{{'role': 'user', 'content': 'a'}}]}},"
             " True); print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

@@ -82,7 +82,7 @@ def test_two_routers_fed_the_same_requests_agree_on_at_least_99_percent_of_choic
     import sys
 
     code = "import json, router_simulation; print(json.dumps(router_simulation.choices()))"
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+    runs = [subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
                            env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(SUPPORT)}) for seed in ("1", "2")]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
     first, second = (json.loads(r.stdout) for r in runs)

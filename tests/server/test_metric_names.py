@@ -67,7 +67,7 @@ def test_importing_the_names_pulls_in_nothing_but_the_standard_library():
     code = ("import sys; before = set(sys.modules); import pagedinfer.engine.server.metric_names\n"
             "new = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
             "assert new <= {'pagedinfer'}, sorted(new)")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/")
 
 
 def test_a_metric_name_carries_no_exposition_suffix_and_a_histogram_has_no_single_sample():

@@ -44,12 +44,13 @@ def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: st
     return router
 
 
-def start_router_process(url: str, args: list[str], log_path: Path) -> subprocess.Popen:
-    """`pagedinfer router ARGS` from this venv, once it answers /health (200, or 503 without a healthy engine)."""
+def start_router_process(url: str, args: list[str], log_path: Path, cwd: Path | None = None) -> subprocess.Popen:
+    """`pagedinfer router ARGS` from this venv (in `cwd`, else ours), once it answers /health (200, or 503
+    without a healthy engine)."""
     cli = Path(sys.executable).with_name("pagedinfer")
     with log_path.open("wb") as log:
         proc = subprocess.Popen([str(cli), "router", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=cwd)
 
     def answers() -> bool:
         code = proc.poll()
