@@ -16,18 +16,27 @@
 # torch path with one warning, never fail; the last RUN below makes sure the
 # image never ships that way.
 #
-# The base is pinned to an exact patch release and Debian suite.
-ARG BASE_IMAGE=python:3.12.11-slim-bookworm
+# It installs requirements/engine-cpu.lock and nothing else: every package at
+# the version and sha256 the suite was tested with (scripts/lock.sh), torch's
+# CPU build included, then the pagedinfer wheel, built by the lock's own
+# setuptools and wheel.
+#
+# The base is pinned to an exact patch release and Debian suite. Python 3.11:
+# the lock is resolved for CPython 3.11 (CI's and scripts/build_images.sh's
+# Debian bookworm python3), so its compiled wheels are cp311 ones.
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 # The `kernels` stage's image: the base itself (the stage installs g++), or
 # the base with g++ already in a layer (scripts/build_images.sh passes its cached one).
 ARG COMPILER_IMAGE=${BASE_IMAGE}
-# The torch release the engine is tested with (the CUDA image's base has the
-# same). PyPI's Linux torch is the CUDA build with GBs of nvidia-* wheels; the
-# CPU build (2.13.0+cpu, which outranks it) is on PyTorch's CPU index.
-ARG TORCH_VERSION=2.13.0
+# Where torch comes from. Its release is the lock's, 2.13.0+cpu
+# (requirements/pins.txt), the one the engine is tested with and the CUDA
+# image's base has: PyPI's Linux torch is the CUDA build with GBs of nvidia-*
+# wheels, while the CPU build is on PyTorch's CPU index (its sha256 is the lock's).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 FROM ${BASE_IMAGE} AS wheel
+# The lock travels to the runtime stage beside the wheel (in /wheels).
+COPY requirements/engine-cpu.lock /wheels/
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engine ./engine
@@ -38,16 +47,27 @@ COPY testing ./testing
 # pip runs from /, not /src: `python -m` puts the working directory on sys.path,
 # where operator/ would shadow the standard library's operator module.
 WORKDIR /
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
+# The wheel is built by the lock's pip, setuptools and wheel, with packaging,
+# which wheel needs (tests/images checks that is their whole closure), and
+# --no-build-isolation: pip fetches no unpinned build requirements.
+RUN awk '/^[^ #]/ { keep = /^(packaging|pip|setuptools|wheel)==/ } keep' /wheels/engine-cpu.lock >/tmp/build.lock \
+    && python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/build.lock \
+    && python -m pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels /src
 
 # The image's packages, installed once: the final stage is this stage plus the library, and the `kernels`
 # stage compiles against this stage's torch through a read-only bind mount instead of installing it again.
 FROM ${BASE_IMAGE} AS runtime
-ARG TORCH_VERSION
 ARG TORCH_INDEX_URL
 COPY --from=wheel /wheels /wheels
-RUN python -m pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
-        "torch==${TORCH_VERSION}" "$(ls /wheels/pagedinfer-*.whl)[engine]" \
+# The lock is the whole closure: installed as it is (--no-deps, every file's
+# sha256 checked), then the wheel with --no-index, so its extra's requirements
+# can only be met by what the lock installed (a missing one fails the build,
+# nothing is resolved from an index), and pip check fails it on any unmet
+# requirement of the packages installed.
+RUN python -m pip install --no-cache-dir --require-hashes --no-deps --extra-index-url "${TORCH_INDEX_URL}" \
+        -r /wheels/engine-cpu.lock \
+    && python -m pip install --no-cache-dir --no-index "$(ls /wheels/pagedinfer-*.whl)[engine]" \
+    && python -m pip check \
     && rm -rf /wheels \
     && useradd --uid 1000 --user-group --create-home --home-dir /home/pagedinfer --shell /usr/sbin/nologin pagedinfer
 

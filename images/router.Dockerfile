@@ -4,10 +4,18 @@
 #
 #   docker build -f images/router.Dockerfile -t ghcr.io/pagedinfer/pagedinfer-router:0.1.0 .
 #
-# The base is pinned to an exact patch release and Debian suite.
-ARG BASE_IMAGE=python:3.12.11-slim-bookworm
+# It installs requirements/router.lock and nothing else: every package at the
+# version and sha256 the suite was tested with (scripts/lock.sh), then the
+# pagedinfer wheel, built by the lock's own setuptools and wheel.
+#
+# The base is pinned to an exact patch release and Debian suite. Python 3.11:
+# the lock is resolved for CPython 3.11 (CI's and scripts/build_images.sh's
+# Debian bookworm python3), so its compiled wheels are cp311 ones.
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${BASE_IMAGE} AS wheel
+# The lock travels to the final stage beside the wheel (in /wheels).
+COPY requirements/router.lock /wheels/
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engine ./engine
@@ -18,11 +26,23 @@ COPY testing ./testing
 # pip runs from /, not /src: `python -m` puts the working directory on sys.path,
 # where operator/ would shadow the standard library's operator module.
 WORKDIR /
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
+# The wheel is built by the lock's pip, setuptools and wheel, with packaging,
+# which wheel needs (tests/images checks that is their whole closure), and
+# --no-build-isolation: pip fetches no unpinned build requirements.
+RUN awk '/^[^ #]/ { keep = /^(packaging|pip|setuptools|wheel)==/ } keep' /wheels/router.lock >/tmp/build.lock \
+    && python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/build.lock \
+    && python -m pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels /src
 
 FROM ${BASE_IMAGE}
 COPY --from=wheel /wheels /wheels
-RUN python -m pip install --no-cache-dir "$(ls /wheels/pagedinfer-*.whl)[router]" \
+# The lock is the whole closure: installed as it is (--no-deps, every file's
+# sha256 checked), then the wheel with --no-index, so its extra's requirements
+# can only be met by what the lock installed (a missing one fails the build,
+# nothing is resolved from an index), and pip check fails it on any unmet
+# requirement of the packages installed.
+RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /wheels/router.lock \
+    && python -m pip install --no-cache-dir --no-index "$(ls /wheels/pagedinfer-*.whl)[router]" \
+    && python -m pip check \
     && rm -rf /wheels \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin pagedinfer
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -14,11 +14,14 @@
 # 2. Each image: `buildah bud` of its Dockerfile in images/ (the same files
 #    `docker build` takes), with --build-arg BASE_IMAGE=<the local base> (and
 #    COMPILER_IMAGE=<the base plus its Debian packages> where it has some). Its
-#    Python packages are resolved here by pip, as this machine's pip is
-#    configured (pip config list), into a wheelhouse that the build sees at
-#    /mnt with `no-index` (a pip.conf at /etc/xdg/pip): the build downloads
-#    nothing itself. Both mount points are empty in the base, so the images
-#    keep no trace of them.
+#    Python packages are exactly its lock, requirements/<image>.lock: pip
+#    downloads the lock's files here (--no-deps --require-hashes: nothing is
+#    resolved, every file's sha256 is the lock's), from wherever this machine's
+#    pip is configured to look (pip config list), into a wheelhouse that the
+#    build sees at /mnt with `no-index` (a pip.conf at /etc/xdg/pip): the build
+#    downloads nothing itself. Both mount points are empty in the base, so the
+#    images keep no trace of them. The lock is resolved for CPython 3.11, the
+#    base's (Debian bookworm's python3); the script stops on any other.
 # 3. Out, in $PAGEDINFER_IMAGES_DIR (build/images): <image>.oci.tar, an OCI
 #    archive named with the chart's tag (`kind load image-archive`, `ctr images
 #    import`), and <image>.json: its tag, id, size, build seconds and the
@@ -32,13 +35,13 @@ ROOT="$PWD"
 SELF="$ROOT/scripts/build_images.sh"
 
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
-# image name | Dockerfile | tag (what the chart and the CRD expect) | pip requirements it resolves |
+# image name | Dockerfile | tag (what the chart and the CRD expect) | the lock it installs |
 # Debian packages its build stage installs (the CPU engine's `kernels` stage: g++), kept in a cached layer over
 # the base, which the build gets as COMPILER_IMAGE (its RUN then finds them); the final stage is the bare base
 IMAGES=(
-    "operator|images/operator.Dockerfile|ghcr.io/pagedinfer/pagedinfer-operator:${VERSION}|$ROOT[operator]|"
-    "engine-cpu|images/engine-cpu.Dockerfile|ghcr.io/pagedinfer/pagedinfer:${VERSION}-cpu|$ROOT[engine] torch==TORCH_VERSION|g++"
-    "router|images/router.Dockerfile|ghcr.io/pagedinfer/pagedinfer-router:${VERSION}|$ROOT[router]|"
+    "operator|images/operator.Dockerfile|ghcr.io/pagedinfer/pagedinfer-operator:${VERSION}|requirements/operator.lock|"
+    "engine-cpu|images/engine-cpu.Dockerfile|ghcr.io/pagedinfer/pagedinfer:${VERSION}-cpu|requirements/engine-cpu.lock|g++"
+    "router|images/router.Dockerfile|ghcr.io/pagedinfer/pagedinfer-router:${VERSION}|requirements/router.lock|"
 )
 SUITE=bookworm
 BASE_PACKAGES=python3,python3-venv
@@ -48,7 +51,7 @@ CACHE="${PAGEDINFER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pagedinfer}"
 # (perhaps overlay) is left alone.
 BUILDAH=(buildah --root "$CACHE/containers/storage" --runroot "${XDG_RUNTIME_DIR:-/run}/pagedinfer-containers"
          --storage-driver vfs)
-# The Python whose pip resolves the images' packages: the project's venv (scripts/setup.sh).
+# The Python whose pip downloads the images' locks: the project's venv (scripts/setup.sh).
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
 
@@ -173,7 +176,7 @@ apt_layer() {
 }
 
 check_python() {
-    # The wheelhouse is resolved here for the base's Python: their versions must match.
+    # The wheelhouse is downloaded here for the base's Python (the locks' 3.11): their versions must match.
     local ours theirs
     ours="$("$PYTHON" -c "$PYTHON_VERSION")"
     theirs="$("${BUILDAH[@]}" inspect --type image --format '{{index .OCIv1.Config.Labels "dev.pagedinfer.python"}}' "$1")"
@@ -183,29 +186,22 @@ check_python() {
     fi
 }
 
-torch_version() {
-    # The CPU engine image's torch release (tests/images checks it is the CUDA base's).
-    sed -n 's/^ARG TORCH_VERSION=//p' images/engine-cpu.Dockerfile
-}
-
 wheelhouse() {
-    # Resolves $2 (requirements) with this machine's pip config into $1: the
-    # build requirements of pagedinfer's own wheel, then the image's packages.
-    local dir="$1" torch_index=()
-    shift
+    # Downloads every file the lock $2 names into $1, with this machine's pip config (and
+    # PAGEDINFER_TORCH_INDEX_URL for torch's CPU build): the lock's versions only, each checked against
+    # its sha256. Its build requirements (pip, setuptools, wheel, and packaging for wheel) are in it too.
+    local dir="$1" lock="$2" torch_index=()
     [ -n "${PAGEDINFER_TORCH_INDEX_URL:-}" ] && torch_index=(--extra-index-url "$PAGEDINFER_TORCH_INDEX_URL")
     mkdir -p "$dir"
     # From /: the repository root on sys.path would shadow the stdlib's operator.
-    (cd / && "$PYTHON" -m pip download -qq --disable-pip-version-check --only-binary=:all: \
-        "${torch_index[@]}" --dest "$dir" "setuptools>=68" wheel "$@")
+    (cd / && "$PYTHON" -m pip download -qq --disable-pip-version-check --only-binary=:all: --no-deps \
+        --require-hashes "${torch_index[@]}" --dest "$dir" -r "$ROOT/$lock")
 }
 
 build_image() {
-    local name="$1" dockerfile="$2" tag="$3" requirements="$4" base="$5" from="$6" start archive
-    # shellcheck disable=SC2086  # the requirements are a word list
-    set -- ${requirements//TORCH_VERSION/$(torch_version)}
+    local name="$1" dockerfile="$2" tag="$3" lock="$4" base="$5" from="$6" start archive
     start="$(now)"
-    wheelhouse "$WORK/wheels/$name" "$@"
+    wheelhouse "$WORK/wheels/$name" "$lock"
     local wheels_s; wheels_s="$(since "$start")"
     mkdir -p "$WORK/pip-$name"
     local compiler=()
@@ -258,13 +254,13 @@ main() {
     check_python "$base"
     local layer used_layers=""
     for spec in "${IMAGES[@]}"; do
-        IFS='|' read -r name dockerfile tag requirements packages <<<"$spec"
+        IFS='|' read -r name dockerfile tag lock packages <<<"$spec"
         if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
             continue
         fi
         layer="$(apt_layer "$base" "$packages")"
         used_layers+="$layer"$'\n'
-        build_image "$name" "$dockerfile" "$tag" "$requirements" "$base" "$layer"
+        build_image "$name" "$dockerfile" "$tag" "$lock" "$base" "$layer"
     done
     if [ ${#selected[@]} -eq 0 ]; then
         # Package layers of earlier recipes or bases (each a full copy under vfs): every image was just

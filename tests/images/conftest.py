@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from built_images import BuiltImage, WorkingContainer, built_image
-from dockerfiles import IMAGES, dry_run
+from dockerfiles import IMAGES, Install, dry_run
 
 
 @pytest.fixture(scope="session")
@@ -47,8 +47,8 @@ def router_container(router_image):
 
 
 @pytest.fixture(scope="session")
-def resolved(tmp_path_factory) -> dict[str, dict[str, str]]:
-    """{image: {package: version}}: each image's install replayed as a pip dry run."""
+def resolved(tmp_path_factory) -> dict[str, Install]:
+    """{image: its install}: each image's lock and wheel install replayed as a pip dry run."""
     tmp = tmp_path_factory.mktemp("dry-run")
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {image: pool.submit(dry_run, image, tmp) for image in IMAGES}

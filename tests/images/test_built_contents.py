@@ -1,4 +1,4 @@
-"""What the built images hold: the package set pip resolved for them, a bounded size, and OCI archives
+"""What the built images hold: their lock and wheel, as the replayed install has them, a bounded size, and OCI archives
 that `kind load image-archive` and `ctr images import` take, named as the chart expects."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_the_image_holds_exactly_what_pip_resolved_for_it(name, resolved, base_d
     assert image.base == request.getfixturevalue("operator_image").base
     installed = distributions(fixture_of(request, name, "container"), tmp_path)
     added = {n: v for n, v in installed.items() if base_distributions.get(n) != v}
-    assert added == resolved[name]
+    assert added == resolved[name].packages
     heavy = sorted(n for n in added if n == "triton" or n.startswith("nvidia-")
                    or (name in WITHOUT_TORCH and n in ("torch", "transformers")))
     assert not heavy, f"{name} holds {heavy}"
