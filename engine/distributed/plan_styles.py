@@ -4,9 +4,10 @@ A model's plan maps module (or parameter) names to style names, and
 transformers' meaning of a style is the forward its DTensor hooks produce
 (`transformers/distributed/tensor_parallel.py` from 5.x, its
 `integrations/tensor_parallel.py` in 4.56-5.0; which versions register which
-name is in `STYLES` below, of 4.56.0, 4.57.6, 5.0.0, 5.12.1, 5.20.2 and 5.25.0,
-whose registries and model plans were read). For inference every style comes down to one
-`Kind`: how a rank cuts the weights and what its forward adds.
+name is in `STYLES` below, of 4.56.0, 4.57.6, 5.0.0, 5.12.1, 5.20.2 and
+5.25.0, whose registries and model plans were read). For inference every
+style comes down to one `Kind`: how a rank cuts the weights and what its
+forward adds.
 
 - COLUMN (`colwise`, `local_colwise`): the rank keeps its chunk of the output
   rows (weight and bias); its output stays that chunk (q/k/v: its heads).
