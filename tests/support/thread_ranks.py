@@ -9,11 +9,13 @@ raises breaks the barrier, so the others fail instead of waiting.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 TIMEOUT_S = 60.0
 
@@ -71,3 +73,16 @@ class ThreadGroup:
 
     def all_gather_last_dim(self, tensor: torch.Tensor) -> torch.Tensor:
         return torch.cat(self.ranks._exchange(self.rank, tensor.contiguous()), dim=-1)
+
+
+def shard_on_ranks(model: nn.Module, world_size: int) -> tuple[ThreadRanks, list[nn.Module]]:
+    """N deep copies of `model`, rank r's sharded for rank r (sharding itself runs no collective)."""
+    from pagedinfer.engine.distributed.sharding import shard_model
+
+    ranks = ThreadRanks(world_size)
+    copies = []
+    for rank in range(world_size):
+        shard = copy.deepcopy(model)
+        shard_model(shard, ranks.group(rank))
+        copies.append(shard)
+    return ranks, copies
