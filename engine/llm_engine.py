@@ -458,7 +458,8 @@ class LLMEngine:
         stop_token = None
         late: str | None = None
         # the grammar allows nothing more (complete) or rejected the token: the output ends with this token
-        if seq.grammar is not None and (not seq.grammar.consume_token(token) or seq.grammar.is_stopped()):
+        if seq.grammar is not None and (not seq.grammar.consume_token(self.structured.eos.for_grammar(token))
+                                        or seq.grammar.is_stopped()):
             late = "stop"
         if token in self.eos_token_ids and not p.ignore_eos and num_output_tokens >= p.min_tokens:
             early = "stop"

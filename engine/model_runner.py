@@ -137,8 +137,10 @@ class ModelRunner:
         text_cfg = self.model.config.get_text_config()
         self.num_layers = int(text_cfg.num_hidden_layers)
         tp = config.tensor_parallel_size
-        # this rank's KV heads (all of them without tensor parallelism): its pool holds only these
-        self.num_kv_heads = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads) // tp
+        # this rank's KV heads (all of them without tensor parallelism; all of them too where the plan gathers the
+        # keys, as Phi-3's does): its pool holds only these
+        self.num_kv_heads = sharding.kv_heads_per_rank(
+            self.model, int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads), tp)
         self.head_dim = int(getattr(text_cfg, "head_dim", None)
                             or text_cfg.hidden_size // text_cfg.num_attention_heads)
         self.hidden_size = int(text_cfg.hidden_size)

@@ -23,6 +23,7 @@ from pagedinfer.engine.logit_bias import apply_logit_bias
 from pagedinfer.engine.outputs import Logprob
 from pagedinfer.engine.sequence import Sequence
 from pagedinfer.engine.structured.bitmask import GrammarBitmask
+from pagedinfer.engine.structured.eos import GrammarEos
 
 
 class SampleResult(NamedTuple):
@@ -46,7 +47,7 @@ class Sampler:
         self.eos_token_ids = eos_token_ids
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.seq_generators: dict[int, torch.Generator] = {}
-        self.grammar_bitmask = GrammarBitmask()
+        self.grammar_bitmask = GrammarBitmask(GrammarEos.of(eos_token_ids))
 
     def forget(self, seq_id: int) -> None:
         self.seq_generators.pop(seq_id, None)

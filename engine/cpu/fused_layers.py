@@ -62,6 +62,7 @@ import torch
 from torch import nn
 
 from pagedinfer.engine.attention import ATTN_IMPLEMENTATION
+from pagedinfer.engine.cpu.fused_projections import attention_function
 from pagedinfer.engine.cpu.layer_plan import DecoderPlan, LayerPlan, Projection, plan_decoder, projection
 from pagedinfer.engine.cpu.mlp_chunks import MLP_CHUNK_BYTES, chunked_mlp
 from pagedinfer.kernels.cpu import layer_ops
@@ -182,7 +183,7 @@ def _decoder_hidden(decoder: nn.Module, hidden: torch.Tensor, positions: torch.T
     # looked up as transformers does (what the registry holds now: the engine's, or a bench's wrapper of it),
     # once per forward; eager, its packed form when it has one
     first = plan.layers[0].attn
-    attention = first.attention_functions.get_interface(first.config._attn_implementation, first.eager_attention)
+    attention = attention_function(first)
     packed = getattr(attention, "packed", None) \
         if step is not None and not torch.compiler.is_compiling() else None
     cos_sin = decoder.fused_cos_sin
@@ -216,6 +217,10 @@ def fuse_layers(model: nn.Module, num_positions: int, mlp_chunk_bytes: int = MLP
     """Run `model`'s decoder as `_model_forward` (see the invariants); RoPE for positions < `num_positions`; the
     MLP of a long step in row chunks whose gate_up output fits `mlp_chunk_bytes` (`mlp_chunks.py`)."""
     decoder = model.get_decoder()
+    if decoder is None:  # transformers 4.56: a *ForCausalLM's get_decoder asks its decoder for one, which has none
+        decoder = getattr(model, "model", None)
+    if not isinstance(decoder, nn.Module):
+        return LayerFusionReport(False, "no decoder module")
     reason = _unfusable(decoder, next(decoder.parameters()).dtype)
     if reason:
         return LayerFusionReport(False, reason)

@@ -90,6 +90,15 @@ def _replace(module: nn.Module, names: tuple[str, ...], fused_name: str) -> tupl
     return sizes
 
 
+def attention_function(module: nn.Module) -> Callable:
+    """What transformers' own layer calls: the registry's function for the module's attention implementation,
+    eager for "eager" (`get_interface` from transformers 4.57; 4.56's layers index the registry)."""
+    functions, name = module.attention_functions, module.config._attn_implementation
+    if hasattr(functions, "get_interface"):
+        return functions.get_interface(name, module.eager_attention)
+    return module.eager_attention if name == "eager" else functions[name]
+
+
 def _attention_forward(self: nn.Module, hidden_states: torch.Tensor,
                        position_embeddings: tuple[torch.Tensor, torch.Tensor], attention_mask: torch.Tensor | None = None,
                        cache=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -105,7 +114,7 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor,
     query, key = self.apply_rotary_pos_emb(query, key, cos, sin)
     if cache is not None:
         key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
-    attention = self.attention_functions.get_interface(self.config._attn_implementation, self.eager_attention)
+    attention = attention_function(self)
     out, weights = attention(self, query, key, value, attention_mask,
                              dropout=0.0 if not self.training else self.attention_dropout,
                              scaling=self.scaling, sliding_window=self.fused_sliding_window, **kwargs)

@@ -3,8 +3,9 @@
 Rank 0 is the user's process: it alone owns the scheduler, the block pool,
 the prefix cache, sampling and detokenization. Ranks 1..N-1 are child
 processes it starts (`workers.py`) and owns: each loads the model, keeps its
-1/N shard of the attention and MLP weights (`sharding.py`) and its 1/N of the
-KV heads, and runs the same forward as rank 0 on the step inputs rank 0
+shard of the attention and MLP weights as the model's plan says (`sharding.py`,
+each style's meaning in `plan_styles.py`: mostly 1/N) and the KV heads its
+attention computes (1/N, or all of them where the plan gathers the keys), and runs the same forward as rank 0 on the step inputs rank 0
 broadcasts (`step_message.py`) over a gloo group (`group.py`). Inside the
 forward, row-parallel layers all-reduce and the LM head gathers its vocab
 shards, over gloo on CPU or NCCL on CUDA. Block ids, block tables and slot

@@ -11,7 +11,8 @@ request just finished), which were not prefetched, it fills the whole
 step's mask again, synchronously. The mask goes to the device in one copy
 (non-blocking from pinned memory on CUDA when the prefetched mask is used
 as is) and one masked_fill sets the disallowed logits of those rows to
--inf. Unconstrained rows are never touched: a step without constrained
+-inf. The engine's other EOS ids get the mask bit of the one EOS id the
+backend knows (`eos.py`). Unconstrained rows are never touched: a step without constrained
 rows does nothing here, and one with them adds host work, overlapped with
 the forward, and the copies of the mask and of its row index.
 
@@ -29,11 +30,14 @@ from typing import Any
 
 import torch
 
+from pagedinfer.engine.structured.eos import GrammarEos
+
 
 class GrammarBitmask:
     """Host buffers, the llguidance executor and the prefetch thread of one sampler."""
 
-    def __init__(self) -> None:
+    def __init__(self, eos: GrammarEos | None = None) -> None:
+        self.eos = eos if eos is not None else GrammarEos(None, ())
         self._executor: Any = None
         self._thread: ThreadPoolExecutor | None = None
         self._pending: tuple[list[Any], Future] | None = None
@@ -77,5 +81,8 @@ class GrammarBitmask:
         mask = host.to(logits.device, non_blocking=True)
         bits = torch.arange(32, dtype=torch.int32, device=logits.device)
         allowed = ((mask[:, :, None] >> bits) & 1).view(len(rows), -1)[:, :vocab]
+        aliases = self.eos.aliases_in(vocab)
+        if aliases:
+            allowed[:, list(aliases)] = allowed[:, [self.eos.primary]]
         index = torch.tensor([row for row, _ in rows], device=logits.device)
         logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))

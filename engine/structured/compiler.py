@@ -9,6 +9,9 @@ tokenizer thread before a request reaches the engine, so the engine thread
 only finds it in the cache and copies it (`matcher_for`). Errors are
 ValueErrors naming the request field.
 
+The backend's tokenizer is told one EOS id, the others being aliases the
+engine maps onto it (`eos.py`): llguidance 1.0.0 takes a single int there.
+
 JSON is generated compact (no free whitespace): a model that could emit
 whitespace between tokens forever could otherwise never finish a valid
 document. A schema may override this with llguidance's `x-guidance` key.
@@ -21,6 +24,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from pagedinfer.engine.structured.eos import GrammarEos
 from pagedinfer.engine.structured.params import StructuredOutputsParams
 
 MAX_CACHED_GRAMMARS = 256
@@ -34,7 +38,7 @@ class StructuredOutputs:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: set[int]) -> None:
         self._hf_tokenizer = tokenizer
         self._vocab_size = vocab_size
-        self._eos = sorted(eos_token_ids)
+        self.eos = GrammarEos.of(eos_token_ids)
         self._lock = threading.Lock()
         self._tokenizer: Any = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -44,7 +48,7 @@ class StructuredOutputs:
             import llguidance.hf
 
             self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size,
-                                                           eos_token=self._eos or None)
+                                                           eos_token=self.eos.primary)
         return self._tokenizer
 
     def compile(self, spec: StructuredOutputsParams) -> Any:

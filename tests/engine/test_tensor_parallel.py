@@ -14,7 +14,9 @@ from greedy_reference import hf_greedy, mixed_prompts
 
 from pagedinfer.engine import LLM, SamplingParams
 
-ARCHS = ["llama", "qwen2", "qwen3", "mistral"]  # GQA, q/k/v biases, q/k norms and head_dim != hidden/heads, sliding window
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3"]  # GQA, q/k/v biases, q/k norms and head_dim != hidden/heads,
+# sliding window; Phi-3: fused qkv and gate_up gathered whole (every rank attends over every head), o and down
+# split from a whole input ("rowwise_split_input" in 5.x, "rowwise_rep" before)
 MAX_TOKENS = 12
 # 12 blocks of 8 tokens: one 87-token sequence fits, the batch does not -> preemption;
 # 32-token steps chunk every prompt longer than that.
@@ -130,6 +132,8 @@ def test_tp_must_divide_the_head_counts(tiny_llama):
 def test_tp_row_parallel_sum_matches_the_whole_layer():
     """The sharding arithmetic itself: column shards then a row shard summed over ranks = the whole MLP."""
     from pagedinfer.engine.distributed import sharding
+    from pagedinfer.engine.distributed.plan_styles import chunk
+    from pagedinfer.engine.distributed.sharded_layers import cut_linear
 
     torch.manual_seed(0)
     up, down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
@@ -137,7 +141,8 @@ def test_tp_row_parallel_sum_matches_the_whole_layer():
     parts = []
     for rank in range(2):
         group = _FakeRanks(rank)
-        col, row = sharding._column(up, group), sharding.RowParallelLinear(down, group)
+        col = cut_linear(up, rows=chunk(up.out_features, rank, 2))
+        row = sharding.RowParallelLinear(down, group)
         row.group = _NoReduce()
         parts.append(row(col(x)) - down.bias)
     torch.testing.assert_close(sum(parts) + down.bias, down(up(x)))
