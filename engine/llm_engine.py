@@ -123,6 +123,11 @@ class LLMEngine:
         logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host swap blocks",
                     self.num_gpu_blocks, config.block_size, self.bytes_per_block, self.num_cpu_blocks)
 
+    def warm_up_structured_outputs(self) -> None:
+        """Do the grammar backend's one-time set-up now (a server, before it reports healthy), not in a step."""
+        self.structured.warm_up()
+        self.sampler.grammar_bitmask.warm_up()
+
     # ----- requests ---------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         """Token ids of a prompt, validated: non-empty, ints within the vocabulary."""

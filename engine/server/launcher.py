@@ -60,6 +60,7 @@ def engine_factory(engine_config: Any, served_model_name: str, kv_events: Any = 
         from pagedinfer.engine import LLMEngine
 
         engine = LLMEngine(engine_config)
+        engine.warm_up_structured_outputs()  # never in a request's path: it stalled the step loop for seconds
         if kv_events is not None:
             engine.kv.pool.event_sink = kv_events.record
         tokenizer = AutoTokenizer.from_pretrained(str(engine_config.tokenizer or engine_config.model))

@@ -16,6 +16,13 @@ backend knows (`eos.py`). Unconstrained rows are never touched: a step without c
 rows does nothing here, and one with them adds host work, overlapped with
 the forward, and the copies of the mask and of its row index.
 
+Nothing here is loaded on first use: `warm_up()` (the server calls it at
+start-up, before /health turns 200) makes the executor and the prefetch
+thread, and the fill calls llguidance's executor directly on the tensor's
+memory rather than through `llguidance.torch`, whose import compiles a
+kernel with `torch.compile` (importing torch._dynamo: seconds, holding the
+GIL), which, done by a request's first step, stalled every running request.
+
 Invariant: from `prefetch` until `apply` returns, the matchers handed to
 `prefetch` belong to the grammar thread: llguidance holds each one borrowed
 while it fills it, and any other call on it then raises "Already mutably
@@ -42,14 +49,29 @@ class GrammarBitmask:
         self._thread: ThreadPoolExecutor | None = None
         self._pending: tuple[list[Any], Future] | None = None
 
-    def _fill(self, matchers: list[Any], vocab: int, pin: bool) -> torch.Tensor:
-        from llguidance import LLExecutor
-        from llguidance.torch import fill_next_token_bitmask_par
+    def warm_up(self) -> None:
+        """Make the llguidance executor and the prefetch thread now, so no step waits for them."""
+        self._llexecutor()
+        self._prefetch_thread()
 
+    def _llexecutor(self) -> Any:
         if self._executor is None:
+            from llguidance import LLExecutor
+
             self._executor = LLExecutor()
-        host = torch.empty((len(matchers), (vocab + 31) // 32), dtype=torch.int32, pin_memory=pin)
-        fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], host)
+        return self._executor
+
+    def _prefetch_thread(self) -> ThreadPoolExecutor:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedinfer-grammar")
+        return self._thread
+
+    def _fill(self, matchers: list[Any], vocab: int, pin: bool) -> torch.Tensor:
+        words_per_row = (vocab + 31) // 32
+        host = torch.empty((len(matchers), words_per_row), dtype=torch.int32, pin_memory=pin)
+        # one contiguous int32 row of words_per_row words per matcher, at row i (llguidance drops the GIL)
+        self._llexecutor().unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], host.data_ptr(),
+                                                   words_per_row * 4, len(matchers))
         return host
 
     def prefetch(self, matchers: list[Any], vocab: int, device: torch.device) -> None:
@@ -57,9 +79,7 @@ class GrammarBitmask:
         if not matchers:
             self._pending = None
             return
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedinfer-grammar")
-        self._pending = (list(matchers), self._thread.submit(self._fill, list(matchers), vocab,
+        self._pending = (list(matchers), self._prefetch_thread().submit(self._fill, list(matchers), vocab,
                                                              device.type == "cuda"))
 
     def apply(self, logits: torch.Tensor, rows: list[tuple[int, Any]]) -> None:

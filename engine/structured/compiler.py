@@ -9,6 +9,10 @@ tokenizer thread before a request reaches the engine, so the engine thread
 only finds it in the cache and copies it (`matcher_for`). Errors are
 ValueErrors naming the request field.
 
+`warm_up()` does the one-time set-up (llguidance's imports, its view of
+the tokenizer: seconds for a large vocabulary, and a first grammar) at
+once; the server calls it while loading, so no request pays for it.
+
 The backend's tokenizer is told one EOS id, the others being aliases the
 engine maps onto it (`eos.py`): llguidance 1.0.0 takes a single int there.
 
@@ -50,6 +54,12 @@ class StructuredOutputs:
             self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size,
                                                            eos_token=self.eos.primary)
         return self._tokenizer
+
+    def warm_up(self) -> None:
+        """Load the backend and build its tokenizer now, and compile one grammar (JSON objects, cached)."""
+        import llguidance.gbnf_to_lark  # noqa: F401 - the GBNF converter, imported here rather than by a request
+
+        self.compile(StructuredOutputsParams(json_object=True, field="response_format"))
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
         """The spec's initial matcher (cached); ValueError naming spec.field when it cannot be served."""
