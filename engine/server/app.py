@@ -28,7 +28,7 @@ from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed
 from pagedinfer.engine.server.errors import ApiError, error_body, error_response, install_error_handlers
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                               CompletionResponse, ErrorResponse, ModelList)
+                                               CompletionResponse, ErrorResponse, ModelCard, ModelList)
 from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
 from pagedinfer.engine.server.serve_args import ServeArgs
@@ -128,14 +128,25 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
-    async def models() -> dict:
+    def model_card() -> dict:
         info = engine_loop.info
         if info is None:
             raise ApiError(503, "the model is still loading", code="model_loading", headers={"Retry-After": "1"})
-        card = {"id": info.served_model_name, "object": "model", "created": started, "owned_by": "pagedinfer",
+        return {"id": info.served_model_name, "object": "model", "created": started, "owned_by": "pagedinfer",
                 "max_model_len": info.max_model_len}
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    # `:path`: a Hub id served under its own name has a slash (org/name), as the client sends it
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=_ERRORS)
+    async def model(model_id: str) -> dict:
+        card = model_card()
+        if model_id != card["id"]:
+            raise ApiError(404, f"model: '{model_id}' does not exist; this server serves '{card['id']}'",
+                           "model", "model_not_found")
+        return card
 
     async def respond(plan: Any, request: Request, chat: bool) -> Response:
         """Submit a prepared request; stream it, or wait for its final outputs."""

@@ -17,6 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pagedinfer.engine.server.legacy_fields import unknown_field_message
+
 logger = logging.getLogger("pagedinfer.server")
 
 _TYPES = {
@@ -117,7 +119,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
         return msg, None, "invalid_parameter"
     related = [e for e in errors if _split_loc(tuple(e.get("loc", ())))[0] == union_param]
     if kind == "extra_forbidden":
-        msg = "unknown field"
+        msg = unknown_field_message(param)
     elif kind == "missing":
         msg = "field required"
     elif any(_is_tag(p) for p in first.get("loc", ())) and len(related) > 1:
