@@ -27,8 +27,10 @@ The latest `EngineStats` snapshot is swapped in after every pass, so readers
 Shutdown: `begin_drain(grace_seconds)` refuses new work while in-flight
 requests run on; once the grace period is over the thread aborts whatever
 is left and answers each with `RequestFailed` (503), so their responses end
-cleanly instead of being cancelled mid-write. `stop()` does the same at once
-and joins the thread.
+cleanly instead of being cancelled mid-write; `end_grace_now()` ends the
+grace period at once (a second Ctrl-C). `stop()` does the same at once
+and joins the thread; during the load it returns at once, and the engine,
+once built, is shut down without ever being reported ready.
 
 Failure: the whole pass is guarded. Whatever an engine call raises, other
 than the `ValueError` by which `add_request` refuses a request (a 400 for
@@ -156,6 +158,7 @@ class EngineLoop:
         self._num_pending_seqs = 0
         self._inbox_closed = False  # the thread no longer reads the inbox; guarded by _inbox_lock
         self._inbox_lock = threading.Lock()
+        self._load_lock = threading.Lock()  # `stop` during the load vs the load's end: one of them wins
         self.ready = threading.Event()
         self.failed = threading.Event()  # set once the thread ended on an unexpected exception
         self.info: ModelInfo | None = None
@@ -206,12 +209,32 @@ class EngineLoop:
             self._drain_deadline = time.monotonic() + grace_seconds
         self._wake.set()
 
-    def stop(self, timeout_seconds: float = 30.0) -> None:
-        """Abort everything still in flight and join the thread."""
+    def end_grace_now(self) -> None:
+        """Drain, and abort every in-flight request at the next pass (a second Ctrl-C): each gets its 503."""
         self._draining = True
-        self._stop_requested = True
+        self._drain_deadline = time.monotonic()
         self._wake.set()
-        if self._thread.is_alive():
+
+    @property
+    def loading(self) -> bool:
+        """The thread is still building the engine (the model is loading)."""
+        return self._thread.is_alive() and not self.ready.is_set()
+
+    def stop(self, timeout_seconds: float = 30.0) -> None:
+        """Abort everything still in flight and join the thread; during the load, return at once.
+
+        A load cannot be interrupted (it is torch and file reads on the
+        engine thread), and waiting for it made SIGTERM wait as long as the
+        model takes to load. The thread shuts the engine down as soon as it
+        is built, without ever serving; the launcher ends the process
+        without waiting for that (`launcher.py`).
+        """
+        with self._load_lock:
+            self._draining = True
+            self._stop_requested = True
+            loading = self.loading
+        self._wake.set()
+        if self._thread.is_alive() and not loading:
             self._thread.join(timeout_seconds)
 
     # ---- the engine thread ----
@@ -226,13 +249,21 @@ class EngineLoop:
             self.load_error = exc
             self.ready.set()
             return
-        self.info = info
-        self.stats = engine.get_stats()
-        self._notify("on_ready", info)
-        self._notify("on_stats", self.stats)
-        self.ready.set()
-        logger.info("engine ready: model %s, %d KV blocks of %d tokens", info.served_model_name,
-                    info.num_gpu_blocks, info.block_size)
+        with self._load_lock:
+            if self._stop_requested:  # shutdown began during the load: never report ready
+                self.ready.set()
+            else:
+                self.info = info
+                self.stats = engine.get_stats()
+                self._notify("on_ready", info)
+                self._notify("on_stats", self.stats)
+                self.ready.set()
+                logger.info("engine ready: model %s, %d KV blocks of %d tokens", info.served_model_name,
+                            info.num_gpu_blocks, info.block_size)
+        if self.info is None:
+            logger.info("the model loaded after shutdown began; stopping the engine")
+            engine.shutdown()
+            return
         try:
             self._serve(engine)
         except BaseException as exc:  # noqa: BLE001 - see "Failure" above

@@ -8,8 +8,18 @@ with a 503 error (streams: an error event and [DONE]). uvicorn's own
 graceful timeout, a few seconds later, is only a backstop that cancels
 responses still stuck. Then the lifespan stops the engine loop.
 
+A second SIGINT (Ctrl-C twice) ends the grace period at once
+(`EngineLoop.end_grace_now`) instead of uvicorn's force-quit: the in-flight
+requests get their 503 (streams: an error event and [DONE]) and the shutdown
+completes in order, without tracebacks.
+
 uvicorn re-raises the signal it caught once it is done; `run_server` makes
-that harmless first (`graceful_exit.py`), so a graceful shutdown exits 0.
+that harmless first (`graceful_exit.py`) and chooses the status itself: 0
+after SIGTERM, 130 (128 + SIGINT, as a shell reports Ctrl-C) after one or
+two SIGINTs. A signal during the model load stops the process at once
+(with that same status): the engine loop does not wait for the load (`EngineLoop.stop`), and the process
+ends without waiting for the loading thread (`graceful_exit.exit_now`); the
+engine is never reported ready.
 
 The listening socket is bound before anything else starts: a port already in
 use (or a host that is not ours) fails in milliseconds as a flag error (exit
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -28,7 +39,7 @@ from typing import Any
 from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
-from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
+from pagedinfer.engine.server.graceful_exit import absorb_reraised_signals, exit_now
 from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.prompt_chars import max_chars_per_token
@@ -108,6 +119,15 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                # a second Ctrl-C: not uvicorn's force-quit (which cancels responses mid-write, 500s in
+                # text/plain and tracebacks) but the end of the grace period, now: every in-flight
+                # request is answered with its 503 and the shutdown completes in order
+                self.stop_signals.append(sig)
+                if engine_loop is not None:
+                    engine_loop.end_grace_now()
+                return
+            self.stop_signals.append(sig)
             if engine_loop is not None:
                 engine_loop.begin_drain(shutdown_grace_seconds)
             super().handle_exit(sig, frame)
@@ -116,7 +136,14 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
                             http=header_timeout_protocol(header_timeout_seconds),
                             timeout_graceful_shutdown=shutdown_grace_seconds + SHUTDOWN_BACKSTOP_SECONDS,
                             timeout_keep_alive=5)
-    return DrainingServer(config)
+    server = DrainingServer(config)
+    server.stop_signals = []  # the signals that asked it to stop, in order
+    return server
+
+
+def exit_status(stop_signals: list[int]) -> int:
+    """The status of a shutdown that went in order: 130 (128 + SIGINT) if Ctrl-C asked for it, else 0."""
+    return 128 + signal.SIGINT if signal.SIGINT in stop_signals else 0
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -144,7 +171,8 @@ def bind_listener(host: str, port: int) -> socket.socket:
 def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
                log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
                listener: socket.socket | None = None) -> int:
-    """Serve until SIGTERM/SIGINT; 0 after a graceful shutdown, 1 if the model failed to load or the engine failed.
+    """Serve until SIGTERM/SIGINT; `exit_status` after a graceful shutdown (0; 130 for Ctrl-C), 1 if the model
+    failed to load or the engine failed.
 
     `listener`: a socket from `bind_listener(host, port)`, or None to bind one
     here. An engine failure shuts the server down like SIGTERM, except that
@@ -161,12 +189,15 @@ def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown
         server.should_exit = True
 
     threading.Thread(target=exit_if_the_engine_fails, name="pagedinfer-engine-watch", daemon=True).start()
-    exit_zero_after_sigterm()
+    absorb_reraised_signals()
     server.run(sockets=[listener])
+    if engine_loop.loading:  # SIGTERM (or SIGINT) during the load: a graceful stop, not a wait for the model
+        logger.info("stopped while the model was loading; exiting without waiting for the load")
+        exit_now(exit_status(server.stop_signals))
     if engine_loop.load_error is not None:
         logger.error("the model could not be loaded: %s", engine_loop.load_error)
         return 1
     if engine_loop.engine_error is not None:
         logger.error("exiting with status 1: the engine failed (%s)", type(engine_loop.engine_error).__name__)
         return 1
-    return 0
+    return exit_status(server.stop_signals)

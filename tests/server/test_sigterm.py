@@ -91,3 +91,48 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+SLOW_LOAD = Path(__file__).resolve().parents[1] / "support" / "slow_load.py"
+LOAD_DELAY_SECONDS = 60.0
+PROMPT_EXIT_SECONDS = 15.0  # the fixed server exits in about a second; the old one waited 30 s (or the whole load)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["sigterm", "sigint"])
+def test_a_signal_while_the_model_loads_stops_the_process_at_once(tiny_llama, tmp_path, sig, status):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    log = log_path.open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, str(SLOW_LOAD), str(LOAD_DELAY_SECONDS), "serve", "--model", str(tiny_llama),
+         "--served-model-name", "tiny", "--port", str(port), "--device", "cpu"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # up and answering, the model still loading
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            try:
+                health = httpx.get(url + "/health", timeout=2)
+                if health.status_code == 503 and "loading" in health.text:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        signaled = time.monotonic()
+        proc.send_signal(sig)
+        try:
+            code = proc.wait(timeout=PROMPT_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {PROMPT_EXIT_SECONDS} s after {sig.name} during the load")
+        output = log_path.read_text()
+        print(f"exited {time.monotonic() - signaled:.2f}s after {sig.name}, status {code}")
+        assert code == status, output
+        assert "engine ready" not in output and "Traceback" not in output, output
+        assert "stopped while the model was loading" in output, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
