@@ -214,3 +214,46 @@ def test_tokenize_renders_tools_with_the_messages_as_chat_does(client, tool_serv
                                           tool_choice="auto", max_tokens=1, temperature=0).usage.prompt_tokens
     assert counted == used > httpx.post(tool_server.url + "/tokenize", json={"messages": QUESTION},
                                         timeout=30).json()["count"]
+
+
+def _streamed(client, **kwargs) -> tuple[list[dict], str | None, str]:
+    """(the accumulated calls, finish_reason, content) of a streamed chat completion."""
+    calls: dict[int, dict] = {}
+    finish, content = None, ""
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            content += c.delta.content or ""
+            for delta in c.delta.tool_calls or []:
+                entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                entry["name"] += delta.function.name or ""
+                entry["arguments"] += delta.function.arguments or ""
+    return [calls[i] for i in sorted(calls)], finish, content
+
+
+def test_required_cut_by_max_tokens_gives_the_same_calls_streamed_and_whole(client, tool_server):
+    cut_with_a_call = 0
+    for max_tokens in (3, 12, 25, 40, 60):
+        kwargs = dict(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK], tool_choice="required",
+                      temperature=1.0, seed=7, max_tokens=max_tokens)
+        whole = client.chat.completions.create(**kwargs).choices[0]
+        streamed, finish, content = _streamed(client, **kwargs)
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls or []]
+        assert calls == streamed, max_tokens
+        assert whole.finish_reason == finish and whole.message.content is None and content == "", max_tokens
+        if finish == "length" and calls:
+            cut_with_a_call += 1
+            for call in calls[:-1]:  # every call before the cut one is complete
+                jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    assert cut_with_a_call >= 1  # some max_tokens cut the list after a call's name
+
+
+def test_required_ends_the_list_by_the_cap_at_the_latest(client, tool_server):
+    from pagedinfer.engine.server.tools.choice import MAX_REQUIRED_CALLS
+
+    for seed in range(3):
+        out = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK],
+                                             tool_choice="required", temperature=1.0, seed=seed,
+                                             max_tokens=REQUIRED_MAX_TOKENS)
+        assert out.choices[0].finish_reason == "tool_calls"
+        assert 1 <= len(out.choices[0].message.tool_calls) <= MAX_REQUIRED_CALLS

@@ -1,8 +1,13 @@
-"""A chat choice's text to OpenAI's assistant message with `tool_calls`, whole or as stream deltas."""
+"""A chat choice's text to OpenAI's assistant message with `tool_calls`, whole or as stream deltas.
+
+Invariant: for a named function or "required", the calls of the whole
+message are the calls a stream of the same output accumulates, cut by
+max_tokens or not (a cut call keeps its arguments so far; finish_reason
+"length" marks it), and the raw output is never content.
+"""
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from pagedinfer.engine.server.tools import required
@@ -14,11 +19,7 @@ def parse_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall]
     """(content, calls) of a finished choice's text under the plan."""
     if plan.mode == "named":
         return None, [ParsedCall(plan.function, text)]
-    if plan.mode == "required":
-        try:
-            json.loads(text)
-        except ValueError:  # cut by max_tokens: no valid list
-            return text, []
+    if plan.mode == "required":  # cut by max_tokens, the calls so far: what a stream of it has sent
         return None, [ParsedCall(c.name, c.arguments) for c in required.scan(text)]
     content, calls = plan.parser.parse(text)
     return (content or None) if calls else text, calls
@@ -43,8 +44,8 @@ def openai_tool_calls(calls: list[ParsedCall]) -> list[dict]:
 def message(plan: ToolPlan, text: str) -> tuple[dict, bool]:
     """(the assistant message, whether it calls tools)."""
     content, calls = parse_calls(plan, text)
-    if not calls:
-        return {"role": "assistant", "content": text}, False
+    if not calls:  # "required" cut before its first call's name: no content either (none streams)
+        return {"role": "assistant", "content": None if plan.mode == "required" else text}, False
     return {"role": "assistant", "content": content, "tool_calls": openai_tool_calls(calls)}, True
 
 

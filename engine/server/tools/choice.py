@@ -5,8 +5,13 @@
   parameters schema (`{"type": "object"}` when it declares none) and is the
   call's arguments.
 - "required": the output is held to a JSON list of one or more
-  `{"name": <one of the tools>, "parameters": <its schema>}` (at most one
-  with parallel_tool_calls false).
+  `{"name": <one of the tools>, "parameters": <its schema>}`. The list ends
+  when the model closes it, at MAX_REQUIRED_CALLS calls (1 with
+  parallel_tool_calls false), where the grammar closes it, or at max_tokens
+  (finish_reason "length"; the cut call is kept with its arguments so far,
+  as a named function's cut call is, so streamed and whole answers agree).
+  Without the cap a model that never closes the list (the embedded one,
+  random ones) emitted calls until max_tokens.
 - "auto": unconstrained; the model's family parser (`parsers.py`) reads
   calls back; a model without one gets a 400.
 As in vLLM, the tools are rendered into the prompt through the chat
@@ -21,6 +26,7 @@ from typing import Any
 from pagedinfer.engine.server.tools.parsers import ToolParser, parser_for_template
 
 ANY_OBJECT = {"type": "object"}
+MAX_REQUIRED_CALLS = 8  # calls in one "required" answer (OpenAI states no limit; models rarely make more)
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,7 @@ def tool_plan(req: Any, chat_template: str | None) -> tuple[ToolPlan | None, dic
                   "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t)}}
                  for t in req.tools]
         schema: dict = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else {"anyOf": items}}
-        if req.parallel_tool_calls is False:
-            schema["maxItems"] = 1
+        schema["maxItems"] = 1 if req.parallel_tool_calls is False else MAX_REQUIRED_CALLS
         return ToolPlan("required"), schema
     tool = next(t for t in req.tools if t.function.name == choice.function.name)
     return ToolPlan("named", function=tool.function.name), _parameters(tool)
