@@ -20,6 +20,10 @@ The activation reserve is measured by the engine's profiling pass when one
 ran; otherwise (operator, `plan`) it is estimated by
 `estimate_activation_reserve_bytes`, which grows with max_num_batched_tokens.
 
+When nothing fits, `shortfall_advice` says what would, from the same
+arithmetic: each fix it offers (a higher gpu_memory_utilization, the smallest
+tensor_parallel_size, fewer batched tokens) is checked to be enough on its own.
+
 The model's side (its shape from a config.json, its dtype) is `model_shape.py`.
 """
 
@@ -181,6 +185,78 @@ def _human_bytes(num_bytes: int) -> str:
     return f"{num_bytes} bytes"
 
 
+# The largest tensor_parallel_size the advice suggests: one node's GPUs (a replica's ranks share one pod).
+MAX_SUGGESTED_TENSOR_PARALLEL_SIZE = 8
+
+
+def _needed_kv_bytes(inputs: SizingInputs, tp: int) -> int:
+    """KV bytes one GPU must hold at `tp`: one max_model_len sequence, or one block when the length is unknown."""
+    max_model_len = inputs.max_model_len or inputs.shape.max_position_embeddings
+    blocks = -(-max_model_len // inputs.block_size) if max_model_len else 1
+    return blocks * kv_bytes_per_block(inputs.shape, inputs.block_size, tp, inputs.kv_dtype)
+
+
+def _weights_at(inputs: SizingInputs, weights: int, tp: int) -> int:
+    """Weight bytes per GPU at `tp`, from `weights` at the inputs' own tensor_parallel_size."""
+    return -(-weights * inputs.tensor_parallel_size // tp)
+
+
+def least_fitting_tensor_parallel_size(inputs: SizingInputs, weights: int, reserve: int) -> int | None:
+    """The smallest tensor_parallel_size above the inputs' (doubling, dividing num_kv_heads, at most
+    MAX_SUGGESTED_TENSOR_PARALLEL_SIZE) at which one sequence fits at the same gpu_memory_utilization;
+    None when none does. The activation reserve is per GPU and stays as it is."""
+    budget = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
+    tp = inputs.tensor_parallel_size * 2
+    while tp <= MAX_SUGGESTED_TENSOR_PARALLEL_SIZE:
+        if inputs.shape.num_kv_heads % tp == 0 \
+                and budget - _weights_at(inputs, weights, tp) - reserve >= _needed_kv_bytes(inputs, tp):
+            return tp
+        tp *= 2
+    return None
+
+
+def least_fitting_gpu_memory_utilization(inputs: SizingInputs, weights: int, reserve: int) -> float | None:
+    """The smallest gpu_memory_utilization (two decimals) at which one sequence fits; None when even 1.0 is
+    too little."""
+    needed = weights + reserve + _needed_kv_bytes(inputs, inputs.tensor_parallel_size)
+    hundredths = -(-needed * 100 // inputs.gpu_memory_bytes)
+    while hundredths <= 100 and int(inputs.gpu_memory_bytes * hundredths / 100) < needed:
+        hundredths += 1  # the budget is int(memory x utilization): float rounding can cost a byte
+    return hundredths / 100 if hundredths <= 100 else None
+
+
+def shortfall_advice(inputs: SizingInputs, weights: int, reserve: int) -> str:
+    """What would make one sequence fit, from the numbers: each fix is offered only when it is enough.
+
+    Raising gpu_memory_utilization is offered only when a value <= 1 fits; tensor parallelism names
+    the smallest size that fits (`least_fitting_tensor_parallel_size`); lowering max_num_batched_tokens
+    only when the reserve is an estimate and a smaller one fits. When the weights alone exceed the
+    GPU, the message says so: then only more ranks, more memory or a smaller model can help."""
+    tp = inputs.tensor_parallel_size
+    fixes, preface = [], ""
+    if weights >= inputs.gpu_memory_bytes:
+        preface = (f"The weights alone ({_human_bytes(weights)} per GPU at tensor_parallel_size={tp}) exceed the"
+                   f" GPU's {_human_bytes(inputs.gpu_memory_bytes)}, so no gpu_memory_utilization can help. ")
+    else:
+        utilization = least_fitting_gpu_memory_utilization(inputs, weights, reserve)
+        if utilization is not None:
+            fixes.append(f"raise gpu_memory_utilization to {utilization:.2f}")
+        if inputs.activation_reserve_bytes is None:
+            per_token = ACTIVATION_HIDDEN_MULTIPLE * inputs.shape.estimated_hidden_size * inputs.shape.dtype_bytes
+            room = (int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization) - weights - FIXED_OVERHEAD_BYTES
+                    - _needed_kv_bytes(inputs, tp))
+            if room >= per_token:
+                fixes.append(f"lower max_num_batched_tokens to at most {room // per_token}")
+    more_ranks = least_fitting_tensor_parallel_size(inputs, weights, reserve)
+    if more_ranks is not None:
+        fixes.append(f"raise tensor_parallel_size to {more_ranks} (the smallest that fits)")
+    elif tp < MAX_SUGGESTED_TENSOR_PARALLEL_SIZE:
+        preface += f"No tensor_parallel_size up to {MAX_SUGGESTED_TENSOR_PARALLEL_SIZE} fits on these GPUs. "
+    fixes.append("use GPUs with more memory")
+    fixes.append("serve a smaller model (the engine loads no quantized checkpoints)")
+    return preface + "To fit: " + "; or ".join(fixes) + "."
+
+
 def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
     """Size the KV block pool of one GPU; raise InsufficientMemoryError if it cannot hold one sequence."""
     shape = inputs.shape
@@ -202,8 +278,7 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
     if usable < per_block:
         raise InsufficientMemoryError(
             f"No room for the KV cache: {numbers} leaves {_human_bytes(max(usable, 0))}, less than one"
-            f" {per_block}-byte block. Use GPUs with more memory, raise gpu_memory_utilization,"
-            f" raise tensor_parallel_size, or lower max_num_batched_tokens."
+            f" {per_block}-byte block. {shortfall_advice(inputs, weights, reserve)}"
         )
     num_blocks = usable // per_block
     if max_model_len:
@@ -213,7 +288,7 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
                 f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed}"
                 f" blocks ({_human_bytes(needed * per_block)}) but only {num_blocks} fit ({numbers}, leaving"
                 f" {_human_bytes(usable)}). Lower max_model_len to at most {num_blocks * inputs.block_size},"
-                f" raise gpu_memory_utilization, or use more or larger GPUs."
+                f" or: {shortfall_advice(inputs, weights, reserve)}"
             )
     return SizingResult(
         gpu_memory_bytes=inputs.gpu_memory_bytes,

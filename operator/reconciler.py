@@ -1,6 +1,6 @@
 """One reconcile of an InferenceService.
 
-reconcile(): parse the spec (invalid: Valid=False, an Event, no children) ->
+reconcile(): parse the spec (invalid: Valid=False and Sized=False InvalidSpec, an Event, no children) ->
 plan the KV cache (cannot: Sized=False with the numbers, an Event, no
 children; retried later when waiting can help; an invalid model config is
 also a counted reconcile error, `model_config_invalid`) -> build the Deployment and
@@ -100,8 +100,8 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
     except SpecError as exc:
         deployed = await _deployed(api, namespace, name, uid)
         message = f"Invalid spec: {exc}" + (conditions.KEEPS_SERVING if deployed else "")
-        await _report_failure(api, body, [], conditions.false(conditions.VALID, conditions.REASON_INVALID_SPEC, message),
-                              deployed, logger)
+        invalid = conditions.false(conditions.VALID, conditions.REASON_INVALID_SPEC, message)
+        await _report_failure(api, body, [conditions.not_sized(invalid)], invalid, deployed, logger)
         return "invalid"
     valid = conditions.true(conditions.VALID, conditions.REASON_SPEC_VALID, "The spec is valid.")
     try:
@@ -110,8 +110,8 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
         deployed = await _deployed(api, namespace, name, uid)
         message = failure.message + (conditions.KEEPS_SERVING if deployed else "")
         if failure.reason == conditions.REASON_INVALID_SPEC:  # known only from the model's config
-            await _report_failure(api, body, [], conditions.false(conditions.VALID, failure.reason, f"Invalid spec: {message}"),
-                                  deployed, logger)
+            invalid = conditions.false(conditions.VALID, failure.reason, f"Invalid spec: {message}")
+            await _report_failure(api, body, [conditions.not_sized(invalid)], invalid, deployed, logger)
             return "invalid"
         await _report_failure(api, body, [valid], conditions.false(conditions.SIZED, failure.reason, message),
                               deployed, logger)
@@ -154,10 +154,11 @@ async def _deployed(api: KubeApi, namespace: str, name: str, uid: str) -> bool:
     return deployment is not None and (apply.owned_by(deployment, uid) or apply.adoptable(deployment, name))
 
 
-async def _report_failure(api: KubeApi, body: Mapping[str, Any], passed: list[conditions.Condition],
+async def _report_failure(api: KubeApi, body: Mapping[str, Any], others: list[conditions.Condition],
                           failed: conditions.Condition, deployed: bool, logger: Any) -> None:
     """Write why this generation is not applied (a Warning Event when that is news).
 
+    `others`: the conditions decided before `failed` (or, for an invalid spec, the Sized it blocks).
     With a Deployment, kvCache stays (the plan it serves); without one,
     Applied/Available/Ready say NotDeployed and kvCache goes.
     """
@@ -171,5 +172,5 @@ async def _report_failure(api: KubeApi, body: Mapping[str, Any], passed: list[co
     if is_news(body, failed):
         kopf.warn(dict(body), reason=failed.reason, message=failed.message)
         logger.warning(f"{failed.reason}: {failed.message}")
-    await write_conditions(api, body, [*not_deployed, *passed, failed], generation, observedGeneration=generation,
+    await write_conditions(api, body, [*not_deployed, *others, failed], generation, observedGeneration=generation,
                            **fields)

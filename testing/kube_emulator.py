@@ -13,6 +13,10 @@ resources registered with `register()`:
 - PUT; a real `/status` subresource (writes to the main resource ignore
   `status`, writes to `/status` change only `status`); the `scale`
   subresource (autoscaling/v1 Scale) for resources registered with one;
+- pruning by a structural schema (a CRD's openAPIV3Schema, `register(schema=...)`;
+  the InferenceService's is crds/'s) on create, update and patch, and the
+  `fieldValidation` query parameter (Ignore, Warn: `Warning` headers, the
+  default, Strict: 400): `kube_emulator_schema`;
 - the canonical form of pod specs (in Pods and in Deployments' templates):
   resource quantities as the API server writes them, empty env values
   dropped (`kube_emulator_rules.canonical_pod_spec`);
@@ -48,6 +52,8 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
+from pagedinfer.testing.kube_emulator_schema import (FieldValidationError, crd_schema, field_validation, prune,
+                                                     strict_error, warning_header)
 from pagedinfer.testing.kube_emulator_rules import (PatchError, SelectorError, canonical_pod_spec, field_selector,
                                                     json_patch, label_selector, merge_patch, scale_down_order,
                                                     selector_from_match_labels,
@@ -93,6 +99,15 @@ class Kind:
     # Scale subresource: paths of spec replicas, status replicas, and the selector (or matchLabels).
     scale_paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None = None
     pod_spec_path: tuple[str, ...] | None = None  # where a pod spec sits, stored in canonical form
+    schema: Any = None  # a structural openAPIV3Schema to prune by (kube_emulator_schema); None: nothing pruned
+
+
+@dataclasses.dataclass
+class Validation:
+    """One write's `fieldValidation` mode and the unknown fields it warns about (test helpers: Ignore)."""
+
+    mode: str = "Ignore"
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 _REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
@@ -133,13 +148,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def register(self, api_version: str, kind: str, plural: str, *, namespaced: bool = True,
                  subresources: tuple[str, ...] = (), scale_paths: Any = None,
-                 pod_spec_path: tuple[str, ...] | None = None) -> kmock.resource:
+                 pod_spec_path: tuple[str, ...] | None = None, schema: Any = None) -> kmock.resource:
         group, _, version = api_version.rpartition("/")
         res = kmock.resource(group, version, plural)
         self.resources[res] = kmock.ResourceInfo(
             kind=kind, namespaced=namespaced, singular=kind.lower(), subresources=set(subresources),
             verbs={"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
-        self._kinds[res] = Kind(api_version, kind, namespaced, frozenset(subresources), scale_paths, pod_spec_path)
+        self._kinds[res] = Kind(api_version, kind, namespaced, frozenset(subresources), scale_paths, pod_spec_path,
+                                schema)
         return res
 
     # ----------------------------------------------------------------- test helpers (no HTTP)
@@ -220,12 +236,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if access.verb == "watch":
                 self.calls.append((access, 200))
                 return await self._watch(request, res)
-            code, body = await self._serve(request, res, access)
+            code, body, warnings = await self._serve(request, res, access)
         except StatusError as exc:
             self.calls.append((access, exc.code))
             return aiohttp.web.json_response(exc.status(), status=exc.code)
         self.calls.append((access, code))
-        return aiohttp.web.json_response(body, status=code)
+        return aiohttp.web.json_response(body, status=code,
+                                         headers=[("Warning", warning_header(path)) for path in warnings])
 
     def _access(self, request: rendering.Request, res: kmock.resource) -> Access:
         method, name = str(request.method.value).upper(), request.name
@@ -250,27 +267,33 @@ class KubeEmulator(kmock.KubernetesEmulator):
                                    or f"injected fault: {fault.status} for {access.verb} {access.resource}")
                 return
 
-    async def _serve(self, request: rendering.Request, res: kmock.resource, access: Access) -> tuple[int, Any]:
+    async def _serve(self, request: rendering.Request, res: kmock.resource,
+                     access: Access) -> tuple[int, Any, list[str]]:
+        """(status code, body, the unknown fields to warn about)."""
         kind = self._kinds[res]
         sub = request.subresource
         if sub is not None and sub not in kind.subresources:
             raise StatusError(404, f"{res.plural} has no subresource {sub!r}")
+        try:
+            validation = Validation(field_validation(request.params.get("fieldValidation")))
+        except FieldValidationError as exc:
+            raise StatusError(400, str(exc)) from None
         async with self._changed:
             if access.verb == "list":
-                return 200, self._list(request, res)
+                return 200, self._list(request, res), []
             if access.verb == "get":
                 obj = self._current(res, request.namespace, request.name)
-                return 200, self._as_scale(kind, obj) if sub == "scale" else obj
+                return 200, self._as_scale(kind, obj) if sub == "scale" else obj, []
             if access.verb == "create":
                 if not isinstance(request.data, dict):
                     raise StatusError(400, "the request body must be a JSON object")
-                return 201, self._create(res, request.namespace, request.data)
+                return 201, self._create(res, request.namespace, request.data, validation), validation.warnings
             if access.verb in ("update", "patch"):
                 transform = self._transform(request, access.verb, kind)
-                obj = self._write(res, request.namespace, request.name, sub, transform)
-                return 200, self._as_scale(kind, obj) if sub == "scale" else obj
+                obj = self._write(res, request.namespace, request.name, sub, transform, validation)
+                return 200, self._as_scale(kind, obj) if sub == "scale" else obj, validation.warnings
             if access.verb == "delete":
-                return 200, self._delete(res, request.namespace, request.name)
+                return 200, self._delete(res, request.namespace, request.name), []
         raise StatusError(405, f"{access.verb} is not supported on {res.plural}")
 
     # ----------------------------------------------------------------- state changes (hold _changed)
@@ -295,7 +318,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._changed.notify_all()
         return obj
 
-    def _create(self, res: kmock.resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    def _prune(self, kind: Kind, obj: dict[str, Any], validation: Validation) -> None:
+        """Prune `obj` by its kind's schema; Strict refuses unknown fields, Warn collects them."""
+        if kind.schema is None:
+            return
+        dropped = prune(obj, kind.schema)
+        if dropped and validation.mode == "Strict":
+            version = kind.api_version.rpartition("/")[2]
+            raise StatusError(400, strict_error(kind.kind, version, dropped), "BadRequest")
+        if validation.mode == "Warn":
+            validation.warnings.extend(dropped)
+
+    def _create(self, res: kmock.resource, namespace: str | None, body: dict[str, Any],
+                validation: Validation | None = None) -> dict[str, Any]:
         kind = self._kinds[res]
         meta = body.setdefault("metadata", {})
         if kind.namespaced:
@@ -317,6 +352,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta.pop("deletionTimestamp", None)
         if "status" in kind.subresources:
             body.pop("status", None)
+        self._prune(kind, body, validation or Validation())
         return self._commit(res, "ADDED", body)
 
     def _transform(self, request: rendering.Request, verb: str, kind: Kind) -> Callable[[dict], dict]:
@@ -337,7 +373,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                             f"application/strategic-merge-patch+json (got {content_type!r})")
 
     def _write(self, res: kmock.resource, namespace: str | None, name: str | None, sub: str | None,
-               transform: Callable[[dict], dict]) -> dict[str, Any]:
+               transform: Callable[[dict], dict], validation: Validation | None = None) -> dict[str, Any]:
         kind = self._kinds[res]
         current = self._current(res, namespace, name)
         base = self._as_scale(kind, current) if sub == "scale" else current
@@ -382,6 +418,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
         if kind.pod_spec_path is not None:
             canonical_pod_spec(_dig(new, kind.pod_spec_path))
+        if sub != "scale":
+            self._prune(kind, new, validation or Validation())
         if new == current:
             return current
         if spec_changed(current, new):
@@ -478,7 +516,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
 
 def default_emulator(**kwargs: Any) -> KubeEmulator:
-    """An emulator serving the core, apps and InferenceService resources the operator uses."""
+    """An emulator serving the core, apps and InferenceService resources the operator uses.
+
+    InferenceServices are pruned by crds/inferenceservices.yaml's schema, as a real API server would."""
     emulator = KubeEmulator(**kwargs)
     emulator.register("v1", "Node", "nodes", namespaced=False, subresources=("status",))
     emulator.register("v1", "Namespace", "namespaces", namespaced=False, subresources=("status",))
@@ -494,6 +534,6 @@ def default_emulator(**kwargs: Any) -> KubeEmulator:
                       scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")),
                       pod_spec_path=("spec", "template", "spec"))
     emulator.register("serving.pagedinfer.dev/v1alpha1", "InferenceService", "inferenceservices",
-                      subresources=("status", "scale"),
+                      subresources=("status", "scale"), schema=crd_schema(),
                       scale_paths=(("spec", "replicas"), ("status", "replicas"), ("status", "selector")))
     return emulator

@@ -9,9 +9,14 @@ condition was set for):
 - Sized:     SizedFromNodeLabels | SizedFromSpec | SizedFromMemory | Override | SizedByEngine
              | NoMatchingNodes | InsufficientGPUMemory | InsufficientMemory (a CPU engine)
              | ModelConfigUnavailable | ModelConfigInvalid
+             | InvalidSpec (False while Valid is False: nothing can be sized; the message repeats Valid's)
 - Applied:   ChildrenApplied | ChildConflict | ApplyFailed | QuotaExceeded | NotDeployed
 - Available: MinimumReplicasAvailable | NoReplicasAvailable | ScaledToZero | NotDeployed
 - Ready:     AllReplicasReady | RolloutInProgress | ReplicasNotReady | NotDeployed
+
+No condition is left Unknown once a reconcile has run: Unknown (reason
+Reconciling) means no reconcile has decided yet, so `kubectl wait
+--for=condition=X` ends (True or False) on every path, an invalid spec too.
 
 Applied is True when the Deployment and Service match the spec of its
 observedGeneration; an invalid or unsized update leaves it as it was (the
@@ -84,6 +89,12 @@ def true(type_: str, reason: str, message: str) -> Condition:
 
 def false(type_: str, reason: str, message: str) -> Condition:
     return Condition(type_, "False", reason, message)
+
+
+def not_sized(valid: Condition) -> Condition:
+    """Sized=False for a spec whose Valid condition is False: sizing never ran, and says why."""
+    return false(SIZED, REASON_INVALID_SPEC,
+                 f"Not sized: condition Valid is False ({valid.reason}): {valid.message}")
 
 
 def now_rfc3339() -> str:

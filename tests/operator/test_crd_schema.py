@@ -179,3 +179,21 @@ def test_the_crds_engine_defaults_are_the_engines_own():
     assert dtype["default"] == field_default(EngineConfig, "dtype")
     (dtype_flag,) = [flag for f, flag in flag_fields(EngineConfig) if f.name == "dtype"]
     assert set(dtype["enum"]) == set(dtype_flag.choices) == set(DTYPES)
+
+
+def test_only_kubernetes_types_preserve_unknown_fields():
+    """The API server prunes what the schema does not name (a misspelt field is dropped, or refused by
+    `kubectl apply --validate=strict`); only subtrees that hold a Kubernetes type the CRD does not spell
+    out keep everything: a typo inside one of our own objects must never survive."""
+    preserving = []
+
+    def walk(node, path):
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            preserving.append(path)
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}" if path else key)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(SCHEMA, "")
+    assert preserving == ["spec.engine.env[].valueFrom", "spec.affinity"]

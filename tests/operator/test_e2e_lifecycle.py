@@ -117,6 +117,8 @@ async def test_a_model_too_large_for_the_gpus_is_insufficient_gpu_memory_with_nu
         sized = await eventually(lambda: condition(isvc_of(emulator, "llama70b"), "Sized"))
         assert sized["status"] == "False" and sized["reason"] == "InsufficientGPUMemory"
         assert "GiB" in sized["message"] and "weights 131.42 GiB" in sized["message"] and "node l4" in sized["message"]
+        assert "raise gpu_memory_utilization" not in sized["message"]  # the weights alone exceed the GPU
+        assert "raise tensor_parallel_size to 8 (the smallest that fits)" in sized["message"]
         assert isvc_of(emulator, "llama70b")["status"]["phase"] == "Failed"
         assert condition(isvc_of(emulator, "llama70b"), "Ready")["reason"] == "NotDeployed"
         await eventually(lambda: warnings(emulator, "InsufficientGPUMemory"))
