@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 from engine_process import serve_process
-from router_harness import start_router_process, wait_for
+from router_harness import route_of, start_router, start_router_process, wait_for
 
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
@@ -68,6 +68,11 @@ def _healthy_engines(router_url: str) -> int:
     return len(re.findall(r"^pagedinfer_router_engine_healthy\{[^}]*\} 1\.0$", metrics, re.MULTILINE))
 
 
+def _retries(router_url: str) -> float:
+    metrics = httpx.get(router_url + "/metrics", timeout=5).text
+    return float(re.search(r"^pagedinfer_router_retries_total (\S+)$", metrics, re.MULTILINE).group(1))
+
+
 def _prompt(i: int) -> str:
     return f"Request number {i} asks the tiny model to keep talking"
 
@@ -109,6 +114,7 @@ def test_requests_on_a_frozen_engine_are_retried_or_end_with_upstream_broken_and
             else:
                 assert expected[i].startswith(text), (i, text, expected[i])  # what came is the right answer's start
         assert NUM_REQUESTS - len(broken) >= NUM_REQUESTS - NUM_CONCURRENT  # at most the first round broke
+        assert _retries(router_url) >= 1  # round-robin sent some to the frozen engine; they came back
     finally:
         os.kill(frozen.pid, signal.SIGCONT)
     wait_for(lambda: _healthy_engines(router_url) == 2, "the thawed engine never came back")
@@ -128,3 +134,25 @@ def test_the_router_logs_an_engines_drop_and_return_once_each_and_no_health_chec
     assert not [line for line in lines if "/health" in line or "HTTP Request" in line], lines
     assert len([line for line in lines if f"engine {frozen_url} dropped" in line]) == 1, lines
     assert len([line for line in lines if f"engine {frozen_url} healthy again" in line]) == 1, lines
+
+
+def test_a_stream_whose_headers_miss_the_first_byte_bound_is_retried_on_another_engine(engines, tiny_llama,
+                                                                                       monkeypatch):
+    """Health checks that cannot see the freeze (a 120 s timeout here): the first-byte bound alone retries."""
+    monkeypatch.setattr("pagedinfer.router.state.HEALTH_TIMEOUT_SECONDS", 120.0)
+    (frozen_url, frozen), (live_url, _) = engines
+    router = start_router([frozen_url, live_url], tiny_llama, policy="round-robin", first_byte_timeout_seconds=0.5)
+    body = {"model": "tiny", "prompt": _prompt(0), "max_tokens": 8, "temperature": 0, "stream": True}
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        for _ in range(2):  # round-robin: one of the two is sent to the frozen engine first
+            with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=CLIENT_TIMEOUT_SECONDS) as r:
+                assert r.status_code == 200 and route_of(r)["engine"] == live_url
+                lines = [line for line in r.iter_lines() if line]
+            assert lines[-1] == "data: [DONE]" and "upstream_broken" not in "".join(lines)
+        state = router.app.state.router
+        assert state.engines[frozen_url].healthy  # not dropped: the bound, not a health check, gave it up
+        assert _retries(router.url) == 1
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        router.stop()
