@@ -170,7 +170,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
                 client.build_request("POST", decision.engine + path, content=raw, headers=_forwarded(request)),
                 stream=True)
             try:
-                upstream = await unless_lost(sent, lost, first_byte_timeout, "the first byte")
+                upstream = await unless_lost(sent, lost, first_byte_timeout, "first byte")
             except EngineLost as exc:
                 engine.num_inflight -= 1
                 logger.warning("request to %s given up before its first byte, tried elsewhere: %s",
@@ -199,7 +199,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
                 return StreamingResponse(_passthrough(upstream, engine, lost), upstream.status_code, headers,
                                          media_type=media_type)
             try:  # the status line has arrived: the engine ran the request, which is never run twice
-                content = await unless_lost(upstream.aread(), lost, None, "the answer's body")
+                content = await unless_lost(upstream.aread(), lost, None, "whole body")
             except (httpx.HTTPError, EngineLost) as exc:
                 if isinstance(exc, httpx.HTTPError):
                     state.mark_dead(decision.engine, type(exc).__name__)
@@ -241,7 +241,7 @@ async def _passthrough(upstream: httpx.Response, engine, lost: asyncio.Event) ->
     try:
         while True:
             try:
-                chunk = await unless_lost(anext(chunks), lost, None, "the stream's next chunk")
+                chunk = await unless_lost(anext(chunks), lost, None, "next chunk")
             except StopAsyncIteration:
                 break
             yield chunk

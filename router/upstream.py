@@ -43,7 +43,7 @@ class EngineLost(Exception):
 
 
 async def unless_lost(awaitable: Awaitable[T], lost: asyncio.Event, timeout_seconds: float | None = None,
-                      what: str = "the engine's answer") -> T:
+                      what: str = "answer") -> T:
     """The awaitable's result; EngineLost if `lost` is set or `timeout_seconds` pass first (it is cancelled).
 
     A result that arrives as it is cancelled is closed if it is a response,
@@ -64,7 +64,7 @@ async def unless_lost(awaitable: Awaitable[T], lost: asyncio.Event, timeout_seco
     task.cancel()
     await _settle(task)
     if lost.is_set():
-        raise EngineLost(f"the engine was marked dead while waiting for {what}")
+        raise EngineLost(f"the engine was dropped before its {what}")
     raise EngineLost(f"no {what} within {timeout_seconds:g} s")
 
 

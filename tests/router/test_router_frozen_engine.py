@@ -145,14 +145,14 @@ def test_a_stream_whose_headers_miss_the_first_byte_bound_is_retried_on_another_
     body = {"model": "tiny", "prompt": _prompt(0), "max_tokens": 8, "temperature": 0, "stream": True}
     os.kill(frozen.pid, signal.SIGSTOP)
     try:
-        for _ in range(2):  # round-robin: one of the two is sent to the frozen engine first
+        for _ in range(2):  # round-robin: at least one of the two is sent to the frozen engine first
             with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=CLIENT_TIMEOUT_SECONDS) as r:
                 assert r.status_code == 200 and route_of(r)["engine"] == live_url
                 lines = [line for line in r.iter_lines() if line]
             assert lines[-1] == "data: [DONE]" and "upstream_broken" not in "".join(lines)
         state = router.app.state.router
         assert state.engines[frozen_url].healthy  # not dropped: the bound, not a health check, gave it up
-        assert _retries(router.url) == 1
+        assert _retries(router.url) >= 1  # one, or both if the turns put each on the frozen engine first
     finally:
         os.kill(frozen.pid, signal.SIGCONT)
         router.stop()
