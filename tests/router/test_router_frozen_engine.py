@@ -8,6 +8,7 @@ request that got no byte from the frozen engine is retried, never one that did (
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -153,6 +154,31 @@ def test_a_stream_whose_headers_miss_the_first_byte_bound_is_retried_on_another_
         state = router.app.state.router
         assert state.engines[frozen_url].healthy  # not dropped: the bound, not a health check, gave it up
         assert _retries(router.url) >= 1  # one, or both if the turns put each on the frozen engine first
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        router.stop()
+
+
+def test_a_started_stream_on_an_engine_that_freezes_ends_with_upstream_broken_once_it_is_dropped(engines,
+                                                                                                  tiny_llama):
+    (frozen_url, frozen), (live_url, _) = engines
+    router = start_router([frozen_url, live_url], tiny_llama, policy="round-robin")
+    body = {"model": "tiny", "prompt": _prompt(0), "max_tokens": 900, "ignore_eos": True, "stream": True}
+    try:
+        for _ in range(2):  # round-robin: one of two consecutive streams starts on the engine to freeze
+            with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=CLIENT_TIMEOUT_SECONDS) as r:
+                if route_of(r)["engine"] != frozen_url:
+                    continue
+                lines = []
+                for line in r.iter_lines():
+                    if line:
+                        lines.append(line)
+                    if len(lines) == 3:
+                        os.kill(frozen.pid, signal.SIGSTOP)  # mid-stream: a byte came, so no retry
+                break
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        assert json.loads(lines[-2][len("data: "):])["error"]["code"] == "upstream_broken"
+        assert not router.app.state.router.engines[frozen_url].healthy
     finally:
         os.kill(frozen.pid, signal.SIGCONT)
         router.stop()
