@@ -6,11 +6,13 @@ engines' state; the chosen engine's answer is passed through as it arrives
 (a stream is never buffered). Every proxied response carries
 `x-pagedinfer-route: engine=URL; matched_tokens=N; reason=R`.
 
-Faults: an engine that refuses the connection, or answers 503 before any
-byte, is skipped and the request tried once more elsewhere (a refused
-connection also drops the engine at once); a stream that breaks after its
-first byte ends with an error event and [DONE]; no engine left: 503 with
-Retry-After.
+Faults (`upstream.py` has the rule and the bounds): a request that has
+received no byte from its engine is tried once more elsewhere: a refused
+connection (which also drops the engine at once), a 503, a stream's headers
+missing the first-byte bound, or an engine dropped while the request waited
+on it. A stream that breaks after its first byte, or whose engine is dropped,
+ends with the `upstream_broken` error event and [DONE]; a non-streamed answer
+whose body breaks is a 502. No engine left: 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +41,18 @@ from pagedinfer.router.metrics import RouterMetrics
 from pagedinfer.router.policy import Decision, pick
 from pagedinfer.router.engine_tokenizer import RouterTokenizer
 from pagedinfer.router.state import RouterState
+from pagedinfer.router import upstream as bounds
+from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS, EngineLost, unless_lost
+
+logger = logging.getLogger("pagedinfer.router")
 
 ROUTE_HEADER = "x-pagedinfer-route"
 RETRY_AFTER_SECONDS = 1
 DEFAULT_BLOCK_SIZE = 16  # until an engine's discovery says otherwise
 MAX_ATTEMPTS = 2
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=bounds.UPSTREAM_CONNECT_TIMEOUT_SECONDS,
+                                 read=bounds.UPSTREAM_READ_TIMEOUT_SECONDS,
+                                 write=bounds.UPSTREAM_WRITE_TIMEOUT_SECONDS, pool=bounds.UPSTREAM_POOL_TIMEOUT_SECONDS)
 FORWARDED_HEADERS = ("authorization", "content-type", "accept")
 
 
@@ -56,6 +65,11 @@ class RouterSettings:
     discovery: DiscoverySettings | None = None  # follow a Service's ready endpoints instead of `engines`
     max_request_body_bytes: int = 1 << 20  # 413 above this, as the engine's server
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # the whole body, counted from its headers: else 408
+    first_byte_timeout_seconds: float = DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS  # a stream's headers, else retried
+
+    def __post_init__(self) -> None:
+        if not self.first_byte_timeout_seconds > 0:
+            raise ValueError(f"first_byte_timeout_seconds: must be > 0, got {self.first_byte_timeout_seconds}")
 
 
 def route_header(decision: Decision | None, reason: str = "no-engine") -> str:
@@ -137,6 +151,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         state: RouterState = holder["state"]
         client: httpx.AsyncClient = holder["client"]
         metrics: RouterMetrics = holder["metrics"]
+        first_byte_timeout = settings.first_byte_timeout_seconds if body.get("stream") is True else None
         tried: set[str] = set()
         refused: Response | None = None
         for _ in range(MAX_ATTEMPTS):
@@ -150,10 +165,18 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             engine = state.engines[decision.engine]
             tried.add(decision.engine)
             engine.num_inflight += 1
+            lost = engine.lost
+            sent = client.send(
+                client.build_request("POST", decision.engine + path, content=raw, headers=_forwarded(request)),
+                stream=True)
             try:
-                upstream = await client.send(
-                    client.build_request("POST", decision.engine + path, content=raw, headers=_forwarded(request)),
-                    stream=True)
+                upstream = await unless_lost(sent, lost, first_byte_timeout, "first byte")
+            except EngineLost as exc:
+                engine.num_inflight -= 1
+                logger.warning("request to %s given up before its first byte, tried elsewhere: %s",
+                               decision.engine, exc)
+                metrics.retries.inc()
+                continue
             except httpx.TransportError as exc:
                 engine.num_inflight -= 1
                 state.mark_dead(decision.engine, type(exc).__name__)
@@ -173,14 +196,16 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             headers = {ROUTE_HEADER: route_header(decision)}
             media_type = upstream.headers.get("content-type", "application/json")
             if media_type.startswith("text/event-stream"):
-                return StreamingResponse(_passthrough(upstream, engine), upstream.status_code, headers,
+                return StreamingResponse(_passthrough(upstream, engine, lost), upstream.status_code, headers,
                                          media_type=media_type)
-            try:
-                content = await upstream.aread()
-            except httpx.HTTPError as exc:
-                state.mark_dead(decision.engine, type(exc).__name__)
-                metrics.retries.inc()
-                continue
+            try:  # the status line has arrived: the engine ran the request, which is never run twice
+                content = await unless_lost(upstream.aread(), lost, None, "whole body")
+            except (httpx.HTTPError, EngineLost) as exc:
+                if isinstance(exc, httpx.HTTPError):
+                    state.mark_dead(decision.engine, type(exc).__name__)
+                response = error_response(502, f"the engine's answer broke: {exc}", code="upstream_broken")
+                response.headers[ROUTE_HEADER] = route_header(decision)
+                return response
             finally:
                 await upstream.aclose()
                 engine.num_inflight -= 1
@@ -209,13 +234,20 @@ def _sse(payload: Any) -> bytes:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
 
 
-async def _passthrough(upstream: httpx.Response, engine) -> Any:
-    """The engine's bytes as they arrive; a break after the first byte ends the stream with an error event."""
+async def _passthrough(upstream: httpx.Response, engine, lost: asyncio.Event) -> Any:
+    """The engine's bytes as they arrive; a break, or the engine dropped (`lost`), ends the stream with an
+    error event and [DONE]."""
+    chunks = upstream.aiter_raw()
     try:
-        async for chunk in upstream.aiter_raw():
+        while True:
+            try:
+                chunk = await unless_lost(anext(chunks), lost, None, "next chunk")
+            except StopAsyncIteration:
+                break
             yield chunk
-    except httpx.HTTPError as exc:
-        yield _sse(error_body(502, f"the engine's stream broke: {type(exc).__name__}", code="upstream_broken"))
+    except (httpx.HTTPError, EngineLost) as exc:
+        why = type(exc).__name__ if isinstance(exc, httpx.HTTPError) else str(exc)
+        yield _sse(error_body(502, f"the engine's stream broke: {why}", code="upstream_broken"))
         yield _sse("[DONE]")
     finally:
         await upstream.aclose()

@@ -9,6 +9,11 @@ import sys
 from pagedinfer.engine.server import cli_types
 from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
 from pagedinfer.router.policy import POLICIES
+from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS
+
+# Libraries whose INFO lines are one per upstream request (httpx logs each, health checks included: 4 lines a
+# second with 2 engines); quiet below WARNING unless the router itself logs at DEBUG.
+CHATTY_LOGGERS = ("httpx", "httpcore")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-body-bytes", type=cli_types.positive_int, default=1 << 20,
                    help="answer 413 to bodies larger than this (default 1 MiB)")
     add_read_timeout_args(p)
+    p.add_argument("--upstream-first-byte-timeout-seconds", type=cli_types.positive_seconds,
+                   default=DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS,
+                   help="a streamed request's headers must come from its engine within this many seconds, else it"
+                        " is tried on another engine (nothing was received, so it never runs twice); non-streamed"
+                        f" requests have no such bound (default {DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS:g})")
     p.add_argument("--tokenizer", default=None,
                    help="the engines' tokenizer directory (default: the engines' own, fetched from the first that"
                         " publishes KV events; the embedded model's until then)")
@@ -53,7 +63,7 @@ def run_router(args: argparse.Namespace) -> int:
     from pagedinfer.engine.server.read_timeouts import header_timeout_protocol
     from pagedinfer.router.app import RouterSettings, create_router_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     if len(set(args.engines)) != len(args.engines):
         raise ValueError("--engine: each engine URL may be given once")
     if bool(args.engines) == bool(args.discover_service):
@@ -67,7 +77,8 @@ def run_router(args: argparse.Namespace) -> int:
             raise ValueError("--namespace: required outside a pod (no service-account namespace file)")
         discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api)
     settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer,
-                              discovery, args.max_request_body_bytes, args.request_body_timeout_seconds)
+                              discovery, args.max_request_body_bytes, args.request_body_timeout_seconds,
+                              args.upstream_first_byte_timeout_seconds)
     app = create_router_app(settings)
     upstream = ", ".join(args.engines) or f"service {args.discover_service}"
     print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",
@@ -76,3 +87,11 @@ def run_router(args: argparse.Namespace) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_keep_alive=5, http=header_timeout_protocol(args.request_header_timeout_seconds))
     return 0
+
+
+def configure_logging(log_level: str) -> None:
+    """The router's own loggers at `log_level`; httpx's per-request lines only at DEBUG."""
+    level = getattr(logging, log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else max(logging.WARNING, level))

@@ -3,8 +3,12 @@
 Each engine has a supervisor task: it polls GET /health; while the engine
 is healthy a KVFeed keeps its cached-hash set current. An engine that fails a
 health check or a connection is dropped at once: marked unhealthy, its
-hashes forgotten, its feed cancelled; the supervisor keeps polling and a
-restarted engine comes back from a fresh snapshot.
+hashes forgotten, its feed cancelled, and its `lost` event set, which gives up
+every request waiting on it (`upstream.py`); the supervisor keeps polling and
+a restarted engine comes back from a fresh snapshot, with a new `lost` event.
+
+Logged at INFO: each engine's transitions only (healthy, dropped, healthy
+again), never a health check that changes nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class EngineRecord:
     kv_seq: int | None = None
     num_inflight: int = 0
     feed_task: asyncio.Task | None = None
+    lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when dropped; a fresh one when back
+    dropped_why: str | None = None  # why it was last dropped; None while healthy or never yet healthy
 
     def view(self) -> EngineView:
         return EngineView(self.url, self.num_inflight, self.hashes)
@@ -94,6 +100,8 @@ class RouterState:
             return
         if engine.healthy:
             logger.warning("engine %s dropped: %s", url, why)
+            engine.dropped_why = why
+        engine.lost.set()
         engine.healthy = False
         engine.hashes = set()
         engine.kv_seq = None
@@ -113,6 +121,12 @@ class RouterState:
             else:
                 why = "unhealthy"
             if ok and not engine.healthy:
+                if engine.dropped_why is None:
+                    logger.info("engine %s healthy", engine.url)
+                else:
+                    logger.info("engine %s healthy again (dropped: %s)", engine.url, engine.dropped_why)
+                engine.dropped_why = None
+                engine.lost = asyncio.Event()
                 engine.healthy = True
                 engine.feed_task = asyncio.create_task(self._follow(engine))
             elif not ok and engine.healthy:

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
+from engine_process import serve_process
 from router_harness import route_of, start_router, wait_for
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
-
-
-def _serve(tiny_llama, port: int, log: Path) -> subprocess.Popen:
-    cli = Path(sys.executable).with_name("pagedinfer")
-    return subprocess.Popen(
-        [str(cli), "serve", "--model", str(tiny_llama), "--served-model-name", "tiny", "--port", str(port),
-         "--device", "cpu", "--max-model-len", "1024", "--num-gpu-blocks-override", "96", "--kv-events",
-         "--kv-events-port", "0"], stdout=log.open("a"), stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.slow
@@ -28,7 +16,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_and_don
         tiny_llama, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(tiny_llama, port, tmp_path / "engine.log")
+    proc = serve_process(tiny_llama, port, tmp_path / "engine.log")
     router = None
     try:
         wait_process_healthy(url, proc)
@@ -50,7 +38,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_and_don
         state = router.app.state.router
         wait_for(lambda: not state.engines[url].healthy, "the killed engine was never dropped")
         assert not state.engines[url].hashes
-        proc = _serve(tiny_llama, port, tmp_path / "engine.log")  # the same address, a fresh cache
+        proc = serve_process(tiny_llama, port, tmp_path / "engine.log")  # the same address, a fresh cache
         wait_process_healthy(url, proc)
         wait_for(lambda: state.engines[url].healthy and state.engines[url].kv_seq is None
                  and state.engines[url].block_size, "the restarted engine never came back")

@@ -25,12 +25,13 @@ class RunningRouter:
 
 
 def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: str | None = None,
-                 discovery=None) -> RunningRouter:
+                 discovery=None, **settings) -> RunningRouter:
+    """settings: more RouterSettings fields, by name."""
     from pagedinfer.engine.server.launcher import uvicorn_server
     from pagedinfer.router.app import RouterSettings, create_router_app
 
     tokenizer = None if tokenizer_dir is None else str(tokenizer_dir)  # None: the engines' own, fetched
-    app = create_router_app(RouterSettings(tuple(engine_urls), policy, api_key, tokenizer, discovery))
+    app = create_router_app(RouterSettings(tuple(engine_urls), policy, api_key, tokenizer, discovery, **settings))
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
