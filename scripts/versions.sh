@@ -6,6 +6,7 @@
 #   bash scripts/versions.sh newest            # .venv-newest: everything at the newest release today
 #   bash scripts/versions.sh floors --all      # the whole suite (less tests/images) instead of the selection
 #   bash scripts/versions.sh newest -- -x -k tp   # arguments after -- go to pytest
+#   bash scripts/versions.sh floors -- tests/operator/test_cli.py   # test paths after -- replace the selection
 #
 # floors: uv's lowest-direct resolution (`uv pip compile --resolution lowest-direct`): every package that
 #   pyproject.toml names directly at the lowest version its range allows, the rest resolved around them. A
@@ -84,7 +85,13 @@ for name in $direct; do
     printf '  %s\n' "$(grep -i "^${name}==" "$VENV/resolved.txt" || echo "$name (not installed)")"
 done
 
-if [ "$all" = 1 ]; then
+explicit=0
+for arg in "$@"; do
+    case "$arg" in tests/*) explicit=1 ;; esac
+done
+if [ "$explicit" = 1 ]; then
+    tests=()   # test paths after -- replace the selection
+elif [ "$all" = 1 ]; then
     tests=(tests --ignore=tests/images)
 else
     tests=()
