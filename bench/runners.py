@@ -110,6 +110,15 @@ def _result(system: str, runs: list[tuple[Span, list[tuple[int, ...]]]], num_thr
 
 
 # ----- (b) transformers continuous batching ----------------------------------------------------
+def _cb_config_kwargs(config_class: type, **wanted: int) -> dict[str, int]:
+    """`wanted` in the spelling of the installed transformers' ContinuousBatchingConfig: its page size was
+    `block_size` before 5.20, and `max_requests_per_batch` came in 5.11 (left out before: its default)."""
+    fields = set(getattr(config_class, "__dataclass_fields__", ())) or set(wanted)
+    if "page_size" not in fields and "block_size" in fields:
+        wanted["block_size"] = wanted.pop("page_size")
+    return {name: value for name, value in wanted.items() if name in fields}
+
+
 def run_hf_continuous(model_dir: str, requests: list[TokenIdsRequest], budget_tokens: int, page_size: int,
                       max_batch_tokens: int, max_requests_per_batch: int, num_threads: int,
                       pad_token_id: int, repeats: int = 1) -> RunResult:
@@ -124,8 +133,10 @@ def run_hf_continuous(model_dir: str, requests: list[TokenIdsRequest], budget_to
     startup_seconds = 0.0
     model = _load_hf_model(model_dir, num_threads)
     gen = GenerationConfig(do_sample=False, max_new_tokens=16, eos_token_id=-1, pad_token_id=pad_token_id)
-    cb = ContinuousBatchingConfig(page_size=page_size, num_blocks=budget_tokens // page_size,
-                                  max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests_per_batch)
+    cb = ContinuousBatchingConfig(**_cb_config_kwargs(ContinuousBatchingConfig, page_size=page_size,
+                                                      num_blocks=budget_tokens // page_size,
+                                                      max_batch_tokens=max_batch_tokens,
+                                                      max_requests_per_batch=max_requests_per_batch))
     runs = []
     for repeat in range(repeats):
         manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
