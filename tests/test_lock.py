@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+import sysconfig
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -93,7 +94,10 @@ def test_the_venv_holds_exactly_dev_lock():
     if Path(sys.prefix).resolve() != (REPO / ".venv").resolve():
         pytest.skip(f"not the project's venv ({sys.prefix}: scripts/versions.sh installs other versions on purpose)")
     pins = read_lock("dev.lock")
-    installed = {canonicalize_name(dist.metadata["Name"]): Version(dist.version) for dist in metadata.distributions()}
+    # site-packages only: once setuptools is imported, its vendored packages (_vendor/*.dist-info) are on sys.path too.
+    site = sysconfig.get_paths()["purelib"]
+    installed = {canonicalize_name(dist.metadata["Name"]): Version(dist.version)
+                 for dist in metadata.distributions(path=[site])}
     installed.pop("pagedinfer", None)
     assert {name: installed.get(name) for name in pins} == pins
     assert set(installed) - set(pins) == set(), "installed but not locked"

@@ -23,6 +23,7 @@ document. A schema may override this with llguidance's `x-guidance` key.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -30,6 +31,8 @@ from typing import Any
 
 from pagedinfer.engine.structured.eos import GrammarEos
 from pagedinfer.engine.structured.params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
 
 MAX_CACHED_GRAMMARS = 256
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -59,7 +62,12 @@ class StructuredOutputs:
         """Load the backend and build its tokenizer now, and compile one grammar (JSON objects, cached)."""
         import llguidance.gbnf_to_lark  # noqa: F401 - the GBNF converter, imported here rather than by a request
 
-        self.compile(StructuredOutputsParams(json_object=True, field="response_format"))
+        try:
+            self.compile(StructuredOutputsParams(json_object=True, field="response_format"))
+        except ValueError as exc:
+            # A model the backend cannot serve (a tokenizer with more tokens than the model's vocabulary) still
+            # serves everything else: each structured request is refused with this error, as it was before.
+            logger.warning("structured outputs are not available for this model: %s", exc)
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
         """The spec's initial matcher (cached); ValueError naming spec.field when it cannot be served."""

@@ -136,3 +136,12 @@ def test_tokenizing_a_prompt_does_not_block_other_requests(limited, swapped_info
         assert time.monotonic() - start < 1.0
     finally:
         slow.join(30)
+
+
+def test_a_model_the_grammar_backend_cannot_serve_starts_and_refuses_structured_requests_with_a_400(limited):
+    """Its tokenizer holds a token beyond the model's vocabulary: llguidance cannot build its view of it. The
+    server's start-up set-up of the backend logs that and serves everything else; a structured request is a 400."""
+    r = post(limited, "/v1/completions", completion(prompt="hi", response_format={"type": "json_object"}))
+    assert r.status_code == 400, r.text
+    assert "vocab" in r.json()["error"]["message"]
+    assert post(limited, "/v1/completions", completion(prompt="hi")).status_code == 200
