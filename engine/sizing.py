@@ -114,9 +114,13 @@ def estimate_activation_reserve_bytes(shape: ModelShape, max_num_batched_tokens:
     check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
     if device not in DEVICE_TYPES:
         raise ValueError(f"device: must be one of {DEVICE_TYPES}, got {device!r}")
-    per_token = ACTIVATION_HIDDEN_MULTIPLE * shape.estimated_hidden_size * shape.dtype_bytes
     fixed = FIXED_OVERHEAD_BYTES if device == "cuda" else 0
-    return fixed + max_num_batched_tokens * per_token
+    return fixed + max_num_batched_tokens * activation_bytes_per_token(shape)
+
+
+def activation_bytes_per_token(shape: ModelShape) -> int:
+    """The estimate's per-token term: ACTIVATION_HIDDEN_MULTIPLE x hidden_size x dtype_bytes."""
+    return ACTIVATION_HIDDEN_MULTIPLE * shape.estimated_hidden_size * shape.dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,7 @@ def shortfall_advice(inputs: SizingInputs, weights: int, reserve: int) -> str:
         if utilization is not None:
             fixes.append(f"raise gpu_memory_utilization to {utilization:.2f}")
         if inputs.activation_reserve_bytes is None:
-            per_token = ACTIVATION_HIDDEN_MULTIPLE * inputs.shape.estimated_hidden_size * inputs.shape.dtype_bytes
+            per_token = activation_bytes_per_token(inputs.shape)
             room = (int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization) - weights - FIXED_OVERHEAD_BYTES
                     - _needed_kv_bytes(inputs, tp))
             if room >= per_token:
