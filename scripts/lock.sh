@@ -26,14 +26,11 @@ if [ -z "${UV:-}" ]; then
     bash scripts/setup.sh
     UV="$ROOT/.venv/bin/uv"
 fi
-# This machine's pip configuration (find-links: a local torch build), which uv does not read itself.
-mapfile -t FIND_LINKS < <(bash scripts/pip_find_links.sh)
+# Where torch's CPU build lies (this machine's pip find-links, PAGEDINFER_TORCH_INDEX_URL): uv reads no pip config.
+mapfile -t SOURCES < <(bash scripts/uv_sources.sh)
 COMPILE=("$UV" pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28
          --generate-hashes --no-strip-extras --custom-compile-command "bash scripts/lock.sh"
-         "${FIND_LINKS[@]}" --constraint "$ROOT/requirements/pins.txt")
-if [ -n "${PAGEDINFER_TORCH_INDEX_URL:-}" ]; then
-    COMPILE+=(--extra-index-url "$PAGEDINFER_TORCH_INDEX_URL" --index-strategy unsafe-best-match)
-fi
+         "${SOURCES[@]}" --constraint "$ROOT/requirements/pins.txt")
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

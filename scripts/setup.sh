@@ -37,10 +37,7 @@ if [ "$(.venv/bin/uv --version 2>/dev/null | cut -d' ' -f2)" != "$uv_version" ];
 fi
 # torch's CPU build: from this machine's pip find-links (this project's machines keep it on disk), or from
 # PAGEDINFER_TORCH_INDEX_URL (https://download.pytorch.org/whl/cpu) where the package index has only CUDA builds.
-mapfile -t SOURCES < <(bash scripts/pip_find_links.sh)
-if [ -n "${PAGEDINFER_TORCH_INDEX_URL:-}" ]; then
-    SOURCES+=(--extra-index-url "$PAGEDINFER_TORCH_INDEX_URL" --index-strategy unsafe-best-match)
-fi
+mapfile -t SOURCES < <(bash scripts/uv_sources.sh)
 UV=(.venv/bin/uv --quiet pip)
 # No bytecode now (uv's default): each module's is written once, by the first process that imports it
 # (scripts/test.sh), and only for what is imported.

@@ -54,10 +54,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 bash scripts/setup.sh   # the project's venv, for its uv (locked in dev.lock)
 UV="$ROOT/.venv/bin/uv"
-mapfile -t SOURCES < <(bash scripts/pip_find_links.sh)
-if [ -n "${PAGEDINFER_TORCH_INDEX_URL:-}" ]; then
-    SOURCES+=(--extra-index-url "$PAGEDINFER_TORCH_INDEX_URL" --index-strategy unsafe-best-match)
-fi
+mapfile -t SOURCES < <(bash scripts/uv_sources.sh)
 start=$SECONDS
 # From /: keep the repository root out of every tool's working directory.
 (cd / && "$UV" pip compile --quiet --python-version 3.11 --no-header --no-annotate "${resolution[@]}" \
