@@ -118,16 +118,19 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.stop_signals: list[int] = []  # the signals that asked it to stop, in order
+
         def handle_exit(self, sig: int, frame: Any) -> None:
+            self.stop_signals.append(sig)
             if self.should_exit and sig == signal.SIGINT:
                 # a second Ctrl-C: not uvicorn's force-quit (which cancels responses mid-write, 500s in
                 # text/plain and tracebacks) but the end of the grace period, now: every in-flight
                 # request is answered with its 503 and the shutdown completes in order
-                self.stop_signals.append(sig)
                 if engine_loop is not None:
                     engine_loop.end_grace_now()
                 return
-            self.stop_signals.append(sig)
             if engine_loop is not None:
                 engine_loop.begin_drain(shutdown_grace_seconds)
             super().handle_exit(sig, frame)
@@ -136,9 +139,7 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
                             http=header_timeout_protocol(header_timeout_seconds),
                             timeout_graceful_shutdown=shutdown_grace_seconds + SHUTDOWN_BACKSTOP_SECONDS,
                             timeout_keep_alive=5)
-    server = DrainingServer(config)
-    server.stop_signals = []  # the signals that asked it to stop, in order
-    return server
+    return DrainingServer(config)
 
 
 def exit_status(stop_signals: list[int]) -> int:
