@@ -26,6 +26,16 @@ Metric names and their direction:
   `pagedinfer_num_requests_waiting`: a prompt's n completions are one
   request); above target scales up. Target > 0.
 
+Scale to zero (docs/autoscaling.md, "Scale to zero"): `spec.minReplicas: 0`,
+written out, with autoscaling enabled turns on the idle rule `idle`
+(`{afterSeconds: N}`, default 300 s, KEDA's cooldownPeriod): after N seconds
+with no request running or waiting at any engine and none queued at the
+router, the service goes to zero replicas, or to `standby` replicas kept
+asleep (the engines' POST /sleep). Nothing but the router can hold a
+request while no engine runs, so `minReplicas: 0` needs the router on
+(`scale_to_zero_conflict`). The metric rules above never go below
+max(1, standby): only the idle rule (autoscaling.idle) goes lower.
+
 Every constructor validates and raises ValueError naming the offending field
 (dotted path under `spec.autoscaling`). `parse_autoscaling_spec` reads the
 whole of `spec.autoscaling` and raises AutoscalingSpecError listing every
@@ -41,6 +51,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pagedinfer.operator.routing.spec import default_enabled
+
 KV_CACHE_USAGE = "kvCacheUsage"
 PREFIX_CACHE_HIT_RATE = "prefixCacheHitRate"
 REQUESTS_WAITING = "requestsWaiting"
@@ -53,6 +65,8 @@ POLICY_TYPES = ("Pods", "Percent")
 SELECT_POLICIES = ("Max", "Min", "Disabled")
 SOURCE_TYPES = ("direct", "prometheus")
 MAX_WINDOW_SECONDS = 3600
+DEFAULT_IDLE_SECONDS = 300  # KEDA's default cooldownPeriod
+MAX_IDLE_SECONDS = 86400
 
 
 class AutoscalingSpecError(ValueError):
@@ -155,8 +169,23 @@ class MetricsSource:
 
 
 @dataclass(frozen=True)
+class IdleRule:
+    """`spec.autoscaling.idle`: how long a service must be idle before it goes to zero (or to standby)."""
+
+    after_seconds: int = DEFAULT_IDLE_SECONDS
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.after_seconds) or not 1 <= self.after_seconds <= MAX_IDLE_SECONDS:
+            raise ValueError(f"spec.autoscaling.idle.afterSeconds must be an integer in [1, {MAX_IDLE_SECONDS}]"
+                             f" (0 would scale to zero between two requests), got {self.after_seconds!r}")
+
+
+@dataclass(frozen=True)
 class AutoscalingSpec:
-    """The validated `spec.autoscaling`. Invariant: 1 <= min_replicas <= max_replicas."""
+    """The validated `spec.autoscaling`. Invariant: 1 <= min_replicas <= max_replicas, where
+    min_replicas is the metric rules' floor, max(1, spec.minReplicas, standby); `idle` is set
+    exactly when the service scales to zero (spec.minReplicas: 0 written out, autoscaling on),
+    and 0 <= standby <= max_replicas."""
 
     enabled: bool
     min_replicas: int
@@ -169,6 +198,8 @@ class AutoscalingSpec:
     source: MetricsSource = MetricsSource()
     scrape_timeout_seconds: float = 5.0
     scrape_concurrency: int = 8
+    idle: IdleRule | None = None  # None: the service never goes below min_replicas
+    standby: int = 0  # replicas kept asleep instead of zero (idle rule only)
 
     def __post_init__(self) -> None:
         if problems := self.problems():
@@ -201,7 +232,16 @@ class AutoscalingSpec:
             out.append(f"spec.autoscaling.scrapeTimeoutSeconds must be positive, got {t!r}")
         if not _is_int(self.scrape_concurrency) or self.scrape_concurrency < 1:
             out.append(f"spec.autoscaling.scrapeConcurrency must be an integer >= 1, got {self.scrape_concurrency!r}")
+        if not _is_int(self.standby) or self.standby < 0:
+            out.append(f"spec.autoscaling.standby must be an integer >= 0, got {self.standby!r}")
+        elif _is_int(self.max_replicas) and self.standby > self.max_replicas:
+            out.append(f"spec.autoscaling.standby must be <= maxReplicas ({self.max_replicas}), got {self.standby}")
         return out
+
+    @property
+    def scale_to_zero(self) -> bool:
+        """Whether the idle rule may take the service below min_replicas (to 0 or to standby asleep)."""
+        return self.idle is not None
 
     @property
     def history_seconds(self) -> float:
@@ -232,14 +272,36 @@ def prefix_caching_conflict(spec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def scale_to_zero_conflict(spec: Mapping[str, Any]) -> str | None:
+    """Why a raw InferenceService `spec` cannot have `minReplicas: 0`, or None when it can.
+
+    It cannot without the router (`spec.router.enabled`, default on when maxReplicas > 1): at zero
+    replicas the router's hold queue is the only thing that can keep a request until an engine is
+    back. Malformed parts are left to their own checks.
+    """
+    if spec.get("minReplicas") != 0 or isinstance(spec.get("minReplicas"), bool):
+        return None
+    router = spec.get("router")
+    max_replicas = spec.get("maxReplicas")
+    enabled = default_enabled(max_replicas if _is_int(max_replicas) else None)
+    if isinstance(router, Mapping) and isinstance(router.get("enabled"), bool):
+        enabled = router["enabled"]
+    if enabled:
+        return None
+    return ("spec.minReplicas: 0 needs the router (spec.router.enabled: true; its default is on only when"
+            " maxReplicas > 1): with no engine running, nothing else could hold the requests until one is back")
+
+
 def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = False) -> AutoscalingSpec:
     """Build an AutoscalingSpec from an InferenceService `spec` (camelCase keys).
 
     Reads `spec.autoscaling` and the bounds `spec.minReplicas` /
     `spec.maxReplicas` (shared with the reconciler, which clamps
     `spec.replicas` into them). A ratio cannot grow zero replicas, so the
-    autoscaler's floor is max(1, minReplicas); `maxReplicas` is required once
-    autoscaling is enabled (as it is on an HPA). No `autoscaling`, or one
+    metric rules' floor is max(1, minReplicas, standby); only the idle rule
+    goes below it, and only with `minReplicas: 0` written out (a missing
+    minReplicas also reads 0, but never turns scale to zero on); `maxReplicas`
+    is required once autoscaling is enabled (as it is on an HPA). No `autoscaling`, or one
     without `enabled: true`, gives a disabled spec. Raises
     AutoscalingSpecError listing every wrong type or value, each naming its
     field. `bounds_checked`: the caller (spec_parser) reports bad
@@ -259,6 +321,14 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
     if not _is_int(min_replicas) or min_replicas < 0:
         bound_problems.append(f"spec.minReplicas must be an integer >= 0, got {min_replicas!r}")
         min_replicas = 0
+    zero_written = _is_int(spec.get("minReplicas")) and spec.get("minReplicas") == 0
+    if (conflict := scale_to_zero_conflict(spec)) is not None:
+        problems.append(conflict)
+    idle = _collect(problems, lambda: _idle(raw.get("idle"), zero_written))
+    standby = raw.get("standby", 0)
+    if _is_int(standby) and standby > 0 and not zero_written:
+        problems.append("spec.autoscaling.standby needs spec.minReplicas: 0 (standby replicas are what an idle"
+                        " service keeps, asleep, instead of going to zero)")
     min_replicas = max(1, min_replicas)
     max_replicas = spec.get("maxReplicas")
     if max_replicas is None:
@@ -270,6 +340,8 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
         max_replicas = min_replicas
     if not bounds_checked:
         problems = bound_problems + problems
+    if _is_int(standby) and min_replicas < standby <= max_replicas:  # a standby above max is reported below
+        min_replicas = standby
     metrics_raw = raw.get("metrics", [])
     metrics: list[MetricTarget] = []
     if not isinstance(metrics_raw, list):
@@ -302,10 +374,24 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
         source=source,
         scrape_timeout_seconds=raw.get("scrapeTimeoutSeconds", 5),
         scrape_concurrency=raw.get("scrapeConcurrency", 8),
+        idle=idle if zero_written and enabled is True else None,
+        standby=standby,
     ))
     if problems:
         raise AutoscalingSpecError(problems)
     return parsed
+
+
+def _idle(raw: Any, zero_written: bool) -> IdleRule:
+    """`spec.autoscaling.idle` (absent: the default window); it needs `spec.minReplicas: 0` written out."""
+    if raw is None:
+        return IdleRule()
+    if not zero_written:
+        raise ValueError("spec.autoscaling.idle needs spec.minReplicas: 0 (the idle rule scales to zero, or to"
+                         " standby replicas asleep; with minReplicas >= 1 the service never idles below it)")
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"spec.autoscaling.idle must be an object {{afterSeconds: N}}, got {type(raw).__name__}")
+    return IdleRule(after_seconds=raw.get("afterSeconds", DEFAULT_IDLE_SECONDS))
 
 
 def _collect(problems: list[str], build: Any, fallback: Any = None) -> Any:

@@ -6,6 +6,7 @@
       policy: prefix         # prefix | least-load | round-robin (router/policy.py's POLICIES)
       image: ...             # default: the operator's --router-image
       resources: {requests: {cpu: 500m, memory: 512Mi}, limits: {memory: 1Gi}}
+      queue: {maxRequests: 256, timeoutSeconds: 120}  # the hold queue while no engine is ready; unset: the router's defaults
 
 `parse_router_spec` returns every problem at once, each prefixed by its dotted
 path (spec.parser adds them to the spec's others, so a bad router spec is
@@ -14,6 +15,7 @@ Valid=False InvalidSpec like any other field).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -32,6 +34,15 @@ DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {"requests": {"cpu": "500m"
 _IMAGE = re.compile(r"[^\s]+")
 
 
+@dataclass(frozen=True)
+class RouterQueue:
+    """`spec.router.queue`: the router's hold queue (requests kept while no engine can take them).
+    None for a field: the router's own default (router/cli.py), so the flag is not passed."""
+
+    max_requests: int | None = None
+    timeout_seconds: float | None = None
+
+
 class RouterSpecError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = tuple(problems)
@@ -47,6 +58,7 @@ class RouterSpec:
     policy: str = DEFAULT_POLICY
     image: str | None = None  # None: the operator's router image (OperatorConfig.router_image)
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_RESOURCES)
+    queue: RouterQueue = RouterQueue()
 
 
 def default_enabled(max_replicas: int | None) -> bool:
@@ -80,6 +92,29 @@ def _resources(raw: Any, problems: list[str]) -> Mapping[str, Mapping[str, str]]
     return out
 
 
+def _queue(raw: Any, problems: list[str]) -> RouterQueue:
+    path = f"{PATH}.queue"
+    if raw is None:
+        return RouterQueue()
+    if not isinstance(raw, Mapping):
+        problems.append(f"{path}: must be an object {{maxRequests, timeoutSeconds}}, got {type(raw).__name__}")
+        return RouterQueue()
+    unknown = sorted(set(raw) - {"maxRequests", "timeoutSeconds"})
+    if unknown:
+        problems.append(f"{path}: unknown field(s) {', '.join(unknown)}")
+    limit = raw.get("maxRequests")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        problems.append(f"{path}.maxRequests: must be an integer >= 1 (0 would refuse every request while no"
+                        f" engine is ready), got {limit!r}")
+        limit = None
+    timeout = raw.get("timeoutSeconds")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        problems.append(f"{path}.timeoutSeconds: must be a number of seconds > 0, got {timeout!r}")
+        timeout = None
+    return RouterQueue(limit, None if timeout is None else float(timeout))
+
+
 def parse_router_spec(raw: Any, max_replicas: int | None) -> RouterSpec:
     """`spec.router` (None when absent) -> RouterSpec; RouterSpecError lists every problem."""
     problems: list[str] = []
@@ -100,10 +135,12 @@ def parse_router_spec(raw: Any, max_replicas: int | None) -> RouterSpec:
     if image is not None and (not isinstance(image, str) or not _IMAGE.fullmatch(image) or len(image) > 512):
         problems.append(f"{PATH}.image: must be an image reference (no spaces, at most 512 characters),"
                         f" got {image!r}")
-    unknown = sorted(set(raw) - {"enabled", "replicas", "policy", "image", "resources"})
+    unknown = sorted(set(raw) - {"enabled", "replicas", "policy", "image", "resources", "queue"})
     if unknown:
         problems.append(f"{PATH}: unknown field(s) {', '.join(unknown)}")
     resources = _resources(raw.get("resources"), problems)
+    queue = _queue(raw.get("queue"), problems)
     if problems:
         raise RouterSpecError(problems)
-    return RouterSpec(enabled=enabled, replicas=replicas, policy=policy, image=image, resources=resources)
+    return RouterSpec(enabled=enabled, replicas=replicas, policy=policy, image=image, resources=resources,
+                      queue=queue)

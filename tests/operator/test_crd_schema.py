@@ -132,6 +132,12 @@ def test_every_cel_rule_has_an_operator_check():
             "engine": {"enablePrefixCaching": False},
             "autoscaling": {"metrics": [{"name": "kvCacheUsage", "target": 0.8},
                                         {"name": "prefixCacheHitRate", "target": 0.5}]}},
+        "minReplicas 0 needs the router (router.enabled; default on only when maxReplicas > 1): nothing else could"
+        " hold the requests while no engine runs": {"minReplicas": 0, "maxReplicas": 1},
+        "autoscaling.idle and autoscaling.standby need minReplicas: 0": {
+            "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"idle": {"afterSeconds": 60}}},
+        "autoscaling.standby must be <= maxReplicas": {"minReplicas": 0, "maxReplicas": 2,
+                                                       "autoscaling": {"standby": 3}},
         "source.url is required when source.type is prometheus": None,  # the autoscaler parses spec.autoscaling
         "prefixCacheHitRate needs kvCacheUsage listed too": None,  # (test_autoscaling_spec.py)
     }

@@ -48,7 +48,8 @@ def test_the_crd_defaults_and_enum_are_the_parsers():
     assert "default" not in props["enabled"]  # its default depends on maxReplicas: the operator resolves it
 
 
-@pytest.mark.parametrize("raw", [{"policy": "random"}, {"replicas": 0}, {"resources": {"requests": {"cpu": "x"}}}])
+@pytest.mark.parametrize("raw", [{"policy": "random"}, {"replicas": 0}, {"resources": {"requests": {"cpu": "x"}}},
+                                 {"queue": {"maxRequests": 0}}, {"queue": {"timeoutSeconds": 0}}])
 def test_the_crd_refuses_what_the_parser_refuses(raw):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(ROUTER).validate(raw)
