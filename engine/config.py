@@ -20,6 +20,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", *ENGINE_DTYPES)
 DEVICES = ("auto", "cpu", "cuda")
 OVERLAP_MODES = ("off", "thread", "process")  # EngineConfig.overlap: where the output side runs
+FORWARD_MODES = ("auto", "module", "triton")  # EngineConfig.forward: which decoder forward runs a step
 
 
 def _positive(name: str, value, allow_none: bool = False) -> None:
@@ -122,6 +123,13 @@ class EngineConfig:
         help="detokenization, stop strings and output building beside the next step's forward"
              " (engine/overlap/): off (inline, the default), thread (a second thread: it shares the GIL) or"
              " process (a child process, on another core); --overlap alone means process")
+    forward: str = flag_field(
+        "auto", flag="--forward", choices=FORWARD_MODES,
+        help="the decoder forward of a step (engine/gpu_forward/): auto (on CUDA our Triton decoder for"
+             " Llama, Mistral, Qwen2 and Qwen3 at tensor parallel size 1, the module path for any other model;"
+             " on a CPU its own fused layers), module (transformers' modules with the paged attention; on a CPU"
+             " its fused layers) or triton (our Triton decoder, any device: a CPU needs TRITON_INTERPRET=1;"
+             " an unsupported model is refused at load)")
     seed: int = flag_field(
         0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)
@@ -161,6 +169,11 @@ class EngineConfig:
         if self.compile and (self.device == "cuda" or self.tensor_parallel_size > 1):
             raise ValueError("compile (--compile): the compiled forward runs on a CPU with tensor_parallel_size 1"
                              f" only, got device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size}")
+        if not isinstance(self.forward, str) or self.forward not in FORWARD_MODES:
+            raise ValueError(f"forward (--forward): must be one of {', '.join(FORWARD_MODES)}, got {self.forward!r}")
+        if self.compile and self.forward == "triton":
+            raise ValueError("compile (--compile) compiles the CPU's fused layers; forward 'triton' runs the Triton"
+                             " decoder instead: choose one")
         if not isinstance(self.overlap, str) or self.overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap (--overlap): must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}")
         _positive("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)

@@ -34,6 +34,7 @@ from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
 from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
+from pagedinfer.engine.gpu_forward.select import choose_decoder
 from pagedinfer.engine.hf_config import load_hf_config
 from pagedinfer.engine.model_shape import ModelShape, resolve_dtype as resolve_dtype_name
 from pagedinfer.engine.scheduler import SchedulerOutput
@@ -122,14 +123,19 @@ class ModelRunner:
         self.model.to(self.device).eval()
         # of the layers the model's tensor-parallel plan splits (by its names: before fusing renames them)
         self.sharded_weight_bytes = sharding.planned_parameter_bytes(self.model)
+        # our Triton decoder (--forward; engine/gpu_forward/: on CUDA by default for the families it runs), its
+        # q/k/v and gate/up fused into one GEMM each
+        choice = choose_decoder(self.model, config.forward, self.device, config.tensor_parallel_size,
+                                self._rope_positions())
+        self.triton_decoder = choice.decoder
+        cpu_layers = self.device.type == "cpu" and self.triton_decoder is None
         # on CPU, q/k/v and gate/up fused into one GEMM each, then every linear weight packed once for
         # oneDNN (each replacing the originals: weight_bytes counts every weight once)
-        self.fusion: FusionReport | None = fuse_projections(self.model) if self.device.type == "cpu" else None
-        self.linear_packing: PackingReport | None = \
-            pack_linear_weights(self.model) if self.device.type == "cpu" else None
+        self.fusion: FusionReport | None = fuse_projections(self.model) if cpu_layers else choice.fusion
+        self.linear_packing: PackingReport | None = pack_linear_weights(self.model) if cpu_layers else None
         # on CPU, norms, RoPE, SiLU-and-multiply and the residual adds as native ops (the decoder's forward replaced)
         self.layer_fusion: LayerFusionReport | None = fuse_layers(self.model, self._rope_positions()) \
-            if self.device.type == "cpu" else None
+            if cpu_layers else None
         # eager steps of a fused causal LM skip transformers' outer forward (same ops: `causal_lm_logits`)
         self.fused_lm = self.layer_fusion is not None and self.layer_fusion.fused and fuses_causal_lm(self.model)
         if self.model.config._attn_implementation != attn_name:
@@ -249,6 +255,10 @@ class ModelRunner:
     # ----- one step ----------------------------------------------------------------------
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  logits_index: torch.Tensor) -> torch.Tensor:
+        if self.triton_decoder is not None:  # every layer runs by construction (no attention-registry check)
+            with torch.inference_mode():
+                return self.triton_decoder(input_ids[0], positions[0], meta, self.key_caches, self.value_caches,
+                                           logits_index)
         ctx = StepContext(metadata=meta, key_caches=self.key_caches, value_caches=self.value_caches)
         with torch.inference_mode():
             if self.compiled is not None:

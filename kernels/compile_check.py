@@ -64,6 +64,36 @@ def attention_variants() -> list[tuple[str, dict]]:
     return variants
 
 
+def layer_kernel_jobs() -> list[tuple]:
+    """The Triton decoder's layer kernels (`engine/gpu_forward/`) at Llama-3-8B-like and Qwen3-like shapes."""
+    from triton import next_power_of_2 as pow2
+
+    from pagedinfer.kernels.rms_norm import rms_norm_kernel
+    from pagedinfer.kernels.rotary_kv import rotary_write_kv_kernel
+    from pagedinfer.kernels.silu_mul import silu_mul_kernel
+
+    jobs = []
+    for dtype in ("bf16", "fp32"):
+        for residual in (False, True):
+            jobs.append((f"rms_norm {dtype} hidden 4096 residual {residual}", rms_norm_kernel,
+                         dict(x_ptr=f"*{dtype}", residual_ptr=f"*{dtype}", weight_ptr=f"*{dtype}",
+                              out_ptr=f"*{dtype}", eps="fp32"),
+                         dict(HIDDEN=4096, BLOCK_N=4096, HAS_RESIDUAL=residual), ()))
+        jobs.append((f"silu_mul {dtype} inter 14336", silu_mul_kernel, dict(x_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),
+                     dict(INTER=14336, BLOCK_N=1024), ()))
+        for heads, kv_heads, head_dim, qk_norm in ((32, 8, 128, False), (40, 8, 128, True), (12, 4, 80, False)):
+            jobs.append((f"rotary_write_kv {dtype} heads {heads}/{kv_heads} head_dim {head_dim} qk_norm {qk_norm}",
+                         rotary_write_kv_kernel,
+                         dict(qkv_ptr=f"*{dtype}", positions_ptr="*i64", cos_sin_ptr="*fp32", q_norm_ptr=f"*{dtype}",
+                              k_norm_ptr=f"*{dtype}", key_cache_ptr=f"*{dtype}", value_cache_ptr=f"*{dtype}",
+                              slot_mapping_ptr="*i64", eps="fp32"),
+                         dict(NUM_Q_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, HALF=head_dim // 2,
+                              BLOCK_HQ=pow2(heads), BLOCK_HK=pow2(kv_heads), BLOCK_HALF=pow2(head_dim // 2),
+                              BLOCK_D=pow2(head_dim), BLOCK_SIZE=16, HAS_QK_NORM=qk_norm),
+                         ("stride_t", "stride_cb", "stride_cs", "stride_ch")))
+    return jobs
+
+
 def check(arch: int) -> list[dict]:
     from pagedinfer.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
     from pagedinfer.kernels.block_copy import CHUNK, copy_blocks_kernel
@@ -93,6 +123,7 @@ def check(arch: int) -> list[dict]:
                       src_cache_stride="i64", dst_cache_stride="i64", src_block_stride="i64",
                       dst_block_stride="i64"),
                  dict(CHUNK=CHUNK), ()))
+    jobs.extend(layer_kernel_jobs())
     results = []
     for name, fn, pointers, constants, aligned in jobs:
         try:

@@ -61,10 +61,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         has_residual = residual is not None
+        block_n = triton.next_power_of_2(x.shape[1])
         rms_norm_kernel[(x.shape[0],)](
             x, residual if has_residual else x, weight, out, x.stride(0),
             residual.stride(0) if has_residual else 0, out.stride(0), eps,
-            HIDDEN=x.shape[1], BLOCK_N=triton.next_power_of_2(x.shape[1]), HAS_RESIDUAL=has_residual)
+            HIDDEN=x.shape[1], BLOCK_N=block_n, HAS_RESIDUAL=has_residual, num_warps=4 if block_n <= 2048 else 8)
     return out, (residual if residual is not None else x)
 
 

@@ -111,6 +111,18 @@ def _unfusable_layer(layer: nn.Module) -> str:
 
 def _unfusable(decoder: nn.Module, dtype: torch.dtype) -> str:
     """Why `decoder` cannot run as `_model_forward` ("" when it can)."""
+    reason = unfusable_structure(decoder)
+    if reason:
+        return reason
+    if not layer_ops.available(dtype):
+        return f"no native layer ops for {dtype} (float32 and bfloat16 with a C++ compiler)"
+    return ""
+
+
+def unfusable_structure(decoder: nn.Module) -> str:
+    """Why `decoder`'s layers are not the fused decoders' shape ("" when they are): a class of `MODEL_CLASSES`
+    with every layer of `LAYER_CLASSES`, q/k/v and gate/up fused, SiLU, full-width RoPE and the engine's attention
+    (the CPU's fused layers and the GPU's Triton decoder, `engine/gpu_forward/`, run the same plan)."""
     if type(decoder).__name__ not in MODEL_CLASSES:
         return f"model class {type(decoder).__name__}"
     if decoder.config._attn_implementation != ATTN_IMPLEMENTATION:
@@ -121,8 +133,6 @@ def _unfusable(decoder: nn.Module, dtype: torch.dtype) -> str:
     rotary_width = 2 * decoder.rotary_emb.inv_freq.numel()
     if rotary_width != decoder.layers[0].self_attn.head_dim:
         return f"partial RoPE ({rotary_width} of {decoder.layers[0].self_attn.head_dim} dims)"
-    if not layer_ops.available(dtype):
-        return f"no native layer ops for {dtype} (float32 and bfloat16 with a C++ compiler)"
     return ""
 
 

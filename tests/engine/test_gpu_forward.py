@@ -1,0 +1,45 @@
+"""The engine on our own Triton decoder (`--forward triton`, kernels on the CPU interpreter) equals transformers'
+`generate` in float32: several requests, decodes and chunked prefills in the same steps, a prefix-cache hit."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from greedy_reference import hf_greedy
+from pagedinfer.engine import LLM, SamplingParams
+from pagedinfer.kernels import dispatch
+
+MAX_NEW_TOKENS = 5
+
+
+def prompts(model_dir) -> list[list[int]]:
+    vocab = transformers.AutoConfig.from_pretrained(str(model_dir)).vocab_size
+    prefix = [(17 * i) % (vocab - 8) + 8 for i in range(11)]
+    return [prefix + [9, 30], prefix + [40], [5], [12, 13, 14, 15, 16, 17, 18]]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_triton_decoder_equals_generate(make_model, monkeypatch, arch):
+    model_dir = make_model(arch)
+    batch = prompts(model_dir)
+    expected = hf_greedy(model_dir, batch, MAX_NEW_TOKENS)
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")  # the attention too: the GPU's kernels end to end
+    llm = LLM(model=str(model_dir), dtype="float32", forward="triton", block_size=8, max_num_batched_tokens=8,
+              max_model_len=32)
+    assert llm.llm_engine.runner.triton_decoder is not None and llm.llm_engine.runner.layer_fusion is None
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+    assert got == expected
+    stats = llm.get_stats()
+    assert stats.prefix_cache_hit_tokens > 0 and stats.num_used_blocks == 0
+
+
+def test_forward_triton_refuses_a_model_it_cannot_run(make_model):
+    with pytest.raises(ValueError, match="Triton decoder cannot run this model: model class Phi3ForCausalLM"):
+        LLM(model=str(make_model("phi3")), dtype="float32", forward="triton")
+
+
+def test_forward_auto_on_a_cpu_keeps_the_cpu_fused_layers(tiny_llama):
+    runner = LLM(model=str(tiny_llama), dtype="float32", max_model_len=32).llm_engine.runner
+    assert runner.triton_decoder is None and runner.layer_fusion.fused
