@@ -130,6 +130,14 @@ class EngineConfig:
              " on a CPU its own fused layers), module (transformers' modules with the paged attention; on a CPU"
              " its fused layers) or triton (our Triton decoder, any device: a CPU needs TRITON_INTERPRET=1;"
              " an unsupported model is refused at load)")
+    max_cudagraph_capture_size: int = flag_field(
+        0, flag="--max-cudagraph-capture-size", type=int,
+        help="decode steps of up to this many sequences run as a CUDA graph captured at start-up, one per"
+             " batch-size bucket (1, 2, 4, then steps of 8, then of 16 above 256; capped by --max-num-seqs) and"
+             " counted in the KV sizing; vLLM's max_cudagraph_capture_size: one number, not a list of sizes, so"
+             " the buckets and their memory follow from it. 0 (the default until a GPU run has measured the"
+             " graphs) runs every step eagerly. On a CPU the buckets' static buffers are replayed without"
+             " capture: exact, not faster (for tests)")  # engine/cuda_graphs/
     seed: int = flag_field(
         0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)
@@ -174,6 +182,10 @@ class EngineConfig:
         if self.compile and self.forward == "triton":
             raise ValueError("compile (--compile) compiles the CPU's fused layers; forward 'triton' runs the Triton"
                              " decoder instead: choose one")
+        if isinstance(self.max_cudagraph_capture_size, bool) or not isinstance(self.max_cudagraph_capture_size, int) \
+                or self.max_cudagraph_capture_size < 0:
+            raise ValueError("max_cudagraph_capture_size (--max-cudagraph-capture-size): must be an integer >= 0"
+                             f" (0: no graphs), got {self.max_cudagraph_capture_size!r}")
         if not isinstance(self.overlap, str) or self.overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap (--overlap): must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}")
         _positive("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)

@@ -28,6 +28,8 @@ from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.batch.step_inputs import IndexBuffer
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu.compiled_forward import CompiledForward
+from pagedinfer.engine.cuda_graphs.decode_graphs import DecodeGraphs
+from pagedinfer.engine.cuda_graphs.setup import make_decode_graphs
 from pagedinfer.engine.cpu.fused_layers import LayerFusionReport, causal_lm_logits, fuse_layers, fuses_causal_lm
 from pagedinfer.engine.cpu.fused_projections import FusionReport, fuse_projections
 from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
@@ -35,6 +37,7 @@ from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
 from pagedinfer.engine.gpu_forward.select import choose_decoder
+from pagedinfer.engine.engine_setup import resolve_max_model_len
 from pagedinfer.engine.hf_config import load_hf_config
 from pagedinfer.engine.model_shape import ModelShape, resolve_dtype as resolve_dtype_name
 from pagedinfer.engine.scheduler import SchedulerOutput
@@ -161,6 +164,8 @@ class ModelRunner:
         # a step's token ids and logits rows, written into buffers kept across steps (engine/batch/step_inputs.py)
         self._input_ids = IndexBuffer(self.device, config.max_num_batched_tokens)
         self._logits_rows = IndexBuffer(self.device, config.max_num_seqs)
+        # pure-decode steps by batch-size bucket (engine/cuda_graphs/), built with the KV pool
+        self.decode_graphs: DecodeGraphs | None = None
         self.compiled: CompiledForward | None = None
         if config.compile:
             if self.device.type != "cpu":
@@ -201,7 +206,7 @@ class ModelRunner:
         seq_len = min(max_model_len, num_tokens)
         lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
         num_blocks = sum(-(-n // self.block_size) for n in lens)
-        self.allocate_kv_cache(num_blocks, 0)
+        self.allocate_kv_cache(num_blocks, 0, decode_graphs=False)
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
@@ -223,11 +228,13 @@ class ModelRunner:
         non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
         return int(peak + non_torch)
 
-    def allocate_kv_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
-        """This rank's pools (rank 0 of a replica first tells the other ranks to allocate theirs)."""
+    def allocate_kv_cache(self, num_gpu_blocks: int, num_cpu_blocks: int, decode_graphs: bool = True) -> None:
+        """This rank's pools (rank 0 of a replica first tells the other ranks to allocate theirs), then its
+        decode graphs over the new pool (unless `decode_graphs` is False: the profiling pass's pool)."""
         if self.workers is not None:
             with self.workers.guard("allocating the KV cache"):
                 self.workers.send(Message(ALLOCATE, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks))
+        self.decode_graphs = None  # captured over the old pool's addresses
         self.kv_cache, self.key_caches, self.value_caches, self.cpu_cache = None, [], [], None
         self.batch = PersistentBatch(self.block_size, self.config.max_num_seqs)  # a new pool: no table survives
         shape = (2, self.num_layers, num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
@@ -243,6 +250,9 @@ class ModelRunner:
                                          pin_memory=self.device.type == "cuda")
         if self.compiled is not None and num_gpu_blocks:
             self.compiled.warm_up(self._one_token_step)
+        if decode_graphs and num_gpu_blocks:
+            self.decode_graphs = make_decode_graphs(
+                self.config, self.device, self._forward, resolve_max_model_len(self.config, self.max_position_embeddings))
 
     def _one_token_step(self) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
         """A step of one token writing block 0 (free at start-up), for the compiled forward's warm-up."""
@@ -342,6 +352,11 @@ class ModelRunner:
             dispatch.swap_blocks(self.cpu_cache, self.kv_cache, _pairs(step.blocks_to_swap_in), block_dim=2)
         if step.blocks_to_copy:
             dispatch.copy_blocks(self.key_caches, self.value_caches, _pairs(step.blocks_to_copy, self.device))
+        graphs = self.decode_graphs
+        bucket = None if graphs is None else graphs.bucket(len(step.token_ids), len(step.seq_ids))
+        if bucket is not None:  # a pure-decode step its buckets hold
+            arrays = self.batch.gather(step.seq_ids, step.seq_lens, step.query_lens)
+            return graphs.run(bucket, step.token_ids, arrays, step.logits_rows)
         meta, positions = self.batch.prepare(step.seq_ids, step.seq_lens, step.query_lens, self.device)
         input_ids = self._input_ids.put(step.token_ids)
         return self._forward(input_ids[None], positions[None], meta, self._logits_rows.put(step.logits_rows))

@@ -14,6 +14,8 @@ The arrays grow (doubling) when rows or a table's width run out.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -84,6 +86,25 @@ class PersistentBatch:
         Equal, field by field, to `build_attention_metadata(seq_lens, query_lens, tables, block_size)` over
         these sequences' tables (tests/engine/test_persistent_batch.py checks it on random batches).
         """
+        arrays = self.gather(seq_ids, seq_lens, query_lens)
+        on_device = (lambda a: torch.from_numpy(a)) if torch.device(device).type == "cpu" else \
+            (lambda a: torch.from_numpy(a).to(device))
+        meta = AttentionMetadata(
+            slot_mapping=on_device(arrays.slot_mapping),
+            block_tables=on_device(np.ascontiguousarray(arrays.block_tables)),
+            seq_lens=on_device(arrays.seq_lens.astype(np.int32)),
+            query_start_loc=on_device(arrays.query_start_loc.astype(np.int32)),
+            max_seq_len=max(seq_lens, default=0),
+            max_query_len=max(query_lens, default=0),
+            num_decode_seqs=arrays.num_decode_seqs,
+            seq_lens_cpu=list(seq_lens),
+            query_lens_cpu=list(query_lens),
+        )
+        return meta, on_device(arrays.positions)
+
+    def gather(self, seq_ids: list[int], seq_lens: list[int], query_lens: list[int]) -> StepArrays:
+        """The step's metadata as host arrays (`prepare` wraps them; the decode graphs copy them into
+        their static buffers)."""
         num_seqs = len(seq_ids)
         bs = self.block_size
         try:
@@ -113,18 +134,17 @@ class PersistentBatch:
             blocks = tables[token_seq, positions // bs].astype(np.int64)
             not_decode = np.flatnonzero(q != 1)
             num_decode_seqs = int(not_decode[0]) if not_decode.size else num_seqs
-        slots = blocks * bs + positions % bs
-        on_device = (lambda a: torch.from_numpy(a)) if torch.device(device).type == "cpu" else \
-            (lambda a: torch.from_numpy(a).to(device))
-        meta = AttentionMetadata(
-            slot_mapping=on_device(slots),
-            block_tables=on_device(np.ascontiguousarray(tables)),
-            seq_lens=on_device(lens.astype(np.int32)),
-            query_start_loc=on_device(starts.astype(np.int32)),
-            max_seq_len=max(seq_lens, default=0),
-            max_query_len=max(query_lens, default=0),
-            num_decode_seqs=num_decode_seqs,
-            seq_lens_cpu=list(seq_lens),
-            query_lens_cpu=list(query_lens),
-        )
-        return meta, on_device(positions)
+        return StepArrays(slot_mapping=blocks * bs + positions % bs, block_tables=tables, seq_lens=lens,
+                          query_start_loc=starts, positions=positions, num_decode_seqs=num_decode_seqs)
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """One step's attention inputs as host arrays, sequences in the step's order (`AttentionMetadata`'s fields)."""
+
+    slot_mapping: np.ndarray     # int64 [num_tokens]
+    block_tables: np.ndarray     # int32 [num_seqs, width]: the longest table's width, 0-padded (a gathered copy)
+    seq_lens: np.ndarray         # int64 [num_seqs]
+    query_start_loc: np.ndarray  # int64 [num_seqs + 1]
+    positions: np.ndarray        # int64 [num_tokens]
+    num_decode_seqs: int
