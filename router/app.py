@@ -12,7 +12,15 @@ connection (which also drops the engine at once), a 503, a stream's headers
 missing the first-byte bound, or an engine dropped while the request waited
 on it. A stream that breaks after its first byte, or whose engine is dropped,
 ends with the `upstream_broken` error event and [DONE]; a non-streamed answer
-whose body breaks is a 502. No engine left: 503 with Retry-After.
+whose body breaks is a 502.
+
+No engine ready (none discovered, all asleep or loading, or every one tried
+refused the request as asleep): the request is held (`hold/`) in a bounded
+FIFO queue until an engine is ready, then sent on; meanwhile the router
+wakes an asleep engine, else signals demand to the operator. A full queue
+or a request past its deadline gets 503 with Retry-After and the reason;
+a held stream gets SSE keep-alive comments (`hold/waiting.py`). An engine
+that answers 503 for another reason (draining) is passed on as before.
 """
 
 from __future__ import annotations
@@ -36,11 +44,15 @@ from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
 from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.errors import error_body, error_response
 from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slices
+from pagedinfer.router.hold.capacity import Capacity
+from pagedinfer.router.hold.demand import DemandSignal, DemandTarget
+from pagedinfer.router.hold.queue import HoldQueue, HoldSettings, QueueFull
+from pagedinfer.router.hold.waiting import EXPIRED, GONE, KEEPALIVE, READY, held_stream, sse, wait_for_engine
 from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.metrics import RouterMetrics
 from pagedinfer.router.policy import Decision, pick
 from pagedinfer.router.engine_tokenizer import RouterTokenizer
-from pagedinfer.router.state import RouterState
+from pagedinfer.router.state import ASLEEP_STATUS, RouterState
 from pagedinfer.router import upstream as bounds
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS, EngineLost, unless_lost
 
@@ -48,6 +60,7 @@ logger = logging.getLogger("pagedinfer.router")
 
 ROUTE_HEADER = "x-pagedinfer-route"
 RETRY_AFTER_SECONDS = 1
+CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client (it left while held), only in logs
 DEFAULT_BLOCK_SIZE = 16  # until an engine's discovery says otherwise
 MAX_ATTEMPTS = 2
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=bounds.UPSTREAM_CONNECT_TIMEOUT_SECONDS,
@@ -66,6 +79,8 @@ class RouterSettings:
     max_request_body_bytes: int = 1 << 20  # 413 above this, as the engine's server
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # the whole body, counted from its headers: else 408
     first_byte_timeout_seconds: float = DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS  # a stream's headers, else retried
+    hold: HoldSettings = HoldSettings()  # the queue of requests waiting for an engine
+    demand: DemandTarget | None = None  # the InferenceService to annotate with demand; None: no signal
 
     def __post_init__(self) -> None:
         if not self.first_byte_timeout_seconds > 0:
@@ -89,36 +104,52 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=1000))
+        hold = HoldQueue(settings.hold)
+        admin = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         state = RouterState(list(settings.engines), client,
-                            on_discovery=lambda url, info: tokenizer.offer(client, url, info.tokenizer_sha256))
-        holder.update(client=client, state=state, metrics=RouterMetrics(state))
+                            on_discovery=lambda url, info: tokenizer.offer(client, url, info.tokenizer_sha256),
+                            on_routable=hold.release, admin_headers=admin)
+        demand = DemandSignal(settings.demand) if settings.demand is not None else None
+        capacity = Capacity(hold, lambda: bool(state.views()), lambda: _wake_order(state, settings.policy),
+                            state.wake, demand)
+        holder.update(client=client, state=state, metrics=RouterMetrics(state, hold), hold=hold, capacity=capacity)
         app.state.tokenizer = tokenizer
         app.state.router = state
+        app.state.hold = hold
+        app.state.capacity = capacity
         state.start()
-        discovery = asyncio.create_task(follow_endpoint_slices(settings.discovery, state.set_engines)) \
-            if settings.discovery is not None else None
+        tasks = [asyncio.create_task(capacity.run())]
+        if settings.discovery is not None:
+            tasks.append(asyncio.create_task(follow_endpoint_slices(settings.discovery, state.set_engines)))
         try:
             yield
         finally:
-            if discovery is not None:
-                discovery.cancel()
-                await asyncio.gather(discovery, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await state.stop()
             await client.aclose()
+            if demand is not None:
+                await demand.aclose()
             tokenize_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="pagedinfer router", lifespan=lifespan)
 
-    def unavailable(message: str) -> Response:
-        response = error_response(503, message, code="no_engine", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        response.headers[ROUTE_HEADER] = route_header(None)
+    def unavailable(message: str, code: str = "no_engine", reason: str = "no-engine") -> Response:
+        response = error_response(503, message, code=code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        response.headers[ROUTE_HEADER] = route_header(None, reason)
         return response
 
     @app.get("/health")
     async def health() -> Response:
+        """200 while the router can take requests: an engine is ready ("ok"), or none is and the hold queue
+        has room ("holding": requests wait for one); 503 only with the queue full."""
+        hold: HoldQueue = holder["hold"]
         if holder["state"].views():
             return JSONResponse({"status": "ok"})
-        return unavailable("no engine is healthy")
+        if len(hold) < hold.settings.max_length:
+            return JSONResponse({"status": "holding", "queued": len(hold)})
+        return unavailable("no engine is ready and the hold queue is full", "queue_full", "queue-full")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -136,6 +167,24 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
         return unavailable("no engine is healthy")
 
+    def expired_message(ticket) -> str:
+        waited = holder["hold"].clock() - ticket.enqueued_at
+        return f"no engine became ready: waited {waited:.0f} s in the router's queue; {holder['capacity'].problem()}"
+
+    async def held(request: Request | None, headers: dict[str, str], raw: bytes, ids, path: str, stream: bool,
+                   ticket, at_most_seconds: float | None) -> Any:
+        """Wait for an engine, then forward; the Response, or EXPIRED / GONE / KEEPALIVE. request: whose
+        disconnect ends the wait (None once its response streams: starlette cancels it then)."""
+        state: RouterState = holder["state"]
+        while True:
+            outcome = await wait_for_engine(holder["hold"], ticket, lambda: bool(state.views()), request,
+                                            at_most_seconds)
+            if outcome != READY:
+                return outcome
+            response = await forward(headers, raw, ids, path, stream)
+            if response is not None:
+                return response
+
     async def proxy(request: Request, path: str, chat: bool) -> Response:
         raw = await request.body()
         try:
@@ -148,10 +197,46 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             return response
         ids = await asyncio.get_running_loop().run_in_executor(
             tokenize_thread, tokenizer.current.prompt_ids, body, chat)
+        stream = body.get("stream") is True
+        headers = _forwarded(request)
+        if holder["state"].views():
+            response = await forward(headers, raw, ids, path, stream)
+            if response is not None:
+                return response
+        hold: HoldQueue = holder["hold"]
+        try:
+            ticket = hold.enter()
+        except QueueFull as exc:
+            return unavailable(f"{exc}; retry later", "queue_full", "queue-full")
+        keepalive = hold.settings.keepalive_seconds if stream else None
+        try:
+            outcome = await held(request, headers, raw, ids, path, stream, ticket, keepalive)
+        except BaseException:
+            hold.leave(ticket)
+            raise
+        if outcome != KEEPALIVE:
+            hold.leave(ticket)
+        if outcome == GONE:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        if outcome == EXPIRED:
+            return unavailable(expired_message(ticket))
+        if outcome != KEEPALIVE:
+            return outcome
+        # a stream still waiting: its headers now, then keep-alives until its engine's answer or its deadline
+        body_iterator = held_stream(
+            lambda: held(None, headers, raw, ids, path, stream, ticket, keepalive),
+            lambda: sse(error_body(503, expired_message(ticket), code="no_engine")) + sse("[DONE]"),
+            lambda: hold.leave(ticket))
+        return StreamingResponse(body_iterator, 200, {ROUTE_HEADER: route_header(None, "held")},
+                                 media_type="text/event-stream")
+
+    async def forward(headers_in: dict[str, str], raw: bytes, ids, path: str, stream: bool) -> Response | None:
+        """Send the request to the best engine (once more elsewhere if nothing came back); None if no engine
+        could take it and none refused it for a reason of its own (every one is gone or asleep: hold it)."""
         state: RouterState = holder["state"]
         client: httpx.AsyncClient = holder["client"]
         metrics: RouterMetrics = holder["metrics"]
-        first_byte_timeout = settings.first_byte_timeout_seconds if body.get("stream") is True else None
+        first_byte_timeout = settings.first_byte_timeout_seconds if stream else None
         tried: set[str] = set()
         refused: Response | None = None
         for _ in range(MAX_ATTEMPTS):
@@ -167,7 +252,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             engine.num_inflight += 1
             lost = engine.lost
             sent = client.send(
-                client.build_request("POST", decision.engine + path, content=raw, headers=_forwarded(request)),
+                client.build_request("POST", decision.engine + path, content=raw, headers=headers_in),
                 stream=True)
             try:
                 upstream = await unless_lost(sent, lost, first_byte_timeout, "first byte")
@@ -183,7 +268,13 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
                 metrics.retries.inc()
                 continue
             if upstream.status_code == 503:
-                refused = Response(await upstream.aread(), 503, media_type=upstream.headers.get("content-type"),
+                content = await upstream.aread()
+                if _error_code(content) == ASLEEP_STATUS:  # asleep: not a refusal; hold it if none is awake
+                    await upstream.aclose()
+                    engine.num_inflight -= 1
+                    state.mark_asleep(decision.engine)
+                    continue
+                refused = Response(content, 503, media_type=upstream.headers.get("content-type"),
                                    headers={"Retry-After": upstream.headers.get("retry-after",
                                                                                 str(RETRY_AFTER_SECONDS)),
                                             ROUTE_HEADER: route_header(decision)})
@@ -210,7 +301,9 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
                 await upstream.aclose()
                 engine.num_inflight -= 1
             return Response(content, upstream.status_code, headers, media_type=media_type)
-        return refused if refused is not None else unavailable("no engine could take the request")
+        if refused is not None:
+            return refused
+        return unavailable("no engine could take the request") if state.views() else None
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -224,6 +317,23 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
                        body_timeout_seconds=settings.body_timeout_seconds)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     return app
+
+
+def _wake_order(state: RouterState, policy: str) -> list[str]:
+    """The asleep engines, the one the policy would pick first (they hold no cache: by load, or the ring)."""
+    views = state.asleep_views()
+    if not views:
+        return []
+    first = pick(policy, views, [], state.block_size or DEFAULT_BLOCK_SIZE, b"wake", 0).engine
+    return [first] + [v.name for v in views if v.name != first]
+
+
+def _error_code(content: bytes) -> str | None:
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _forwarded(request: Request) -> dict[str, str]:

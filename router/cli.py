@@ -8,6 +8,9 @@ import sys
 
 from pagedinfer.engine.server import cli_types
 from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
+from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
+from pagedinfer.router.hold.queue import (DEFAULT_KEEPALIVE_SECONDS, DEFAULT_MAX_QUEUED_REQUESTS,
+                                          DEFAULT_QUEUE_TIMEOUT_SECONDS)
 from pagedinfer.router.policy import POLICIES
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS
 
@@ -48,6 +51,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a streamed request's headers must come from its engine within this many seconds, else it"
                         " is tried on another engine (nothing was received, so it never runs twice); non-streamed"
                         f" requests have no such bound (default {DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS:g})")
+    q = p.add_argument_group("holding requests while no engine is ready (scale to zero; docs/router.md)")
+    q.add_argument("--queue-timeout-seconds", type=cli_types.positive_seconds, default=DEFAULT_QUEUE_TIMEOUT_SECONDS,
+                   help="a request that finds no ready engine waits this long, from its arrival, for one; then 503"
+                        f" + Retry-After naming why (default {DEFAULT_QUEUE_TIMEOUT_SECONDS:g})")
+    q.add_argument("--max-queued-requests", type=cli_types.positive_int, default=DEFAULT_MAX_QUEUED_REQUESTS,
+                   help="most requests held at once; one more gets 503 + Retry-After at once"
+                        f" (default {DEFAULT_MAX_QUEUED_REQUESTS})")
+    q.add_argument("--queue-keepalive-seconds", type=cli_types.positive_seconds, default=DEFAULT_KEEPALIVE_SECONDS,
+                   help="a held stream gets its headers and an SSE comment line (': keep-alive') every this many"
+                        f" seconds while it waits (default {DEFAULT_KEEPALIVE_SECONDS:g})")
+    q.add_argument("--demand-inferenceservice", default=None, metavar="NAMESPACE/NAME",
+                   help="annotate this InferenceService with pagedinfer.io/demand-at while requests wait and no"
+                        " engine can be woken (default: env"
+                        f" {INFERENCESERVICE_NAMESPACE_ENV}/{INFERENCESERVICE_NAME_ENV}, which the operator sets;"
+                        " unset: no signal); talks to --kube-api, else in-cluster")
     p.add_argument("--tokenizer", default=None,
                    help="the engines' tokenizer directory (default: the engines' own, fetched from the first that"
                         " publishes KV events; the embedded model's until then)")
@@ -62,6 +80,7 @@ def run_router(args: argparse.Namespace) -> int:
     from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
     from pagedinfer.engine.server.read_timeouts import header_timeout_protocol
     from pagedinfer.router.app import RouterSettings, create_router_app
+    from pagedinfer.router.hold.queue import HoldSettings
 
     configure_logging(args.log_level)
     if len(set(args.engines)) != len(args.engines):
@@ -78,7 +97,10 @@ def run_router(args: argparse.Namespace) -> int:
         discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api)
     settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer,
                               discovery, args.max_request_body_bytes, args.request_body_timeout_seconds,
-                              args.upstream_first_byte_timeout_seconds)
+                              args.upstream_first_byte_timeout_seconds,
+                              HoldSettings(args.queue_timeout_seconds, args.max_queued_requests,
+                                           args.queue_keepalive_seconds),
+                              demand_target(args.demand_inferenceservice, args.kube_api))
     app = create_router_app(settings)
     upstream = ", ".join(args.engines) or f"service {args.discover_service}"
     print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",
@@ -87,6 +109,18 @@ def run_router(args: argparse.Namespace) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_keep_alive=5, http=header_timeout_protocol(args.request_header_timeout_seconds))
     return 0
+
+
+def demand_target(flag: str | None, api_url: str | None):
+    """The InferenceService to signal demand on: the flag's NAMESPACE/NAME, else the operator's env vars."""
+    from pagedinfer.router.hold.demand import DemandTarget
+
+    if flag is None:
+        return DemandTarget.from_env(api_url)
+    namespace, sep, name = flag.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"--demand-inferenceservice: expected NAMESPACE/NAME, got {flag!r}")
+    return DemandTarget(name, namespace, api_url)
 
 
 def configure_logging(log_level: str) -> None:

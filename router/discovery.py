@@ -69,12 +69,17 @@ def ready_engine_urls(slices: Iterable[dict[str, Any]], port_name: str = "http")
 
 
 def _client_args(settings: DiscoverySettings) -> tuple[str, dict[str, str], Any]:
-    """(API base URL, headers, TLS verify) for the API server."""
-    if settings.api_url is not None:
-        return settings.api_url.rstrip("/"), {}, True
+    return kube_api_args(settings.api_url, "--discover-service")
+
+
+def kube_api_args(api_url: str | None, needed_by: str) -> tuple[str, dict[str, str], Any]:
+    """(API base URL, headers, TLS verify) for the API server: `api_url` as given (--kube-api), else in-cluster
+    with the pod's service-account token; ValueError naming `needed_by` outside a cluster."""
+    if api_url is not None:
+        return api_url.rstrip("/"), {}, True
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host:
-        raise ValueError("--discover-service: not in a cluster (no KUBERNETES_SERVICE_HOST); pass --kube-api")
+        raise ValueError(f"{needed_by}: not in a cluster (no KUBERNETES_SERVICE_HOST); pass --kube-api")
     token = (SERVICE_ACCOUNT_DIR / "token").read_text().strip()
     host = f"[{host}]" if ":" in host else host
     return f"https://{host}:{port}", {"Authorization": f"Bearer {token}"}, str(SERVICE_ACCOUNT_DIR / "ca.crt")

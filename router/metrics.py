@@ -1,4 +1,5 @@
-"""The router's /metrics: decisions by reason and engine, engine health and cached blocks, retries."""
+"""The router's /metrics: decisions by reason and engine, engine health and cached blocks, retries, the hold
+queue's length and oldest wait."""
 
 from __future__ import annotations
 
@@ -28,10 +29,24 @@ class _EngineCollector:
         yield inflight
 
 
+class _HoldCollector:
+    def __init__(self, hold) -> None:
+        self.hold = hold
+
+    def collect(self):
+        length = GaugeMetricFamily(m.ROUTER_QUEUE_LENGTH.name, "Requests held in the router's queue, waiting for"
+                                   " a ready engine.", value=float(len(self.hold)))
+        oldest = GaugeMetricFamily(m.ROUTER_QUEUE_OLDEST_WAIT_SECONDS.name, "How long the oldest held request has"
+                                   " waited (0 with none held).", value=self.hold.oldest_wait_seconds())
+        yield length
+        yield oldest
+
+
 class RouterMetrics:
-    def __init__(self, state) -> None:
+    def __init__(self, state, hold) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(state))
+        self.registry.register(_HoldCollector(hold))
         self.decisions = Counter(m.ROUTER_DECISIONS.name, "Routing decisions, by reason and engine.",
                                  ["reason", "engine"], registry=self.registry)
         self.retries = Counter(m.ROUTER_RETRIES.name, "Requests retried on another engine before any byte.",

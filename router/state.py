@@ -7,6 +7,14 @@ hashes forgotten, its feed cancelled, and its `lost` event set, which gives up
 every request waiting on it (`upstream.py`); the supervisor keeps polling and
 a restarted engine comes back from a fresh snapshot, with a new `lost` event.
 
+Asleep engines (scale to zero, `engine/sleep/`): an engine whose /health is
+200 with {"status": "asleep"} stays healthy (its feed runs on: its sleep
+cleared its cache, AllBlocksCleared said so) but is not routable: `views()`
+leaves it out and `asleep_views()` lists it, for the hold queue's waker. An
+engine found asleep by a request (its 503 says `asleep`) is marked so at once
+(`mark_asleep`); one woken by `wake` is routable at once. Whenever an engine
+becomes routable, `on_routable()` runs (the router releases its hold queue).
+
 Logged at INFO: each engine's transitions only (healthy, dropped, healthy
 again), never a health check that changes nothing.
 """
@@ -27,6 +35,8 @@ logger = logging.getLogger("pagedinfer.router")
 
 HEALTH_INTERVAL_SECONDS = 0.5
 HEALTH_TIMEOUT_SECONDS = 2.0
+WAKE_TIMEOUT_SECONDS = 120.0  # a wake moves the weights back to the device: seconds on a large GPU model
+ASLEEP_STATUS = "asleep"  # /health's {"status": ...} of a sleeping engine (engine/server/sleep_routes.py)
 
 
 @dataclass
@@ -40,6 +50,7 @@ class EngineRecord:
     feed_task: asyncio.Task | None = None
     lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when dropped; a fresh one when back
     dropped_why: str | None = None  # why it was last dropped; None while healthy or never yet healthy
+    asleep: bool = False  # its /health said asleep (or a request was refused as asleep); not routable
 
     def view(self) -> EngineView:
         return EngineView(self.url, self.num_inflight, self.hashes)
@@ -47,11 +58,15 @@ class EngineRecord:
 
 class RouterState:
     def __init__(self, urls: list[str], client: httpx.AsyncClient,
-                 on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None) -> None:
-        """on_discovery(url, info): each engine's GET /kv_events, read when its feed starts."""
+                 on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None,
+                 on_routable: Callable[[], None] | None = None, admin_headers: dict[str, str] | None = None) -> None:
+        """on_discovery(url, info): each engine's GET /kv_events, read when its feed starts; on_routable():
+        an engine became routable; admin_headers: sent with POST /wake_up (the engines' API key)."""
         self.engines = {url: EngineRecord(url) for url in urls}
         self.client = client
         self.on_discovery = on_discovery
+        self.on_routable = on_routable or (lambda: None)
+        self.admin_headers = admin_headers or {}
         self._supervisors: dict[str, asyncio.Task] = {}
         self._started = False
 
@@ -76,7 +91,35 @@ class RouterState:
                 logger.info("engine %s added", url)
 
     def views(self) -> list[EngineView]:
-        return [e.view() for e in self.engines.values() if e.healthy]
+        """The routable engines: healthy and awake."""
+        return [e.view() for e in self.engines.values() if e.healthy and not e.asleep]
+
+    def asleep_views(self) -> list[EngineView]:
+        return [e.view() for e in self.engines.values() if e.healthy and e.asleep]
+
+    def set_asleep(self, url: str, asleep: bool, why: str) -> None:
+        engine = self.engines.get(url)
+        if engine is None or engine.asleep == asleep:
+            return
+        engine.asleep = asleep
+        logger.info("engine %s %s (%s)", url, "asleep" if asleep else "awake", why)
+        if not asleep and engine.healthy:
+            self.on_routable()
+
+    def mark_asleep(self, url: str) -> None:
+        """A request was refused as asleep: route no more to it until it is awake."""
+        self.set_asleep(url, True, "it refused a request as asleep")
+
+    async def wake(self, url: str) -> str | None:
+        """POST /wake_up to the engine; None once it says it is awake (it is routable then), else why not."""
+        try:
+            r = await self.client.post(url + "/wake_up", headers=self.admin_headers, timeout=WAKE_TIMEOUT_SECONDS)
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        if r.status_code != 200:
+            return f"POST /wake_up answered {r.status_code}"
+        self.set_asleep(url, False, "woken")
+        return None
 
     @property
     def block_size(self) -> int | None:
@@ -114,12 +157,17 @@ class RouterState:
 
     async def _supervise(self, engine: EngineRecord) -> None:
         while True:
+            asleep = False
             try:
-                ok = (await self.client.get(engine.url + "/health", timeout=HEALTH_TIMEOUT_SECONDS)).status_code == 200
+                r = await self.client.get(engine.url + "/health", timeout=HEALTH_TIMEOUT_SECONDS)
+                ok = r.status_code == 200
+                asleep = ok and _health_status(r) == ASLEEP_STATUS
             except httpx.HTTPError as exc:
                 ok, why = False, f"{type(exc).__name__}"
             else:
                 why = "unhealthy"
+            if ok:
+                self.set_asleep(engine.url, asleep, "its /health says so")
             if ok and not engine.healthy:
                 if engine.dropped_why is None:
                     logger.info("engine %s healthy", engine.url)
@@ -129,6 +177,8 @@ class RouterState:
                 engine.lost = asyncio.Event()
                 engine.healthy = True
                 engine.feed_task = asyncio.create_task(self._follow(engine))
+                if not engine.asleep:
+                    self.on_routable()
             elif not ok and engine.healthy:
                 self.mark_dead(engine.url, why)
             await asyncio.sleep(HEALTH_INTERVAL_SECONDS)
@@ -145,3 +195,11 @@ class RouterState:
         except Exception as exc:  # noqa: BLE001 - a feed that fails leaves the engine routable by load only
             logger.warning("KV events of %s unavailable (%s); routing it by load only", engine.url, exc)
             engine.hashes = set()
+
+
+def _health_status(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("status") if isinstance(body, dict) else None

@@ -87,7 +87,7 @@ def test_the_router_answers_health_with_the_engine_healthy(server, decoy_dir, tm
     proc = start_router_process(url, ["--engine", engine_url, "--port", str(port), "--policy", "round-robin"],
                                 tmp_path / "router.log", cwd=decoy_dir)
     try:
-        wait_for(lambda: httpx.get(url + "/health", timeout=5).status_code == 200,
+        wait_for(lambda: httpx.get(url + "/health", timeout=5).json().get("status") == "ok",  # not "holding"
                  "the router never saw its engine healthy")
     finally:
         proc.kill()

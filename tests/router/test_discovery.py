@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 from pagedinfer.testing.operator_harness import serving_emulator
-from router_harness import route_of, start_router
+from router_harness import route_of, start_router, until
 
 from pagedinfer.router.discovery import DiscoverySettings, ready_engine_urls
 
@@ -43,12 +43,6 @@ def _allowed(access) -> bool:
         "discovery.k8s.io", "endpointslices", NS, "list")
 
 
-async def _until(condition, timeout_seconds: float = 60.0) -> None:
-    for _ in range(int(timeout_seconds / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition never held")
 
 
 async def test_a_new_ready_engine_gets_traffic_and_a_terminating_one_none(engines, tiny_llama):
@@ -60,12 +54,12 @@ async def test_a_new_ready_engine_gets_traffic_and_a_terminating_one_none(engine
                                          DiscoverySettings("llama-engines", NS, api_url=api_url))
         try:
             state = router.app.state.router
-            await _until(lambda: [e.url for e in state.engines.values() if e.healthy] == [engines[0].url])
+            await until(lambda: [e.url for e in state.engines.values() if e.healthy] == [engines[0].url])
 
             await emulator.create(slices, _slice("b", port_b, {"ready": False}))
             await emulator.merge(slices, NS, "b", {"endpoints": [{"addresses": ["127.0.0.1"],
                                                                   "conditions": {"ready": True}}]})
-            await _until(lambda: sum(e.healthy for e in state.engines.values()) == 2)
+            await until(lambda: sum(e.healthy for e in state.engines.values()) == 2)
             chosen = set()
             async with httpx.AsyncClient() as client:
                 for _ in range(4):
@@ -76,7 +70,7 @@ async def test_a_new_ready_engine_gets_traffic_and_a_terminating_one_none(engine
 
                 await emulator.merge(slices, NS, "a", {"endpoints": [{"addresses": ["127.0.0.1"], "conditions": {
                     "ready": False, "serving": True, "terminating": True}}]})
-                await _until(lambda: engines[0].url not in state.engines)
+                await until(lambda: engines[0].url not in state.engines)
                 for _ in range(4):
                     r = await client.post(router.url + "/v1/completions", timeout=60,
                                           json={"model": "tiny", "prompt": "hi", "max_tokens": 1})

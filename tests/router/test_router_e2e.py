@@ -8,6 +8,7 @@ from router_harness import route_of, start_router, wait_for
 from serving_harness import start_server, stop_server
 
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig
+from pagedinfer.router.hold.queue import HoldSettings
 
 SYSTEM = "You are a careful assistant for tenant number seven. " * 6
 
@@ -40,9 +41,10 @@ def test_the_openai_client_streams_through_the_router_and_sees_the_route_header(
     assert client.models.list().data[0].id == "tiny"
 
 
-def test_a_dead_engine_is_dropped_its_request_retried_and_with_none_left_the_router_answers_503(tiny_llama):
+def test_a_dead_engine_is_dropped_its_request_retried_and_with_none_left_the_request_is_held_then_503(tiny_llama):
     engines = [start_server(tiny_llama, kv_events=KVEventsConfig(port=0)) for _ in range(2)]
-    router = start_router([e.url for e in engines], tiny_llama, policy="round-robin")
+    router = start_router([e.url for e in engines], tiny_llama, policy="round-robin",
+                          hold=HoldSettings(timeout_seconds=0.5))
     try:
         stop_server(engines[0])
         state = router.app.state.router
@@ -53,10 +55,10 @@ def test_a_dead_engine_is_dropped_its_request_retried_and_with_none_left_the_rou
         assert not state.engines[engines[0].url].healthy and not state.engines[engines[0].url].hashes
         stop_server(engines[1])
         wait_for(lambda: not state.views(), "the router still routes to a stopped engine")
-        r = _chat(router.url, ["hi"])
+        r = _chat(router.url, ["hi"])  # held for an engine, none comes: 503 at its deadline
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        assert route_of(r)["reason"] == "no-engine"
-        assert httpx.get(router.url + "/health").status_code == 503
+        assert route_of(r)["reason"] == "no-engine" and "no engine became ready" in r.json()["error"]["message"]
+        assert httpx.get(router.url + "/health").json()["status"] == "holding"  # it still takes requests
     finally:
         router.stop()
 

@@ -40,12 +40,13 @@ def test_the_server_exposes_exactly_the_server_names():
 
 
 async def test_the_router_exposes_exactly_the_router_names():
+    from pagedinfer.router.hold.queue import HoldQueue, HoldSettings
     from pagedinfer.router.metrics import RouterMetrics
     from pagedinfer.router.state import RouterState
 
     async with httpx.AsyncClient() as client:
-        assert families(RouterMetrics(RouterState(["http://127.0.0.2:8000"], client)).registry) == \
-            named(metric_names.ROUTER)
+        metrics = RouterMetrics(RouterState(["http://127.0.0.2:8000"], client), HoldQueue(HoldSettings()))
+        assert families(metrics.registry) == named(metric_names.ROUTER)
 
 
 def test_the_operator_exposes_exactly_the_operator_names():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -85,6 +86,15 @@ def wait_for(condition, message: str, timeout_seconds: float = 60.0) -> None:
         assert time.monotonic() < deadline, message
         time.sleep(0.05)
 
+
+
+async def until(condition, timeout_seconds: float = 60.0) -> None:
+    """Return once condition() holds, polling from the event loop (a bound on a wait, not a timed assertion)."""
+    for _ in range(int(timeout_seconds / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition never held")
 
 
 def route_of(response: httpx.Response) -> dict[str, str]:
