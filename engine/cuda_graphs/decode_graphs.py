@@ -14,8 +14,11 @@ Running a bucket:
   lengths (the decode split-K count) serves every context the bucket meets;
   the device lengths come from the static buffer at each replay.
 - replayed without capture (a CPU, or CUDA before capture): the same
-  forward on the same static buffers, eagerly, with the step's real host
-  lengths (the CPU kernels read them).
+  forward on the same static buffers, eagerly. With the Triton attention
+  (which reads lengths from the device tensors only) the replay passes the
+  very metadata a capture holds, host lengths at max_model_len, so a CPU
+  test under TRITON_INTERPRET=1 runs what the captured graph runs; the CPU
+  kernels read the host lengths, so they get the step's real ones.
 
 No host sync inside `run` on CUDA: the inputs go up with non-blocking copies
 from pageable host arrays (staged at once), the replay and the copy of the
@@ -34,6 +37,7 @@ import torch
 from pagedinfer.engine.batch.persistent_batch import StepArrays
 from pagedinfer.engine.cuda_graphs.buckets import bucket_for
 from pagedinfer.engine.cuda_graphs.static_inputs import PAD_SEQ_LEN, StaticInputs
+from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata
 
 logger = logging.getLogger(__name__)
@@ -59,6 +63,8 @@ class DecodeGraphs:
         self.captured_bytes: int | None = None  # device memory the capture took (pool + graphs), once captured
         self.capture_seconds: float | None = None
         self.num_runs: dict[int, int] = {b: 0 for b in sizes}  # steps run per bucket (tests, the bench)
+        # the attention reads lengths from the device (Triton): every run passes the capture's metadata
+        self.device_lengths = dispatch.backend_for(device) == "triton"
 
     @property
     def captured(self) -> bool:
@@ -76,6 +82,8 @@ class DecodeGraphs:
         self.static.fill(bucket, token_ids, arrays)
         if bucket in self.graphs:
             self.graphs[bucket].replay()
+        elif self.device_lengths:
+            self._run_body(bucket, self.capture_metadata(bucket))
         else:
             lens = arrays.seq_lens.tolist() + [PAD_SEQ_LEN] * (bucket - n)
             self._run_body(bucket, self.static.metadata(bucket, lens))
@@ -84,6 +92,10 @@ class DecodeGraphs:
         if list(logits_rows) == list(range(n)):
             return logits[:n].clone()  # every row, in order: a decode step's (its own tensor: the buffer is reused)
         return logits[torch.tensor(logits_rows, dtype=torch.long).to(self.device, non_blocking=True)]
+
+    def capture_metadata(self, bucket: int) -> AttentionMetadata:
+        """The metadata a bucket's graph is captured with: the static tensors, host lengths at max_model_len."""
+        return self.static.metadata(bucket, [self.max_model_len] * bucket)
 
     def _run_body(self, bucket: int, meta: AttentionMetadata) -> None:
         input_ids, positions, logits_index = self.static.views(bucket)
@@ -104,7 +116,7 @@ class DecodeGraphs:
         for bucket in reversed(self.sizes):
             # every row padding (slot -1: nothing written), host lengths at max_model_len (see the docstring)
             self.static.fill(bucket, [0], _padding_row())
-            meta = self.static.metadata(bucket, [self.max_model_len] * bucket)
+            meta = self.capture_metadata(bucket)
             for _ in range(WARM_UP_RUNS):
                 self._run_body(bucket, meta)
             torch.cuda.synchronize(self.device)

@@ -94,3 +94,23 @@ def test_padding_rows_write_no_kv_and_the_asked_rows_come_back(graph_llm):
     torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4)
     runner.batch.apply(TableDeltas((), tuple(seqs)))
     assert not set(seqs) & set(runner.batch.row_of)
+
+
+def test_the_gpus_forward_and_kernels_in_the_buckets_equal_generate(make_model, monkeypatch):
+    """Our Triton decoder and attention (the CUDA path, on the CPU interpreter) replayed with the metadata a
+    capture holds: host lengths at max_model_len (600: two decode key splits, most of them empty here)."""
+    from pagedinfer.kernels import dispatch
+
+    model_dir = make_model("llama")
+    prompts = [[5], [12, 13, 14, 15, 16, 17, 18], [40, 41, 42]]
+    want = hf_greedy(model_dir, prompts, 4)
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    llm = LLM(model=str(model_dir), dtype="float32", forward="triton", block_size=8, max_model_len=600,
+              max_cudagraph_capture_size=4, num_gpu_blocks_override=80)
+    graphs = llm.llm_engine.runner.decode_graphs
+    assert graphs.device_lengths and graphs.capture_metadata(4).seq_lens_cpu == [600] * 4
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (4, 2, 3)]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == [w[:n] for w, n in zip(want, (4, 2, 3))]
+    assert graphs.num_runs[4] > 0 and graphs.num_runs[2] > 0 and graphs.num_runs[1] > 0, graphs.num_runs
+    assert llm.get_stats().num_used_blocks == 0
