@@ -11,6 +11,11 @@ GPU a step of 256 sampled rows costs one sync, as in vLLM's sampler). A request
 with a seed draws from its own generator (seeded with seed and its completion
 index), so it is reproducible whatever else shares the batch; the others
 draw from the engine's generator, seeded from the engine's seed.
+A batch whose every row is greedy or drawn without per-row work and without a
+seed (`SamplingParams.device_sampled`, no grammar) takes `sample_device`: its
+token ids stay a device tensor until the one `.tolist()` (the drawn rows'
+options reach the device in one non-blocking transfer, `engine/draw.py`);
+`sample` runs it and falls back to the general path for any other batch.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from pagedinfer.engine.draw import draw, draw_columns
 from pagedinfer.engine.logit_bias import apply_logit_bias
 from pagedinfer.engine.outputs import Logprob
 from pagedinfer.engine.sequence import Sequence
@@ -60,11 +66,12 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
-        if all(s.params.argmax_only and s.grammar is None for s in seqs):
-            # every row a plain greedy one (the common batch): one argmax over the rows as they are, no copy
-            # (a float32 copy holds the same values, so the same first maximum) and no per-row work
+        tokens = self.sample_device(logits, seqs)
+        if tokens is not None:
+            # every row greedy or drawn without per-row work (the common batch): greedy rows take the argmax of
+            # the rows as they are (a float32 copy holds the same values, so the same first maximum); one sync
             self.grammar_bitmask.apply(logits, [])  # drops a prefetch of no rows, as the general path does
-            return [SampleResult(token, None) for token in logits.argmax(dim=-1).tolist()]
+            return [SampleResult(token, None) for token in tokens.tolist()]
         logits = logits.to(torch.float32, copy=True)  # one copy: the penalties below write into it
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
@@ -106,54 +113,30 @@ class Sampler:
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
     def _draw(self, rows: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """One token per row of `rows` [n, vocab]: temperature, top-k, top-p, min-p, then a draw.
+        """One token per row of `rows` [n, vocab]: temperature, top-k, top-p, min-p, then a draw (`engine/draw.py`)."""
+        return draw(rows, draw_columns([s.params for s in seqs], rows.shape[1], rows.device),
+                    self._uniforms(seqs, rows.device))
 
-        Each row's result depends on that row alone (its logits, options and
-        uniform), never on what else shares the step: every cut ends in
-        vocabulary order, and the draw is inverse-CDF sampling over the kept
-        probabilities in vocabulary order, with one uniform per row. Top-k
-        masks below the k-th largest value; top-p masks below the smallest
-        probability of the shortest descending prefix reaching p, ranking only
-        the rows that ask for it (only their top k when they have one). Both
-        cut at a value, so ties are kept and the order a sort gives equal
-        values never matters. A row whose
-        distribution is empty or not finite (every token masked, overflow)
-        takes the argmax of its logits.
-        """
-        vocab = rows.shape[1]
-        params = [s.params for s in seqs]
-        column = lambda values: torch.tensor(values, dtype=rows.dtype, device=rows.device)[:, None]  # noqa: E731
-        scaled = rows / column([p.temperature for p in params])
-        top_k = [p.top_k if p.top_k is not None and p.top_k < vocab else vocab for p in params]
-        if min(top_k) < vocab:
-            largest = torch.topk(scaled, max(top_k), dim=-1).values
-            kth = largest.gather(1, torch.tensor(top_k, device=rows.device)[:, None] - 1)
-            kth = kth.masked_fill(column(top_k) >= vocab, float("-inf"))  # rows without a top-k keep all
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
-        if top_p_rows:
-            index = torch.tensor(top_p_rows, device=rows.device)
-            cut = probs[index]
-            widest_top_k = max(top_k[i] for i in top_p_rows)
-            # a row cut by top-k has at most k non-zero probabilities: the largest k are all it has
-            ranked = torch.topk(cut, widest_top_k, dim=-1).values if widest_top_k < vocab else \
-                torch.sort(cut, dim=-1, descending=True).values
-            kept = (torch.cumsum(ranked, dim=-1) - ranked <= column([params[i].top_p for i in top_p_rows])).sum(-1)
-            smallest_kept = ranked.gather(1, kept[:, None] - 1)
-            probs[index] = cut.masked_fill(cut < smallest_kept, 0.0)
-        min_p = [p.min_p for p in params]
-        if max(min_p) > 0.0:
-            probs = probs.masked_fill(probs < column(min_p) * probs.amax(dim=-1, keepdim=True), 0.0)
-        cumulative = torch.cumsum(probs, dim=-1)
-        target = self._uniforms(seqs, rows.device)[:, None] * cumulative[:, -1:]
-        picked = torch.searchsorted(cumulative, target, right=True)
-        # rounding may put the target at the very total: take the last token still kept, never a masked one
-        positions = torch.arange(vocab, device=rows.device)
-        last_kept = torch.where(probs > 0, positions, 0).amax(dim=-1, keepdim=True)
-        drawn = torch.minimum(picked, last_kept)
-        usable = torch.isfinite(probs).all(dim=-1, keepdim=True) & (cumulative[:, -1:] > 0)
-        return torch.where(usable, drawn, rows.argmax(dim=-1, keepdim=True))[:, 0]
+    def sample_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The rows' tokens as a device tensor `[n]` (int64), with no host sync, when every row is drawn on the
+        device (`SamplingParams.device_sampled`: greedy or temperature/top-k/top-p/min-p, unseeded, no logprobs,
+        logit bias, min_tokens or penalties) and has no grammar; None otherwise (`sample` takes those rows).
+
+        The same tokens `sample` gives for the same generator state: greedy rows take the argmax; the drawn
+        rows' options go to the device in one non-blocking transfer and their uniforms come from the
+        engine's generator, on the device."""
+        if not all(s.params.device_sampled and s.grammar is None for s in seqs):
+            return None
+        tokens = logits.argmax(dim=-1)
+        drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
+        if not drawn:
+            return tokens
+        columns = draw_columns([seqs[row].params for row in drawn], logits.shape[1], logits.device, drawn)
+        rows = logits.float() if len(drawn) == len(seqs) else logits[columns.rows].float()
+        chosen = draw(rows, columns, torch.rand(len(drawn), generator=self.generator, device=logits.device))
+        if len(drawn) == len(seqs):
+            return chosen
+        return tokens.index_put_((columns.rows,), chosen)
 
     def _uniforms(self, seqs: list[Sequence], device: torch.device) -> torch.Tensor:
         """One U[0, 1) per row: a seeded request's from its own generator, the others' from the engine's."""

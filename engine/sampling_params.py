@@ -124,9 +124,19 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     @cached_property  # read per row per step: computed once (a frozen dataclass's __dict__ still takes it)
-    def argmax_only(self) -> bool:
-        """Greedy, and nothing the sampler applies to a row before its argmax (logprobs, logit bias,
-        min_tokens, penalties): such a row's token is the argmax of its logits as they are. The sampler's
-        per-row work (`engine/sampler.py`) is what this names; a new option there must be named here."""
-        return (self.greedy and self.logprobs is None and not self.logit_bias and self.min_tokens == 0
+    def no_row_work(self) -> bool:
+        """Nothing the sampler applies to a row before its argmax or draw (logprobs, logit bias, min_tokens,
+        penalties). The sampler's per-row work (`engine/sampler.py`) is what this names; a new option there
+        must be named here."""
+        return (self.logprobs is None and not self.logit_bias and self.min_tokens == 0
                 and self.repetition_penalty == 1.0 and not self.presence_penalty and not self.frequency_penalty)
+
+    @cached_property
+    def argmax_only(self) -> bool:
+        """Greedy with no per-row work: such a row's token is the argmax of its logits as they are."""
+        return self.greedy and self.no_row_work
+
+    @cached_property
+    def device_sampled(self) -> bool:
+        """No per-row work and no seed: the sampler's batched device path (`Sampler.sample_device`) draws it."""
+        return self.no_row_work and self.seed is None
