@@ -19,7 +19,13 @@ The hash is dropped only when the block is handed out for new content.
 KV events: with an `event_sink` set, the pool reports each hash it registers
 (BlockStored), each hash it drops on eviction (BlockRemoved) and a reset
 (AllBlocksCleared), in the order they happen, so a consumer's set of hashes
-equals `cached`'s keys (docs/router.md).
+equals `cached`'s keys (docs/router.md). Every event carries the pool's
+`medium` ("GPU" for the device pool, even on a CPU engine; "CPU" for the
+host pool of the offload tier, engine/kv_offload/).
+
+Offload hook: with `on_evict` set, a cached block handed out for new content
+is passed to it just before its hash is dropped (after its BlockRemoved), so
+the host tier can keep its content (engine/kv_offload/).
 
 Eviction order of the free queue: least recently freed first; callers free a
 request's blocks tail-first, so among blocks freed together the tail of a
@@ -33,7 +39,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from pagedinfer.engine.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from pagedinfer.engine.kv_events.events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored,
+                                                KVCacheEvent)
 
 ROOT_HASH_SEED = b"pagedinfer-prefix-cache-v1"
 HASH_ALGORITHM = "blake2b-128(parent or seed, int64-le token ids)"  # named in the KV-event discovery answer
@@ -62,6 +69,7 @@ class Block:
     ref_cnt: int = 0
     block_hash: bytes | None = None
     token_ids: tuple[int, ...] | None = None  # content of a cached (hashed) block, for verification
+    parent_hash: bytes | None = None  # the hash its chain continues (None: a first block), for KV events
     prev_free: "Block | None" = field(default=None, repr=False)
     next_free: "Block | None" = field(default=None, repr=False)
     in_free_queue: bool = False
@@ -101,6 +109,17 @@ class FreeBlockQueue:
         block.in_free_queue = False
         self.num_free_blocks -= 1
 
+    def appendleft(self, block: Block) -> None:
+        """Put a free block first in line for reuse (one holding no content worth keeping)."""
+        if block.in_free_queue:
+            raise RuntimeError(f"block {block.block_id} is already free (double free)")
+        first = self._head.next_free
+        assert first is not None
+        block.prev_free, block.next_free = self._head, first
+        self._head.next_free = first.prev_free = block
+        block.in_free_queue = True
+        self.num_free_blocks += 1
+
     def popleft(self) -> Block:
         first = self._head.next_free
         if first is None or first is self._tail:
@@ -118,8 +137,9 @@ class FreeBlockQueue:
 class BlockPool:
     """Fixed set of blocks with reference counts and a hash -> block prefix cache."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, medium: str = MEDIUM_GPU) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0 \
+                or (num_blocks == 0 and medium == MEDIUM_GPU):
             raise ValueError(f"num_blocks: must be an integer >= 1, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
@@ -129,6 +149,8 @@ class BlockPool:
         self.num_cached_free_blocks = 0
         self.peak_num_used_blocks = 0  # high-water mark of num_used_blocks (reset_peak restarts it)
         self.event_sink: Callable[[KVCacheEvent], None] | None = None
+        self.medium = medium  # of the events it reports
+        self.on_evict: Callable[[Block], None] | None = None  # a cached block about to lose its hash to new content
 
     @property
     def num_free_blocks(self) -> int:
@@ -145,22 +167,38 @@ class BlockPool:
         out = []
         for _ in range(num_blocks):
             block = self.free_queue.popleft()
-            self._evict(block)
+            self._evict(block, offload=True)
             block.ref_cnt = 1
             out.append(block)
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used_blocks)
         return out
 
-    def _evict(self, block: Block, report: bool = True) -> None:
+    def owns(self, block: Block) -> bool:
+        """Whether block is one of this pool's (the device pool's and the host pool's ids overlap)."""
+        return 0 <= block.block_id < self.num_blocks and self.blocks[block.block_id] is block
+
+    def _evict(self, block: Block, report: bool = True, offload: bool = False) -> None:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
                 if report and self.event_sink is not None:
-                    self.event_sink(BlockRemoved((block.block_hash,)))
+                    self.event_sink(BlockRemoved((block.block_hash,), self.medium))
+                if offload and self.on_evict is not None:
+                    self.on_evict(block)
             if block.in_free_queue or block.ref_cnt == 0:
                 self.num_cached_free_blocks -= 1
             block.block_hash = None
             block.token_ids = None
+            block.parent_hash = None
+
+    def uncache(self, block: Block) -> None:
+        """Drop a block's hash now (its content moved to the other tier); a free one goes first in line."""
+        if block.block_hash is None:
+            return
+        self._evict(block)
+        if block.in_free_queue:
+            self.free_queue.remove(block)
+            self.free_queue.appendleft(block)
 
     def lookup(self, block_hash: bytes, token_ids: Sequence[int]) -> Block | None:
         """The cached block with this hash AND these token ids, or None."""
@@ -197,30 +235,41 @@ class BlockPool:
             return existing
         block.block_hash = block_hash
         block.token_ids = tuple(token_ids)
+        block.parent_hash = parent_hash
         self.cached[block_hash] = block
+        if block.ref_cnt == 0:  # a free block given content (the host tier's store)
+            self.num_cached_free_blocks += 1
         if self.event_sink is not None:
-            self.event_sink(BlockStored((block_hash,), parent_hash, block.token_ids, len(block.token_ids)))
+            self.event_sink(BlockStored((block_hash,), parent_hash, block.token_ids, len(block.token_ids),
+                                        self.medium))
         return block
 
-    def free(self, blocks: Iterable[Block]) -> None:
-        """Drop one reference from each block, in the order given (callers pass tail-first)."""
+    def free(self, blocks: Iterable[Block], uncached_first: bool = False) -> None:
+        """Drop one reference from each block, in the order given (callers pass tail-first).
+
+        uncached_first: a freed block without a hash goes to the head of the queue, reused before any
+        cached one (the host pool: a swapped sequence's blocks hold nothing the tier could reuse).
+        """
         for block in blocks:
             if block.ref_cnt < 1:
                 raise RuntimeError(f"block {block.block_id} freed twice")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                if uncached_first and block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
                 if block.block_hash is not None:
                     self.num_cached_free_blocks += 1
 
     def reset_peak(self) -> None:
         self.peak_num_used_blocks = self.num_used_blocks
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (e.g. after weights change)."""
+    def reset_prefix_cache(self, report: bool = True) -> None:
+        """Forget every cached hash (e.g. after weights change); report: say AllBlocksCleared."""
         for block in list(self.cached.values()):
             self._evict(block, report=False)
-        if self.event_sink is not None:
+        if report and self.event_sink is not None:
             self.event_sink(AllBlocksCleared())
 
     def check_invariants(self) -> None:

@@ -42,6 +42,19 @@ def _check_swap_space_fits(swap_space_gib: float, num_ranks: int) -> None:
             " lower it, or use preemption_mode recompute, which needs no host pool")
 
 
+def _check_offload_fits(kv_offloading_size_gib: float, swap_space_gib: float, num_ranks: int) -> None:
+    """The host pool (the tier, plus the swap space in swap mode; one per rank) must fit in the host memory available."""
+    bound = available_host_memory()
+    total_gib = (kv_offloading_size_gib + swap_space_gib) * num_ranks
+    if bound is not None and total_gib * 2**30 > bound.available_bytes:
+        beside = f" beside --swap-space {swap_space_gib:g} GiB" if swap_space_gib else ""
+        per_rank = f" x {num_ranks} tensor-parallel ranks" if num_ranks > 1 else ""
+        raise ValueError(
+            f"kv_offloading_size (--kv-offloading-size): {kv_offloading_size_gib:g} GiB of host memory for the"
+            f" prefix cache's tier{beside}{per_rank} does not fit in the {bound.available_bytes / 2**30:.2f} GiB"
+            f" this host has available ({bound.source}); lower it")
+
+
 def _cpu_memory_budget_bytes(text: str) -> int:
     return parse_bytes(text, name="--cpu-memory-budget")
 
@@ -99,6 +112,11 @@ class EngineConfig:
         help="GiB of host memory for KV blocks swapped out by preemption (default 4); with"
              " --preemption-mode swap it must fit in the host memory available (MemAvailable, or the"
              " cgroup's limit less its working set if lower); on a CPU beside the KV pool, which is host memory too")
+    kv_offloading_size: float = flag_field(
+        0.0, flag="--kv-offloading-size", type=float,
+        help="GiB of host memory for the prefix cache's second tier: cached blocks evicted from the KV pool are"
+             " kept there and copied back on a prefix hit instead of recomputed (default 0: off; vLLM's"
+             " flag); it shares one host pool with --swap-space (docs/kv-offload.md)")
     preemption_mode: str = flag_field(
         "recompute", flag="--preemption-mode", choices=PREEMPTION_MODES,
         help="when the pool runs out: recompute (free and redo) or swap (to host memory)")
@@ -158,6 +176,16 @@ class EngineConfig:
         if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) \
                 or not math.isfinite(self.swap_space) or self.swap_space < 0:
             raise ValueError(f"swap_space (--swap-space): must be a number of GiB >= 0, got {self.swap_space!r}")
+        if isinstance(self.kv_offloading_size, bool) or not isinstance(self.kv_offloading_size, (int, float)) \
+                or not math.isfinite(self.kv_offloading_size) or self.kv_offloading_size < 0:
+            raise ValueError("kv_offloading_size (--kv-offloading-size): must be a number of GiB >= 0, got"
+                             f" {self.kv_offloading_size!r}")
+        if self.kv_offloading_size and not self.enable_prefix_caching:
+            raise ValueError("kv_offloading_size (--kv-offloading-size): the tier keeps the prefix cache's"
+                             " evicted blocks; it needs --enable-prefix-caching")
+        if self.kv_offloading_size:
+            _check_offload_fits(self.kv_offloading_size,
+                                self.swap_space if self.preemption_mode == "swap" else 0.0, self.tensor_parallel_size)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.device not in DEVICES:

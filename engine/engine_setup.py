@@ -12,10 +12,12 @@ In the order the engine takes them (`LLMEngine.__init__`):
    estimated within cpu_memory_budget_bytes on a CPU) bounds an override,
    which is lowered with a warning when it does not fit; the pool must hold
    one max_model_len sequence, else InsufficientMemoryError.
-5. `num_swap_blocks`: the host pool holds swapped-out sequences only, so
-   recompute preemption gets none. `check_host_pools_fit`: on a CPU the KV
-   pool is host memory too, not yet touched when it is allocated, so the swap
-   pool must fit beside it (the config checked the swap pool alone).
+5. `num_swap_blocks`: the swap space holds swapped-out sequences only, so
+   recompute preemption gets none; `num_tier_blocks`: the prefix cache's host
+   tier (kv_offloading_size). One host pool holds both (engine/kv_offload/).
+   `check_host_pools_fit`: on a CPU the KV pool is host memory too, not yet
+   touched when it is allocated, so the host pool must fit beside it (the
+   config checked the host pool alone).
 6. `eos_token_ids`: the generation config's EOS ids, else the tokenizer's.
 
 Steps 3 to 6 take plain values and return plain values: tests call them
@@ -98,9 +100,14 @@ def num_swap_blocks(config: EngineConfig, bytes_per_block: int) -> int:
     return int(config.swap_space * 2**30) // bytes_per_block
 
 
+def num_tier_blocks(config: EngineConfig, bytes_per_block: int) -> int:
+    """Blocks the prefix cache's host tier adds to the host pool: kv_offloading_size GiB of them."""
+    return int(config.kv_offloading_size * 2**30) // bytes_per_block
+
+
 def check_host_pools_fit(config: EngineConfig, device_type: str, kv_pool_bytes: int, swap_pool_bytes: int,
                          bound: HostMemoryBound | None) -> None:
-    """On a CPU, every rank's KV pool and host swap pool must fit in the host memory still available (`bound`,
+    """On a CPU, every rank's KV pool and host pool (swap space and tier) must fit in the host memory still available (`bound`,
     read after the weights loaded and before either pool is allocated), else a ValueError naming both.
 
     Both pools are allocated untouched and filled as blocks are written, so without this an engine whose swap
@@ -112,6 +119,13 @@ def check_host_pools_fit(config: EngineConfig, device_type: str, kv_pool_bytes: 
     ranks = config.tensor_parallel_size
     if (kv_pool_bytes + swap_pool_bytes) * ranks > bound.available_bytes:
         per_rank = f", x {ranks} tensor-parallel ranks" if ranks > 1 else ""
+        if config.kv_offloading_size:
+            raise ValueError(
+                f"kv_offloading_size (--kv-offloading-size): {config.kv_offloading_size:g} GiB of host tier (with"
+                f" the swap space, {swap_pool_bytes / 2**30:.2f} GiB of host pool) beside this CPU engine's"
+                f" {kv_pool_bytes / 2**30:.2f} GiB KV pool{per_rank} does not fit in the"
+                f" {bound.available_bytes / 2**30:.2f} GiB this host has available ({bound.source}); lower"
+                " --kv-offloading-size or --cpu-memory-budget")
         raise ValueError(
             f"swap_space (--swap-space): {config.swap_space:g} GiB of host swap pool beside this CPU engine's"
             f" {kv_pool_bytes / 2**30:.2f} GiB KV pool{per_rank} does not fit in the"

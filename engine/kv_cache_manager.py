@@ -1,5 +1,6 @@
 """KV cache manager: per-sequence block tables over the block pool, prefix hits,
-copy-on-write for forked sequences, and the host swap pool.
+copy-on-write for forked sequences, the host swap pool and the prefix cache's
+host tier (engine/kv_offload/: one host pool serves both).
 
 Pure Python, no torch. The scheduler talks to this layer only; it never
 touches a Block's internals.
@@ -11,8 +12,9 @@ Invariants:
   the block is copied (copy-on-write) and the copy goes into its table;
 - only full, computed blocks are cached (hashed);
 - a sequence is in at most one of `tables` (on the device) or `swapped` (on the host);
-- a host block's cpu_ref_cnt is the number of swapped tables holding it; it
-  is free (in free_cpu_blocks) exactly when that is 0;
+- a host block's ref_cnt is the number of swapped tables holding it, plus one
+  while a step's copy still reads it (`OffloadTier.holds`); it is free exactly
+  when that is 0 (a free host block with a hash is a tier entry);
 - every change to a table is marked in `changes` at the first index it
   touches (a freed or swapped-out table at 0), so `take_table_deltas` tells
   the runner exactly what changed since it last asked (engine/batch/).
@@ -26,6 +28,8 @@ from typing import Iterable, TypeVar
 
 from pagedinfer.engine.batch.deltas import TableChanges, TableDeltas
 from pagedinfer.engine.block_pool import Block, BlockPool, hash_block_tokens
+from pagedinfer.engine.kv_events.events import MEDIUM_CPU
+from pagedinfer.engine.kv_offload.tier import OffloadTier, TierCopies, TierStats
 from pagedinfer.engine.sequence import Sequence
 
 T = TypeVar("T")
@@ -42,22 +46,25 @@ class KVCacheStats:
     prefix_cache_preempted_query_tokens: int  # tokens of recompute-preempted sequences looked up again
     prefix_cache_preempted_hit_tokens: int  # of those, tokens found (their own blocks, mostly)
     num_cpu_blocks: int
-    num_free_cpu_blocks: int
+    num_free_cpu_blocks: int  # free host blocks (tier entries among them: evictable)
+    tier: TierStats
 
 
 class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 enable_prefix_caching: bool = True, watermark: float = 0.01) -> None:
+                 enable_prefix_caching: bool = True, watermark: float = 0.01, enable_offload: bool = False) -> None:
+        """num_cpu_blocks: the host pool (swap space plus the tier's); enable_offload: keep evicted prefix
+        blocks in it (engine/kv_offload/)."""
         self.block_size = block_size
         self.pool = BlockPool(num_gpu_blocks, enable_caching=enable_prefix_caching)
+        self.host = BlockPool(num_cpu_blocks, enable_caching=enable_prefix_caching, medium=MEDIUM_CPU)
+        self.tier = OffloadTier(self.pool, self.host, enable_offload)
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.tables: dict[int, list[Block]] = {}
         self.num_cached_blocks: dict[int, int] = {}  # how many of a table's blocks are registered
         self.num_cpu_blocks = num_cpu_blocks
-        self.free_cpu_blocks: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
-        self.cpu_ref_cnt: list[int] = [0] * num_cpu_blocks  # swapped tables referencing each host block
-        self.swapped: dict[int, list[int]] = {}
+        self.swapped: dict[int, list[Block]] = {}  # host blocks of swapped-out sequences
         self.query_tokens = 0
         self.hit_tokens = 0
         self.preempted_query_tokens = 0
@@ -76,18 +83,28 @@ class KVCacheManager:
         return hashes[: num_tokens // bs]
 
     def get_computed_blocks(self, seq: Sequence) -> list[Block]:
-        """Longest cached prefix of full blocks, leaving at least one token to compute."""
+        """Longest cached prefix of full blocks, leaving at least one token to compute.
+
+        Each hit is a device block, or a host block of the tier (`is_tier_hit`) whose content `allocate`
+        loads into a fresh device block.
+        """
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
         max_hit_tokens = seq.num_tokens - 1
         hits: list[Block] = []
+        lookup_tier = self.tier.lookup
         for i, h in enumerate(self._full_block_hashes(seq, max_hit_tokens)):
-            block = self.pool.lookup(h, seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = seq.token_ids[i * bs:(i + 1) * bs]
+            block = self.pool.lookup(h, tokens) or lookup_tier(h, tokens)
             if block is None:
                 break
             hits.append(block)
         return hits
+
+    def num_tier_hits(self, hits: list[Block]) -> int:
+        """How many of get_computed_blocks' hits come from the host tier."""
+        return sum(1 for b in hits if self.host.owns(b)) if self.tier.enabled else 0
 
     # ----- allocation -----------------------------------------------------------------
     def _num_new_blocks(self, seq: Sequence, num_new_tokens: int, num_hit_blocks: int) -> int:
@@ -162,7 +179,8 @@ class KVCacheManager:
             needed = self._num_new_blocks(seq, num_new_tokens, 0)
             return needed + (self.watermark_blocks if use_watermark else 0) <= self.pool.num_free_blocks
         needed = self._num_new_blocks(seq, num_new_tokens, len(hits))
-        revived = sum(1 for b in hits if b.ref_cnt == 0)  # hits sitting in the free queue
+        # hits sitting in the free queue, and the tier's (free host blocks), each taking a free device block
+        revived = sum(1 for b in hits if b.ref_cnt == 0)
         reserve = self.watermark_blocks if use_watermark else 0
         return needed + revived + reserve <= self.pool.num_free_blocks
 
@@ -181,8 +199,19 @@ class KVCacheManager:
         if hits:
             if table:
                 raise RuntimeError("prefix hits apply only to a sequence without blocks")
+            tier_hits = [b for b in hits if self.host.owns(b)] if self.tier.enabled else []
             for block in hits:
-                self.pool.touch(block)
+                if tier_hits and self.host.owns(block):
+                    self.tier.hold(block)  # before allocating: a store must not evict it
+                else:
+                    self.pool.touch(block)
+            if tier_hits:
+                loaded = iter(self.pool.allocate(len(tier_hits)))
+                hits = list(hits)
+                for i, block in enumerate(hits):
+                    if self.host.owns(block):
+                        hits[i] = next(loaded)
+                        self.tier.load(block, hits[i])
             table.extend(hits)
             seq.num_computed_tokens += len(hits) * self.block_size
             self.num_cached_blocks[seq.seq_id] = len(hits)
@@ -202,7 +231,8 @@ class KVCacheManager:
             self.changes.mark(seq.seq_id, first_changed)
         return copies
 
-    def record_admission(self, seq: Sequence, num_hit_tokens: int, readmitted: bool) -> None:
+    def record_admission(self, seq: Sequence, num_hit_tokens: int, readmitted: bool,
+                         num_tier_hit_tokens: int = 0) -> None:
         """Count the prefix-cache lookup of an admission from the waiting queue (in tokens).
 
         A request's first admission is its one prefix-cache query: its prompt
@@ -217,6 +247,7 @@ class KVCacheManager:
         else:
             self.query_tokens += seq.num_prompt_tokens
             self.hit_tokens += num_hit_tokens
+            self.tier.hit_tokens += num_tier_hit_tokens
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register seq's full, computed blocks in the prefix cache (after a step)."""
@@ -232,8 +263,10 @@ class KVCacheManager:
         hashes = self._full_block_hashes(seq, num_full * self.block_size)
         bs = self.block_size
         for i in range(done, num_full):
-            self.pool.cache_block(table[i], hashes[i], seq.token_ids[i * bs:(i + 1) * bs],
-                                  parent_hash=hashes[i - 1] if i else None)
+            canonical = self.pool.cache_block(table[i], hashes[i], seq.token_ids[i * bs:(i + 1) * bs],
+                                              parent_hash=hashes[i - 1] if i else None)
+            if canonical is table[i]:
+                self.tier.discard(hashes[i])  # computed again: the device copy is the one cached
         self.num_cached_blocks[seq.seq_id] = num_full
 
     def fork(self, parent: Sequence, child: Sequence, num_tokens: int | None = None) -> None:
@@ -262,13 +295,7 @@ class KVCacheManager:
             self.changes.mark(seq.seq_id, 0)
         if table:
             self.pool.free(reversed(table))
-        self._release_host_blocks(self.swapped.pop(seq.seq_id, ()))
-
-    def _release_host_blocks(self, cpu_ids) -> None:
-        for c in cpu_ids:
-            self.cpu_ref_cnt[c] -= 1
-            if self.cpu_ref_cnt[c] == 0:
-                self.free_cpu_blocks.append(c)
+        self.host.free(self.swapped.pop(seq.seq_id, ()), uncached_first=True)
 
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, ())]
@@ -291,22 +318,24 @@ class KVCacheManager:
         return list(dict.fromkeys(b for table in tables for b in table))
 
     def can_swap_out(self, *seqs: Sequence) -> bool:
-        return len(self._distinct_blocks(self.tables.get(s.seq_id, ()) for s in seqs)) <= len(self.free_cpu_blocks)
+        """Room in the host pool (the tier's entries give way: they are free blocks)."""
+        return len(self._distinct_blocks(self.tables.get(s.seq_id, ()) for s in seqs)) <= self.host.num_free_blocks
 
     def swap_out(self, *seqs: Sequence) -> list[tuple[int, int]]:
         """Move the unit's blocks to the host pool; returns (device block, host block) pairs to copy."""
         tables = [self.tables.pop(s.seq_id) for s in seqs]
-        host_of: dict[int, int] = {}
-        for block in self._distinct_blocks(tables):
-            host_of[block.block_id] = self.free_cpu_blocks.pop()
+        distinct = self._distinct_blocks(tables)
+        host_of: dict[int, Block] = dict(zip((b.block_id for b in distinct), self.host.allocate(len(distinct))))
         for seq, table in zip(seqs, tables):
             self.changes.mark(seq.seq_id, 0)
             self.num_cached_blocks.pop(seq.seq_id, None)
             self.swapped[seq.seq_id] = [host_of[b.block_id] for b in table]
-            for b in table:
-                self.cpu_ref_cnt[host_of[b.block_id]] += 1
+        for host_block, refs in Counter(h for t in tables for h in (host_of[b.block_id] for b in t)).items():
+            for _ in range(refs - 1):
+                self.host.share(host_block)
+        for table in tables:
             self.pool.free(reversed(table))
-        return list(host_of.items())
+        return [(d, h.block_id) for d, h in host_of.items()]
 
     def can_swap_in(self, writes: list[tuple[Sequence, int]], use_watermark: bool = True) -> bool:
         """Room for the unit's host blocks and for the blocks each sequence's next tokens need.
@@ -322,7 +351,7 @@ class KVCacheManager:
             idx = seq.num_computed_tokens // self.block_size
             if num_new and idx < len(host):
                 writers[host[idx]] += 1
-        needed += sum(min(w, self.cpu_ref_cnt[c] - 1) for c, w in writers.items())
+        needed += sum(min(w, c.ref_cnt - 1) for c, w in writers.items())
         return needed + reserve <= self.pool.num_free_blocks
 
     def swap_in(self, *seqs: Sequence) -> list[tuple[int, int]]:
@@ -339,8 +368,21 @@ class KVCacheManager:
             for _ in range(refs[c] - 1):
                 self.pool.share(block)
         for host in host_tables:
-            self._release_host_blocks(host)
-        return [(c, b.block_id) for c, b in device_of.items()]
+            self.tier.defer_free(host)  # this step's swap-in copies still read them
+        return [(c.block_id, b.block_id) for c, b in device_of.items()]
+
+    # ----- the host tier's step boundary ------------------------------------------------------
+    def begin_step(self) -> None:
+        """A step is being scheduled: the previous step's copies have run (its held host blocks are free)."""
+        self.tier.begin_step()
+
+    def take_tier_copies(self) -> TierCopies:
+        return self.tier.take_copies()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash, on the device and in the tier (one AllBlocksCleared)."""
+        self.tier.reset()
+        self.pool.reset_prefix_cache()
 
     # ----- introspection ---------------------------------------------------------------
     def stats(self) -> KVCacheStats:
@@ -354,7 +396,8 @@ class KVCacheManager:
             prefix_cache_preempted_query_tokens=self.preempted_query_tokens,
             prefix_cache_preempted_hit_tokens=self.preempted_hit_tokens,
             num_cpu_blocks=self.num_cpu_blocks,
-            num_free_cpu_blocks=len(self.free_cpu_blocks),
+            num_free_cpu_blocks=self.host.num_free_blocks,
+            tier=self.tier.stats(),
         )
 
     def check_invariants(self) -> None:
@@ -364,7 +407,8 @@ class KVCacheManager:
             if refs.get(block.block_id, 0) != block.ref_cnt:
                 raise AssertionError(
                     f"block {block.block_id}: ref_cnt {block.ref_cnt} but {refs.get(block.block_id, 0)} tables")
-        host_refs = Counter(c for ids in self.swapped.values() for c in ids)
-        if sorted(list(host_refs) + self.free_cpu_blocks) != list(range(self.num_cpu_blocks)) \
-                or any(self.cpu_ref_cnt[c] != host_refs.get(c, 0) for c in range(self.num_cpu_blocks)):
-            raise AssertionError("host swap pool leaked or double-freed a block")
+        host_refs = Counter(c.block_id for blocks in self.swapped.values() for c in blocks)
+        try:
+            self.tier.check_invariants(host_refs)
+        except AssertionError as exc:
+            raise AssertionError(f"host swap pool or tier: {exc}") from None

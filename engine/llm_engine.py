@@ -34,6 +34,7 @@ from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.host_memory import available_host_memory
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
+from pagedinfer.engine.kv_offload.tier import LOAD, STORE
 from pagedinfer.engine.outputs import (CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput,
                                        RequestOutputDelta)
 from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
@@ -96,12 +97,15 @@ class LLMEngine:
         self.bytes_per_block = self.sizing.bytes_per_block
         self.num_gpu_blocks = setup.choose_num_gpu_blocks(config, self.sizing.num_gpu_blocks, self.max_model_len,
                                                           self.runner.device.type)
-        self.num_cpu_blocks = setup.num_swap_blocks(config, self.bytes_per_block)
+        # one host pool: the swap space and the prefix cache's tier (engine/kv_offload/)
+        self.num_tier_blocks = setup.num_tier_blocks(config, self.bytes_per_block)
+        self.num_cpu_blocks = setup.num_swap_blocks(config, self.bytes_per_block) + self.num_tier_blocks
         setup.check_host_pools_fit(config, self.runner.device.type, self.num_gpu_blocks * self.bytes_per_block,
                                    self.num_cpu_blocks * self.bytes_per_block, available_host_memory())
         self.runner.allocate_kv_cache(self.num_gpu_blocks, self.num_cpu_blocks)
         self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.num_cpu_blocks,
-                                 config.enable_prefix_caching, config.watermark)
+                                 config.enable_prefix_caching, config.watermark,
+                                 enable_offload=self.num_tier_blocks > 0)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.eos_token_ids = setup.eos_token_ids(
             getattr(self.runner.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id)
@@ -120,8 +124,9 @@ class LLMEngine:
                 self._output_side = OutputProcess(str(config.tokenizer or config.model))
         # the detokenizers' `decode([id])` memo, one per skip_special_tokens (used on the output side only)
         self._pieces: dict[bool, dict[int, str]] = {True: {}, False: {}}
-        logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host swap blocks",
-                    self.num_gpu_blocks, config.block_size, self.bytes_per_block, self.num_cpu_blocks)
+        logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host blocks (%d of them the tier's)",
+                    self.num_gpu_blocks, config.block_size, self.bytes_per_block, self.num_cpu_blocks,
+                    self.num_tier_blocks)
 
     def warm_up_structured_outputs(self) -> None:
         """Do the grammar backend's one-time set-up now (a server, before it reports healthy), not in a step."""
@@ -496,5 +501,10 @@ class LLMEngine:
             num_running_reqs=requests.running, num_waiting_reqs=requests.waiting,
             num_swapped_reqs=requests.swapped,
             num_waiting_seqs=sum(self.scheduler.seats(s) for s in self.scheduler.waiting),  # n, beam_width
-            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)
+            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
+            kv_offload_num_blocks=kv.tier.num_blocks, kv_offload_cached_blocks=kv.tier.num_cached_blocks,
+            prefix_cache_offload_hit_tokens=kv.tier.hit_tokens,
+            kv_offload_bytes={STORE: kv.tier.num_stored_blocks * self.bytes_per_block,
+                              LOAD: kv.tier.num_loaded_blocks * self.bytes_per_block},
+            kv_offload_copy_seconds=self.runner.tier_copier.seconds())
 

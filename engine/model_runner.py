@@ -39,6 +39,8 @@ from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, 
 from pagedinfer.engine.gpu_forward.select import choose_decoder
 from pagedinfer.engine.engine_setup import resolve_max_model_len
 from pagedinfer.engine.hf_config import load_hf_config
+from pagedinfer.engine.kv_offload.copies import TierCopier
+from pagedinfer.engine.kv_offload.tier import LOAD, STORE
 from pagedinfer.engine.model_shape import ModelShape, resolve_dtype as resolve_dtype_name
 from pagedinfer.engine.scheduler import SchedulerOutput
 from pagedinfer.kernels import dispatch
@@ -159,7 +161,8 @@ class ModelRunner:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + \
             sum(b.numel() * b.element_size() for b in self.model.buffers())
         self.kv_cache: torch.Tensor | None = None
-        self.cpu_cache: torch.Tensor | None = None
+        self.cpu_cache: torch.Tensor | None = None  # the host pool: swap space and the prefix cache's tier
+        self.tier_copier = TierCopier(self.device)
         self.batch = PersistentBatch(self.block_size, config.max_num_seqs)
         # a step's token ids and logits rows, written into buffers kept across steps (engine/batch/step_inputs.py)
         self._input_ids = IndexBuffer(self.device, config.max_num_batched_tokens)
@@ -324,7 +327,8 @@ class ModelRunner:
         if not keep:
             keep, keep_ids = [len(ids) - 1], []  # logits_to_keep must select something
         logits = self.run_step(StepInputs(ids, seq_ids, seq_lens, query_lens, keep, sched.table_deltas,
-                                          sched.blocks_to_copy, sched.blocks_to_swap_out, sched.blocks_to_swap_in))
+                                          sched.blocks_to_copy, sched.blocks_to_swap_out, sched.blocks_to_swap_in,
+                                          sched.tier_copies.stores, sched.tier_copies.loads))
         prompt_logits: dict[int, PromptLogits] = {}
         row = num_sampled
         for seq_id, first_target, _, count in prompt_keep:
@@ -346,10 +350,13 @@ class ModelRunner:
 
     def _run_step(self, step: StepInputs) -> torch.Tensor:
         self.batch.apply(step.table_deltas)
+        # the host tier's stores read device blocks this step may overwrite: first (engine/kv_offload/)
+        self.tier_copier.copy(STORE, self.kv_cache, self.cpu_cache, step.tier_stores)
         if step.blocks_to_swap_out:
             dispatch.swap_blocks(self.kv_cache, self.cpu_cache, _pairs(step.blocks_to_swap_out), block_dim=2)
         if step.blocks_to_swap_in:
             dispatch.swap_blocks(self.cpu_cache, self.kv_cache, _pairs(step.blocks_to_swap_in), block_dim=2)
+        self.tier_copier.copy(LOAD, self.cpu_cache, self.kv_cache, step.tier_loads)
         if step.blocks_to_copy:
             dispatch.copy_blocks(self.key_caches, self.value_caches, _pairs(step.blocks_to_copy, self.device))
         graphs = self.decode_graphs

@@ -74,6 +74,17 @@ class EngineStats:
     num_waiting_seqs: int  # sequences to admit: a waiting request with n > 1 not yet forked counts n
     num_prompt_tokens: int
     num_generation_tokens: int
+    # the prefix cache's host tier (engine/kv_offload/); zero when it is off
+    kv_offload_num_blocks: int = 0  # host pool blocks the tier may fill (shared with the swap space)
+    kv_offload_cached_blocks: int = 0  # tier entries now
+    prefix_cache_offload_hit_tokens: int = 0  # of prefix_cache_hit_tokens, those loaded back from the tier
+    kv_offload_bytes: dict[str, int] = field(default_factory=dict)  # by direction: device_to_host, host_to_device
+    kv_offload_copy_seconds: dict[str, float] = field(default_factory=dict)  # by direction
+
+    @property
+    def kv_offload_usage(self) -> float:
+        """Tier entries / the blocks it may fill (0 when off)."""
+        return self.kv_offload_cached_blocks / self.kv_offload_num_blocks if self.kv_offload_num_blocks else 0.0
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from typing import NamedTuple
 from pagedinfer.engine.batch.deltas import TableDeltas
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
+from pagedinfer.engine.kv_offload.tier import TierCopies
 from pagedinfer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -66,6 +67,9 @@ class SchedulerOutput:
     blocks_to_swap_in: tuple[tuple[int, int], ...]  # (host block, device block), copied before the forward
     blocks_to_copy: tuple[tuple[int, int], ...]  # copy-on-write (src, dst) device blocks
     preempted: tuple[Sequence, ...] = ()  # sequences preempted this step
+    # the host tier's copies (engine/kv_offload/): stores (device -> host) run first of all, loads
+    # (host -> device) after the swap-ins, both before the forward
+    tier_copies: TierCopies = TierCopies()
     # block tables changed since the last non-empty step (never whole tables of unchanged sequences);
     # the runner's persistent batch applies them before the forward (engine/batch/)
     table_deltas: TableDeltas = TableDeltas()
@@ -117,6 +121,7 @@ class Scheduler:
 
     # ----- one step ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self.kv.begin_step()
         budget = self.config.max_num_batched_tokens
         chosen: list[tuple[Sequence, int]] = []
         swap_out: list[tuple[int, int]] = []
@@ -205,6 +210,7 @@ class Scheduler:
                 reuse = seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None
                 hits = self.kv.get_computed_blocks(seq) if reuse else []
                 num_hit_tokens = len(hits) * self.kv.block_size
+                num_tier_hit_tokens = self.kv.num_tier_hits(hits) * self.kv.block_size if hits else 0
                 remaining = seq.num_tokens - seq.num_computed_tokens - num_hit_tokens
                 if not self.config.enable_chunked_prefill and remaining > budget:
                     break
@@ -216,7 +222,8 @@ class Scheduler:
                     break
                 self.waiting.popleft()
                 copies.extend(self.kv.allocate(seq, num_new, hits))
-                self.kv.record_admission(seq, num_hit_tokens, readmitted=seq.was_admitted)
+                self.kv.record_admission(seq, num_hit_tokens, readmitted=seq.was_admitted,
+                                         num_tier_hit_tokens=num_tier_hit_tokens)
                 if not seq.was_admitted:
                     seq.num_cached_tokens = num_hit_tokens
                     seq.was_admitted = True
@@ -235,6 +242,7 @@ class Scheduler:
             preempted=tuple(preempted),
             # an empty step runs nothing: its changes stay pending for the next step that runs
             table_deltas=self.kv.take_table_deltas() if chosen else TableDeltas(),
+            tier_copies=self.kv.take_tier_copies() if chosen else TierCopies(),
         )
 
     @staticmethod

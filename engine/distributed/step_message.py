@@ -42,6 +42,8 @@ class StepInputs:
     blocks_to_copy: tuple[tuple[int, int], ...] = ()
     blocks_to_swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block)
     blocks_to_swap_in: tuple[tuple[int, int], ...] = ()   # (host block, device block)
+    tier_stores: tuple[tuple[int, int], ...] = ()  # (device block, host block): the host tier's, run first
+    tier_loads: tuple[tuple[int, int], ...] = ()   # (host block, device block): after the swap-ins
 
 
 @dataclass(frozen=True)

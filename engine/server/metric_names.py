@@ -77,6 +77,15 @@ SERVER = (KV_CACHE_NUM_BLOCKS, KV_CACHE_USED_BLOCKS, KV_CACHE_FREE_BLOCKS, KV_CA
           KV_CACHE_ALLOCATION_FAILURES, PROMPT_TOKENS, GENERATION_TOKENS, NUM_PREEMPTIONS, REQUEST_SUCCESS,
           TIME_TO_FIRST_TOKEN_SECONDS, INTER_TOKEN_LATENCY_SECONDS, E2E_REQUEST_LATENCY_SECONDS,
           REQUEST_QUEUE_TIME_SECONDS, CACHE_CONFIG)
+# the prefix cache's host tier (--kv-offloading-size, engine/kv_offload/); zero when it is off
+PREFIX_CACHE_OFFLOAD_HITS = Metric(PREFIX + "prefix_cache_offload_hits", COUNTER)  # prompt tokens, of the hits
+KV_OFFLOAD_NUM_BLOCKS = Metric(PREFIX + "kv_offload_num_blocks", GAUGE)  # host blocks the tier may fill
+KV_OFFLOAD_CACHED_BLOCKS = Metric(PREFIX + "kv_offload_cached_blocks", GAUGE)  # tier entries now
+KV_OFFLOAD_USAGE_RATIO = Metric(PREFIX + "kv_offload_usage_ratio", GAUGE)  # entries / blocks it may fill
+KV_OFFLOAD_BYTES = Metric(PREFIX + "kv_offload_bytes", COUNTER)  # label direction
+KV_OFFLOAD_COPY_SECONDS = Metric(PREFIX + "kv_offload_copy_seconds", COUNTER)  # label direction
+SERVER += (PREFIX_CACHE_OFFLOAD_HITS, KV_OFFLOAD_NUM_BLOCKS, KV_OFFLOAD_CACHED_BLOCKS, KV_OFFLOAD_USAGE_RATIO,
+           KV_OFFLOAD_BYTES, KV_OFFLOAD_COPY_SECONDS)
 
 # ---- the prefix-aware router (`pagedinfer router`) ----
 ROUTER_ENGINE_HEALTHY = Metric(PREFIX + "router_engine_healthy", GAUGE)  # label engine

@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pagedinfer.engine.server import metric_names as m
 
 FINISHED_REASONS = ("stop", "length", "abort")
+TIER_DIRECTIONS = ("device_to_host", "host_to_device")  # engine/kv_offload/tier.py: STORE, LOAD
 TTFT_BUCKETS_SECONDS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                         20.0, 40.0, 80.0)
 ITL_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
@@ -52,6 +53,10 @@ _GAUGES = (
      "Requests waiting to be scheduled, none of their sequences running or swapped (n completions count once)."),
     (m.NUM_REQUESTS_SWAPPED, "num_swapped_reqs",
      "Requests with a sequence swapped out to host memory and none running."),
+    (m.KV_OFFLOAD_NUM_BLOCKS, "kv_offload_num_blocks",
+     "Host blocks the prefix cache's tier may fill (the host pool, shared with the swap space; 0: off)."),
+    (m.KV_OFFLOAD_CACHED_BLOCKS, "kv_offload_cached_blocks", "Blocks the prefix cache's host tier holds."),
+    (m.KV_OFFLOAD_USAGE_RATIO, "kv_offload_usage", "Host tier blocks held / the blocks it may fill (0-1)."),
 )
 _COUNTERS = (
     (m.PREFIX_CACHE_QUERIES, "prefix_cache_query_tokens",
@@ -63,6 +68,8 @@ _COUNTERS = (
      "Of those, tokens found in the cache: recomputation saved, not prompt-cache hits."),
     (m.KV_CACHE_ALLOCATION_FAILURES, "num_allocation_failures",
      "Times a request could not get the KV blocks it needed."),
+    (m.PREFIX_CACHE_OFFLOAD_HITS, "prefix_cache_offload_hit_tokens",
+     "Of the prefix cache hits, prompt tokens loaded back from the host tier instead of recomputed."),
     (m.PROMPT_TOKENS, "num_prompt_tokens", "Prompt tokens processed (prefilled)."),
     (m.GENERATION_TOKENS, "num_generation_tokens", "Tokens generated."),
 )
@@ -93,6 +100,14 @@ class _EngineStatsCollector:
         for mode in sorted(set(stats.num_preemptions) | {"recompute", "swap"}):
             preemptions.add_metric(labels + [mode], float(stats.num_preemptions.get(mode, 0)))
         yield preemptions
+        for metric, values, doc in (
+                (m.KV_OFFLOAD_BYTES, stats.kv_offload_bytes, "Bytes copied between the KV pool and its host tier."),
+                (m.KV_OFFLOAD_COPY_SECONDS, stats.kv_offload_copy_seconds,
+                 "Time spent copying between the KV pool and its host tier.")):
+            family = CounterMetricFamily(metric.name, doc, labels=["model_name", "direction"])
+            for direction in TIER_DIRECTIONS:
+                family.add_metric(labels + [direction], float(values.get(direction, 0)))
+            yield family
 
 
 class ServerMetrics:

@@ -2,8 +2,10 @@
 
 The driver plays the model runner: after each step, sequences whose tokens are
 all computed get one new token. A hypothesis state machine runs random
-add/step/abort/fork sequences in both preemption modes and checks the pool's
-invariants after every rule; no block leaks and none is freed twice. The
+add/step/abort/fork sequences in both preemption modes, with and without the
+prefix cache's host tier (sharing the host pool with the swap space), and
+checks the pools' invariants after every rule; no block leaks and none is
+freed twice (the tier's own machine, with block contents: test_kv_offload.py). The
 driver also keeps the runner's persistent batch from the steps' block-table
 deltas alone, and checks after every step that it equals the KV cache
 manager's tables (preemption, swapping, prefix hits, chunked prefill, forks,
@@ -29,10 +31,11 @@ from pagedinfer.engine.scheduler import RequestCounts, Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceStatus
 
 
-def make(num_blocks=16, block_size=4, mode="recompute", budget=16, max_seqs=4, chunked=True, cpu=16, watermark=0.0):
+def make(num_blocks=16, block_size=4, mode="recompute", budget=16, max_seqs=4, chunked=True, cpu=16, watermark=0.0,
+         tier=False):
     cfg = EngineConfig(model="unused", block_size=8, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
                        preemption_mode=mode, enable_chunked_prefill=chunked, watermark=watermark)
-    kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=cpu, watermark=watermark)
+    kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=cpu, watermark=watermark, enable_offload=tier)
     return Scheduler(cfg, kv, max_model_len=num_blocks * block_size), kv
 
 
@@ -222,11 +225,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.groups: list = []  # live beam groups
 
     @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]),
-          watermark=st.sampled_from([0.0, 0.1]), num_blocks=st.sampled_from([8, 12]))
-    def configure(self, mode, cpu, watermark, num_blocks):
+          watermark=st.sampled_from([0.0, 0.1]), num_blocks=st.sampled_from([8, 12]), tier=st.booleans())
+    def configure(self, mode, cpu, watermark, num_blocks, tier):
         if not hasattr(self, "sched"):
             self.sched, self.kv = make(num_blocks=num_blocks, block_size=4, mode=mode, budget=12, cpu=cpu,
-                                       watermark=watermark)
+                                       watermark=watermark, tier=tier)
 
     def _ready(self):
         return hasattr(self, "sched")
@@ -337,6 +340,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             # one prefix-cache query per request, in prompt tokens, however often it was preempted
             assert stats.prefix_cache_query_tokens == sum(s.num_prompt_tokens for s in self.added if s.was_admitted)
             assert stats.prefix_cache_hit_tokens <= stats.prefix_cache_query_tokens
+            assert stats.tier.hit_tokens <= stats.prefix_cache_hit_tokens
             counts = self.sched.num_requests()
             unfinished = {s.request_id for s in self.live if not s.is_finished} | {g.request_id for g in self.groups}
             assert counts.running + counts.waiting + counts.swapped == len(unfinished)
@@ -345,6 +349,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self._ready():
             for s in self.live + [b for g in self.groups for b in g.seqs]:
                 self.sched.finish(s, "abort")
+            self.kv.take_tier_copies()  # as the next step would run them: then its held host blocks are free
+            self.kv.begin_step()
             self.kv.check_invariants()
             assert self.kv.stats().num_free_blocks == self.kv.stats().num_total_blocks
             assert self.kv.stats().num_free_cpu_blocks == self.kv.num_cpu_blocks
