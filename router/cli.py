@@ -11,6 +11,7 @@ from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
 from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
 from pagedinfer.router.hold.queue import (DEFAULT_KEEPALIVE_SECONDS, DEFAULT_MAX_QUEUED_REQUESTS,
                                           DEFAULT_QUEUE_TIMEOUT_SECONDS)
+from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
 from pagedinfer.router.policy import POLICIES
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS
 
@@ -35,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--engine-port-name", default="http", help="the EndpointSlice port of the engines' HTTP server")
     k.add_argument("--kube-api", type=cli_types.http_url, default=None,
                    help="the API server's URL (default: in-cluster, with the service-account token)")
+    k.add_argument("--discovery-poll-interval-seconds", type=cli_types.positive_seconds,
+                   default=DISCOVERY_POLL_INTERVAL_SECONDS,
+                   help="list the EndpointSlices this often; a terminating engine leaves the candidates within it"
+                        " (the operator sizes the engines' preStop wait from the default,"
+                        f" {DISCOVERY_POLL_INTERVAL_SECONDS:g})")
     p.add_argument("--policy", choices=POLICIES, default="prefix",
                    help="prefix: longest cached prefix, spread under saturation (default); least-load;"
                         " round-robin")
@@ -94,7 +100,8 @@ def run_router(args: argparse.Namespace) -> int:
         namespace = args.namespace or in_cluster_namespace()
         if not namespace:
             raise ValueError("--namespace: required outside a pod (no service-account namespace file)")
-        discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api)
+        discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api,
+                                      args.discovery_poll_interval_seconds)
     settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer,
                               discovery, args.max_request_body_bytes, args.request_body_timeout_seconds,
                               args.upstream_first_byte_timeout_seconds,

@@ -2,11 +2,15 @@
 
 The router lists `discovery.k8s.io/v1` EndpointSlices labelled
 `kubernetes.io/service-name=<service>` in its own namespace every
-`POLL_INTERVAL_SECONDS` (namespace-scoped `list` on endpointslices is all
+`poll_interval_seconds` (`--discovery-poll-interval-seconds`, default
+`lifecycle.DISCOVERY_POLL_INTERVAL_SECONDS`, which also sizes the engines'
+preStop wait; namespace-scoped `list` on endpointslices is all
 the RBAC it needs) and hands the set of engine URLs to the state owner:
 - an endpoint counts when `conditions.ready` is true (absent means ready, as
-  the API documents) and it is not `terminating`: a terminating pod is
-  removed at once and gets no new requests;
+  the API documents) and it is not `terminating`: a terminating pod (the
+  EndpointSlice controller writes ready=false, serving=true, terminating=true
+  from its deletionTimestamp on) is removed at the next poll and gets no new
+  requests, while the requests already proxied to it finish;
 - a new ready pod is added at the next poll, then health-checked (0.5 s), so
   it gets traffic within about 2 s;
 - a failed list keeps the last known set (an API-server hiccup never empties
@@ -27,9 +31,10 @@ from typing import Any, Callable, Iterable
 
 import httpx
 
+from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
+
 logger = logging.getLogger("pagedinfer.router.discovery")
 
-POLL_INTERVAL_SECONDS = 1.0
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
@@ -40,6 +45,11 @@ class DiscoverySettings:
     namespace: str
     port_name: str = "http"  # the EndpointSlice port that serves HTTP
     api_url: str | None = None  # None: in-cluster (KUBERNETES_SERVICE_HOST, the service-account token)
+    poll_interval_seconds: float = DISCOVERY_POLL_INTERVAL_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.poll_interval_seconds > 0:
+            raise ValueError(f"poll_interval_seconds: must be > 0, got {self.poll_interval_seconds}")
 
 
 def in_cluster_namespace() -> str | None:
@@ -104,4 +114,4 @@ async def follow_endpoint_slices(settings: DiscoverySettings, on_change: Callabl
                 if urls != last:
                     on_change(urls)
                     last = urls
-            await asyncio.sleep(POLL_INTERVAL_SECONDS)
+            await asyncio.sleep(settings.poll_interval_seconds)

@@ -21,7 +21,9 @@ resources registered with `register()`:
   resource quantities as the API server writes them, empty env values
   dropped (`kube_emulator_rules.canonical_pod_spec`);
 - deletion with finalizers (deletionTimestamp, then gone when the last
-  finalizer is removed);
+  finalizer is removed); a pod's graceful deletion (`begin_pod_deletion`:
+  deletionTimestamp and deletionGracePeriodSeconds set, the Pod kept until the
+  kubelet's final removal, as a DELETE with a grace period does);
 - list and watch with `labelSelector` and `fieldSelector`, list
   `metadata.resourceVersion`, watch from a `resourceVersion` (replaying the
   event log), watch `timeoutSeconds`;
@@ -188,6 +190,21 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def remove(self, res: kmock.resource, namespace: str | None, name: str) -> None:
         async with self._changed:
             self._delete(res, namespace, name)
+
+    async def begin_pod_deletion(self, namespace: str, name: str) -> dict[str, Any]:
+        """A pod's DELETE with its grace period: the Pod stays, terminating, until `remove` (the kubelet's
+        final delete once its containers stopped). deletionTimestamp is when the grace period ends."""
+        pods = kmock.resource("", "v1", "pods")
+        async with self._changed:
+            current = self._current(pods, namespace, name)
+            meta = current["metadata"]
+            if meta.get("deletionTimestamp"):
+                return current
+            grace = int((current.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            meta["deletionGracePeriodSeconds"] = grace
+            meta["deletionTimestamp"] = (datetime.datetime.now(datetime.timezone.utc)
+                                         + datetime.timedelta(seconds=grace)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            return self._commit(pods, "MODIFIED", current)
 
     async def collect_garbage(self) -> list[tuple[str, str]]:
         """Play the garbage collector: delete objects whose owners (by uid) no longer exist."""

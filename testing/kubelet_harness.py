@@ -15,6 +15,13 @@ what a kubelet would do:
   spec) plus a Running, Ready status and that podIP in the emulated API
   server; on scale-down it deletes the Pod object first (as endpoints drop
   a terminating pod) and then stops the process. At most `max_engines` run.
+  With `lifecycle=True` it plays the kubelet and the Deployment controller
+  more fully (pod_lifecycle.py): a pod to stop is the one the ReplicaSet
+  would delete (`scale_down_order`: pod-deletion-cost honoured; a rolling
+  update's old pods first), it is deleted gracefully (terminating, with a
+  deletionTimestamp, while its preStop hook runs, then SIGTERM, and its Pod
+  object removed once the process exited), and a changed pod template rolls
+  the pods one at a time (maxSurge 1, maxUnavailable 0).
   `async with harness.running():` runs it for a block, watched by every
   `eventually` there (watched.py): an engine that exits unexpectedly fails
   the wait at once, naming its pod, its exit code and its log's tail.
@@ -39,6 +46,8 @@ import aiohttp
 import kmock
 
 from pagedinfer.testing.kube_emulator import KubeEmulator
+from pagedinfer.testing.kube_emulator_rules import scale_down_order
+from pagedinfer.testing.pod_lifecycle import pre_stop, template_key
 from pagedinfer.testing.pod_process import http_port, local_process
 from pagedinfer.testing.watched import Died, exit_report, log_tail, stop_task, watching
 
@@ -115,6 +124,7 @@ class Engine:
     port: int
     process: subprocess.Popen
     log_path: Path
+    template: dict[str, Any] = field(default_factory=dict)  # the pod template it was started from
 
 
 def native_kernels_cache() -> str:
@@ -161,6 +171,7 @@ class KubeletHarness:
     max_engines: int = 3
     poll_seconds: float = 0.3
     ready_timeout_seconds: float = 120.0
+    lifecycle: bool = False  # graceful termination, ReplicaSet victims and rolling updates (the module's doc)
     bin_dir: Path = Path(sys.executable).parent
     engines: list[Engine] = field(default_factory=list)
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, desired replicas)
@@ -220,16 +231,36 @@ class KubeletHarness:
                 if not self.history or self.history[-1][1] != desired:
                     self.history.append((time.monotonic(), desired))
                 while len(self.engines) > desired:
-                    await self._stop(self.engines.pop())
+                    await self._stop(self._victim() if self.lifecycle else self.engines.pop())
+                if self.lifecycle and len(self.engines) == desired and self._outdated():
+                    await self._start(stop)  # the surge pod; the next pass removes an old one
                 while len(self.engines) < desired and not stop.is_set():
                     await self._start(stop)
                 await pause(stop, self.poll_seconds)
         except Exception as exc:
             self.failure = exc
             raise
-        finally:
+        finally:  # the harness ends: no preStop waits, whatever `lifecycle` says
             while self.engines:
-                await self._stop(self.engines.pop())
+                engine = self.engines.pop()
+                with contextlib.suppress(Exception):
+                    await self.emulator.remove(PODS, self.namespace, engine.pod_name)
+                await self._stop_process(engine)
+
+    def _outdated(self) -> list[Engine]:
+        deployment = self.deployment()
+        current = template_key(deployment["spec"]["template"]) if deployment is not None else None
+        return [e for e in self.engines if template_key(e.template) != current]
+
+    def _victim(self) -> Engine:
+        """The engine the ReplicaSet deletes next (removed from `engines`): an old revision's first."""
+        candidates = self._outdated() or self.engines
+        pods = [self.emulator.read(PODS, self.namespace, e.pod_name) for e in candidates]
+        order = scale_down_order([p for p in pods if p is not None])
+        name = order[0]["metadata"]["name"] if order else candidates[-1].pod_name
+        victim = next(e for e in candidates if e.pod_name == name)
+        self.engines.remove(victim)
+        return victim
 
     @property
     def ips(self) -> list[str]:
@@ -263,7 +294,7 @@ class KubeletHarness:
         log_path = self.log_dir / f"{pod_name}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(local.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=local.cwd)
-        engine = Engine(pod_name, ip, port, process, log_path)
+        engine = Engine(pod_name, ip, port, process, log_path, template)
         try:
             ready = await self._wait_ready(engine, container["readinessProbe"]["httpGet"]["path"], stop)
             if ready:
@@ -308,18 +339,28 @@ class KubeletHarness:
         return (len(self.engines) + 1) * (self._grace_seconds() + KILL_WAIT_SECONDS) + 5.0
 
     async def _stop(self, engine: Engine) -> None:
-        """Delete the Pod object (endpoints drop a terminating pod), then stop its process."""
+        """Delete the Pod object (endpoints drop a terminating pod), then stop its process; with `lifecycle`,
+        gracefully: the Pod terminating while the preStop hook runs, then SIGTERM, then the Pod removed."""
+        if not self.lifecycle:
+            with contextlib.suppress(Exception):
+                await self.emulator.remove(PODS, self.namespace, engine.pod_name)
+            await self._stop_process(engine)
+            return
+        with contextlib.suppress(Exception):
+            await self.emulator.begin_pod_deletion(self.namespace, engine.pod_name)
+        started = time.monotonic()
+        await pre_stop(engine.template["spec"]["containers"][0], self._grace_seconds())
+        await self._stop_process(engine, max(1.0, self._grace_seconds() - (time.monotonic() - started)))
         with contextlib.suppress(Exception):
             await self.emulator.remove(PODS, self.namespace, engine.pod_name)
-        await self._stop_process(engine)
 
-    async def _stop_process(self, engine: Engine) -> None:
+    async def _stop_process(self, engine: Engine, grace_seconds: float | None = None) -> None:
         """SIGTERM, SIGKILL after the grace period; bounded (a process that outlives SIGKILL is left)."""
         if engine.process.poll() is not None:
             return
         engine.process.terminate()
         try:
-            await asyncio.to_thread(engine.process.wait, self._grace_seconds())
+            await asyncio.to_thread(engine.process.wait, grace_seconds or self._grace_seconds())
         except subprocess.TimeoutExpired:
             engine.process.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -19,10 +19,14 @@ Termination: Kubernetes takes a terminating pod out of the Service's
 endpoints while it sends SIGTERM, not before, and kube-proxy, ingress
 controllers and service meshes learn of it seconds later: until then they
 still send new connections to the pod. The engine container's preStop hook
-sleeps PRE_STOP_SLEEP_SECONDS first, so the server keeps accepting and
-serving them; then SIGTERM starts its drain (`pagedinfer serve
---shutdown-grace-seconds`, 30 s by default), and the pod's
-terminationGracePeriodSeconds covers both with room to exit.
+sleeps PRE_STOP_SLEEP_SECONDS first (with a router in front, the router's
+discovery poll plus a margin instead: routing/engine_flags.py), so the
+server keeps accepting and serving them; then SIGTERM starts its drain
+(`pagedinfer serve --shutdown-grace-seconds`, 30 s by default), and the
+pod's terminationGracePeriodSeconds covers both with room to exit. The
+hook is an exec of `sleep` (coreutils, in every engine image's base), not
+Kubernetes' native `sleep` action: that needs 1.30, and the manifests
+must validate on 1.28.
 
 Bookkeeping: each child carries `serving.pagedinfer.dev/spec-hash` (of its
 desired spec and labels), and the Deployment
@@ -46,7 +50,7 @@ from pagedinfer.operator.spec.crd_model import (API_GROUP, API_VERSION, HF_TOKEN
                                                InferenceServiceSpec)
 from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
 from pagedinfer.operator.kv_plan.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
-from pagedinfer.operator.routing.engine_flags import engine_router_args, engine_router_ports
+from pagedinfer.operator.routing.engine_flags import engine_pre_stop_wait_seconds, engine_router_args, engine_router_ports
 
 HTTP_PORT = 8000
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
@@ -65,8 +69,13 @@ RUN_AS_USER = 1000
 STARTUP_PROBE_SECONDS = 1800
 # How long a terminating engine keeps serving before SIGTERM, while endpoints are removed.
 PRE_STOP_SLEEP_SECONDS = 10
-# preStop + the engine's default drain (--shutdown-grace-seconds 30) + 20 s to exit.
-TERMINATION_GRACE_PERIOD_SECONDS = 60
+ENGINE_DRAIN_SECONDS = round(ServeArgs.__dataclass_fields__["shutdown_grace_seconds"].default)  # serve's default
+ENGINE_EXIT_SECONDS = 20  # after the drain, for the process to exit
+
+
+def termination_grace_period_seconds(pre_stop_seconds: int) -> int:
+    """preStop + the engine's drain + time to exit: SIGKILL never cuts a drain short."""
+    return pre_stop_seconds + ENGINE_DRAIN_SECONDS + ENGINE_EXIT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan,
     """The engine pod; its image is spec.engine.image, else `images`' for the pod's GPU count."""
     _, model_volumes, model_mounts, model_env = model_arg_and_mounts(spec)
     placement = placement_for(spec)
+    pre_stop_seconds = engine_pre_stop_wait_seconds(spec.router, PRE_STOP_SLEEP_SECONDS)
     cache_volume: dict[str, Any] = (
         {"name": "model-cache", "persistentVolumeClaim": {"claimName": spec.model.cache_claim_name}}
         if spec.model.cache_claim_name else {"name": "model-cache", "emptyDir": {}}
@@ -258,13 +268,13 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan,
         "startupProbe": probe("/health", 10, STARTUP_PROBE_SECONDS // 10),
         "readinessProbe": probe("/health", 5, 3),
         "livenessProbe": probe("/health", 15, 4),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_SECONDS)]}}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(pre_stop_seconds)]}}},
         "securityContext": container_security_context(),
     }
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_SECONDS,
+        "terminationGracePeriodSeconds": termination_grace_period_seconds(pre_stop_seconds),
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": [

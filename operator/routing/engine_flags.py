@@ -4,6 +4,13 @@
 the port above). The router finds both through the engine's `GET /kv_events`
 and connects to the pod's IP (router/kv_feed.py), so no Service carries them;
 the container declares them for readers and NetworkPolicies.
+
+The engine's preStop wait: with a router the engines are reached only
+through it (the front Service selects the router pods), so the wait is sized
+from the router's discovery poll (router/lifecycle.py, the same definition
+as the router's flag default); without one, kube-proxy and ingress
+controllers must learn of the terminating pod, which takes seconds
+(`builders.PRE_STOP_SLEEP_SECONDS`).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from typing import Any
 from pagedinfer.engine.options import command_line
 from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.operator.routing.spec import RouterSpec
+from pagedinfer.router.lifecycle import engine_pre_stop_seconds
 
 KV_EVENTS_PORT = 5557  # `serve --kv-events-port`
 
@@ -28,3 +36,8 @@ def engine_router_ports(router: RouterSpec) -> list[dict[str, Any]]:
         return []
     return [{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
             {"name": "kv-replay", "containerPort": KV_EVENTS_PORT + 1, "protocol": "TCP"}]
+
+
+def engine_pre_stop_wait_seconds(router: RouterSpec, without_router_seconds: int) -> int:
+    """How long the engine's preStop hook sleeps before the kubelet sends SIGTERM."""
+    return engine_pre_stop_seconds() if router.enabled else without_router_seconds

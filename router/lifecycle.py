@@ -1,0 +1,26 @@
+"""Timing that the router and the operator must agree on, in one place (no imports: the operator reads it).
+
+An engine pod that is being deleted must leave every router's candidate set
+before it receives SIGTERM. The EndpointSlice controller marks its endpoint
+`terminating` (ready=false) as soon as the pod has a deletionTimestamp; the
+router sees that at its next EndpointSlice poll, at most
+`DISCOVERY_POLL_INTERVAL_SECONDS` later, plus the list's own round trip. The
+engine's preStop hook waits that long plus `DRAIN_MARGIN_SECONDS` (the
+controller's write and the router's list) before the kubelet sends SIGTERM,
+so no new request reaches an engine that is about to drain
+(`engine_pre_stop_seconds`).
+"""
+
+from __future__ import annotations
+
+import math
+
+DISCOVERY_POLL_INTERVAL_SECONDS = 1.0  # `pagedinfer router --discovery-poll-interval-seconds` default
+DRAIN_MARGIN_SECONDS = 2.0  # the EndpointSlice controller's write + one list by the router
+
+
+def engine_pre_stop_seconds(poll_interval_seconds: float = DISCOVERY_POLL_INTERVAL_SECONDS) -> int:
+    """Whole seconds an engine's preStop waits so every router has dropped it before SIGTERM."""
+    if not poll_interval_seconds > 0:
+        raise ValueError(f"poll_interval_seconds: must be > 0, got {poll_interval_seconds}")
+    return math.ceil(poll_interval_seconds + DRAIN_MARGIN_SECONDS)
