@@ -1,7 +1,8 @@
 """`pagedinfer plan`: the KV-cache plan for a model on a GPU, without a GPU.
 
 Uses exactly the sizing functions the operator uses, so both print the same
-num_gpu_blocks for the same inputs, and the dtype the engine itself picks on
+num_gpu_blocks for the same inputs (the decode graphs' estimated memory too,
+with --max-cudagraph-capture-size), and the dtype the engine itself picks on
 `--device` (`model_shape.resolve_dtype`). `--device cpu` plans a CPU engine:
 `--gpu-memory` is then its --cpu-memory-budget, and the activation reserve
 is the one the engine estimates on a CPU.
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_cudagraph_capture_size=args.max_cudagraph_capture_size,
     ))
     if args.json:
         print(json.dumps(result.__dict__, indent=2))
@@ -59,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         ("GPU memory", f"{result.gpu_memory_bytes / 2**30:.2f} GiB x {result.gpu_memory_utilization}"),
         ("weights per GPU", f"{result.weight_bytes_per_gpu / 2**30:.2f} GiB"),
         ("activation reserve", f"{result.activation_reserve_bytes / 2**30:.2f} GiB"),
+        ("decode graphs (estimate)", f"{result.cuda_graph_bytes / 2**30:.2f} GiB"
+                                     f" (--max-cudagraph-capture-size {args.max_cudagraph_capture_size})"),
         ("KV bytes per token", f"{result.bytes_per_token} ({result.bytes_per_token / 1024:.1f} KiB)"),
         ("KV bytes per block", f"{result.bytes_per_block} ({result.bytes_per_block / 2**20:.2f} MiB,"
                                f" block_size {result.block_size})"),

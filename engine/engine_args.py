@@ -15,7 +15,7 @@ from pagedinfer.engine.options import add_flags, values_from_args
 
 # The options `pagedinfer plan` shares with the engine (it sizes the pool they shape).
 PLAN_FIELDS = ("gpu_memory_utilization", "block_size", "tensor_parallel_size", "max_num_batched_tokens",
-               "max_model_len", "dtype")
+               "max_model_len", "dtype", "max_num_seqs", "max_cudagraph_capture_size")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

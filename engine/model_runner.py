@@ -186,7 +186,7 @@ class ModelRunner:
             num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             num_parameters=max(1, sum(p.numel() for p in self.model.parameters())),
             dtype=str(self.dtype).removeprefix("torch."), hidden_size=self.hidden_size,
-            max_position_embeddings=self.max_position_embeddings)
+            max_position_embeddings=self.max_position_embeddings, vocab_size=self.vocab_size)
 
     def plan_kv_cache(self, max_model_len: int) -> sizing.SizingResult:
         """Profile (on CUDA) or estimate (on CPU) activations, then size the pool with `sizing`."""
@@ -201,7 +201,9 @@ class ModelRunner:
             shape=shape, gpu_memory_bytes=total_bytes,
             gpu_memory_utilization=self.config.gpu_memory_utilization, block_size=self.block_size,
             max_num_batched_tokens=self.config.max_num_batched_tokens, max_model_len=max_model_len,
-            activation_reserve_bytes=reserve, weight_bytes_per_gpu=self.weight_bytes))
+            activation_reserve_bytes=reserve, weight_bytes_per_gpu=self.weight_bytes,
+            max_num_seqs=self.config.max_num_seqs,
+            max_cudagraph_capture_size=self.config.max_cudagraph_capture_size))
 
     def _profile_cuda_activation_bytes(self, max_model_len: int) -> int:
         """Peak memory of a forward at max_num_batched_tokens, plus non-torch usage (CUDA context)."""
@@ -255,7 +257,8 @@ class ModelRunner:
             self.compiled.warm_up(self._one_token_step)
         if decode_graphs and num_gpu_blocks:
             self.decode_graphs = make_decode_graphs(
-                self.config, self.device, self._forward, resolve_max_model_len(self.config, self.max_position_embeddings))
+                self.config, self.device, self._forward,
+                resolve_max_model_len(self.config, self.max_position_embeddings), self.model_shape())
 
     def _one_token_step(self) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
         """A step of one token writing block 0 (free at start-up), for the compiled forward's warm-up."""

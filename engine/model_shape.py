@@ -40,6 +40,10 @@ CONFIG_FIELD_BOUNDS = {
     "num_parameters": 10**15,
 }
 
+# The vocabulary sizing assumes when a config.json states none (Llama-2's): the parameter count's
+# embeddings and the decode graphs' logits buffers.
+DEFAULT_VOCAB_SIZE = 32000
+
 _DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
     "float16": 2, "fp16": 2, "half": 2,
@@ -140,6 +144,7 @@ class ModelShape:
     hidden_size: int | None = None  # None: estimated from num_parameters
     max_position_embeddings: int | None = None
     num_attention_heads: int | None = None  # from a config.json; None when given inline (spec.model.architecture)
+    vocab_size: int | None = None  # from a config.json or the loaded model; None: unknown (the graph estimate's default)
 
     def __post_init__(self) -> None:
         bounds = CONFIG_FIELD_BOUNDS
@@ -152,6 +157,8 @@ class ModelShape:
             check_positive_int("hidden_size", self.hidden_size, bounds["hidden_size"])
         if self.max_position_embeddings is not None:
             check_positive_int("max_position_embeddings", self.max_position_embeddings, bounds["max_position_embeddings"])
+        if self.vocab_size is not None:
+            check_positive_int("vocab_size", self.vocab_size, bounds["vocab_size"])
 
     @property
     def dtype_bytes(self) -> int:
@@ -184,7 +191,7 @@ class ModelShape:
         head_dim = _config_int(cfg, "head_dim", hidden // heads)
         num_parameters = cfg.get("num_parameters")
         if num_parameters is None:
-            vocab = _config_int(cfg, "vocab_size", 32000)
+            vocab = _config_int(cfg, "vocab_size", DEFAULT_VOCAB_SIZE)
             inter = _config_int(cfg, "intermediate_size", 4 * hidden)
             attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
             per_layer = attn + 3 * hidden * inter + 2 * hidden
@@ -202,4 +209,5 @@ class ModelShape:
             hidden_size=hidden,
             max_position_embeddings=None if max_positions is None else _config_int(cfg, "max_position_embeddings"),
             num_attention_heads=heads,
+            vocab_size=_config_int(cfg, "vocab_size", DEFAULT_VOCAB_SIZE),
         )

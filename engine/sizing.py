@@ -10,7 +10,7 @@ The rule (per GPU, tensor parallelism splits weights and KV heads):
     bytes_per_token = 2 (K and V) x num_layers x (num_kv_heads / tp) x head_dim x dtype_bytes
     bytes_per_block = bytes_per_token x block_size
     usable_bytes    = gpu_memory_bytes x gpu_memory_utilization
-                      - weight_bytes / tp - activation_reserve_bytes
+                      - weight_bytes / tp - activation_reserve_bytes - cuda_graph_bytes
     num_gpu_blocks  = floor(usable_bytes / bytes_per_block)
 
 Known answer: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, bf16) needs
@@ -19,6 +19,11 @@ Known answer: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, bf16) needs
 The activation reserve is measured by the engine's profiling pass when one
 ran; otherwise (operator, `plan`) it is estimated by
 `estimate_activation_reserve_bytes`, which grows with max_num_batched_tokens.
+
+cuda_graph_bytes is 0 without decode graphs (max_cudagraph_capture_size 0);
+with them it is `estimate_cuda_graph_bytes`, in all three callers alike (the
+pool is sized before the graphs are captured; a GPU engine then measures
+what the capture took and logs it beside this estimate).
 
 When nothing fits, `shortfall_advice` says what would, from the same
 arithmetic: each fix it offers (a higher gpu_memory_utilization, the smallest
@@ -123,6 +128,39 @@ def activation_bytes_per_token(shape: ModelShape) -> int:
     return ACTIVATION_HIDDEN_MULTIPLE * shape.estimated_hidden_size * shape.dtype_bytes
 
 
+# Decode graphs (engine/cuda_graphs/). Per row of the largest bucket, the static index buffers: input ids,
+# positions, slot mapping, logits index (int64) and sequence length, query start (int32).
+GRAPH_INDEX_BYTES_PER_ROW = 4 * 8 + 2 * 4
+# What one captured graph holds besides its pool (its kernel nodes and their parameters); to be replaced
+# by the figure the first GPU run measures.
+GRAPH_OVERHEAD_BYTES = 2 << 20
+
+
+def estimate_cuda_graph_bytes(shape: ModelShape, max_cudagraph_capture_size: int, max_num_seqs: int,
+                              max_model_len: int | None, block_size: int) -> int:
+    """Device memory of the decode graphs; 0 when max_cudagraph_capture_size is 0.
+
+    With B the largest bucket (`cuda_graphs.buckets.capture_sizes`), W = ceil(max_model_len / block_size) and
+    V the vocabulary (DEFAULT_VOCAB_SIZE when unknown):
+    - the static buffers: B x (GRAPH_INDEX_BYTES_PER_ROW + 4 W block-table entries + V logits in the dtype);
+    - the graphs' shared pool, as large as its largest graph's step: B x (the activation estimate's per-token
+      term + V float32 logits), the smaller buckets reusing it;
+    - GRAPH_OVERHEAD_BYTES per captured graph.
+    """
+    from pagedinfer.engine.cuda_graphs.buckets import capture_sizes
+    from pagedinfer.engine.model_shape import DEFAULT_VOCAB_SIZE
+
+    sizes = capture_sizes(max_cudagraph_capture_size, max_num_seqs)
+    if not sizes:
+        return 0
+    rows = sizes[-1]
+    width = -(-(max_model_len or shape.max_position_embeddings or block_size) // block_size)
+    vocab = shape.vocab_size or DEFAULT_VOCAB_SIZE
+    static = rows * (GRAPH_INDEX_BYTES_PER_ROW + 4 * width + vocab * shape.dtype_bytes)
+    pool = rows * (activation_bytes_per_token(shape) + 4 * vocab)
+    return static + pool + len(sizes) * GRAPH_OVERHEAD_BYTES
+
+
 @dataclass(frozen=True)
 class SizingInputs:
     """Everything that decides num_gpu_blocks for one engine."""
@@ -137,6 +175,8 @@ class SizingInputs:
     activation_reserve_bytes: int | None = None  # None: estimated
     weight_bytes_per_gpu: int | None = None  # None: num_parameters x dtype bytes / tp
     kv_dtype: str | None = None  # None: the model dtype
+    max_num_seqs: int = 256  # caps the decode graphs' buckets
+    max_cudagraph_capture_size: int = 0  # 0: no decode graphs, no graph memory
 
     def __post_init__(self) -> None:
         if isinstance(self.gpu_memory_bytes, bool) or not isinstance(self.gpu_memory_bytes, int) \
@@ -149,6 +189,10 @@ class SizingInputs:
         check_block_size(self.block_size)
         check_positive_int("tensor_parallel_size", self.tensor_parallel_size)
         check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_positive_int("max_num_seqs", self.max_num_seqs)
+        if isinstance(self.max_cudagraph_capture_size, bool) or not isinstance(self.max_cudagraph_capture_size, int) \
+                or self.max_cudagraph_capture_size < 0:
+            raise ValueError(f"max_cudagraph_capture_size: must be an integer >= 0, got {self.max_cudagraph_capture_size!r}")
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
         for name in ("activation_reserve_bytes", "weight_bytes_per_gpu"):
@@ -172,6 +216,7 @@ class SizingResult:
     num_gpu_blocks: int
     max_tokens: int  # num_gpu_blocks x block_size
     max_model_len: int | None
+    cuda_graph_bytes: int = 0  # the decode graphs' estimate (0 without them)
 
     @property
     def max_concurrent_full_sequences(self) -> int | None:
@@ -272,13 +317,18 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
     reserve = inputs.activation_reserve_bytes if inputs.activation_reserve_bytes is not None \
         else estimate_activation_reserve_bytes(shape, inputs.max_num_batched_tokens)
     budget = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
-    usable = budget - weights - reserve
     max_model_len = inputs.max_model_len or shape.max_position_embeddings
+    graphs = estimate_cuda_graph_bytes(shape, inputs.max_cudagraph_capture_size, inputs.max_num_seqs, max_model_len,
+                                       inputs.block_size)
+    usable = budget - weights - reserve - graphs
     numbers = (
         f"{_human_bytes(inputs.gpu_memory_bytes)} per GPU x gpu_memory_utilization {inputs.gpu_memory_utilization}"
         f" = {_human_bytes(budget)}; weights {_human_bytes(weights)} per GPU (tensor_parallel_size={tp});"
         f" activation reserve {_human_bytes(reserve)} (max_num_batched_tokens={inputs.max_num_batched_tokens})"
     )
+    if graphs:
+        numbers += (f"; decode graphs {_human_bytes(graphs)}"
+                    f" (max_cudagraph_capture_size={inputs.max_cudagraph_capture_size})")
     if usable < per_block:
         raise InsufficientMemoryError(
             f"No room for the KV cache: {numbers} leaves {_human_bytes(max(usable, 0))}, less than one"
@@ -306,4 +356,5 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
         num_gpu_blocks=num_blocks,
         max_tokens=num_blocks * inputs.block_size,
         max_model_len=max_model_len,
+        cuda_graph_bytes=graphs,
     )

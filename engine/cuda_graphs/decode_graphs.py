@@ -61,6 +61,7 @@ class DecodeGraphs:
         self.static = StaticInputs(device, sizes[-1], -(-max_model_len // block_size))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.captured_bytes: int | None = None  # device memory the capture took (pool + graphs), once captured
+        self.planned_bytes = 0  # what the KV sizing left for the graphs (sizing.estimate_cuda_graph_bytes)
         self.capture_seconds: float | None = None
         self.num_runs: dict[int, int] = {b: 0 for b in sizes}  # steps run per bucket (tests, the bench)
         # the attention reads lengths from the device (Triton): every run passes the capture's metadata
@@ -111,6 +112,7 @@ class DecodeGraphs:
             raise RuntimeError(f"decode graphs: capture needs a CUDA device, not {self.device}")
         began = time.monotonic()
         torch.cuda.synchronize(self.device)
+        index_bytes = self.static.nbytes  # allocated already (the logits buffer not yet)
         free_before = torch.cuda.mem_get_info(self.device)[0]
         pool = None
         for bucket in reversed(self.sizes):
@@ -132,7 +134,8 @@ class DecodeGraphs:
             pool = graph.pool() if pool is None else pool
             self.graphs[bucket] = graph
         torch.cuda.synchronize(self.device)
-        self.captured_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
+        # the pool, the graphs and the logits buffer (allocated at the first warm-up), and the index buffers
+        self.captured_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0]) + index_bytes
         self.capture_seconds = time.monotonic() - began
         logger.info("decode graphs: %d buckets (1..%d) captured in %.1f s, %.1f MiB", len(self.sizes),
                     self.sizes[-1], self.capture_seconds, self.captured_bytes / 2**20)
