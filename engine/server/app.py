@@ -33,6 +33,7 @@ from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
 from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
+from pagedinfer.engine.server.sleep_routes import SLEEP_PATHS, install_sleep_routes
 from pagedinfer.engine.server.tokenize_routes import install_tokenize_routes
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in access logs
@@ -116,7 +117,7 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
         if engine_loop.healthy:
-            return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "asleep" if engine_loop.sleeping else "ok"})
         reason = "loading" if not engine_loop.ready.is_set() else "unavailable"
         return error_response(503, f"not ready: {reason}", code="not_ready", headers={"Retry-After": "1"})
 
@@ -171,6 +172,8 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         return await respond(await serving.prepare_chat(body), request, chat=True)
 
     install_tokenize_routes(app, serving, json_only)
+    install_sleep_routes(app, engine_loop)
+    metrics.watch_sleeping(lambda: engine_loop.sleeping)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -182,7 +185,7 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
                        body_timeout_seconds=settings.body_timeout_seconds)
     described_at = tuple(url for url in (app.openapi_url, app.docs_url, app.redoc_url) if url)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key,
-                       protected_prefixes=("/v1", TOKENIZER_PATH, *described_at))
+                       protected_prefixes=("/v1", TOKENIZER_PATH, *SLEEP_PATHS, *described_at))
     return app
 
 

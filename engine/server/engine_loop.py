@@ -2,8 +2,9 @@
 
 `LLMEngine` is not thread-safe, so exactly one thread touches it. HTTP
 handlers (on the asyncio event loop) talk to it through a FIFO inbox of
-commands, `add` and `abort`; a `threading.Event` wakes the thread when the
-inbox gains work. Each pass of the thread:
+commands, `add`, `abort` and `call` (a function of the engine run between
+steps: sleep and wake, `engine/sleep/`); a `threading.Event` wakes the thread
+when the inbox gains work. Each pass of the thread:
 
 1. clears the wake flag, then applies every queued command in order (an abort
    queued after its add therefore always finds the request);
@@ -47,6 +48,7 @@ inbox nobody reads.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -137,6 +139,16 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _Call:
+    function: Callable[[Any], Any]  # of the engine; its ValueError goes to the caller, anything else fails the engine
+    done: concurrent.futures.Future
+
+
+def _asleep() -> RequestFailed:
+    return RequestFailed(503, "the engine is asleep; POST /wake_up wakes it", code="asleep")
+
+
 class EngineLoop:
     """Builds the engine on its own thread, then steps it while work exists.
 
@@ -165,6 +177,7 @@ class EngineLoop:
         self.stats: Any = None
         self.load_error: BaseException | None = None
         self.engine_error: BaseException | None = None
+        self.sleeping = False  # set by the engine thread's sleep and wake calls (engine/server/sleep_routes.py)
 
     # ---- called from the event loop ----
     def start(self) -> None:
@@ -201,6 +214,17 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
         self._wake.set()
+
+    def call(self, function: Callable[[Any], Any]) -> "asyncio.Future":
+        """function(engine), run on the engine thread between steps, after every command queued before it."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._inbox_lock:
+            if self._inbox_closed:
+                done.set_exception(_unavailable())
+            else:
+                self._inbox.put(_Call(function, done))
+        self._wake.set()
+        return asyncio.wrap_future(done)
 
     def begin_drain(self, grace_seconds: float | None = None) -> None:
         """Refuse new requests; abort the in-flight ones after grace_seconds (None: let them finish)."""
@@ -314,6 +338,8 @@ class EngineLoop:
                 if isinstance(command, _Add):
                     self._num_pending_seqs -= command.params.n
                     command.sink.push(failure())
+                elif isinstance(command, _Call):
+                    command.done.set_exception(failure())
 
     def _apply_inbox(self, engine: Any) -> int:
         """Apply every queued command in order; the number of sequences the adds among them asked for."""
@@ -328,6 +354,9 @@ class EngineLoop:
                     engine.abort_request(command.request_id)
                     self._notify("on_abort", command.request_id)
                 continue
+            if isinstance(command, _Call):
+                self._run_call(engine, command)
+                continue
             num_applied_seqs += command.params.n
             self._add(engine, command)
 
@@ -336,9 +365,23 @@ class EngineLoop:
         with self._inbox_lock:
             self._num_pending_seqs -= num_seqs
 
+    def _run_call(self, engine: Any, command: _Call) -> None:
+        try:
+            result = command.function(engine)
+        except ValueError as exc:  # refused (e.g. sleep with requests in flight): the engine is unchanged
+            command.done.set_exception(exc)
+            return
+        except BaseException as exc:
+            command.done.set_exception(_internal_error())
+            raise exc
+        command.done.set_result(result)
+
     def _add(self, engine: Any, command: _Add) -> None:
         if self._stop_requested or self._draining:
             command.sink.push(RequestFailed(503, "the server is shutting down", code="shutting_down"))
+            return
+        if self.sleeping:
+            command.sink.push(_asleep())
             return
         self._sinks[command.request_id] = command.sink  # before the call: a failure inside it answers this one too
         try:

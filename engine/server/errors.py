@@ -27,6 +27,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
+    409: "invalid_request_error",  # e.g. POST /sleep with requests in flight
     413: "invalid_request_error",
     415: "invalid_request_error",
     503: "service_unavailable_error",

@@ -86,6 +86,9 @@ KV_OFFLOAD_BYTES = Metric(PREFIX + "kv_offload_bytes", COUNTER)  # label directi
 KV_OFFLOAD_COPY_SECONDS = Metric(PREFIX + "kv_offload_copy_seconds", COUNTER)  # label direction
 SERVER += (PREFIX_CACHE_OFFLOAD_HITS, KV_OFFLOAD_NUM_BLOCKS, KV_OFFLOAD_CACHED_BLOCKS, KV_OFFLOAD_USAGE_RATIO,
            KV_OFFLOAD_BYTES, KV_OFFLOAD_COPY_SECONDS)
+# sleep mode (POST /sleep, engine/sleep/)
+ENGINE_SLEEPING = Metric(PREFIX + "engine_sleeping", GAUGE)  # 1 asleep, 0 awake
+SERVER += (ENGINE_SLEEPING,)
 
 # ---- the prefix-aware router (`pagedinfer router`) ----
 ROUTER_ENGINE_HEALTHY = Metric(PREFIX + "router_engine_healthy", GAUGE)  # label engine

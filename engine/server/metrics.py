@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pagedinfer.engine.server import metric_names as m
@@ -132,12 +132,19 @@ class ServerMetrics:
                                labels + ["finished_reason"], registry=self.registry)
         self.cache_config = Info(m.CACHE_CONFIG.name, "KV cache configuration.", labels,
                                  registry=self.registry)
+        self.sleeping = Gauge(m.ENGINE_SLEEPING.name, "1 while the engine is asleep (POST /sleep), else 0.", labels,
+                              registry=self.registry)
+        self.sleeping.labels(model_name).set(0)
         for histogram in (self.ttft, self.itl, self.e2e, self.queue_time):
             histogram.labels(model_name)
         for reason in FINISHED_REASONS:
             self.success.labels(model_name, reason)
         self._lock = threading.Lock()
         self._progress: dict[str, tuple[int, float]] = {}  # request id -> (num tokens seen, time seen)
+
+    def watch_sleeping(self, sleeping: Callable[[], bool]) -> None:
+        """The sleeping gauge reads `sleeping()` at each scrape."""
+        self.sleeping.labels(self.model_name).set_function(lambda: float(sleeping()))
 
     # ---- observer interface (engine thread) ----
     def on_ready(self, info: Any) -> None:

@@ -304,7 +304,12 @@ class Serving:
             raise ApiError(refusal.status_code, refusal.message, param=refusal.param, code="invalid_parameter")
 
     def submit(self, plan: Plan) -> Submission:
-        """Admit the plan under the waiting-queue limit and add its prompts to the engine loop (no await)."""
+        """Admit the plan under the waiting-queue limit and add its prompts to the engine loop (no await).
+
+        An asleep engine refuses it first: 503 `asleep`, before a stream's headers (a router wakes the engine)."""
+        if self.engine_loop.sleeping:
+            raise ApiError(503, "the engine is asleep; POST /wake_up wakes it", code="asleep",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         self._check_waiting_limit(len(plan.prompts), plan.params.n)
         submission = Submission(plan, self.engine_loop, RequestSink(asyncio.get_running_loop()))
         for request_id, prompt in zip(submission.request_ids, plan.prompts):
