@@ -2,10 +2,11 @@
 
 Sleep (only with no request in the engine: `SleepRefused` otherwise, which the
 server answers 409):
-1. the prefix cache is emptied: every cached hash forgotten, and the block
-   pool reports AllBlocksCleared on its KV-event sink, so a router's view of
-   this engine's cache is empty too (the pool's blocks are all free already);
-2. the KV pool's tensors (the device pool and the host swap pool) are
+1. the prefix cache is emptied, the host tier's entries too (their host pool
+   is released below): every cached hash forgotten, and the block pool reports
+   AllBlocksCleared on its KV-event sink, so a router's view of this engine's
+   cache is empty too (the pool's blocks are all free already);
+2. the KV pool's tensors (the device pool and the host pool: swap and tier) are
    released: `allocate_kv_cache(0, 0)`, on every tensor-parallel rank;
 3. on a device other than the CPU, the weights move to pinned host memory
    (`weights.py`; rank 0's: other tensor-parallel ranks keep theirs), and the
@@ -56,7 +57,7 @@ class EngineSleep:
         if engine.has_unfinished_requests():
             raise SleepRefused(f"the engine has {len(engine.requests)} requests in flight; sleep once they finish")
         start = time.perf_counter()
-        engine.kv.pool.reset_prefix_cache()  # AllBlocksCleared to the KV-event sink
+        engine.kv.reset_prefix_cache()  # the device pool's and the host tier's: one AllBlocksCleared
         runner = engine.runner
         runner.allocate_kv_cache(0, 0)
         weights = None
