@@ -54,11 +54,12 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([cli(), *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
 
-def start_engine(host: str, blocks: int, max_model_len: int, log: Path) -> tuple[str, subprocess.Popen]:
+def start_engine(host: str, blocks: int, max_model_len: int, log: Path,
+                 extra_args: tuple[str, ...] = ()) -> tuple[str, subprocess.Popen]:
     port = free_port(host)
     proc = start(["serve", "--host", host, "--port", str(port), "--device", "cpu", "--num-gpu-blocks-override",
                   str(blocks), "--max-model-len", str(max_model_len), "--kv-events", "--kv-events-port", "0",
-                  "--max-waiting-requests", "10000", "--log-level", "warning"], log)
+                  "--max-waiting-requests", "10000", "--log-level", "warning", *extra_args], log)
     return f"http://{host}:{port}", proc
 
 

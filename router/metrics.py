@@ -20,13 +20,23 @@ class _EngineCollector:
                                    "Prefix blocks the engine holds, per its KV events.", labels=["engine"])
         inflight = GaugeMetricFamily(m.ROUTER_ENGINE_INFLIGHT_REQUESTS.name,
                                      "Requests sent to the engine and not finished.", labels=["engine"])
+        stale = GaugeMetricFamily(m.ROUTER_ENGINE_KV_STALE.name,
+                                  "1 while the engine's KV events are silent past its heartbeats: its blocks"
+                                  " are not scored.", labels=["engine"])
+        sequence = GaugeMetricFamily(m.ROUTER_ENGINE_KV_SEQUENCE.name,
+                                     "The newest KV-event batch the router's view of the engine reflects"
+                                     " (-1: none yet).", labels=["engine"])
         for e in self.state.engines.values():
             healthy.add_metric([e.url], float(e.healthy))
             blocks.add_metric([e.url], float(len(e.hashes)))
             inflight.add_metric([e.url], float(e.num_inflight))
+            stale.add_metric([e.url], float(e.kv_stale))
+            sequence.add_metric([e.url], float(-1 if e.kv_seq is None else e.kv_seq))
         yield healthy
         yield blocks
         yield inflight
+        yield stale
+        yield sequence
 
 
 class _HoldCollector:

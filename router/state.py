@@ -6,6 +6,8 @@ health check or a connection is dropped at once: marked unhealthy, its
 hashes forgotten, its feed cancelled, and its `lost` event set, which gives up
 every request waiting on it (`upstream.py`); the supervisor keeps polling and
 a restarted engine comes back from a fresh snapshot, with a new `lost` event.
+An engine whose KV-event publisher went silent (`kv_feed.py`, heartbeats) stays
+routable, but its blocks are not scored (`kv_stale`) until its feed catches up.
 
 Asleep engines (scale to zero, `engine/sleep/`): an engine whose /health is
 200 with {"status": "asleep"} stays healthy (its feed runs on: its sleep
@@ -46,6 +48,7 @@ class EngineRecord:
     hashes: set[bytes] = field(default_factory=set)
     block_size: int | None = None
     kv_seq: int | None = None
+    kv_stale: bool = False  # its publisher went silent: its hashes are kept but not scored until it resumes
     num_inflight: int = 0
     feed_task: asyncio.Task | None = None
     lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when dropped; a fresh one when back
@@ -53,7 +56,7 @@ class EngineRecord:
     asleep: bool = False  # its /health said asleep (or a request was refused as asleep); not routable
 
     def view(self) -> EngineView:
-        return EngineView(self.url, self.num_inflight, self.hashes)
+        return EngineView(self.url, self.num_inflight, frozenset() if self.kv_stale else self.hashes)
 
 
 class RouterState:
@@ -148,6 +151,7 @@ class RouterState:
         engine.healthy = False
         engine.hashes = set()
         engine.kv_seq = None
+        engine.kv_stale = False
         self._cancel_feed(engine)
 
     def _cancel_feed(self, engine: EngineRecord) -> None:
@@ -187,7 +191,10 @@ class RouterState:
         def update(hashes: set[bytes], seq: int | None, block_size: int) -> None:
             engine.hashes, engine.kv_seq, engine.block_size = hashes, seq, block_size
 
-        feed = KVFeed(engine.url, update, self.client, self.on_discovery)
+        def stale(is_stale: bool) -> None:
+            engine.kv_stale = is_stale
+
+        feed = KVFeed(engine.url, update, self.client, self.on_discovery, stale)
         try:
             await feed.run()
         except asyncio.CancelledError:
@@ -195,6 +202,7 @@ class RouterState:
         except Exception as exc:  # noqa: BLE001 - a feed that fails leaves the engine routable by load only
             logger.warning("KV events of %s unavailable (%s); routing it by load only", engine.url, exc)
             engine.hashes = set()
+            engine.kv_stale = False
 
 
 def _health_status(response: httpx.Response) -> str | None:

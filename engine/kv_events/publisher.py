@@ -16,6 +16,11 @@ Invariants:
 - `snapshot()` seals the pending events first, so the hashes it returns are
   exactly the state after every batch up to the sequence it names.
 
+Heartbeats (`heartbeat.py`): every `heartbeat_interval_seconds` (0: none) the
+thread sends one after the batches it has sent, naming the newest of them and
+the publisher's epoch, so a consumer sees a lost last batch or a silent stream
+within an interval.
+
 Replay (vLLM's protocol): a DEALER/REQ client sends the first sequence number
 it misses (8 bytes, big-endian); the answer is one message per buffered batch
 from there, `[b"", seq, payload]`, then `[b"", -1, b""]`.
@@ -31,6 +36,8 @@ from dataclasses import dataclass
 
 from pagedinfer.engine.kv_events.events import (END_OF_REPLAY_SEQ, KVCacheEvent, apply_event, coalesce,
                                                 encode_batch, seq_from_bytes, seq_to_bytes)
+from pagedinfer.engine.kv_events.heartbeat import (DEFAULT_HEARTBEAT_INTERVAL_SECONDS, HEARTBEAT_SEQ, Heartbeat,
+                                                   encode_heartbeat, new_epoch)
 
 logger = logging.getLogger("pagedinfer.kv_events")
 
@@ -46,12 +53,16 @@ class KVEventsConfig:
     topic: str = ""
     replay_buffer_batches: int = 10_000
     max_pending_events: int = 100_000
+    heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS  # 0: no heartbeats
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65534:
             raise ValueError(f"--kv-events-port: must be 0 (any free port) or 1-65534, got {self.port}")
         if self.replay_buffer_batches < 1 or self.max_pending_events < 1:
             raise ValueError("replay_buffer_batches and max_pending_events: must be >= 1")
+        if not 0 <= self.heartbeat_interval_seconds < float("inf"):
+            raise ValueError("--kv-events-heartbeat-seconds: must be a finite number >= 0 (0: no heartbeats),"
+                             f" got {self.heartbeat_interval_seconds}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class KVEventPublisher:
     def __init__(self, config: KVEventsConfig, block_size: int) -> None:
         self.config = config
         self.block_size = block_size
+        self.epoch = new_epoch()  # this publisher's lifetime, in its heartbeats, discovery and snapshots
         self._lock = threading.Lock()
         self._mirror: set[bytes] = set()
         self._pending: list[KVCacheEvent] = []
@@ -150,6 +162,9 @@ class KVEventPublisher:
         topic = self.config.topic.encode()
         poller = zmq.Poller()
         poller.register(replay, zmq.POLLIN)
+        interval = self.config.heartbeat_interval_seconds
+        last_sent: int | None = None
+        next_beat = time.monotonic()
         try:
             while not self._stop.is_set():
                 if poller.poll(timeout=FLUSH_INTERVAL_SECONDS * 1000):
@@ -161,6 +176,11 @@ class KVEventPublisher:
                     payload = encode_batch(time.time(), coalesce(events))
                     pub.send_multipart([topic, seq_to_bytes(seq), payload], copy=False)
                     self._buffer.append((seq, payload))
+                    last_sent = seq
+                if interval > 0 and time.monotonic() >= next_beat:
+                    beat = encode_heartbeat(time.time(), Heartbeat(last_sent, self.epoch, interval))
+                    pub.send_multipart([topic, seq_to_bytes(HEARTBEAT_SEQ), beat], copy=False)
+                    next_beat = time.monotonic() + interval
         except Exception:  # noqa: BLE001 - the engine keeps serving without events; say why once
             logger.exception("KV event publisher stopped")
         finally:

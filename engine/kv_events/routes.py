@@ -1,7 +1,8 @@
 """The server's KV-event endpoints: discovery, snapshot and tokenizer (outside /v1, no body).
 
-GET /kv_events            where to subscribe, how blocks are hashed, the tokenizer's fingerprint
-GET /kv_events/snapshot   the cached block hashes (hex) and the sequence number they are exact at
+GET /kv_events            where to subscribe, how blocks are hashed, the tokenizer's fingerprint, the
+                          heartbeat interval (null: none) and the publisher's epoch (`heartbeat.py`)
+GET /kv_events/snapshot   the cached block hashes (hex), the sequence number they are exact at, the epoch
 GET /kv_events/tokenizer  the engine's tokenizer as files (`tokenizer_files.py`): behind the API key
                           when the server has one, as /v1 is (a gated model's vocabulary is the model's)
 
@@ -26,7 +27,9 @@ def discovery(publisher: KVEventPublisher | None, tokenizer: TokenizerFiles | No
             "replay_port": publisher.replay_port, "topic": publisher.config.topic,
             "block_size": publisher.block_size, "hash_algorithm": HASH_ALGORITHM,
             "hash_seed": ROOT_HASH_SEED.decode(),
-            "tokenizer_sha256": tokenizer.sha256 if tokenizer is not None else None}
+            "tokenizer_sha256": tokenizer.sha256 if tokenizer is not None else None,
+            "heartbeat_interval_seconds": publisher.config.heartbeat_interval_seconds or None,
+            "epoch": publisher.epoch}
 
 
 def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None,
@@ -66,5 +69,5 @@ def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None,
         if publisher is None:
             raise ApiError(404, "KV events are off: start the server with --kv-events", code="kv_events_disabled")
         snap = publisher.snapshot()
-        return {"sequence": snap.sequence, "block_size": publisher.block_size,
+        return {"sequence": snap.sequence, "epoch": publisher.epoch, "block_size": publisher.block_size,
                 "block_hashes": sorted(h.hex() for h in snap.block_hashes)}

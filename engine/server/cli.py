@@ -52,7 +52,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if opts.kv_events:
         from pagedinfer.engine.kv_events.publisher import KVEventsConfig
 
-        kv_events = KVEventsConfig(host=opts.host, port=opts.kv_events_port)
+        kv_events = KVEventsConfig(host=opts.host, port=opts.kv_events_port,
+                                   heartbeat_interval_seconds=opts.kv_events_heartbeat_seconds)
     app, engine_loop = build_app(engine_config, settings, opts.served_model_name or hub_id, kv_events)
     listener = bind_listener(opts.host, opts.port)  # a port in use is an error before the address is announced
     print(f"pagedinfer serve: http://{opts.host}:{opts.port} (model {model})", file=sys.stderr, flush=True)

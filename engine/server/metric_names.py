@@ -99,8 +99,11 @@ ROUTER_RETRIES = Metric(PREFIX + "router_retries", COUNTER)
 ROUTER_MATCHED_PROMPT_TOKENS = Metric(PREFIX + "router_matched_prompt_tokens", COUNTER)
 ROUTER_QUEUE_LENGTH = Metric(PREFIX + "router_queue_length", GAUGE)  # requests held for a ready engine
 ROUTER_QUEUE_OLDEST_WAIT_SECONDS = Metric(PREFIX + "router_queue_oldest_wait_seconds", GAUGE)
+ROUTER_ENGINE_KV_STALE = Metric(PREFIX + "router_engine_kv_stale", GAUGE)  # label engine
+ROUTER_ENGINE_KV_SEQUENCE = Metric(PREFIX + "router_engine_kv_sequence", GAUGE)  # label engine
 ROUTER = (ROUTER_ENGINE_HEALTHY, ROUTER_ENGINE_CACHED_BLOCKS, ROUTER_ENGINE_INFLIGHT_REQUESTS, ROUTER_DECISIONS,
-          ROUTER_RETRIES, ROUTER_MATCHED_PROMPT_TOKENS, ROUTER_QUEUE_LENGTH, ROUTER_QUEUE_OLDEST_WAIT_SECONDS)
+          ROUTER_RETRIES, ROUTER_MATCHED_PROMPT_TOKENS, ROUTER_QUEUE_LENGTH, ROUTER_QUEUE_OLDEST_WAIT_SECONDS,
+          ROUTER_ENGINE_KV_STALE, ROUTER_ENGINE_KV_SEQUENCE)
 
 # ---- the operator (`pagedinfer operator --metrics-port`) ----
 OPERATOR_RECONCILES = Metric(PREFIX + "operator_reconciles", COUNTER)  # label result

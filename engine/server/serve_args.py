@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from pagedinfer.engine.kv_events.heartbeat import DEFAULT_HEARTBEAT_INTERVAL_SECONDS
 from pagedinfer.engine.options import add_flags, flag_field, values_from_args
 from pagedinfer.engine.server import cli_types
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
@@ -55,6 +56,11 @@ class ServeArgs:
     kv_events_port: int = flag_field(
         5557, flag="--kv-events-port", type=cli_types.port_or_zero,
         help="the PUB port; replay answers on the port above it; 0 binds any free ports (default 5557)")
+    kv_events_heartbeat_seconds: float = flag_field(
+        DEFAULT_HEARTBEAT_INTERVAL_SECONDS, flag="--kv-events-heartbeat-seconds", type=cli_types.non_negative_seconds,
+        help="send a heartbeat naming the newest batch this often, so a router notices a lost batch or a silent"
+             " publisher within about this long; 0: none (the router then cannot tell silence from an idle"
+             f" engine) (default {DEFAULT_HEARTBEAT_INTERVAL_SECONDS:g})")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServeArgs":
@@ -69,4 +75,4 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     add_read_timeout_args(g)
     add_flags(g, ServeArgs, ("shutdown_grace_seconds", "log_level"))
     add_flags(serve.add_argument_group("KV-cache events (for a prefix-aware router; docs/router.md)"), ServeArgs,
-              ("kv_events", "kv_events_port"))
+              ("kv_events", "kv_events_port", "kv_events_heartbeat_seconds"))

@@ -21,6 +21,7 @@ from serving_harness import start_server, stop_server
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 from pagedinfer.engine.kv_events.events import BlockStored, decode_batch, seq_from_bytes
+from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig
 from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.kv_feed import KVFeed, replay
@@ -42,6 +43,8 @@ def _receive(sub, until_hashes: set[bytes], timeout_seconds: float = 30.0) -> li
         assert time.monotonic() < deadline, "the stored events never arrived"
         if sub.poll(200):
             topic, seq, payload = sub.recv_multipart()
+            if seq_from_bytes(seq) == HEARTBEAT_SEQ:
+                continue  # heartbeats interleave (tests/router/test_feed_sync.py reads them)
             batch = decode_batch(seq_from_bytes(seq), payload)
             got.append(batch)
             for e in batch.events:
@@ -192,7 +195,8 @@ async def _replay_gap(url: str) -> None:
         batches = []
         while not batches or batches[-1].seq < snap["sequence"]:
             _, seq, payload = await asyncio.wait_for(sub.recv_multipart(), 30)
-            batches.append(decode_batch(seq_from_bytes(seq), payload))
+            if seq_from_bytes(seq) != HEARTBEAT_SEQ:
+                batches.append(decode_batch(seq_from_bytes(seq), payload))
         sub.close()
         assert batches[0].seq == 0 and len(batches) >= 2
 
