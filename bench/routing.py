@@ -63,6 +63,17 @@ def start_engine(host: str, blocks: int, max_model_len: int, log: Path,
     return f"http://{host}:{port}", proc
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Terminate in reverse start order (a router first, so it never sees an engine go); kill what lingers."""
+    for proc in reversed(procs):
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def workload(tenants: int, turns: int, system_words: int, seed: int = 0) -> list[list[list[dict]]]:
     """Per tenant, the message lists of its turns in order."""
     rng = random.Random(seed)
@@ -153,13 +164,7 @@ def run_system(name: str, policy: str | None, args, convs, logs: Path) -> dict:
         result = asyncio.run(run_load(target, convs, args.max_tokens, args.concurrency))
         counters = [engine_counters(u) for u in urls]
     finally:
-        for proc in reversed(procs):  # the router first, so it never sees an engine go
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
     hits, queries = sum(c["hits"] for c in counters), sum(c["queries"] for c in counters)
     per_engine = [int(c["requests"]) for c in counters]
     return {"system": name, "hit_rate": hits / queries if queries else 0.0,
