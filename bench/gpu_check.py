@@ -11,6 +11,9 @@ Sections, each guarded (a failure prints its traceback, the next still runs):
 
 1. correctness of every Triton kernel against its torch reference in bf16 at
    Llama-3-8B-like shapes (32 query heads, 8 KV heads, head_dim 128, block 16);
+   our decoder's layer kernels and its greedy output (`gpu_decoder_check.py`:
+   fp32 equal to `generate`, bf16 first tokens >= 95% equal to the module path's,
+   tokens/s of both forwards);
 2. decode bandwidth: bytes of K/V read per second (`triton.testing.do_bench`,
    median; and under a CUDA graph, which removes launch overhead) at batch
    1/16/64/256 x context 512/2k/8k/32k, as a percentage of a device-to-device
@@ -423,7 +426,9 @@ def compare_engine_with_generate(report: Report, device, shapes: dict, num_reque
     useful_tokens = sum(output_lens)
 
     llm = LLM(model=str(model_dir), dtype=str(shapes["e2e_dtype"])[6:], gpu_memory_utilization=0.5,
-              max_model_len=hi_prompt + hi_out + 16)
+              max_model_len=hi_prompt + hi_out + 16, forward=shapes["e2e_forward"])
+    report.line(f"forward {shapes['e2e_forward']!r}: the Triton decoder "
+                f"{'runs' if llm.llm_engine.runner.triton_decoder is not None else 'does not run'}")
     # Untimed: the same length mix at a sixteenth of the requests compiles every kernel variant the
     # timed run meets (decode with and without split-K, prefill, merge) before the clock starts.
     warm_up = prompts[: max(4, num_requests // 16)] + [(prompts[1] * hi_prompt)[: hi_prompt + hi_out // 2]]
@@ -486,7 +491,10 @@ def shapes_for(smoke: bool) -> dict:
             variants=[(80, torch.float32)], copy_layers=2, copy_blocks=8,
             copy_bytes=1 << 20, batches=[1, 2], contexts=[64, 256], max_kv_bytes=40e9, reserve_seconds=0,
             no_split_cases=[(1, 256)], sweep_cases=[(2, 64)], sweep_configs=[(64, 4, 2), (32, 4, 2)],
-            prefill_cases=[(1, 48)], e2e_seconds=0, e2e_dtype=torch.float32, e2e_prompt_lens=(3, 40),
+            prefill_cases=[(1, 48)], layer_tokens=20, layer_hidden=72, layer_inter=40,
+            rotary_cases=[(4, 2, 16, False), (3, 1, 24, True)], decoder_requests=1, decoder_generate_requests=1,
+            decoder_prompt_lens=(3, 5), decoder_output_len=2, decoder_model=dict(llama=dict()), e2e_forward="auto",
+            e2e_seconds=0, e2e_dtype=torch.float32, e2e_prompt_lens=(3, 40),
             e2e_output_lens=(1, 6),
             e2e_model=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, max_position_embeddings=256),
@@ -501,7 +509,15 @@ def shapes_for(smoke: bool) -> dict:
         batches=[1, 16, 64, 256], contexts=[512, 2048, 8192, 32768], max_kv_bytes=40e9, reserve_seconds=200,
         no_split_cases=[(1, 32768), (16, 2048)], sweep_cases=[(16, 8192), (1, 32768)],
         sweep_configs=[(64, 4, 2), (32, 4, 2), (64, 4, 3), (128, 4, 2), (64, 8, 2), (128, 8, 3), (32, 2, 3)],
-        prefill_cases=[(1, 4096), (8, 1024)], e2e_seconds=150, e2e_dtype=torch.bfloat16,
+        prefill_cases=[(1, 4096), (8, 1024)], layer_tokens=4096, layer_hidden=4096, layer_inter=14336,
+        rotary_cases=[(32, 8, 128, False), (40, 8, 128, True), (12, 4, 80, False)], decoder_requests=64,
+        decoder_generate_requests=16, decoder_prompt_lens=(16, 400), decoder_output_len=32,
+        decoder_model=dict(
+            llama=dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                       num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048),
+            qwen3=dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=128, max_position_embeddings=2048)),
+        e2e_forward="auto", e2e_seconds=150, e2e_dtype=torch.bfloat16,
         e2e_prompt_lens=(16, 512), e2e_output_lens=(16, 256),
         e2e_model=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                        num_key_value_heads=8, max_position_embeddings=2048),
@@ -530,6 +546,10 @@ def main() -> int:
     report.line(" | ".join(f"{k}: {report.results[k]}" for k in ("gpu", "date", "torch", "triton", "transformers")))
     shapes = shapes_for(args.smoke)
     report.run_section("correctness", check_correctness, device, shapes)
+    import gpu_decoder_check  # this folder (sys.path[0]): our decoder's kernels and greedy output
+
+    report.run_section("layer kernels", gpu_decoder_check.check_layer_kernels, device, shapes)
+    report.run_section("decoder", gpu_decoder_check.check_decoder, device, shapes)
     report.run_section("bandwidth", measure_bandwidth, device, shapes)
     report.run_section("prefill", compare_prefill, device, shapes)
     if args.skip_e2e:

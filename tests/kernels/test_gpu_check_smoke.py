@@ -23,6 +23,8 @@ def test_gpu_check_smoke_mode_passes_and_writes_json(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = report["sections"]
     assert sections["correctness"] and all(case["ok"] for case in sections["correctness"])
+    cases = {case["case"] for case in sections["correctness"]}
+    assert "llama fp32 Triton decoder == generate" in cases and any(c.startswith("rotary+write_kv") for c in cases)
     assert {r["case"] for r in sections["bandwidth"]} >= {"copy", "decode", "decode_no_split"}
     engine, baseline = sections["e2e"]
     assert engine["output_tokens"] == engine["requested_tokens"]
