@@ -3,7 +3,8 @@
 `KVFeed(url)` needs only the engine's HTTP URL. `run()` (an asyncio task):
 1. GET /kv_events for the ports and block size; subscribe (ZeroMQ SUB) to the
    PUB port on the URL's host, so no batch after the snapshot can be missed;
-2. GET /kv_events/snapshot: the hashes exact at sequence S;
+2. GET /kv_events/snapshot: the hashes exact at sequence S, the device pool's
+   and the host tier's (`tier_hashes`; an engine without a tier has none);
 3. apply every received batch numbered above S in order; a batch that skips
    numbers asks the replay socket for the missing ones; if the replay buffer
    no longer has them (or the engine restarted: its numbers went back), take a
@@ -68,11 +69,14 @@ async def discover(client: httpx.AsyncClient, url: str) -> Discovery:
                      float(interval) if isinstance(interval, (int, float)) and interval > 0 else None)
 
 
-async def fetch_snapshot(client: httpx.AsyncClient, url: str) -> tuple[int | None, set[bytes], str | None]:
-    """(sequence, hashes, epoch); epoch None from an engine that predates heartbeats."""
+async def fetch_snapshot(client: httpx.AsyncClient, url: str
+                         ) -> tuple[int | None, set[bytes], str | None, set[bytes]]:
+    """(sequence, hashes, epoch, tier hashes); epoch None from an engine that predates heartbeats; the tier's
+    hashes (medium CPU) empty from one without a tier."""
     body = (await client.get(url + "/kv_events/snapshot", timeout=HTTP_TIMEOUT_SECONDS)).raise_for_status().json()
     epoch = body.get("epoch")
-    return body["sequence"], {bytes.fromhex(h) for h in body["block_hashes"]}, epoch if isinstance(epoch, str) else None
+    return (body["sequence"], {bytes.fromhex(h) for h in body["block_hashes"]}, epoch if isinstance(epoch, str) else None,
+            {bytes.fromhex(h) for h in body.get("cpu_block_hashes", ())})
 
 
 async def replay(ctx, endpoint: str, start_seq: int) -> list[EventBatch] | None:
@@ -108,6 +112,7 @@ class KVFeed:
         self.on_discovery = on_discovery
         self.on_stale = on_stale  # (stale): True when the publisher went silent, False once caught up again
         self.hashes: set[bytes] = set()
+        self.tier_hashes: set[bytes] = set()  # blocks in the engine's host tier (medium CPU); read with hashes
         self.seq: int | None = None
         self.epoch: str | None = None  # of the snapshot the state came from
         self.stale = False
@@ -185,7 +190,7 @@ class KVFeed:
         self._caught_up()
 
     async def _resnapshot(self, info: Discovery) -> None:
-        self.seq, self.hashes, self.epoch = await fetch_snapshot(self.client, self.url)
+        self.seq, self.hashes, self.epoch, self.tier_hashes = await fetch_snapshot(self.client, self.url)
         self.num_snapshots += 1
         self.on_update(self.hashes, self.seq, info.block_size)
 
@@ -217,5 +222,5 @@ class KVFeed:
 
     def _apply(self, batch: EventBatch) -> None:
         for event in batch.events:
-            apply_event(self.hashes, event)
+            apply_event(self.hashes, event, self.tier_hashes)
         self.seq = batch.seq

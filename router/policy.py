@@ -8,7 +8,9 @@ Policies:
 - round-robin: the engines in turn (the counter is the caller's);
 - least-load: the fewest requests in flight (ties: the ring order of the key);
 - prefix: the engine holding the longest cached prefix of the prompt (in
-  blocks, from the engines' KV events), unless that engine is saturated: it
+  blocks, from the engines' KV events; a block in an engine's host tier counts
+  less than one in its device pool, by the cost of copying it back:
+  `score_tiered_prefix`), unless that engine is saturated: it
   may carry at most `SATURATION_SLACK` more requests than the least-loaded
   engine, so a hot prefix spreads only when its engine queues up. Among the
   engines within the slack the longest match wins, then the lower load. A
@@ -31,6 +33,10 @@ POLICIES = ("prefix", "least-load", "round-robin")
 SATURATION_SLACK = 2  # requests in flight above the least-loaded engine before a prefix hit spreads
 BOUNDED_LOAD_FACTOR = 1.0  # consistent hashing: an engine takes a new key while under this times the mean load
 VIRTUAL_NODES = 64  # ring points per engine
+# What a prefix block found in an engine's host tier costs, as a fraction of computing it: the copy back
+# (host -> device). Measured on the CPU engine of docs/kv-offload.md (copy time per block / prefill time per
+# block); `tier_hit_cost` derives it from any two such rates.
+TIER_HIT_COST = 0.05
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,8 @@ class EngineView:
 
     name: str  # its URL
     num_inflight: int  # requests the router has sent it and not seen finish
-    cached_hashes: frozenset[bytes] | set[bytes] = field(default_factory=frozenset)  # read only
+    cached_hashes: frozenset[bytes] | set[bytes] = field(default_factory=frozenset)  # device pool; read only
+    tier_hashes: frozenset[bytes] | set[bytes] = field(default_factory=frozenset)  # host tier; read only
 
 
 @dataclass(frozen=True)
@@ -49,9 +56,42 @@ class Decision:
     reason: str  # prefix-hit | prefix-spread | hash | least-load | round-robin
 
 
+def tier_hit_cost(copy_seconds_per_block: float, compute_seconds_per_block: float) -> float:
+    """The fraction of a block's compute a tier hit still costs: copying it back, capped at 1 (no gain)."""
+    if copy_seconds_per_block < 0 or compute_seconds_per_block <= 0:
+        raise ValueError("copy_seconds_per_block must be >= 0 and compute_seconds_per_block > 0")
+    return min(1.0, copy_seconds_per_block / compute_seconds_per_block)
+
+
+def score_tiered_prefix(block_hashes: Sequence[bytes], device: set[bytes] | frozenset[bytes],
+                        tier: set[bytes] | frozenset[bytes], cost: float = TIER_HIT_COST) -> float:
+    """The prompt's leading cached blocks, each worth 1 on the device and 1 - cost in the host tier.
+
+    The prefix ends at the first block held in neither (hashes chain: a later block cannot be reused
+    without it). So a device hit always outscores the same blocks in a tier, and a longer tier hit
+    outscores a shorter device hit once the extra blocks outweigh the copies.
+    """
+    score = 0.0
+    for h in block_hashes:
+        if h in device:
+            score += 1.0
+        elif h in tier:
+            score += 1.0 - cost
+        else:
+            break
+    return score
+
+
 def score_prefix(view: EngineView, block_hashes: Sequence[bytes]) -> int:
-    """Leading blocks of the prompt cached on the engine."""
-    return num_cached_blocks(block_hashes, view.cached_hashes)
+    """Leading blocks of the prompt cached on the engine, on its device or in its host tier."""
+    if not view.tier_hashes:
+        return num_cached_blocks(block_hashes, view.cached_hashes)
+    n = 0
+    for h in block_hashes:
+        if h not in view.cached_hashes and h not in view.tier_hashes:
+            break
+        n += 1
+    return n
 
 
 def score_load(view: EngineView) -> int:
@@ -95,14 +135,14 @@ def pick(policy: str, views: Sequence[EngineView], block_hashes: Sequence[bytes]
     if policy == "least-load":
         chosen = min(order, key=lambda n: (score_load(by_name[n]), order.index(n)))
         return Decision(chosen, score_prefix(by_name[chosen], block_hashes) * block_size, "least-load")
-    matches = {n: score_prefix(v, block_hashes) for n, v in by_name.items()}
+    scores = {n: score_tiered_prefix(block_hashes, v.cached_hashes, v.tier_hashes) for n, v in by_name.items()}
     min_load = min(score_load(v) for v in views)
     eligible = [n for n in order if score_load(by_name[n]) <= min_load + SATURATION_SLACK]
-    best_anywhere = max(matches.values())
-    chosen = max(eligible, key=lambda n: (matches[n], -score_load(by_name[n]), -order.index(n)))
-    if matches[chosen] > 0:
-        reason = "prefix-hit" if matches[chosen] == best_anywhere else "prefix-spread"
-        return Decision(chosen, matches[chosen] * block_size, reason)
+    best_anywhere = max(scores.values())
+    chosen = max(eligible, key=lambda n: (scores[n], -score_load(by_name[n]), -order.index(n)))
+    if scores[chosen] > 0:
+        reason = "prefix-hit" if scores[chosen] == best_anywhere else "prefix-spread"
+        return Decision(chosen, score_prefix(by_name[chosen], block_hashes) * block_size, reason)
     capacity = bounded_load_capacity([score_load(v) for v in views])
     chosen = next((n for n in order if score_load(by_name[n]) < capacity), order[0])
     reason = "hash" if best_anywhere == 0 else "prefix-spread"

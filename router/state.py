@@ -46,6 +46,7 @@ class EngineRecord:
     url: str
     healthy: bool = False
     hashes: set[bytes] = field(default_factory=set)
+    tier_hashes: set[bytes] = field(default_factory=set)  # blocks in its host tier (KV events of medium CPU)
     block_size: int | None = None
     kv_seq: int | None = None
     kv_stale: bool = False  # its publisher went silent: its hashes are kept but not scored until it resumes
@@ -56,7 +57,9 @@ class EngineRecord:
     asleep: bool = False  # its /health said asleep (or a request was refused as asleep); not routable
 
     def view(self) -> EngineView:
-        return EngineView(self.url, self.num_inflight, frozenset() if self.kv_stale else self.hashes)
+        if self.kv_stale:
+            return EngineView(self.url, self.num_inflight, frozenset(), frozenset())
+        return EngineView(self.url, self.num_inflight, self.hashes, self.tier_hashes)
 
 
 class RouterState:
@@ -150,6 +153,7 @@ class RouterState:
         engine.lost.set()
         engine.healthy = False
         engine.hashes = set()
+        engine.tier_hashes = set()
         engine.kv_seq = None
         engine.kv_stale = False
         self._cancel_feed(engine)
@@ -190,6 +194,7 @@ class RouterState:
     async def _follow(self, engine: EngineRecord) -> None:
         def update(hashes: set[bytes], seq: int | None, block_size: int) -> None:
             engine.hashes, engine.kv_seq, engine.block_size = hashes, seq, block_size
+            engine.tier_hashes = feed.tier_hashes
 
         def stale(is_stale: bool) -> None:
             engine.kv_stale = is_stale
@@ -203,6 +208,7 @@ class RouterState:
             logger.warning("KV events of %s unavailable (%s); routing it by load only", engine.url, exc)
             engine.hashes = set()
             engine.kv_stale = False
+            engine.tier_hashes = set()
 
 
 def _health_status(response: httpx.Response) -> str | None:

@@ -68,7 +68,8 @@ class KVEventsConfig:
 @dataclass(frozen=True)
 class Snapshot:
     sequence: int | None  # the last batch reflected; None before the first batch
-    block_hashes: tuple[bytes, ...]
+    block_hashes: tuple[bytes, ...]  # in the device pool (medium GPU)
+    tier_block_hashes: tuple[bytes, ...] = ()  # in the host tier (medium CPU, engine/kv_offload/)
 
 
 class KVEventPublisher:
@@ -78,6 +79,7 @@ class KVEventPublisher:
         self.epoch = new_epoch()  # this publisher's lifetime, in its heartbeats, discovery and snapshots
         self._lock = threading.Lock()
         self._mirror: set[bytes] = set()
+        self._tier_mirror: set[bytes] = set()  # the host tier's hashes (events of medium CPU)
         self._pending: list[KVCacheEvent] = []
         self._sealed: deque[tuple[int, list[KVCacheEvent]]] = deque()  # sealed, not yet sent
         self._next_seq = 0
@@ -95,7 +97,7 @@ class KVEventPublisher:
     # ----- engine side (any thread, O(1) under the lock) --------------------------------
     def record(self, event: KVCacheEvent) -> None:
         with self._lock:
-            apply_event(self._mirror, event)
+            apply_event(self._mirror, event, self._tier_mirror)
             if len(self._pending) < self.config.max_pending_events:
                 self._pending.append(event)
             else:
@@ -105,7 +107,7 @@ class KVEventPublisher:
     def snapshot(self) -> Snapshot:
         with self._lock:
             self._seal_locked()
-            return Snapshot(self._last_seq, tuple(self._mirror))
+            return Snapshot(self._last_seq, tuple(self._mirror), tuple(self._tier_mirror))
 
     def _seal_locked(self) -> None:
         if not self._pending and not self._dropped:

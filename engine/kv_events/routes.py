@@ -2,7 +2,9 @@
 
 GET /kv_events            where to subscribe, how blocks are hashed, the tokenizer's fingerprint, the
                           heartbeat interval (null: none) and the publisher's epoch (`heartbeat.py`)
-GET /kv_events/snapshot   the cached block hashes (hex), the sequence number they are exact at, the epoch
+GET /kv_events/snapshot   the cached block hashes (hex), the sequence number they are exact at, the epoch;
+                          the hashes are the device pool's (`block_hashes`) and the host tier's
+                          (`cpu_block_hashes`, medium CPU)
 GET /kv_events/tokenizer  the engine's tokenizer as files (`tokenizer_files.py`): behind the API key
                           when the server has one, as /v1 is (a gated model's vocabulary is the model's)
 
@@ -70,4 +72,5 @@ def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None,
             raise ApiError(404, "KV events are off: start the server with --kv-events", code="kv_events_disabled")
         snap = publisher.snapshot()
         return {"sequence": snap.sequence, "epoch": publisher.epoch, "block_size": publisher.block_size,
-                "block_hashes": sorted(h.hex() for h in snap.block_hashes)}
+                "block_hashes": sorted(h.hex() for h in snap.block_hashes),
+                "cpu_block_hashes": sorted(h.hex() for h in snap.tier_block_hashes)}

@@ -73,7 +73,7 @@ def engine_factory(engine_config: Any, served_model_name: str, kv_events: Any = 
         engine = LLMEngine(engine_config)
         engine.warm_up_structured_outputs()  # never in a request's path: it stalled the step loop for seconds
         if kv_events is not None:
-            engine.kv.pool.event_sink = kv_events.record
+            engine.kv.pool.event_sink = engine.kv.host.event_sink = kv_events.record  # device pool and host tier
         tokenizer = AutoTokenizer.from_pretrained(str(engine_config.tokenizer or engine_config.model))
         config = engine.config
         info = ModelInfo(served_model_name=served_model_name, max_model_len=int(engine.max_model_len),

@@ -89,3 +89,41 @@ def test_two_routers_fed_the_same_requests_agree_on_at_least_99_percent_of_choic
     agree = sum(a == b for a, b in zip(first, second)) / len(first)
     assert len(first) == 400 and agree >= 0.99
     assert len(set(first)) == 4  # and the tenants spread over every engine
+
+
+def tiered(name, load, device, tier):
+    """An engine holding the prompt's leading blocks: indices in `device` on its device, in `tier` in its tier."""
+    return EngineView(name, load, frozenset(H[i] for i in device), frozenset(H[i] for i in tier))
+
+
+@pytest.mark.parametrize("device, tier, cost, score", [
+    ((0, 1, 2), (), 0.25, 3.0),  # all on the device
+    ((), (0, 1, 2), 0.25, 2.25),  # all in the tier: each block less its copy
+    ((0,), (1, 2), 0.25, 2.5),  # the head on the device, the tail in the tier
+    ((0, 2), (), 0.25, 1.0),  # a gap ends the prefix: the chain cannot skip a block
+    ((), (0, 1), 1.0, 0.0),  # a copy as dear as the compute gains nothing
+])
+def test_a_tier_hit_scores_below_a_device_hit_by_its_copy_cost(device, tier, cost, score):
+    from pagedinfer.router.policy import score_tiered_prefix
+
+    v = tiered("a", 0, device, tier)
+    assert score_tiered_prefix(H, v.cached_hashes, v.tier_hashes, cost) == score
+
+
+def test_the_tier_hit_cost_is_copy_over_compute_capped_at_one():
+    from pagedinfer.router.policy import tier_hit_cost
+
+    assert tier_hit_cost(0.001, 0.01) == pytest.approx(0.1)
+    assert tier_hit_cost(0.02, 0.01) == 1.0
+    with pytest.raises(ValueError):
+        tier_hit_cost(0.001, 0)
+
+
+@pytest.mark.parametrize("a, b, engine, matched", [
+    (((0, 1, 2), ()), ((), (0, 1, 2)), "a", 12),  # the same blocks: the device holder wins
+    (((0, 1), ()), ((), (0, 1, 2, 3)), "b", 16),  # two more blocks in b's tier outweigh the copies
+    (((0,), (1, 2)), ((0, 1), ()), "a", 12),  # a third block, even from the tier, beats a shorter device hit
+])
+def test_the_picker_weighs_tier_hits(a, b, engine, matched):
+    decision = pick("prefix", [tiered("a", 0, *a), tiered("b", 0, *b)], H, BS, H[0], 0)
+    assert (decision.engine, decision.matched_tokens, decision.reason) == (engine, matched, "prefix-hit")

@@ -1,0 +1,62 @@
+"""A server with the prefix cache's host tier (`--kv-offloading-size`): a returning user's blocks come back from
+the tier, usage.prompt_tokens_details.cached_tokens counts them, /metrics shows the tier, and a router's feed
+knows which medium holds each block as they move (events of medium GPU and CPU, docs/kv-offload.md)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from serving_harness import start_server, stop_server
+
+from pagedinfer.engine.kv_events.publisher import KVEventsConfig
+from pagedinfer.router.kv_feed import KVFeed
+
+USERS = [[(u * 37 + i) % 200 + 8 for i in range(70)] for u in range(3)]  # 4 full blocks of 16 each
+
+
+async def _conversations(url: str) -> tuple[KVFeed, list[dict], dict]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        feed = KVFeed(url, lambda hashes, seq, block_size: None, client)
+        task = asyncio.create_task(feed.run())
+        while feed.num_snapshots == 0:
+            await asyncio.sleep(0.02)
+        usages = []
+        for turn in range(2):
+            for user in USERS:  # 3 users x 5 blocks > the 8-block pool: each evicts the one before
+                prompt = user + [9, 10, 11] * turn
+                r = await client.post(url + "/v1/completions",
+                                      json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+                assert r.status_code == 200, r.text
+                usages.append(r.json()["usage"])
+        snap = (await client.get(url + "/kv_events/snapshot")).json()
+        for _ in range(500):
+            if feed.seq is not None and feed.seq >= snap["sequence"]:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return feed, usages, snap
+
+
+def test_tier_hits_are_cached_tokens_metrics_and_events_of_their_medium(tiny_llama):
+    running = start_server(tiny_llama, kv_events=KVEventsConfig(port=0), num_gpu_blocks_override=8,
+                           max_model_len=128, kv_offloading_size=0.001)
+    try:
+        feed, usages, snap = asyncio.run(_conversations(running.url))
+        # every returning user found its 4 blocks, now in the tier: cached tokens say so
+        assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages[3:]] == [64, 64, 64]
+        # the feed, applying events of both media as blocks moved, knows where each block is (the snapshot)
+        assert feed.hashes == {bytes.fromhex(h) for h in snap["block_hashes"]}
+        assert feed.tier_hashes == {bytes.fromhex(h) for h in snap["cpu_block_hashes"]}
+        assert feed.tier_hashes and not feed.hashes & feed.tier_hashes
+        m = running.wait_idle()
+        assert m["pagedinfer_prefix_cache_offload_hits_total"] == 3 * 64
+        assert m["pagedinfer_prefix_cache_hits_total"] >= 3 * 64
+        assert m['pagedinfer_kv_offload_bytes_total{direction="host_to_device"}'] > 0
+        assert m['pagedinfer_kv_offload_bytes_total{direction="device_to_host"}'] > 0
+        assert m['pagedinfer_kv_offload_copy_seconds_total{direction="host_to_device"}'] > 0
+        assert m["pagedinfer_kv_offload_cached_blocks"] == len(feed.tier_hashes)
+        assert 0 < m["pagedinfer_kv_offload_usage_ratio"] <= 1
+    finally:
+        stop_server(running)
