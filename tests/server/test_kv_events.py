@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zmq
+from kv_feed_follow import follow_while
 from serving_harness import start_server, stop_server
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
@@ -123,25 +124,15 @@ def test_a_feed_without_drops_applies_every_batch_and_matches_the_snapshot(tiny_
 
 async def _follow(url: str, prompts: list[list[int]]):
     """Follow url with a KVFeed while the prompts run; the feed's final set and the snapshot's must agree."""
-    async with httpx.AsyncClient() as client:
-        feed = KVFeed(url, lambda hashes, seq, block_size: None, client)
-        task = asyncio.create_task(feed.run())
-        while feed.num_snapshots == 0:
-            await asyncio.sleep(0.02)
+    async def send(client: httpx.AsyncClient) -> None:
         for p in prompts:
             r = await client.post(url + "/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 3},
                                   timeout=60)
             assert r.status_code == 200, r.text
-        snap = (await client.get(url + "/kv_events/snapshot")).json()
-        target = {bytes.fromhex(h) for h in snap["block_hashes"]}
-        for _ in range(500):
-            if feed.seq is not None and feed.seq >= snap["sequence"]:
-                break
-            await asyncio.sleep(0.02)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        assert feed.hashes == target
-        return feed, set(feed.hashes)
+
+    feed, _, snap = await follow_while(url, send)
+    assert feed.hashes == {bytes.fromhex(h) for h in snap["block_hashes"]}
+    return feed, set(feed.hashes)
 
 
 def test_a_kv_events_port_in_use_is_one_line_naming_the_flag_and_exit_2(tiny_llama):

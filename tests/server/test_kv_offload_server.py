@@ -7,43 +7,31 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from kv_feed_follow import follow_while
 from serving_harness import start_server, stop_server
 
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig
-from pagedinfer.router.kv_feed import KVFeed
 
 USERS = [[(u * 37 + i) % 200 + 8 for i in range(70)] for u in range(3)]  # 4 full blocks of 16 each
 
 
-async def _conversations(url: str) -> tuple[KVFeed, list[dict], dict]:
-    async with httpx.AsyncClient(timeout=60) as client:
-        feed = KVFeed(url, lambda hashes, seq, block_size: None, client)
-        task = asyncio.create_task(feed.run())
-        while feed.num_snapshots == 0:
-            await asyncio.sleep(0.02)
-        usages = []
-        for turn in range(2):
-            for user in USERS:  # 3 users x 5 blocks > the 8-block pool: each evicts the one before
-                prompt = user + [9, 10, 11] * turn
-                r = await client.post(url + "/v1/completions",
-                                      json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
-                assert r.status_code == 200, r.text
-                usages.append(r.json()["usage"])
-        snap = (await client.get(url + "/kv_events/snapshot")).json()
-        for _ in range(500):
-            if feed.seq is not None and feed.seq >= snap["sequence"]:
-                break
-            await asyncio.sleep(0.02)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return feed, usages, snap
+async def _two_turns(client: httpx.AsyncClient) -> list[dict]:
+    """Each user's first turn, then each returns with more (the usage of every answer)."""
+    usages = []
+    for turn in range(2):
+        for user in USERS:  # 3 users x 5 blocks > the 8-block pool: each evicts the one before
+            r = await client.post("/v1/completions", json={"model": "tiny", "prompt": user + [9, 10, 11] * turn,
+                                                           "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            usages.append(r.json()["usage"])
+    return usages
 
 
 def test_tier_hits_are_cached_tokens_metrics_and_events_of_their_medium(tiny_llama):
     running = start_server(tiny_llama, kv_events=KVEventsConfig(port=0), num_gpu_blocks_override=8,
                            max_model_len=128, kv_offloading_size=0.001)
     try:
-        feed, usages, snap = asyncio.run(_conversations(running.url))
+        feed, usages, snap = asyncio.run(follow_while(running.url, _two_turns))
         # every returning user found its 4 blocks, now in the tier: cached tokens say so
         assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages[3:]] == [64, 64, 64]
         # the feed, applying events of both media as blocks moved, knows where each block is (the snapshot)
