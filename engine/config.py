@@ -156,6 +156,12 @@ class EngineConfig:
              " the buckets and their memory follow from it. 0 (the default until a GPU run has measured the"
              " graphs) runs every step eagerly. On a CPU the buckets' static buffers are replayed without"
              " capture: exact, not faster (for tests)")  # engine/cuda_graphs/
+    async_scheduling: bool = flag_field(
+        False, flag="--async-scheduling",
+        help="schedule the next step and process the previous step's outputs while a step's forward runs on a"
+             " second thread (engine/async_step/; as vLLM's); steps run synchronously while a beam-search,"
+             " structured-output, n > 1 or prompt-logprobs request is in the engine, and always with tensor"
+             " parallelism or --compile (default off)")
     seed: int = flag_field(
         0, flag="--seed", type=int, help="seed of the sampling of unseeded requests (default 0)")
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests (no flag)
@@ -214,6 +220,8 @@ class EngineConfig:
                 or self.max_cudagraph_capture_size < 0:
             raise ValueError("max_cudagraph_capture_size (--max-cudagraph-capture-size): must be an integer >= 0"
                              f" (0: no graphs), got {self.max_cudagraph_capture_size!r}")
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling (--async-scheduling): must be a boolean, got {self.async_scheduling!r}")
         if not isinstance(self.overlap, str) or self.overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap (--overlap): must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}")
         _positive("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)

@@ -10,7 +10,9 @@ blocks at once -> the step's `OutputBatch` (detokenize, stop strings, outputs:
 thread (or in the output process) during the next step's forward, whose step returns its outputs (one
 step later) and ends the sequences its stop strings ended, dropping the token
 sampled for them meanwhile; without it the batch runs inline. Beam-search requests (`BeamSearchParams`)
-skip the sampler: their rows go to their search (`engine/beam/group.py`).
+skip the sampler: their rows go to their search (`engine/beam/group.py`). With `EngineConfig.async_scheduling`
+the step is `engine/async_step/`'s: the next step is scheduled and this one's outputs made while a forward runs
+on the forward thread (falling back to the step here where that cannot apply).
 
 Outputs: `step_deltas()` returns only what each touched request gained this
 step (`RequestOutputDelta`: new tokens, logprobs and text, finish), so a
@@ -24,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from pagedinfer.engine import engine_setup as setup
 from pagedinfer.engine.beam import group as beam_group
@@ -37,6 +39,7 @@ from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.kv_offload.tier import LOAD, STORE
 from pagedinfer.engine.outputs import (CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput,
                                        RequestOutputDelta)
+from pagedinfer.engine.request_checks import check_request
 from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
 from pagedinfer.engine.overlap.process import OutputProcess
 from pagedinfer.engine.overlap.thread import OutputThread
@@ -44,6 +47,9 @@ from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
 from pagedinfer.engine.structured.compiler import StructuredOutputs
+
+if TYPE_CHECKING:
+    from pagedinfer.engine.async_step.stepper import AsyncStepper
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +87,7 @@ class LLMEngine:
 
         self.config = config = setup.resolve_model_paths(config)
         self._output_side: OutputThread | OutputProcess | None = None  # None: the output side runs inline
+        self._async: AsyncStepper | None = None  # async scheduling (engine/async_step/); None: steps are synchronous
         self.runner = create_runner(config)  # first: a bad model is named as the model
         try:
             self._init_after_runner(config)
@@ -122,6 +129,10 @@ class LLMEngine:
             self.output_tokenizer = self.tokenizer
             if config.overlap == "process":  # the child holds the output side's state (overlap/mirror.py)
                 self._output_side = OutputProcess(str(config.tokenizer or config.model))
+        if config.async_scheduling and self.runner.workers is None and not config.compile:
+            from pagedinfer.engine.async_step.stepper import AsyncStepper
+
+            self._async = AsyncStepper(self)
         # the detokenizers' `decode([id])` memo, one per skip_special_tokens (used on the output side only)
         self._pieces: dict[bool, dict[int, str]] = {True: {}, False: {}}
         logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host blocks (%d of them the tier's)",
@@ -153,33 +164,10 @@ class LLMEngine:
         return ids
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams | BeamSearchParams) -> None:
-        """Raise ValueError (naming the parameter) if the request can never run."""
-        if not isinstance(params, (SamplingParams, BeamSearchParams)):
-            raise ValueError(f"sampling_params: expected SamplingParams or BeamSearchParams,"
-                             f" got {type(params).__name__}")
-        n = len(prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(f"prompt: {n} tokens; must be shorter than max_model_len={self.max_model_len}")
-        if n + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens}"
-                f" exceeds max_model_len={self.max_model_len}; lower max_tokens to at most"
-                f" {self.max_model_len - n}")
-        if isinstance(params, BeamSearchParams):
-            beam_group.check_beam_request(n, params, self.config.max_num_seqs, self.num_gpu_blocks,
-                                          self.config.block_size)
-            return
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n: {params.n} completions exceed max_num_seqs={self.config.max_num_seqs}")
-        if params.logprobs is not None and params.logprobs > self.runner.vocab_size:
-            raise ValueError(f"logprobs: must be <= vocabulary size {self.runner.vocab_size}")
-        biased = sorted(t for t in params.logit_bias or {} if t >= self.runner.vocab_size)
-        if biased:
-            raise ValueError(f"logit_bias: token ids {biased} are outside the vocabulary "
-                             f"(ids < {self.runner.vocab_size})")
-        outside = [t for t in params.stop_token_ids or () if t >= self.runner.vocab_size]
-        if outside:
-            raise ValueError(f"stop_token_ids: {outside} are outside the vocabulary (ids < {self.runner.vocab_size})")
+        """Raise ValueError (naming the parameter) if the request can never run (`request_checks.py`)."""
+        check_request(prompt_token_ids, params, max_model_len=self.max_model_len, vocab_size=self.runner.vocab_size,
+                      max_num_seqs=self.config.max_num_seqs, num_gpu_blocks=self.num_gpu_blocks,
+                      block_size=self.config.block_size)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams,
                     arrival_time: float | None = None, prompt_token_ids: list[int] | None = None) -> None:
@@ -199,8 +187,7 @@ class LLMEngine:
                            arrival_time=now, prompt=req.prompt, group=req.group)
             req.group.seqs.append(seq)
             req.seqs.append(seq)
-            self.requests[request_id] = req
-            self.scheduler.add(seq)
+            self._admit(req, seq)
             return
         req.outputs = [CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
                        for i in range(params.n)]
@@ -214,8 +201,13 @@ class LLMEngine:
         if params.structured_outputs is not None:
             seq.grammar = self.structured.matcher_for(params.structured_outputs)  # compiled: a cache hit
         req.seqs.append(seq)
-        self.requests[request_id] = req
+        self._admit(req, seq)
+
+    def _admit(self, req: _Request, seq: Sequence) -> None:
+        self.requests[req.request_id] = req
         self.scheduler.add(seq)
+        if self._async is not None:
+            self._async.on_request(req)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop the request(s) now and free their blocks; unknown ids are ignored."""
@@ -243,6 +235,8 @@ class LLMEngine:
         """Stop the output thread or process and the other ranks of a tensor-parallel replica (idempotent)."""
         if self._output_side is not None:
             self._output_side.shutdown()
+        if self._async is not None:
+            self._async.shutdown()
         if getattr(self, "runner", None) is not None and self.runner.workers is not None:
             self.runner.workers.shutdown()
 
@@ -256,43 +250,20 @@ class LLMEngine:
         return self._step(cumulative=False)
 
     def _step(self, cumulative: bool) -> list:
+        if self._async is not None and self._async.engaged():
+            return self._async.step(cumulative)
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            if self._output_side is not None and self._output_side.in_flight:  # the last step's outputs
-                return self._collect(self._take_previous_outputs())
-            if self.scheduler.num_unfinished:  # the scheduler promises progress: say so rather than spin
-                kv = self.kv.stats()
-                raise RuntimeError(
-                    f"scheduler stalled: {len(self.scheduler.waiting)} waiting, {len(self.scheduler.swapped)} "
-                    f"swapped, {len(self.scheduler.running)} running, {kv.num_free_blocks} of "
-                    f"{self.num_gpu_blocks} blocks free")
-            return []
-        now = time.monotonic()
-        # one pass over the step: first-scheduled times, the rows that sample (a sequence whose last token
-        # is computed this step samples a new token), prompt-logprob rows and prompt tokens computed
-        sampling: list[Sequence] = []
-        prompt_rows: set[int] = set()
-        num_prompt_tokens = 0
-        for seq, num_new in sched.scheduled:
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-                req = self.requests[seq.request_id]
-                if req.metrics.first_scheduled_time is None:
-                    req.metrics.first_scheduled_time = now
-            computed = seq.num_computed_tokens
-            if computed + num_new == len(seq.token_ids):
-                sampling.append(seq)
-            num_prompt = len(seq.prompt_token_ids)
-            if computed < num_prompt:
-                num_prompt_tokens += min(num_prompt - computed, num_new)
-                if seq.params.prompt_logprobs is not None and computed < num_prompt - 1:
-                    prompt_rows.add(seq.seq_id)
+            return self._nothing_scheduled()
+        sampling, prompt_rows, num_prompt_tokens = self._scan(sched)
         # the grammar masks of this step's constrained rows are computed while the forward runs
         self.sampler.grammar_bitmask.prefetch([s.grammar for s in sampling if s.grammar is not None],
                                               self.runner.vocab_size, self.runner.device)
         logits, row_ids, prompt_logits = self.runner.execute(sched, {s.seq_id for s in sampling}, prompt_rows)
         if prompt_logits:
-            self._record_prompt_logprobs(sched, prompt_logits)
+            from pagedinfer.engine.prompt_logprobs import record_prompt_logprobs
+
+            record_prompt_logprobs(sched, prompt_logits, self.requests, self.tokenizer)
         self.scheduler.after_step(sched)
         self.num_prompt_tokens += num_prompt_tokens
         # with overlap: the previous step's outputs, made while this forward ran; its stop strings end their
@@ -328,6 +299,46 @@ class LLMEngine:
             req = self.requests[seq.request_id]
             items.append(self._append_token(req, seq, res.token_id, res.logprobs, now))
             touched[req.request_id] = req
+        return self._emit(items, touched, previous, cumulative)
+
+    def _nothing_scheduled(self) -> list:
+        """A step the scheduler gave nothing to: the output side's last outputs, or an error if it stalled."""
+        if self._output_side is not None and self._output_side.in_flight:  # the last step's outputs
+            return self._collect(self._take_previous_outputs())
+        if self.scheduler.num_unfinished:  # the scheduler promises progress: say so rather than spin
+            kv = self.kv.stats()
+            raise RuntimeError(
+                f"scheduler stalled: {len(self.scheduler.waiting)} waiting, {len(self.scheduler.swapped)} "
+                f"swapped, {len(self.scheduler.running)} running, {kv.num_free_blocks} of "
+                f"{self.num_gpu_blocks} blocks free")
+        return []
+
+    def _scan(self, sched) -> tuple[list[Sequence], set[int], int]:
+        """One pass over a schedule: first-scheduled times, then the rows that sample (a sequence whose last token
+        is computed this step samples a new token), the prompt-logprob rows and the prompt tokens computed."""
+        now = time.monotonic()
+        sampling: list[Sequence] = []
+        prompt_rows: set[int] = set()
+        num_prompt_tokens = 0
+        for seq, num_new in sched.scheduled:
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+                req = self.requests[seq.request_id]
+                if req.metrics.first_scheduled_time is None:
+                    req.metrics.first_scheduled_time = now
+            computed = seq.num_computed_tokens
+            if computed + num_new == len(seq.token_ids):
+                sampling.append(seq)
+            num_prompt = len(seq.prompt_token_ids)
+            if computed < num_prompt:
+                num_prompt_tokens += min(num_prompt - computed, num_new)
+                if seq.params.prompt_logprobs is not None and computed < num_prompt - 1:
+                    prompt_rows.add(seq.seq_id)
+        return sampling, prompt_rows, num_prompt_tokens
+
+    def _emit(self, items: list[TokenItem], touched: dict[str, _Request], previous: ProcessedBatch | None,
+              cumulative: bool) -> list:
+        """Hand a step's tokens to the output side (or process them inline); the outputs ready now."""
         batch = OutputBatch(items, list(touched.values()), cumulative)
         if self._output_side is not None and not touched:  # a step of prompt chunks only: nothing to hand over
             return self._collect(previous) if previous is not None else []
@@ -398,35 +409,6 @@ class LLMEngine:
         self.scheduler.fork(parent, child)
         return child
 
-    def _record_prompt_logprobs(self, sched, prompt_logits: dict) -> None:
-        """Score this step's prompt positions (all requests at once) into their requests' prompt_logprobs.
-
-        A prompt recomputed after a preemption overwrites its entries with the same values.
-        """
-        import torch
-
-        from pagedinfer.engine.prompt_logprobs import prompt_logprobs
-
-        seqs = {it.seq.seq_id: it.seq for it in sched.scheduled}
-        rows, targets, ks, slots = [], [], [], []
-        for seq_id, part in prompt_logits.items():
-            seq = seqs[seq_id]
-            req = self.requests.get(seq.request_id)
-            if req is None or req.prompt_logprobs is None:
-                continue
-            count = part.logits.shape[0]
-            rows.append(part.logits)
-            targets.extend(seq.prompt_token_ids[part.first_target: part.first_target + count])
-            ks.extend([seq.params.prompt_logprobs] * count)
-            slots.extend((req, part.first_target + i) for i in range(count))
-        if not rows:
-            return
-        texts: dict[int, str] = {}  # each token decoded once per step
-        for (req, position), entry in zip(slots, prompt_logprobs(torch.cat(rows), targets, ks)):
-            for tid in entry.keys() - texts.keys():
-                texts[tid] = self.tokenizer.decode([tid])
-            req.prompt_logprobs[position] = {tid: Logprob(lp.logprob, lp.rank, texts[tid]) for tid, lp in entry.items()}
-
     def _fork(self, parent: Sequence) -> list[Sequence]:
         req = self.requests[parent.request_id]
         children = []
@@ -454,8 +436,12 @@ class LLMEngine:
         its blocks freed, at once). Its text, stop strings and output are `overlap/text.py`'s."""
         p = seq.params
         token_ids = seq.token_ids
-        token_ids.append(token)
-        num_tokens = len(token_ids)
+        if seq.num_placeholders:  # async scheduling scheduled it already: its id replaces the placeholder
+            token_ids[-seq.num_placeholders] = token
+            seq.num_placeholders -= 1
+        else:
+            token_ids.append(token)
+        num_tokens = len(token_ids) - seq.num_placeholders
         num_output_tokens = num_tokens - len(seq.prompt_token_ids)
         self.num_generation_tokens += 1
         if seq.first_token_time is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -301,6 +301,13 @@ class ModelRunner:
         logits of the prompt positions computed this step that predict a
         prompt token (position p predicts token p + 1), from the same forward.
         """
+        prepared = self.prepare(sched, sample_seq_ids, prompt_logprob_seq_ids)
+        return prepared.split(self.run_step(prepared.inputs))
+
+    def prepare(self, sched: SchedulerOutput, sample_seq_ids: set[int],
+                prompt_logprob_seq_ids: frozenset[int] | set[int] = frozenset()) -> PreparedStep:
+        """`execute`'s host half: the step's inputs, read from the sequences now (async scheduling runs the
+        forward later, on its own thread: engine/async_step/)."""
         # decodes (one new token) first, as the attention metadata requires
         items = sorted(sched.scheduled, key=lambda it: it.num_new_tokens != 1)
         ids: list[int] = []
@@ -329,29 +336,28 @@ class ModelRunner:
             keep.extend(range(flat, flat + count))
         if not keep:
             keep, keep_ids = [len(ids) - 1], []  # logits_to_keep must select something
-        logits = self.run_step(StepInputs(ids, seq_ids, seq_lens, query_lens, keep, sched.table_deltas,
-                                          sched.blocks_to_copy, sched.blocks_to_swap_out, sched.blocks_to_swap_in,
-                                          sched.tier_copies.stores, sched.tier_copies.loads))
-        prompt_logits: dict[int, PromptLogits] = {}
-        row = num_sampled
-        for seq_id, first_target, _, count in prompt_keep:
-            prompt_logits[seq_id] = PromptLogits(first_target, logits[row: row + count])
-            row += count
-        return logits[:num_sampled].float(), keep_ids, prompt_logits
+        return PreparedStep(StepInputs(ids, seq_ids, seq_lens, query_lens, keep, sched.table_deltas,
+                                       sched.blocks_to_copy, sched.blocks_to_swap_out, sched.blocks_to_swap_in,
+                                       sched.tier_copies.stores, sched.tier_copies.loads),
+                            keep_ids, tuple(prompt_keep))
 
-    def run_step(self, step: StepInputs) -> torch.Tensor:
+    def run_step(self, step: StepInputs, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """Table deltas and block moves, then the forward; logits of step.logits_rows (whole rows on every rank).
 
         Rank 0 of a tensor-parallel replica first broadcasts `step`, so that
-        every rank runs the same moves and forward on its own heads.
+        every rank runs the same moves and forward on its own heads. `fill`
+        (async scheduling, one rank only) writes the ids of the step's placeholder tokens into its input ids
+        on the device, just before the forward.
         """
         if self.workers is None:
-            return self._run_step(step)
+            return self._run_step(step, fill)
+        if fill is not None:
+            raise ValueError("async scheduling runs without tensor parallelism")
         with self.workers.guard("running a step"):
             self.workers.send(Message(STEP, step))
             return self._run_step(step)
 
-    def _run_step(self, step: StepInputs) -> torch.Tensor:
+    def _run_step(self, step: StepInputs, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         self.batch.apply(step.table_deltas)
         # the host tier's stores read device blocks this step may overwrite: first (engine/kv_offload/)
         self.tier_copier.copy(STORE, self.kv_cache, self.cpu_cache, step.tier_stores)
@@ -366,14 +372,35 @@ class ModelRunner:
         bucket = None if graphs is None else graphs.bucket(len(step.token_ids), len(step.seq_ids))
         if bucket is not None:  # a pure-decode step its buckets hold
             arrays = self.batch.gather(step.seq_ids, step.seq_lens, step.query_lens)
-            return graphs.run(bucket, step.token_ids, arrays, step.logits_rows)
+            return graphs.run(bucket, step.token_ids, arrays, step.logits_rows, fill)
         meta, positions = self.batch.prepare(step.seq_ids, step.seq_lens, step.query_lens, self.device)
         input_ids = self._input_ids.put(step.token_ids)
+        if fill is not None:
+            fill(input_ids)
         return self._forward(input_ids[None], positions[None], meta, self._logits_rows.put(step.logits_rows))
 
 
 def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.tensor(pairs, dtype=torch.long, device=device).view(-1, 2)
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A step's inputs for `run_step`, and how its logits rows split (`ModelRunner.prepare`)."""
+
+    inputs: StepInputs
+    sampled_seq_ids: list[int]  # the seq_id of each of the first len(sampled_seq_ids) logits rows
+    prompt_keep: tuple[tuple[int, int, int, int], ...]  # (seq_id, first target, flat index, rows): prompt logprobs
+
+    def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[int], dict[int, PromptLogits]]:
+        """`execute`'s result from the forward's logits."""
+        num_sampled = len(self.sampled_seq_ids)
+        prompt_logits: dict[int, PromptLogits] = {}
+        row = num_sampled
+        for seq_id, first_target, _, count in self.prompt_keep:
+            prompt_logits[seq_id] = PromptLogits(first_target, logits[row: row + count])
+            row += count
+        return logits[:num_sampled].float(), self.sampled_seq_ids, prompt_logits
 
 
 @dataclass(frozen=True)

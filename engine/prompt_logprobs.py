@@ -37,3 +37,30 @@ def prompt_logprobs(logits: torch.Tensor, targets: list[int], ks: list[int]) -> 
             entry.setdefault(i, Logprob(v, r))
         out.append(entry)
     return out
+
+
+def record_prompt_logprobs(sched, prompt_logits: dict, requests: dict, tokenizer) -> None:
+    """Score a step's prompt positions (all requests at once) into their requests' `prompt_logprobs`
+    (`requests`: the engine's, by request id; `prompt_logits`: the runner's, by seq_id).
+
+    A prompt recomputed after a preemption overwrites its entries with the same values.
+    """
+    seqs = {it.seq.seq_id: it.seq for it in sched.scheduled}
+    rows, targets, ks, slots = [], [], [], []
+    for seq_id, part in prompt_logits.items():
+        seq = seqs[seq_id]
+        req = requests.get(seq.request_id)
+        if req is None or req.prompt_logprobs is None:
+            continue
+        count = part.logits.shape[0]
+        rows.append(part.logits)
+        targets.extend(seq.prompt_token_ids[part.first_target: part.first_target + count])
+        ks.extend([seq.params.prompt_logprobs] * count)
+        slots.extend((req, part.first_target + i) for i in range(count))
+    if not rows:
+        return
+    texts: dict[int, str] = {}  # each token decoded once per step
+    for (req, position), entry in zip(slots, prompt_logprobs(torch.cat(rows), targets, ks)):
+        for tid in entry.keys() - texts.keys():
+            texts[tid] = tokenizer.decode([tid])
+        req.prompt_logprobs[position] = {tid: Logprob(lp.logprob, lp.rank, texts[tid]) for tid, lp in entry.items()}

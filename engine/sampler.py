@@ -20,7 +20,7 @@ options reach the device in one non-blocking transfer, `engine/draw.py`);
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -65,12 +65,17 @@ class Sampler:
             self.seq_generators[seq.seq_id] = gen
         return gen
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence],
+               on_tokens: Callable[[torch.Tensor], None] | None = None) -> list[SampleResult]:
+        """One token per row; `on_tokens` (async scheduling) gets the tokens as a tensor on the logits' device
+        before the step's one sync brings them to the host."""
         tokens = self.sample_device(logits, seqs)
         if tokens is not None:
             # every row greedy or drawn without per-row work (the common batch): greedy rows take the argmax of
             # the rows as they are (a float32 copy holds the same values, so the same first maximum); one sync
             self.grammar_bitmask.apply(logits, [])  # drops a prefetch of no rows, as the general path does
+            if on_tokens is not None:
+                on_tokens(tokens)
             return [SampleResult(token, None) for token in tokens.tolist()]
         logits = logits.to(torch.float32, copy=True)  # one copy: the penalties below write into it
         raw_logprobs = None
@@ -85,6 +90,8 @@ class Sampler:
         if drawn_rows:
             index = torch.tensor(drawn_rows, device=logits.device)
             tokens[index] = self._draw(logits[index], [seqs[row] for row in drawn_rows])
+        if on_tokens is not None:
+            on_tokens(tokens)
         logprob_rows = [row for row, seq in enumerate(seqs) if seq.params.logprobs is not None]
         if not logprob_rows:
             return [SampleResult(token, None) for token in tokens.tolist()]
@@ -104,7 +111,8 @@ class Sampler:
             if banned:
                 row[torch.tensor(sorted(banned), device=row.device)] = float("-inf")
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(seq.token_ids)), device=row.device)
+            known = seq.token_ids[:len(seq.token_ids) - seq.num_placeholders]  # no async-scheduling placeholder
+            seen = torch.tensor(sorted(set(known)), device=row.device)
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:

@@ -290,14 +290,16 @@ class Scheduler:
 
     # ----- bookkeeping after the forward -------------------------------------------------
     def after_step(self, output: SchedulerOutput) -> None:
-        """Advance computed tokens and register newly full blocks in the prefix cache."""
+        """Advance computed tokens and register newly full blocks in the prefix cache (a sequence ending in an
+        async-scheduling placeholder registers them once the placeholder's id is known: engine/async_step/)."""
         running = SequenceStatus.RUNNING
         cache_computed_blocks = self.kv.cache_computed_blocks
         for seq, num_new_tokens in output.scheduled:
             if seq.status is not running:
                 continue
             seq.num_computed_tokens += num_new_tokens
-            cache_computed_blocks(seq)
+            if not seq.num_placeholders:
+                cache_computed_blocks(seq)
             group = seq.group
             if group is not None and seq is group.leader and seq.num_computed_tokens == seq.num_tokens:
                 self._unpark(group)
@@ -331,9 +333,13 @@ class Scheduler:
         self.running.insert(self.running.index(parent) + 1, child)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Stop seq (finished or aborted) and free its blocks at once."""
+        """Stop seq (finished or aborted) and free its blocks at once; tokens async scheduling scheduled past its
+        end (placeholders) are dropped."""
         if seq.status is SequenceStatus.FINISHED:
             return
+        if seq.num_placeholders:
+            del seq.token_ids[-seq.num_placeholders:]
+            seq.num_placeholders = 0
         queue = {SequenceStatus.RUNNING: self.running, SequenceStatus.WAITING: self.waiting,
                  SequenceStatus.SWAPPED: self.swapped}.get(seq.status)
         if queue is not None and seq in queue:  # a step that raised may have left seq between queues

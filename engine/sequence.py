@@ -50,6 +50,9 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     logprobs: list[dict] | None = None
     num_forks_pending: int = 0  # children still to fork after the prompt's first sample
+    # async scheduling (engine/async_step/): token_ids ends with this many placeholders, tokens scheduled before
+    # their ids are sampled; none of them counts as an output token until its id replaces it
+    num_placeholders: int = 0
     was_admitted: bool = False
     output_text: str = ""
     detok: Any = None  # incremental detokenizer state, owned by the engine
@@ -80,11 +83,11 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[len(self.prompt_token_ids):len(self.token_ids) - self.num_placeholders]
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        return len(self.token_ids) - self.num_placeholders - len(self.prompt_token_ids)
 
     @property
     def is_finished(self) -> bool:

@@ -77,10 +77,14 @@ class DecodeGraphs:
             return None
         return bucket_for(num_seqs, self.sizes)
 
-    def run(self, bucket: int, token_ids: list[int], arrays: StepArrays, logits_rows: list[int]) -> torch.Tensor:
-        """Logits [len(logits_rows), vocab] of a pure-decode step at `bucket` (see the module docstring)."""
+    def run(self, bucket: int, token_ids: list[int], arrays: StepArrays, logits_rows: list[int],
+            fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Logits [len(logits_rows), vocab] of a pure-decode step at `bucket` (see the module docstring); `fill`
+        (async scheduling) writes the placeholder tokens' ids into the static input ids on the device."""
         n = len(token_ids)
         self.static.fill(bucket, token_ids, arrays)
+        if fill is not None:
+            fill(self.static.tensors["input_ids"])
         if bucket in self.graphs:
             self.graphs[bucket].replay()
         elif self.device_lengths:

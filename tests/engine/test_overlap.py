@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import transformers
+from engine_checks import POOL_SETTINGS, assert_pool_free, generate_twice, greedy_text  # noqa: F401 - a fixture
 from greedy_reference import hf_greedy, mixed_prompts
 
 from pagedinfer.engine import LLM, SamplingParams
@@ -56,26 +57,10 @@ def assert_worked_beside(engine: LLMEngine, num_batches: int) -> None:
         assert not side._reqs and not side._keys
 
 
-def assert_pool_free(engine: LLMEngine) -> None:
-    stats = engine.get_stats()
-    assert stats.num_used_blocks == 0 and stats.num_free_blocks == stats.num_total_blocks, stats
-    assert stats.num_running_reqs == stats.num_waiting_reqs == stats.num_swapped_reqs == 0
-    engine.kv.check_invariants()
-
-
 def kv_counters(engine: LLMEngine) -> tuple:
     s = engine.get_stats()
     return (s.num_free_blocks, s.num_cached_free_blocks, s.prefix_cache_query_tokens, s.prefix_cache_hit_tokens,
             s.num_prompt_tokens, s.num_generation_tokens)
-
-
-@pytest.fixture(scope="module")
-def greedy_text(tiny_llama):
-    """The greedy text of "Hello" (16 tokens), from which stop strings that end mid-output are cut."""
-    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32)
-    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].outputs[0]
-    assert len(out.text) >= 12
-    return out.text
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -120,21 +105,13 @@ def reference(make_model):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("settings", [
-    dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="recompute"),
-    dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="swap", swap_space=0.01),
-    dict(block_size=16, enable_prefix_caching=True, max_num_batched_tokens=32, max_model_len=1024),
-], ids=["recompute", "swap", "prefix-cache-chunked"])
+@POOL_SETTINGS
 def test_greedy_with_overlap_equals_transformers_and_leaks_no_block(reference, settings, mode):
     model_dir, prompts, want = reference
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     llm = LLM(model=str(model_dir), dtype="float32", overlap=mode, **settings)
     try:
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        assert got == want
-        again = llm.generate(prompts, params)  # prefix-cache hits (or recomputes) change nothing
-        assert [o.outputs[0].token_ids for o in again] == want
-        assert_pool_free(llm.llm_engine)
+        again = generate_twice(llm, prompts, params, want)
         assert llm.llm_engine._output_side.num_batches >= 2 * 12
         if mode == "process":
             assert llm.llm_engine._output_side.num_child_requests == 0

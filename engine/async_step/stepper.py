@@ -1,0 +1,189 @@
+"""The asynchronously scheduled step: schedule step N+1 and process step N-1 while step N's forward runs.
+
+One `step()` call (`LLMEngine.step`/`step_deltas` with `--async-scheduling`):
+1. schedule the next job (the scheduler sees every sequence that samples in
+   the job in flight as one token longer: a placeholder, `PLACEHOLDER`, at
+   the end of its token_ids, `Sequence.num_placeholders`), prepare its inputs
+   on this thread, advance its computed tokens, give each of its sampling
+   sequences a placeholder of its own, and queue it on the forward thread;
+2. wait for the job in flight's logits, sample them (here: the sampler's
+   state is this thread's) and hand the tokens, as a tensor on the device, to
+   the queued job, which writes them over its placeholders just before its
+   forward (`forward_thread.Handover`);
+3. turn those tokens into outputs exactly as the synchronous step does
+   (`LLMEngine._append_token`: a placeholder's id is replaced, the cheap
+   finishes end the sequence and free its blocks; text and stop strings
+   inline or on the output side), while the queued job's forward runs.
+A call returns the outputs of the job it finished, one step later than the
+synchronous engine; the first call of a run returns none.
+
+What a client sees is what it sees without async scheduling. A sequence that
+finished at step N (EOS, a stop token or string, an abort) had one more token
+scheduled in step N+1: that row is computed and never sampled, its
+placeholder dropped (`Scheduler.finish`), its blocks freed when it finished
+(the forward thread writes a freed block only before any later job that
+reuses it). A sequence whose next token is its last by length gets no
+placeholder, so it is not scheduled again. Prefix-cache blocks of a sequence
+are registered only once their tokens are known (`Scheduler.after_step`).
+
+Falls back to the synchronous step (`can_run_ahead`) while a request of
+`eligibility.sync_reason` is in the engine: the job in flight is finished
+first, then steps run as without the option.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pagedinfer.engine.async_step.eligibility import sync_reason
+from pagedinfer.engine.async_step.forward_thread import ForwardThread, Handover, Job
+from pagedinfer.engine.model_runner import PreparedStep
+from pagedinfer.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from pagedinfer.engine.llm_engine import LLMEngine
+
+PLACEHOLDER = -1  # a scheduled token whose id is not sampled yet (never reaches the model: the hand-over replaces it)
+
+
+@dataclass
+class _InFlight:
+    """A job on the forward thread."""
+
+    job: Job
+    prepared: PreparedStep
+    sampling: dict[int, Sequence]  # seq_id -> the sequences that sample in it
+    fills: list[tuple[int, int]]  # (flat input index, seq_id): its placeholders, from the previous job's tokens
+    tokens: Handover  # this job's sampled tokens, for the next job's placeholders
+
+
+class AsyncStepper:
+    def __init__(self, engine: "LLMEngine") -> None:
+        self.engine = engine
+        self.thread = ForwardThread()
+        self.in_flight: _InFlight | None = None
+        self._sync_requests: dict[str, Any] = {}  # request_id -> its _Request, while it is in the engine
+
+    # ----- when ----------------------------------------------------------------------
+    def on_request(self, req: Any) -> None:
+        """A request was added: note it if it keeps the engine synchronous."""
+        if sync_reason(req.params) is not None:
+            self._sync_requests[req.request_id] = req
+
+    def can_run_ahead(self) -> bool:
+        """No request in the engine needs the synchronous step."""
+        if self._sync_requests:
+            requests = self.engine.requests
+            self._sync_requests = {rid: req for rid, req in self._sync_requests.items() if requests.get(rid) is req}
+        return not self._sync_requests
+
+    def engaged(self) -> bool:
+        """This step is the stepper's: a job is in flight, or the next may run ahead."""
+        return self.in_flight is not None or self.can_run_ahead()
+
+    def shutdown(self) -> None:
+        pending = (self.in_flight.tokens,) if self.in_flight is not None else ()
+        self.thread.shutdown(pending)
+
+    # ----- one step --------------------------------------------------------------------
+    def step(self, cumulative: bool) -> list:
+        previous, launched = self.in_flight, None
+        try:
+            if self.can_run_ahead():
+                launched = self._launch(previous)
+            self.in_flight = launched
+            if previous is None:
+                return [] if launched is not None else self.engine._nothing_scheduled()
+            return self._finish(previous, launched, cumulative)
+        except BaseException:
+            for job in (previous, launched):  # the engine has failed: no job may wait for tokens
+                if job is not None:
+                    job.tokens.cancel()
+            self.in_flight = None
+            raise
+
+    def _launch(self, previous: _InFlight | None) -> _InFlight | None:
+        """Schedule, prepare and queue the next job (its placeholders filled from `previous`' tokens)."""
+        e = self.engine
+        sched = e.scheduler.schedule()
+        if sched.is_empty:
+            return None
+        sampling, _, num_prompt_tokens = e._scan(sched)  # no prompt-logprob request runs ahead
+        prepared = e.runner.prepare(sched, {s.seq_id for s in sampling})
+        fills: list[tuple[int, int]] = []
+        if previous is not None:
+            inputs = prepared.inputs
+            flat_start = dict(zip(inputs.seq_ids, accumulate(inputs.query_lens, initial=0)))
+            for seq, num_new in sched.scheduled:
+                if seq.num_placeholders:  # the one of `previous` (later ones are appended below)
+                    position = len(seq.token_ids) - seq.num_placeholders
+                    start = seq.num_computed_tokens
+                    if position < start + num_new:
+                        fills.append((flat_start[seq.seq_id] + position - start, seq.seq_id))
+        e.scheduler.after_step(sched)  # computed as of this job: the next schedule builds on it
+        e.num_prompt_tokens += num_prompt_tokens
+        max_model_len = e.max_model_len
+        for seq in sampling:
+            # a token that will be the sequence's last by length gets no placeholder: nothing follows it
+            if len(seq.token_ids) + 1 < min(seq.max_num_tokens, max_model_len):
+                seq.token_ids.append(PLACEHOLDER)
+                seq.num_placeholders += 1
+        fill = previous.tokens.fill if fills else None
+        job = Job(lambda: e.runner.run_step(prepared.inputs, fill))
+        launched = _InFlight(job, prepared, {s.seq_id: s for s in sampling}, fills, Handover())
+        self.thread.submit(job)
+        return launched
+
+    def _finish(self, done: _InFlight, following: _InFlight | None, cumulative: bool) -> list:
+        """Sample `done`'s logits, hand its tokens to `following`, and make `done`'s outputs."""
+        e = self.engine
+        logits, row_ids, _ = done.prepared.split(self.thread.wait(done.job))
+        # a row of a sequence finished since the job was scheduled is computed and never sampled
+        row_index = [r for r, seq_id in enumerate(row_ids) if not done.sampling[seq_id].is_finished]
+        rows = [done.sampling[row_ids[r]] for r in row_index]
+
+        def hand_over(tokens: torch.Tensor) -> None:
+            self._hand_over(done, following, rows, tokens)
+
+        if rows:
+            every_row = len(row_index) == logits.shape[0]
+            results = e.sampler.sample(
+                logits if every_row else logits[torch.tensor(row_index, device=logits.device)], rows, hand_over)
+        else:
+            results = []
+        if not done.tokens.given:
+            hand_over(torch.empty(0, dtype=torch.long, device=logits.device))
+        # the output side's result for the job before: its stop strings end their sequences now
+        previous = e._take_previous_outputs() \
+            if e._output_side is not None and e._output_side.in_flight else None
+        touched: dict[str, Any] = {}
+        items = []
+        now = time.monotonic()
+        cache_computed_blocks = e.kv.cache_computed_blocks
+        for seq, res in zip(rows, results):
+            if seq.is_finished:  # a stop string of the job before ended it
+                continue
+            req = e.requests[seq.request_id]
+            items.append(e._append_token(req, seq, res.token_id, res.logprobs, now))
+            touched[req.request_id] = req
+            if not seq.is_finished:
+                cache_computed_blocks(seq)  # its blocks up to the token just known
+        return e._emit(items, touched, previous, cumulative)
+
+    def _hand_over(self, done: _InFlight, following: _InFlight | None, rows: list[Sequence],
+                   tokens: torch.Tensor) -> None:
+        """Give `following` the ids of its placeholders from `done`'s tokens (rows' order), on their device."""
+        if following is None or not following.fills:
+            done.tokens.give()
+            return
+        row_of = {seq.seq_id: r for r, seq in enumerate(rows)}
+        missing = len(rows)  # a sequence finished before sampling: its row is never used, any id will do
+        device = tokens.device
+        source = torch.tensor([row_of.get(seq_id, missing) for _, seq_id in following.fills], device=device)
+        padded = torch.cat([tokens.to(torch.long), torch.zeros(1, dtype=torch.long, device=device)])
+        done.tokens.give(torch.tensor([flat for flat, _ in following.fills], device=device), padded[source])
