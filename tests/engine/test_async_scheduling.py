@@ -113,6 +113,20 @@ def test_greedy_with_async_scheduling_equals_transformers_and_leaks_no_block(ref
         llm.shutdown()
 
 
+def test_decode_graph_buckets_take_the_placeholders_ids(reference):
+    """Pure-decode steps replayed from the CUDA-graph buckets' static buffers (eagerly on a CPU) get their
+    placeholders' ids written into the static input ids."""
+    model_dir, prompts, lengths, want, _ = reference
+    llm = LLM(model=str(model_dir), dtype="float32", async_scheduling=True, max_cudagraph_capture_size=8,
+              block_size=8, max_model_len=96)
+    try:
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+        generate_twice(llm, prompts, params, want)
+        assert sum(llm.llm_engine.runner.decode_graphs.num_runs.values()) >= max(lengths)
+    finally:
+        llm.shutdown()
+
+
 def test_an_abort_mid_flight_frees_its_blocks_and_changes_no_other_output(reference):
     model_dir, prompts, _, _, full = reference
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", block_size=8, max_model_len=96,
