@@ -55,6 +55,9 @@ from pagedinfer.router.engine_tokenizer import RouterTokenizer
 from pagedinfer.router.state import ASLEEP_STATUS, RouterState
 from pagedinfer.router import upstream as bounds
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS, EngineLost, unless_lost
+from pagedinfer.router.warmup.coordinator import WarmupCoordinator
+from pagedinfer.router.warmup.replay import Warmer
+from pagedinfer.router.warmup.settings import WarmupSettings
 
 logger = logging.getLogger("pagedinfer.router")
 
@@ -81,6 +84,7 @@ class RouterSettings:
     first_byte_timeout_seconds: float = DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS  # a stream's headers, else retried
     hold: HoldSettings = HoldSettings()  # the queue of requests waiting for an engine
     demand: DemandTarget | None = None  # the InferenceService to annotate with demand; None: no signal
+    warmup: WarmupSettings = WarmupSettings()  # replays of hot prefixes to new engines and on hand-off
 
     def __post_init__(self) -> None:
         if not self.first_byte_timeout_seconds > 0:
@@ -106,13 +110,19 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=1000))
         hold = HoldQueue(settings.hold)
         admin = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        warmup = WarmupCoordinator(settings.warmup, Warmer(client, admin, lambda e, n: holder["metrics"].warmup_tokens
+                                                           .labels(e).inc(n)),
+                                   lambda url: state.engines[url].view() if url in state.engines else None)
         state = RouterState(list(settings.engines), client,
                             on_discovery=lambda url, info: tokenizer.offer(client, url, info.tokenizer_sha256),
-                            on_routable=hold.release, admin_headers=admin)
+                            on_routable=hold.release, admin_headers=admin,
+                            on_new_engine=warmup.warm_new_engine if settings.warmup.enabled else None,
+                            on_leaving=warmup.hand_off)
         demand = DemandSignal(settings.demand) if settings.demand is not None else None
         capacity = Capacity(hold, lambda: bool(state.views()), lambda: _wake_order(state, settings.policy),
                             state.wake, demand)
-        holder.update(client=client, state=state, metrics=RouterMetrics(state, hold), hold=hold, capacity=capacity)
+        holder.update(client=client, state=state, warmup=warmup, metrics=RouterMetrics(state, hold), hold=hold,
+                      capacity=capacity)
         app.state.tokenizer = tokenizer
         app.state.router = state
         app.state.hold = hold
@@ -127,6 +137,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await warmup.stop()
             await state.stop()
             await client.aclose()
             if demand is not None:
@@ -198,6 +209,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         ids = await asyncio.get_running_loop().run_in_executor(
             tokenize_thread, tokenizer.current.prompt_ids, body, chat)
         stream = body.get("stream") is True
+        holder["warmup"].observe(body.get("model"), ids, holder["state"].block_size or DEFAULT_BLOCK_SIZE)
         headers = _forwarded(request)
         if holder["state"].views():
             response = await forward(headers, raw, ids, path, stream)

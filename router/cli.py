@@ -13,6 +13,7 @@ from pagedinfer.router.hold.queue import (DEFAULT_KEEPALIVE_SECONDS, DEFAULT_MAX
                                           DEFAULT_QUEUE_TIMEOUT_SECONDS)
 from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
 from pagedinfer.router.policy import POLICIES
+from pagedinfer.router.warmup.settings import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS
 
 # Libraries whose INFO lines are one per upstream request (httpx logs each, health checks included: 4 lines a
@@ -72,6 +73,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         " engine can be woken (default: env"
                         f" {INFERENCESERVICE_NAMESPACE_ENV}/{INFERENCESERVICE_NAME_ENV}, which the operator sets;"
                         " unset: no signal); talks to --kube-api, else in-cluster")
+    w = p.add_argument_group("warm-up: hot prefixes replayed to a new engine and, on scale-in, to the survivors")
+    w.add_argument("--warmup-prefixes", type=cli_types.non_negative_int, default=DEFAULT_PREFIXES, metavar="K",
+                   help="replay the K hottest prefixes the router has seen (0: no warm-up; default"
+                        f" {DEFAULT_PREFIXES})")
+    w.add_argument("--warmup-token-budget", type=cli_types.non_negative_int, default=DEFAULT_TOKEN_BUDGET,
+                   metavar="TOKENS", help="at most this many prompt tokens replayed to one engine per event"
+                                          f" (default {DEFAULT_TOKEN_BUDGET})")
     p.add_argument("--tokenizer", default=None,
                    help="the engines' tokenizer directory (default: the engines' own, fetched from the first that"
                         " publishes KV events; the embedded model's until then)")
@@ -86,6 +94,7 @@ def run_router(args: argparse.Namespace) -> int:
     from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
     from pagedinfer.engine.server.read_timeouts import header_timeout_protocol
     from pagedinfer.router.app import RouterSettings, create_router_app
+    from pagedinfer.router.warmup.settings import WarmupSettings
     from pagedinfer.router.hold.queue import HoldSettings
 
     configure_logging(args.log_level)
@@ -107,7 +116,8 @@ def run_router(args: argparse.Namespace) -> int:
                               args.upstream_first_byte_timeout_seconds,
                               HoldSettings(args.queue_timeout_seconds, args.max_queued_requests,
                                            args.queue_keepalive_seconds),
-                              demand_target(args.demand_inferenceservice, args.kube_api))
+                              demand_target(args.demand_inferenceservice, args.kube_api),
+                              WarmupSettings(args.warmup_prefixes, args.warmup_token_budget))
     app = create_router_app(settings)
     upstream = ", ".join(args.engines) or f"service {args.discover_service}"
     print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",

@@ -61,6 +61,9 @@ class RouterMetrics:
                                  ["reason", "engine"], registry=self.registry)
         self.retries = Counter(m.ROUTER_RETRIES.name, "Requests retried on another engine before any byte.",
                                registry=self.registry)
+        self.warmup_tokens = Counter(m.ROUTER_WARMUP_PROMPT_TOKENS.name,
+                                     "Prompt tokens replayed to warm engines, by event (new-engine, hand-off).",
+                                     ["event"], registry=self.registry)
         self.matched_tokens = Counter(m.ROUTER_MATCHED_PROMPT_TOKENS.name,
                                       "Prompt tokens cached on the chosen engine at decision time.",
                                       registry=self.registry)

@@ -55,6 +55,8 @@ class EngineRecord:
     lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when dropped; a fresh one when back
     dropped_why: str | None = None  # why it was last dropped; None while healthy or never yet healthy
     asleep: bool = False  # its /health said asleep (or a request was refused as asleep); not routable
+    warming: bool = False  # its warm-up replays run (router/warmup/): not routable until they are done
+    ever_healthy: bool = False  # warmed (or not) once: a later comeback is not a new engine
 
     def view(self) -> EngineView:
         if self.kv_stale:
@@ -65,15 +67,22 @@ class EngineRecord:
 class RouterState:
     def __init__(self, urls: list[str], client: httpx.AsyncClient,
                  on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None,
-                 on_routable: Callable[[], None] | None = None, admin_headers: dict[str, str] | None = None) -> None:
+                 on_routable: Callable[[], None] | None = None, admin_headers: dict[str, str] | None = None,
+                 on_new_engine: Callable[[str], Awaitable[None]] | None = None,
+                 on_leaving: Callable[[EngineView, list[EngineView]], None] | None = None) -> None:
         """on_discovery(url, info): each engine's GET /kv_events, read when its feed starts; on_routable():
-        an engine became routable; admin_headers: sent with POST /wake_up (the engines' API key)."""
+        an engine became routable; admin_headers: sent with POST /wake_up (the engines' API key);
+        on_new_engine(url): awaited when an engine is healthy for the first time (its warm-up), which is
+        routable once it returns; on_leaving(engine, survivors): discovery removed an engine (its hand-off)."""
         self.engines = {url: EngineRecord(url) for url in urls}
         self.client = client
         self.on_discovery = on_discovery
         self.on_routable = on_routable or (lambda: None)
         self.admin_headers = admin_headers or {}
+        self.on_new_engine = on_new_engine
+        self.on_leaving = on_leaving
         self._supervisors: dict[str, asyncio.Task] = {}
+        self._warmups: set[asyncio.Task] = set()
         self._started = False
 
     def set_engines(self, urls: list[str]) -> None:
@@ -82,7 +91,13 @@ class RouterState:
         A request still in flight on a removed engine finishes; its record is no
         longer consulted for new requests.
         """
-        for url in [u for u in self.engines if u not in urls]:
+        leaving = [u for u in self.engines if u not in urls]
+        if leaving and self.on_leaving is not None:
+            survivors = [v for v in self.views() if v.name in urls]
+            for url in leaving:
+                if self.engines[url].healthy:
+                    self.on_leaving(self.engines[url].view(), survivors)
+        for url in leaving:
             record = self.engines.pop(url)
             self._cancel_feed(record)
             task = self._supervisors.pop(url, None)
@@ -97,8 +112,8 @@ class RouterState:
                 logger.info("engine %s added", url)
 
     def views(self) -> list[EngineView]:
-        """The routable engines: healthy and awake."""
-        return [e.view() for e in self.engines.values() if e.healthy and not e.asleep]
+        """The routable engines: healthy, awake and not warming up."""
+        return [e.view() for e in self.engines.values() if e.healthy and not e.asleep and not e.warming]
 
     def asleep_views(self) -> list[EngineView]:
         return [e.view() for e in self.engines.values() if e.healthy and e.asleep]
@@ -138,7 +153,7 @@ class RouterState:
     async def stop(self) -> None:
         for e in self.engines.values():
             self._cancel_feed(e)
-        tasks = list(self._supervisors.values())
+        tasks = [*self._supervisors.values(), *self._warmups]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -185,11 +200,27 @@ class RouterState:
                 engine.lost = asyncio.Event()
                 engine.healthy = True
                 engine.feed_task = asyncio.create_task(self._follow(engine))
-                if not engine.asleep:
+                if not engine.ever_healthy and self.on_new_engine is not None:
+                    engine.warming = True
+                    task = asyncio.create_task(self._warm(engine))
+                    self._warmups.add(task)
+                    task.add_done_callback(self._warmups.discard)
+                engine.ever_healthy = True
+                if not engine.asleep and not engine.warming:
                     self.on_routable()
             elif not ok and engine.healthy:
                 self.mark_dead(engine.url, why)
             await asyncio.sleep(HEALTH_INTERVAL_SECONDS)
+
+    async def _warm(self, engine: EngineRecord) -> None:
+        try:
+            await self.on_new_engine(engine.url)
+        except Exception as exc:  # noqa: BLE001 - a failed warm-up leaves the engine cold, never out of service
+            logger.warning("warm-up of %s failed (%s); routing it cold", engine.url, exc)
+        finally:
+            engine.warming = False
+            if engine.healthy and not engine.asleep:
+                self.on_routable()
 
     async def _follow(self, engine: EngineRecord) -> None:
         def update(hashes: set[bytes], seq: int | None, block_size: int) -> None:

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pagedinfer.engine.kv_events.routes import install_kv_event_routes
 from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH
 from pagedinfer.engine.options import field_default
+from pagedinfer.engine.server.warmup_requests import as_warmup, is_warmup
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
@@ -164,7 +165,8 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS, dependencies=json_only)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await respond(await serving.prepare_completion(body), request, chat=False)
+        plan = await serving.prepare_completion(body)
+        return await respond(as_warmup(plan) if is_warmup(request.headers) else plan, request, chat=False)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS,
               dependencies=json_only)

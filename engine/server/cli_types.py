@@ -38,6 +38,13 @@ def port_or_zero(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _int(text)
     if value < 1:

@@ -89,6 +89,9 @@ SERVER += (PREFIX_CACHE_OFFLOAD_HITS, KV_OFFLOAD_NUM_BLOCKS, KV_OFFLOAD_CACHED_B
 # sleep mode (POST /sleep, engine/sleep/)
 ENGINE_SLEEPING = Metric(PREFIX + "engine_sleeping", GAUGE)  # 1 asleep, 0 awake
 SERVER += (ENGINE_SLEEPING,)
+# a router's warm-up prefills (x-pagedinfer-warmup: 1, engine/server/warmup_requests.py), kept out of the request series
+WARMUP_REQUESTS = Metric(PREFIX + "warmup_requests", COUNTER)
+SERVER += (WARMUP_REQUESTS,)
 
 # ---- the prefix-aware router (`pagedinfer router`) ----
 ROUTER_ENGINE_HEALTHY = Metric(PREFIX + "router_engine_healthy", GAUGE)  # label engine
@@ -104,6 +107,8 @@ ROUTER_ENGINE_KV_SEQUENCE = Metric(PREFIX + "router_engine_kv_sequence", GAUGE) 
 ROUTER = (ROUTER_ENGINE_HEALTHY, ROUTER_ENGINE_CACHED_BLOCKS, ROUTER_ENGINE_INFLIGHT_REQUESTS, ROUTER_DECISIONS,
           ROUTER_RETRIES, ROUTER_MATCHED_PROMPT_TOKENS, ROUTER_QUEUE_LENGTH, ROUTER_QUEUE_OLDEST_WAIT_SECONDS,
           ROUTER_ENGINE_KV_STALE, ROUTER_ENGINE_KV_SEQUENCE)
+ROUTER_WARMUP_PROMPT_TOKENS = Metric(PREFIX + "router_warmup_prompt_tokens", COUNTER)  # label event
+ROUTER += (ROUTER_WARMUP_PROMPT_TOKENS,)
 
 # ---- the operator (`pagedinfer operator --metrics-port`) ----
 OPERATOR_RECONCILES = Metric(PREFIX + "operator_reconciles", COUNTER)  # label result

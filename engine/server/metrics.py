@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pagedinfer.engine.server import metric_names as m
+from pagedinfer.engine.server.warmup_requests import is_warmup_request_id
 
 FINISHED_REASONS = ("stop", "length", "abort")
 TIER_DIRECTIONS = ("device_to_host", "host_to_device")  # engine/kv_offload/tier.py: STORE, LOAD
@@ -130,6 +131,9 @@ class ServerMetrics:
                                     labels, buckets=TTFT_BUCKETS_SECONDS, registry=self.registry)
         self.success = Counter(m.REQUEST_SUCCESS.name, "Finished requests, by finish reason.",
                                labels + ["finished_reason"], registry=self.registry)
+        self.warmups = Counter(m.WARMUP_REQUESTS.name, "A router's warm-up prefills, finished (not in the request"
+                               " series).", labels, registry=self.registry)
+        self.warmups.labels(model_name)
         self.cache_config = Info(m.CACHE_CONFIG.name, "KV cache configuration.", labels,
                                  registry=self.registry)
         self.sleeping = Gauge(m.ENGINE_SLEEPING.name, "1 while the engine is asleep (POST /sleep), else 0.", labels,
@@ -166,10 +170,16 @@ class ServerMetrics:
     def on_abort(self, request_id: str) -> None:
         with self._lock:
             self._progress.pop(request_id, None)
+        if is_warmup_request_id(request_id):
+            return
         self.success.labels(self.model_name, "abort").inc()
 
     def _observe(self, output: Any, now: float) -> None:
         """One step's RequestOutputDelta of a request: its new tokens advance the request's progress."""
+        if is_warmup_request_id(output.request_id):
+            if output.finished:
+                self.warmups.labels(self.model_name).inc()
+            return
         seen_tokens, seen_time = self._progress.get(output.request_id, (0, None))
         num_tokens = seen_tokens + sum(len(c.new_token_ids) for c in output.outputs)
         timing = output.metrics
