@@ -75,7 +75,7 @@ def router_args(owner: builders.Owner, spec: InferenceServiceSpec) -> list[str]:
     """The `pagedinfer router` command line (after the executable)."""
     return ["router", "--discover-service", engines_service_name(owner.name), "--engine-port-name", "http",
             "--policy", spec.router.policy, "--host", "0.0.0.0", "--port", str(builders.HTTP_PORT),
-            *_tokenizer(spec)[0]]
+            *_tokenizer(spec)[0], *spec.router.warmup.router_args()]
 
 
 def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:

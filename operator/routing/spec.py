@@ -7,6 +7,7 @@
       image: ...             # default: the operator's --router-image
       resources: {requests: {cpu: 500m, memory: 512Mi}, limits: {memory: 1Gi}}
       queue: {maxRequests: 256, timeoutSeconds: 120}  # the hold queue while no engine is ready; unset: the router's defaults
+      warmup: {prefixes: 32, tokenBudget: 32768}  # hot prefixes replayed to new engines and on scale-in (warmup_spec.py)
 
 `parse_router_spec` returns every problem at once, each prefixed by its dotted
 path (spec.parser adds them to the spec's others, so a bad router spec is
@@ -20,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from pagedinfer.operator.routing.warmup_spec import RouterWarmup, parse_warmup
 from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN
 from pagedinfer.router.policy import POLICIES
 
@@ -59,6 +61,7 @@ class RouterSpec:
     image: str | None = None  # None: the operator's router image (OperatorConfig.router_image)
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_RESOURCES)
     queue: RouterQueue = RouterQueue()
+    warmup: RouterWarmup = RouterWarmup()
 
 
 def default_enabled(max_replicas: int | None) -> bool:
@@ -135,12 +138,13 @@ def parse_router_spec(raw: Any, max_replicas: int | None) -> RouterSpec:
     if image is not None and (not isinstance(image, str) or not _IMAGE.fullmatch(image) or len(image) > 512):
         problems.append(f"{PATH}.image: must be an image reference (no spaces, at most 512 characters),"
                         f" got {image!r}")
-    unknown = sorted(set(raw) - {"enabled", "replicas", "policy", "image", "resources", "queue"})
+    unknown = sorted(set(raw) - {"enabled", "replicas", "policy", "image", "resources", "queue", "warmup"})
     if unknown:
         problems.append(f"{PATH}: unknown field(s) {', '.join(unknown)}")
     resources = _resources(raw.get("resources"), problems)
     queue = _queue(raw.get("queue"), problems)
+    warmup = parse_warmup(raw.get("warmup"), problems)
     if problems:
         raise RouterSpecError(problems)
     return RouterSpec(enabled=enabled, replicas=replicas, policy=policy, image=image, resources=resources,
-                      queue=queue)
+                      queue=queue, warmup=warmup)

@@ -66,3 +66,15 @@ def test_the_router_image_is_the_spec_s_else_the_operator_setting(monkeypatch):
     image = lambda s: routing.build_router_deployment(OWNER, s, "default:1")["spec"]["template"]["spec"][  # noqa: E731
         "containers"][0]["image"]
     assert image(spec()) == "default:1" and image(spec(image="mine:2")) == "mine:2"
+
+
+def test_the_warmup_fields_reach_the_routers_own_flags():
+    from pagedinfer.engine.cli import build_parser
+
+    (container,) = routing.build_router_deployment(OWNER, spec(warmup={"prefixes": 5, "tokenBudget": 900}),
+                                                   "router:1")["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert (args.warmup_prefixes, args.warmup_token_budget) == (5, 900)
+    (default,) = routing.build_router_deployment(OWNER, spec(), "router:1")["spec"]["template"]["spec"]["containers"]
+    parsed = build_parser().parse_args(default["args"])
+    assert (parsed.warmup_prefixes, parsed.warmup_token_budget) == (32, 32768)  # the CRD's defaults, passed on

@@ -31,6 +31,9 @@ def test_the_router_is_on_by_default_exactly_when_the_engines_can_be_more_than_o
     ({"resources": {"requests": {"nvidia.com/gpu": "1"}}}, "spec.router.resources.requests.nvidia.com/gpu: the router"),
     ({"resources": {"claims": []}}, "spec.router.resources.claims: unknown field"),
     ({"replica": 2}, "spec.router: unknown field(s) replica"),
+    ({"warmup": {"prefixes": -1}}, "spec.router.warmup.prefixes: must be an integer from 0 to 1024, got -1"),
+    ({"warmup": {"tokenBudget": "lots"}}, "spec.router.warmup.tokenBudget: must be an integer from 0 to 16777216"),
+    ({"warmup": {"k": 1}}, "spec.router.warmup: unknown field(s) k"),
     ("on", "spec.router: must be an object, got str"),
 ])
 def test_each_problem_names_its_field(raw, problem):
@@ -45,11 +48,15 @@ def test_the_crd_defaults_and_enum_are_the_parsers():
     assert props["replicas"]["default"] == default.replicas and props["policy"]["default"] == default.policy
     assert tuple(props["policy"]["enum"]) == POLICIES
     assert props["resources"]["default"] == {k: dict(v) for k, v in default.resources.items()}
+    warmup = props["warmup"]["properties"]
+    assert (warmup["prefixes"]["default"], warmup["tokenBudget"]["default"]) == (default.warmup.prefixes,
+                                                                                default.warmup.token_budget)
     assert "default" not in props["enabled"]  # its default depends on maxReplicas: the operator resolves it
 
 
 @pytest.mark.parametrize("raw", [{"policy": "random"}, {"replicas": 0}, {"resources": {"requests": {"cpu": "x"}}},
-                                 {"queue": {"maxRequests": 0}}, {"queue": {"timeoutSeconds": 0}}])
+                                 {"queue": {"maxRequests": 0}}, {"queue": {"timeoutSeconds": 0}},
+                                 {"warmup": {"prefixes": 1025}}, {"warmup": {"tokenBudget": -1}}])
 def test_the_crd_refuses_what_the_parser_refuses(raw):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(ROUTER).validate(raw)

@@ -127,3 +127,38 @@ def test_the_tier_hit_cost_is_copy_over_compute_capped_at_one():
 def test_the_picker_weighs_tier_hits(a, b, engine, matched):
     decision = pick("prefix", [tiered("a", 0, *a), tiered("b", 0, *b)], H, BS, H[0], 0)
     assert (decision.engine, decision.matched_tokens, decision.reason) == (engine, matched, "prefix-hit")
+
+def _tenant(t, turns):
+    """Tenant t's prompt after `turns` turns: a 3-block system prompt, then 2 blocks per turn."""
+    return [1000 * (t + 1) + i for i in range(3 * BS)] + [100 * (t + 1) + i for i in range(2 * BS * turns)]
+
+
+def test_a_warmed_idle_engine_takes_a_share_of_saturated_engines_hot_tenants_each_as_a_hit():
+    """Engines a and b hold 8 tenants' conversations between them and are saturated; c has just been warmed with
+    every tenant's system prompt (router/warmup). Requests to a saturated holder go to c, each matching the warmed
+    prefix (a hit, no recompute of the system prompt), until c is as loaded as the others: a share moves, not all."""
+    convs = {t: prefix_block_hashes(_tenant(t, 3), BS) for t in range(8)}
+    system = {t: h[:3] for t, h in convs.items()}
+    load = {"a": 6, "b": 6, "c": 0}
+    held = {"a": {x for t in range(0, 8, 2) for x in convs[t]}, "b": {x for t in range(1, 8, 2) for x in convs[t]},
+            "c": {x for t in range(8) for x in system[t]}}
+    moved = []
+    for t in range(8):
+        engines = [EngineView(n, load[n], frozenset(held[n])) for n in ("a", "b", "c")]
+        d = pick("prefix", engines, convs[t], BS, convs[t][0], 0)
+        if d.engine == "c":
+            assert (d.matched_tokens, d.reason) == (3 * BS, "prefix-spread")  # the warmed system prompt
+            moved.append(t)
+        else:
+            assert d.matched_tokens == len(convs[t]) * BS  # stays where its whole conversation is
+        load[d.engine] += 1
+    assert 0 < len(moved) < 8 and load["c"] <= min(load["a"], load["b"]) + SATURATION_SLACK
+
+
+def test_no_tenant_moves_to_a_warmed_engine_while_its_holder_is_within_the_slack():
+    convs = {t: prefix_block_hashes(_tenant(t, 3), BS) for t in range(4)}
+    a = EngineView("a", SATURATION_SLACK, frozenset(x for h in convs.values() for x in h))
+    c = EngineView("c", 0, frozenset(x for h in convs.values() for x in h[:3]))
+    for t, hashes in convs.items():
+        d = pick("prefix", [a, c], hashes, BS, hashes[0], 0)
+        assert (d.engine, d.reason) == ("a", "prefix-hit")  # a longer match on a holder not saturated: no move

@@ -1,0 +1,302 @@
+"""Warm caches through lifecycle events: scale 3 -> 2, scale 2 -> 3 and a rolling update, measured.
+
+The operator runs under kopf against the emulated API server; the kubelet
+harness (`lifecycle`: graceful deletion with the preStop hook, ReplicaSet
+victim order, rolling updates) runs one real engine process per pod (the
+Deployment's own command line: the embedded model, `--kv-events`); the
+emulator's EndpointSlice controller keeps the engines' Service's slice; one
+real `pagedinfer router` process (the router Deployment's command line) is
+in front. Closed-loop clients send `--tenants` tenants' prompts (a fixed
+`--prefix-tokens` token prefix each, then a fresh question), tenants drawn
+with Zipf(1) popularity, through the router. After `--steady-seconds` the
+event happens; the run goes on for `--window-seconds` after it.
+
+Modes:
+- a: no deletion cost (the ReplicaSet's default victim: the newest pod) and
+  no warm-up (`spec.router.warmup.prefixes: 0`): new pods start cold;
+- b: deletion cost only (today): before a scale-in each pod is annotated with
+  the hit tokens it served over the last interval (the autoscaler's
+  `deletion_costs`), so the coldest goes; no warm-up;
+- c: deletion cost and warm-up (the router's hot-prefix replays to a new
+  engine before it takes traffic and to the survivors of a scale-in).
+For scale-up and the rollout a and b are the same system (no pod is chosen
+by cost), so b is run for scale-in only. Every mode drains before
+termination (the operator's preStop, the router dropping terminating
+endpoints).
+
+Reported per run (requests counted by their start time): the prefix-cache hit
+rate (cached / prompt tokens, from each response's usage) over the
+`--steady-seconds` before the event; prefill tokens recomputed (prompt -
+cached) in the window after it; the time from the event until a
+`--bin-seconds` bin's hit rate is back within 0.02 of the level before it;
+aborted requests (any answer but a 200).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/routing_lifecycle.py --plot docs/routing_lifecycle.png
+
+Linux only; needs 127.0.0.x loopback addresses. `--smoke` is a few seconds' check of the pieces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+NS, NAME = "default", "tiny"
+SCENARIOS = ("scale-in", "scale-up", "rollout")
+MODES = {"scale-in": ("a", "b", "c"), "scale-up": ("a", "c"), "rollout": ("a", "c")}
+RECOVERY_TOLERANCE = 0.02
+
+
+@dataclass
+class Record:
+    start: float  # seconds since the run's start
+    prompt_tokens: int
+    cached_tokens: int
+    ok: bool
+
+
+@dataclass
+class Result:
+    scenario: str
+    mode: str
+    hit_rate_before: float
+    requests_in_window: int
+    recomputed_tokens: int
+    recovery_seconds: float | None
+    aborted: int
+    bins: list[tuple[float, float]] = field(default_factory=list)  # (seconds from the event, hit rate)
+
+
+def tenant_prefixes(tenants: int, tokens: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 2000) for _ in range(tokens)] for _ in range(tenants)]
+
+
+def zipf_weights(n: int) -> list[float]:
+    return [1.0 / (rank + 1) for rank in range(n)]
+
+
+async def client_loop(url: str, prefixes: list[list[int]], records: list[Record], origin: float,
+                      stop: asyncio.Event, seed: int, question_tokens: int) -> None:
+    import httpx
+
+    rng = random.Random(seed)
+    weights = zipf_weights(len(prefixes))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
+        while not stop.is_set():
+            tenant = rng.choices(range(len(prefixes)), weights)[0]
+            prompt = prefixes[tenant] + [rng.randrange(10, 2000) for _ in range(question_tokens)]
+            started = time.monotonic() - origin
+            body = {"model": NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0.0}
+            try:
+                r = await client.post(url + "/v1/completions", json=body)
+                usage = r.json().get("usage") or {} if r.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                records.append(Record(started, len(prompt), 0, False))
+                await asyncio.sleep(0.2)
+                continue
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            records.append(Record(started, len(prompt), cached, r.status_code == 200))
+
+
+def hit_rate(records: list[Record]) -> float:
+    prompt = sum(r.prompt_tokens for r in records if r.ok)
+    return sum(r.cached_tokens for r in records if r.ok) / prompt if prompt else 0.0
+
+
+def summarize(scenario: str, mode: str, records: list[Record], event: float, steady: float, window: float,
+              bin_seconds: float) -> Result:
+    before = hit_rate([r for r in records if event - steady <= r.start < event])
+    after = [r for r in records if event <= r.start < event + window]
+    bins = []
+    for i in range(int(window // bin_seconds)):
+        inside = [r for r in after if event + i * bin_seconds <= r.start < event + (i + 1) * bin_seconds]
+        if inside:
+            bins.append((i * bin_seconds, hit_rate(inside)))
+    recovery = next((t + bin_seconds for t, rate in bins if rate >= before - RECOVERY_TOLERANCE), None)
+    return Result(scenario, mode, before, len(after), sum(r.prompt_tokens - r.cached_tokens for r in after if r.ok),
+                  recovery, sum(1 for r in after if not r.ok), bins)
+
+
+async def annotate_deletion_costs_now(emulator, engines, interval_seconds: float) -> None:
+    """What the autoscaler does before a scale-in: each pod's hit tokens over the last interval as its cost."""
+    import httpx
+
+    from pagedinfer.engine.server import metric_names as m
+    from pagedinfer.operator.autoscaling.readings import PodReading
+    from pagedinfer.operator.routing.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
+    from pagedinfer.testing.kubelet_harness import PODS
+
+    async def hits(client, e) -> float:
+        text = (await client.get(f"http://{e.ip}:{e.port}/metrics")).text
+        line = next(ln for ln in text.splitlines() if ln.startswith(m.PREFIX_CACHE_HITS.sample))
+        return float(line.rsplit(" ", 1)[1])
+
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        first = {e.pod_name: await hits(client, e) for e in engines.engines}
+        await asyncio.sleep(interval_seconds)
+        second = {e.pod_name: await hits(client, e) for e in engines.engines}
+    readings = {name: PodReading(prefix_cache_hit_tokens=second[name] - first[name]) for name in second}
+    for name, cost in deletion_costs(readings).items():
+        await emulator.merge(PODS, NS, name, {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}})
+
+
+async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path) -> Result:
+    from pagedinfer.testing.endpoint_slices import EndpointSliceController
+    from pagedinfer.testing.kubelet_harness import KubeletHarness, loopback_ip
+    from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, running_operator, serving_emulator,
+                                                     write_kubeconfig)
+    from pagedinfer.testing.pod_lifecycle import template_key
+    from pagedinfer.testing.pod_process import local_process
+
+    start_replicas = 2 if scenario == "scale-up" else 3
+    spec = {"resources": {"gpus": 0}, "replicas": start_replicas, "maxReplicas": 3,
+            "engine": {"numGpuBlocksOverride": args.blocks, "maxModelLen": args.prefix_tokens + 256},
+            "router": {"replicas": 1, "warmup": {"prefixes": args.warmup_prefixes if mode == "c" else 0,
+                                                 "tokenBudget": args.warmup_token_budget}}}
+    prefixes = tenant_prefixes(args.tenants, args.prefix_tokens)
+    records: list[Record] = []
+    router = None
+    async with serving_emulator() as (emulator, api_url):
+        os.environ["KUBECONFIG"] = str(write_kubeconfig(work / "kubeconfig", api_url))
+        await emulator.create(ISVC, {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
+                                     "metadata": {"name": NAME, "namespace": NS}, "spec": spec})
+        engines = KubeletHarness(emulator, NS, NAME, work, max_engines=3, lifecycle=True,
+                                 ready_timeout_seconds=300)
+        slices = EndpointSliceController(emulator, NS, NAME + "-engines")
+        stop = asyncio.Event()
+        async with engines.running(), slices.running(), running_operator():
+            while len(engines.engines) < start_replicas or emulator.read(DEPLOYMENTS, NS, NAME + "-router") is None:
+                await asyncio.sleep(0.3)
+            template = emulator.read(DEPLOYMENTS, NS, NAME + "-router")["spec"]["template"]
+            ip = loopback_ip(set(engines.ips) | {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"})
+            local = local_process(template["spec"], ip, work / "router-pod", Path(sys.executable).parent)
+            with open(work / "router.log", "wb") as log:
+                router = subprocess.Popen([*local.argv, "--kube-api", api_url, "--namespace", NS], stdout=log,
+                                          stderr=subprocess.STDOUT, env={**os.environ, **local.env,
+                                                                         "OMP_NUM_THREADS": "1"})
+            url = f"http://{ip}:8000"
+            await wait_routable(url)
+            origin = time.monotonic()
+            clients = [asyncio.create_task(client_loop(url, prefixes, records, origin, stop, seed, args.question_tokens))
+                       for seed in range(args.concurrency)]
+            try:
+                await asyncio.sleep(args.steady_seconds)
+                if scenario == "scale-in" and mode in ("b", "c"):
+                    await annotate_deletion_costs_now(emulator, engines, args.cost_interval_seconds)
+                event = time.monotonic() - origin
+                if scenario == "scale-in":
+                    await emulator.merge(ISVC, NS, NAME, {"spec": {"replicas": 2}})
+                elif scenario == "scale-up":
+                    await emulator.merge(ISVC, NS, NAME, {"spec": {"replicas": 3}})
+                else:
+                    await emulator.merge(ISVC, NS, NAME, {"spec": {"engine": {"env": [{"name": "ROLL", "value": "2"}]}}})
+                await asyncio.sleep(args.window_seconds)
+                if scenario == "rollout":
+                    current = template_key(emulator.read(DEPLOYMENTS, NS, NAME)["spec"]["template"])
+                    done = all(template_key(e.template) == current for e in engines.engines)
+                    print(f"  rollout {'complete' if done else 'NOT complete'} at the window's end", flush=True)
+            finally:
+                stop.set()
+                await asyncio.gather(*clients)
+                if router is not None:
+                    router.terminate()
+                    router.wait(30)
+    return summarize(scenario, mode, records, event, args.steady_seconds, args.window_seconds, args.bin_seconds)
+
+
+async def wait_routable(url: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        for _ in range(600):
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"the router at {url} never became healthy")
+
+
+def plot(results: list[Result], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(15, 4), sharey=True)
+    labels = {"a": "a: default victim, cold pods", "b": "b: deletion cost only", "c": "c: drain + warm-up + cost"}
+    for ax, scenario in zip(axes, SCENARIOS):
+        for r in (r for r in results if r.scenario == scenario):
+            xs = [t for t, _ in r.bins]
+            ax.plot(xs, [h for _, h in r.bins], marker=".", label=labels[r.mode])
+            ax.axhline(r.hit_rate_before, linestyle=":", linewidth=0.8, color=ax.lines[-1].get_color())
+        ax.set_title(scenario)
+        ax.set_xlabel("seconds after the event")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("prefix-cache hit rate (cached / prompt tokens)")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(results: list[Result]) -> str:
+    lines = ["| event | mode | hit rate before | requests in window | recomputed prefill tokens | back to level after |"
+             " aborted |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        recovery = "not within the window" if r.recovery_seconds is None else f"{r.recovery_seconds:.0f} s"
+        lines.append(f"| {r.scenario} | {r.mode} | {r.hit_rate_before:.1%} | {r.requests_in_window} |"
+                     f" {r.recomputed_tokens:,} | {recovery} | {r.aborted} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--modes", default="a,b,c", help="which of a, b, c to run (each scenario runs those it has)")
+    p.add_argument("--tenants", type=int, default=30)
+    p.add_argument("--prefix-tokens", type=int, default=1024)
+    p.add_argument("--question-tokens", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=6)
+    p.add_argument("--blocks", type=int, default=1200, help="KV blocks per engine (16 tokens each)")
+    p.add_argument("--steady-seconds", type=float, default=40.0)
+    p.add_argument("--window-seconds", type=float, default=120.0)
+    p.add_argument("--bin-seconds", type=float, default=5.0)
+    p.add_argument("--cost-interval-seconds", type=float, default=5.0)
+    p.add_argument("--warmup-prefixes", type=int, default=32)
+    p.add_argument("--warmup-token-budget", type=int, default=32768)
+    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--smoke", action="store_true", help="2 tenants, 1 s windows, scale-in mode c only")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.scenarios, args.modes, args.tenants, args.prefix_tokens = "scale-in", "c", 2, 64
+        args.steady_seconds, args.window_seconds, args.bin_seconds, args.cost_interval_seconds = 2.0, 2.0, 1.0, 0.5
+        args.blocks, args.concurrency = 64, 2
+    results = []
+    for scenario in args.scenarios.split(","):
+        for mode in (m for m in MODES[scenario] if m in args.modes.split(",")):
+            with tempfile.TemporaryDirectory(prefix=f"lifecycle-{scenario}-{mode}-") as work:
+                print(f"{scenario} mode {mode} ...", flush=True)
+                result = asyncio.run(run_one(args, scenario, mode, Path(work)))
+            results.append(result)
+            print(table([result]).splitlines()[-1], flush=True)
+    print(table(results))
+    if args.json_out:
+        args.json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
