@@ -38,6 +38,41 @@ import triton.language as tl
 _PER_STEP_INTS = ["first_seq", "num_q_tiles", "num_splits", "stride_bt"]
 
 
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, tile, seq, kv_head, seq_len, row_pos, sliding_window,
+                 key_cache_ptr, value_cache_ptr, block_tables_ptr, scale_log2,
+                 stride_cb, stride_cs, stride_ch, stride_bt, dims, dim_valid,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """One key tile of the online softmax: (acc, m, l) updated. Without MASKED every key of the tile is
+    visible to every row (the caller's unmasked range): no causal mask and no bounds on the keys."""
+    key_pos = tile * TILE_N + tl.arange(0, TILE_N)
+    if MASKED:
+        key_in = key_pos < seq_len
+        block = tl.load(block_tables_ptr + seq * stride_bt + key_pos // BLOCK_SIZE, mask=key_in, other=0)
+        kv_mask = key_in[:, None] & dim_valid[None, :]
+    else:
+        block = tl.load(block_tables_ptr + seq * stride_bt + key_pos // BLOCK_SIZE)
+        kv_mask = dim_valid[None, :]
+    kv_offs = block.to(tl.int64) * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+    kv_offs = kv_offs[:, None] + dims[None, :]
+    k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if MASKED:
+        visible = key_in[None, :] & (key_pos[None, :] <= row_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (key_pos[None, :] > row_pos[:, None] - sliding_window)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
 @triton.jit(do_not_specialize=_PER_STEP_INTS)
 def paged_attention_kernel(
     out_ptr,                 # [num_tokens, num_heads, head_dim], query dtype
@@ -76,7 +111,8 @@ def paged_attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq = first_seq + pid // num_q_tiles
-    q_tile_start = (pid % num_q_tiles) * BLOCK_Q
+    # a sequence's last query tiles (the most keys under the causal mask) first: the long programs start early
+    q_tile_start = (num_q_tiles - 1 - pid % num_q_tiles) * BLOCK_Q
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if q_tile_start >= q_len:
@@ -110,28 +146,21 @@ def paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    cols = tl.arange(0, TILE_N)
-    for tile in range(start_tile, end_tile):
-        key_pos = tile * TILE_N + cols
-        key_in = key_pos < seq_len
-        block = tl.load(block_tables_ptr + seq * stride_bt + key_pos // BLOCK_SIZE, mask=key_in, other=0)
-        kv_offs = block.to(tl.int64) * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        kv_offs = kv_offs[:, None] + dims[None, :]
-        kv_mask = key_in[:, None] & dim_valid[None, :]
-        k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        visible = key_in[None, :] & (key_pos[None, :] <= row_pos[:, None])
-        if HAS_WINDOW:
-            visible = visible & (key_pos[None, :] > row_pos[:, None] - sliding_window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    # tiles wholly before the program's first query position are visible to every row (and hold only keys
+    # < seq_len): no causal mask, no bounds on the keys; the window, when there is one, masks every tile
+    unmasked_end = start_tile
+    if not HAS_WINDOW:
+        unmasked_end = tl.minimum(tl.maximum((ctx_len + q_tile_start) // TILE_N, start_tile), end_tile)
+    for tile in range(start_tile, unmasked_end):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, tile, seq, kv_head, seq_len, row_pos, sliding_window,
+                                     key_cache_ptr, value_cache_ptr, block_tables_ptr, scale_log2,
+                                     stride_cb, stride_cs, stride_ch, stride_bt, dims, dim_valid,
+                                     BLOCK_SIZE, TILE_N, False, HAS_WINDOW, DOT_PRECISION)
+    for tile in range(unmasked_end, end_tile):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, tile, seq, kv_head, seq_len, row_pos, sliding_window,
+                                     key_cache_ptr, value_cache_ptr, block_tables_ptr, scale_log2,
+                                     stride_cb, stride_cs, stride_ch, stride_bt, dims, dim_valid,
+                                     BLOCK_SIZE, TILE_N, True, HAS_WINDOW, DOT_PRECISION)
 
     if USE_SPLITS:
         partial = (row_token * num_heads + row_head) * num_splits + split

@@ -46,21 +46,24 @@ def attention_variants() -> list[tuple[str, dict]]:
     """(name, arguments) of the attention kernel as the launchers configure it."""
     import torch
 
-    from pagedinfer.kernels.paged_attention import decode_tile_shape, prefill_tile_shape
+    from pagedinfer.kernels.paged_attention import decode_tile_shape, prefill_tile_shape, prefill_warps_stages
 
     variants = []
     for dtype, heads, kv_heads, head_dim, block_size in [
         (torch.bfloat16, 32, 8, 128, 16), (torch.float32, 32, 8, 128, 16), (torch.bfloat16, 16, 4, 256, 16),
         (torch.float16, 12, 4, 80, 8),
     ]:
-        for phase, tiles, window, splits in [
-            ("decode", decode_tile_shape(heads, kv_heads, head_dim), False, False),
-            ("decode split-K", decode_tile_shape(heads, kv_heads, head_dim), True, True),
-            ("prefill", prefill_tile_shape(heads, kv_heads, head_dim), True, False),
+        prefill_launch = prefill_warps_stages(head_dim, dtype)
+        for phase, tiles, window, splits, (warps, stages) in [
+            ("decode", decode_tile_shape(heads, kv_heads, head_dim), False, False, (4, 2)),
+            ("decode split-K", decode_tile_shape(heads, kv_heads, head_dim), True, True, (4, 2)),
+            ("prefill", prefill_tile_shape(heads, kv_heads, head_dim), True, False, prefill_launch),
+            ("prefill no window", prefill_tile_shape(heads, kv_heads, head_dim), False, False, prefill_launch),
         ]:
             name = f"{phase} {str(dtype)[6:]} heads {heads}/{kv_heads} head_dim {head_dim} block {block_size}"
             variants.append((name, dict(dtype=dtype, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                        block_size=block_size, tiles=tiles, window=window, splits=splits)))
+                                        block_size=block_size, tiles=tiles, window=window, splits=splits,
+                                        num_warps=warps, num_stages=stages)))
     return variants
 
 
@@ -110,7 +113,8 @@ def check(arch: int) -> list[dict]:
                         query_start_loc_ptr="*i32", scale_log2="fp32")
         constants = kernel_constants(v["heads"], v["kv_heads"], v["head_dim"], v["block_size"], v["dtype"],
                                      v["tiles"], v["window"], v["splits"])
-        jobs.append((f"attention {name}", paged_attention_kernel, pointers, constants, STRIDE_ARGS))
+        jobs.append((f"attention {name}", paged_attention_kernel, pointers, constants, STRIDE_ARGS,
+                     (v["num_warps"], v["num_stages"])))
     jobs.append(("merge_splits bfloat16 head_dim 128 x 64 splits", merge_splits_kernel,
                  dict(out_ptr="*bf16", partial_out_ptr="*fp32", partial_max_ptr="*fp32", partial_sum_ptr="*fp32"),
                  dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=64), ()))
@@ -125,9 +129,10 @@ def check(arch: int) -> list[dict]:
                  dict(CHUNK=CHUNK), ()))
     jobs.extend(layer_kernel_jobs())
     results = []
-    for name, fn, pointers, constants, aligned in jobs:
+    for name, fn, pointers, constants, aligned, *launch in jobs:
+        warps, stages = launch[0] if launch else (4, 2)
         try:
-            result = {"kernel": name, **_compile(fn, pointers, constants, arch, aligned_ints=aligned)}
+            result = {"kernel": name, **_compile(fn, pointers, constants, arch, warps, stages, aligned_ints=aligned)}
             result["ok"] = result["shared_bytes"] <= HOPPER_MAX_SHARED_BYTES
         except Exception as error:  # reported per variant: one failure must not hide the others
             result = {"kernel": name, "ok": False, "error": f"{type(error).__name__}: {error}"}

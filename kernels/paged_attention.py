@@ -9,8 +9,16 @@ Tile shapes (defaults, overridable for tuning):
 
 - decode: one query token, `BLOCK_M = max(16, group)` rows (`tl.dot` needs
   16), `TILE_N = 64` keys per iteration (32 for head_dim 256);
-- prefill: `BLOCK_M = 64` rows (32 for head_dim 256) = `BLOCK_Q` query tokens
-  x the group's heads, same key tiles.
+- prefill: `BLOCK_M = 128` rows (32 for head_dim 256) = `BLOCK_Q` query tokens
+  x the group's heads, same key tiles, 8 warps and 3 stages (16-bit caches; 2
+  for float32; 4 warps and 2 stages for head_dim 256): the shape of Triton's
+  flash-attention on Hopper (it was 64 rows, 4 warps, 2 stages: 0.52x and 0.54x
+  of torch SDPA at 1 x 4096 and 8 x 1024 on an H200, issue 29; the new shape is
+  not measured yet).
+
+In the kernel, the key tiles wholly before a program's first query position
+run without the causal mask and the key bounds (every row sees all of them),
+and a sequence's last query tiles are launched first.
 
 Split-K for decodes (`choose_num_splits`): a decode batch of n sequences
 has only `n * num_kv_heads` programs; when that is too few to occupy the GPU
@@ -113,10 +121,18 @@ def decode_tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, tile_n: 
 def prefill_tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_m: int | None = None,
                        tile_n: int | None = None) -> TileShape:
     group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-    block_m = block_m or (64 if head_dim <= 128 else 32)
+    block_m = block_m or (128 if head_dim <= 128 else 32)
     block_q = max(1, block_m // group_pad)
     return TileShape(block_q=block_q, block_m=max(block_m, group_pad * block_q, 16),
                      tile_n=tile_n or (64 if head_dim <= 128 else 32))
+
+
+def prefill_warps_stages(head_dim: int, cache_dtype: torch.dtype) -> tuple[int, int]:
+    """`num_warps`, `num_stages` of the prefill launch: 8 warps over the 128-row tiles of head_dim <= 128 and a
+    third stage for 16-bit caches (Triton's Hopper flash-attention configuration); 4 and 2 otherwise."""
+    if head_dim > 128:
+        return 4, 2
+    return 8, (2 if cache_dtype == torch.float32 else 3)
 
 
 def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, cache_dtype: torch.dtype,
@@ -189,7 +205,7 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
 def prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       metadata: AttentionMetadata, scale: float, sliding_window: int | None = None,
                       out: torch.Tensor | None = None, *, block_m: int | None = None, tile_n: int | None = None,
-                      num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """Attention of the step's prefill chunks (sequences `num_decode_seqs` onwards), causal over cache + chunk.
 
     Rows of the decodes are left untouched in `out`.
@@ -201,6 +217,8 @@ def prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     if num_seqs == 0:
         return out
     tiles = prefill_tile_shape(query.shape[1], key_cache.shape[2], query.shape[2], block_m, tile_n)
+    default_warps, default_stages = prefill_warps_stages(query.shape[2], key_cache.dtype)
+    num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
     num_q_tiles = triton.cdiv(max(metadata.query_lens_cpu[first_seq:]), tiles.block_q)
     _launch(query, key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=first_seq,
             num_seqs=num_seqs, tiles=tiles, num_splits=1, num_q_tiles=num_q_tiles, num_warps=num_warps,

@@ -105,6 +105,19 @@ def test_long_chunk_spans_several_query_tiles():
     run_and_compare(problem, out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_key_tiles_before_the_first_query_run_unmasked(dtype):
+    """A chunk after a long cached prefix: most key tiles precede every query of a program (the kernel's unmasked
+    loop), the rest straddle the diagonal; several query tiles, heaviest first; and split-K decodes beside it."""
+    problem = make_problem([150, 130, 203], [1, 1, 37], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                           dtype=dtype)
+    out = decode_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale,
+                           num_splits=3, tile_n=16)
+    prefill_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale,
+                      out=out, block_m=16, tile_n=16)
+    run_and_compare(problem, out)
+
+
 def test_grouped_query_ratio_that_is_not_a_power_of_two():
     problem = make_problem([12, 30], [1, 6], num_heads=6, num_kv_heads=2, head_dim=16, block_size=8)
     out = paged_attention_triton(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
