@@ -178,9 +178,9 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
         return unavailable("no engine is healthy")
 
-    def expired_message(ticket) -> str:
-        waited = holder["hold"].clock() - ticket.enqueued_at
-        return f"no engine became ready: waited {waited:.0f} s in the router's queue; {holder['capacity'].problem()}"
+    def expired_message() -> str:
+        waited = holder["hold"].settings.timeout_seconds
+        return f"no engine became ready: waited {waited:g} s in the router's queue; {holder['capacity'].problem()}"
 
     async def held(request: Request | None, headers: dict[str, str], raw: bytes, ids, path: str, stream: bool,
                    ticket, at_most_seconds: float | None) -> Any:
@@ -231,13 +231,13 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         if outcome == GONE:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         if outcome == EXPIRED:
-            return unavailable(expired_message(ticket))
+            return unavailable(expired_message())
         if outcome != KEEPALIVE:
             return outcome
         # a stream still waiting: its headers now, then keep-alives until its engine's answer or its deadline
         body_iterator = held_stream(
             lambda: held(None, headers, raw, ids, path, stream, ticket, keepalive),
-            lambda: sse(error_body(503, expired_message(ticket), code="no_engine")) + sse("[DONE]"),
+            lambda: sse(error_body(503, expired_message(), code="no_engine")) + sse("[DONE]"),
             lambda: hold.leave(ticket))
         return StreamingResponse(body_iterator, 200, {ROUTE_HEADER: route_header(None, "held")},
                                  media_type="text/event-stream")
@@ -279,6 +279,9 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
                 state.mark_dead(decision.engine, type(exc).__name__)
                 metrics.retries.inc()
                 continue
+            except BaseException:  # cancelled: a held stream whose client left while it was being sent
+                engine.num_inflight -= 1
+                raise
             if upstream.status_code == 503:
                 content = await upstream.aread()
                 if _error_code(content) == ASLEEP_STATUS:  # asleep: not a refusal; hold it if none is awake

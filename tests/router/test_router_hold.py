@@ -124,7 +124,7 @@ def _router_rights(access) -> bool:
         "serving.pagedinfer.dev", "inferenceservices", NS, "llama") and access.verb in ("get", "patch")
 
 
-async def test_held_requests_signal_demand_keep_streams_alive_and_complete_in_order_once_an_engine_appears(
+async def test_held_requests_signal_demand_keep_streams_alive_and_complete_once_an_engine_appears(
         tiny_llama):
     engine = await asyncio.to_thread(start_server, tiny_llama, kv_events=KVEventsConfig(port=0))
     async with serving_emulator(authorizer=_router_rights) as (emulator, api_url):
@@ -132,7 +132,8 @@ async def test_held_requests_signal_demand_keep_streams_alive_and_complete_in_or
         await emulator.create(isvcs, inference_service("llama", {"model": {"uri": "hf://org/tiny"}}, NS))
         slices = emulator.register("discovery.k8s.io/v1", "EndpointSlice", "endpointslices")
         router = await asyncio.to_thread(
-            start_router, [], tiny_llama, "prefix", None, DiscoverySettings("llama-engines", NS, api_url=api_url),
+            start_router, [], tiny_llama, "prefix", None,
+            DiscoverySettings("llama-engines", NS, api_url=api_url, poll_interval_seconds=0.2),
             hold=HoldSettings(120.0, 8, keepalive_seconds=0.2), demand=DemandTarget("llama", NS, api_url))
         client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         streamed: dict = {}
