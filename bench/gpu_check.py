@@ -21,7 +21,12 @@ Sections, each guarded (a failure prints its traceback, the next still runs):
    a short tile/warp sweep; prefill against torch's SDPA on dense K/V;
 3. output tokens/s of `pagedinfer.engine.LLM` against transformers `generate`
    (one static left-padded batch) on a random-weight ~1B Llama in bf16, 256
-   requests of mixed prompt and output lengths.
+   requests of mixed prompt and output lengths;
+4. engine (`bench/gpu_engine_check.py`): decode step time against batch with
+   the decode graphs off and on, launches per step, the GPU's busy fraction,
+   no host sync in a graph step, float32 exactness with the graphs, and
+   `pagedinfer serve` under `pagedinfer bench serve`, each against issue 29's
+   targets (`--sections engine` runs it alone).
 
 Results print as they come; with `$OUT` set they are also written to
 `$OUT/gpu_check.json` after every section.
@@ -44,13 +49,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+SECTIONS = ("correctness", "layer kernels", "decoder", "bandwidth", "prefill", "e2e", "engine")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under the Triton interpreter")
     parser.add_argument("--skip-e2e", action="store_true", help="skip section 3 (engine vs transformers)")
     parser.add_argument("--budget-seconds", type=float, default=360.0, help="stop starting new work after this")
     parser.add_argument("--num-requests", type=int, default=256, help="requests of section 3")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help="comma-separated sections to run (default all: " + ", ".join(SECTIONS) + ")")
+    parser.add_argument("--skip-serve", action="store_true", help="the engine section without its serve run")
+    parser.add_argument("--serve-site", default=None,
+                        help="a folder of the server's packages (fastapi, uvicorn, ...) for the engine section's"
+                             " `pagedinfer serve`, where the machine's image lacks them")
     return parser.parse_args()
+
+
+def sibling_module(name: str):
+    """bench/<name>.py as a module (bench/ is no package, and `-P` keeps the script's folder off sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_importable() -> None:
@@ -545,18 +569,27 @@ def main() -> int:
                           torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__)
     report.line(" | ".join(f"{k}: {report.results[k]}" for k in ("gpu", "date", "torch", "triton", "transformers")))
     shapes = shapes_for(args.smoke)
-    report.run_section("correctness", check_correctness, device, shapes)
-    import gpu_decoder_check  # this folder (sys.path[0]): our decoder's kernels and greedy output
-
-    report.run_section("layer kernels", gpu_decoder_check.check_layer_kernels, device, shapes)
-    report.run_section("decoder", gpu_decoder_check.check_decoder, device, shapes)
-    report.run_section("bandwidth", measure_bandwidth, device, shapes)
-    report.run_section("prefill", compare_prefill, device, shapes)
-    if args.skip_e2e:
+    sections = set(args.sections.split(","))
+    if "correctness" in sections:
+        report.run_section("correctness", check_correctness, device, shapes)
+    if sections & {"layer kernels", "decoder"}:
+        gpu_decoder_check = sibling_module("gpu_decoder_check")  # our decoder's kernels and greedy output
+        if "layer kernels" in sections:
+            report.run_section("layer kernels", gpu_decoder_check.check_layer_kernels, device, shapes)
+        if "decoder" in sections:
+            report.run_section("decoder", gpu_decoder_check.check_decoder, device, shapes)
+    if "bandwidth" in sections:
+        report.run_section("bandwidth", measure_bandwidth, device, shapes)
+    if "prefill" in sections:
+        report.run_section("prefill", compare_prefill, device, shapes)
+    if args.skip_e2e or "e2e" not in sections:
         report.line("\nsection 3 skipped (--skip-e2e)")
     else:
         num_requests = min(args.num_requests, 6) if args.smoke else args.num_requests
         report.run_section("e2e", end_to_end, device, shapes, num_requests)
+    if "engine" in sections:
+        report.run_section("engine", sibling_module("gpu_engine_check").engine_section, device, args.smoke,
+                           args.serve_site, not args.skip_serve)
     failed = [r["case"] for r in report.results["sections"].get("correctness", []) if not r.get("ok", True)]
     crashed = report.results.get("failed_sections", [])
     report.line(f"\ndone in {time.monotonic() - report.start:.0f} s; correctness failures: {failed or 'none'}; "
