@@ -10,7 +10,10 @@
   owner's status);
 - every event of a ConfigMap some InferenceService reads its model config
   from -> config_map_events.on_config_map_event (those services are
-  reconciled: a fixed config is sized without a retry loop).
+  reconciled: a fixed config is sized without a retry loop);
+- a change of the router's `pagedinfer.io/demand-at` annotation on an
+  InferenceService -> autoscaling.demand.on_demand (0 -> 1 at once when it
+  is scaled to zero).
 
 Sizing reads the nodes from the `gpu_nodes` index and the ConfigMap
 handler its services from `model_config_maps` (both in `indexes`).
@@ -26,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the autoscaler's daemon)
+from pagedinfer.operator.autoscaling import daemon, demand  # noqa: F401  (registers the autoscaler's daemon, demand)
 from pagedinfer.operator import child_events, config_map_events, reconciler, settings  # noqa: F401  (startup/login)
 from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL
 from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL

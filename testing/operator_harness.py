@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -50,6 +51,12 @@ def write_kubeconfig(path: Path, server: str) -> Path:
                                                        "namespace": "default"}}],
     }))
     return path
+
+
+def kubeconfig_server() -> str:
+    """The API server that $KUBECONFIG names (the emulator's URL, once write_kubeconfig pointed it there)."""
+    config = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
+    return config["clusters"][0]["cluster"]["server"]
 
 
 @contextlib.asynccontextmanager

@@ -18,6 +18,11 @@ Two sources, one result shape (pod name -> what was read, None = failed):
   two series of the same pod differing only in `job`/`instance`. Both carry
   the same reading, so the largest is the reading; summing them would double
   the KV usage and the waiting count.
+
+The router's queue (the idle rule, autoscaling.idle) is always read from the
+router pods directly (`scrape_router_queue`), whatever the source: a
+Prometheus sample is up to a scrape interval old, and a request queued in
+that gap must never count as "nothing queued".
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ from pagedinfer.operator.autoscaling.readings import (
     HITS_SERIES,
     KV_USAGE_SERIES,
     QUERIES_SERIES,
+    RUNNING_SERIES,
+    SLEEPING_SERIES,
     WAITING_SERIES,
     MetricsParseError,
     PodReading,
     PodScrape,
     parse_pod_metrics,
+    parse_router_queue_length,
 )
 
 logger = logging.getLogger(__name__)
@@ -86,6 +94,27 @@ async def scrape_pods(
     return {t.name: r for t, r in zip(targets, results)}
 
 
+async def scrape_router_queue(session: aiohttp.ClientSession, targets: Sequence[PodTarget],
+                              timeout_seconds: float) -> int | None:
+    """Requests held by all the router pods together; None when there is no pod to read, or any one
+    could not be read or does not export its queue (unknown is never "nothing queued")."""
+    if not targets:
+        return None
+    total = 0
+    for target in targets:
+        try:
+            text = await asyncio.wait_for(_get_text(session, target.metrics_url), timeout_seconds)
+            queued = parse_router_queue_length(text)
+        except (asyncio.TimeoutError, aiohttp.ClientError, MetricsParseError, UnicodeDecodeError, OSError) as e:
+            logger.warning("scrape of router pod %s failed: %s", target.name, _describe(e))
+            return None
+        if queued is None:
+            logger.warning("router pod %s exports no queue length", target.name)
+            return None
+        total += queued
+    return total
+
+
 async def _get_text(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url, allow_redirects=False) as response:
         if response.status != 200:
@@ -113,8 +142,10 @@ async def query_prometheus(
     pod_names: Sequence[str],
     window_seconds: float,
     timeout_seconds: float,
+    with_idle: bool = False,
 ) -> dict[str, PodReading | None]:
-    """Per-pod readings from a Prometheus server; every pod None if any query fails."""
+    """Per-pod readings from a Prometheus server; every pod None if any query fails.
+    `with_idle`: also the running requests and the sleep gauge (the idle rule's)."""
     selector = pod_selector(namespace, pod_names)
     if not pod_names:
         return {}
@@ -125,6 +156,9 @@ async def query_prometheus(
         "queries": f"max by (pod) (increase({QUERIES_SERIES}{selector}{window}))",
         "hits": f"max by (pod) (increase({HITS_SERIES}{selector}{window}))",
     }
+    if with_idle:
+        queries["running"] = f"max by (pod) ({RUNNING_SERIES}{selector})"
+        queries["sleeping"] = f"max by (pod) ({SLEEPING_SERIES}{selector})"
     try:
         results = {
             key: await asyncio.wait_for(_instant_query(session, base_url, q), timeout_seconds)
@@ -138,7 +172,8 @@ async def query_prometheus(
         queried, hit = results["queries"].get(pod), results["hits"].get(pod)
         if queried is None or hit is None:
             queried = hit = None
-        readings[pod] = PodReading(results["kv"].get(pod), results["waiting"].get(pod), queried, hit)
+        readings[pod] = PodReading(results["kv"].get(pod), results["waiting"].get(pod), queried, hit,
+                                   results.get("running", {}).get(pod), results.get("sleeping", {}).get(pod))
     return readings
 
 

@@ -92,9 +92,14 @@ def selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "pagedinfer-engine", "app.kubernetes.io/instance": name}
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """A label selector string (`k=v,k2=v2`, sorted) matching exactly these labels."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
 def selector_string(name: str) -> str:
     """`status.selector` for the scale subresource (what HPA lists pods with)."""
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+    return label_selector(selector_labels(name))
 
 
 def common_labels(name: str) -> dict[str, str]:

@@ -13,8 +13,14 @@ With `spec.router.enabled` an InferenceService `NAME` gets, besides its engine D
   A pvc:// or file:// model is mounted read-only so the router tokenizes with
   the engines' own tokenizer (`--tokenizer`).
 - ServiceAccount, Role and RoleBinding `NAME-router`: `list` on
-  `discovery.k8s.io` EndpointSlices in the namespace, nothing else (the
-  router polls them, router/discovery.py; it never watches).
+  `discovery.k8s.io` EndpointSlices in the namespace (the router polls
+  them, router/discovery.py; it never watches) and, with scale to zero
+  (`minReplicas: 0`, autoscaling.spec), `get` and `patch` on its own
+  InferenceService only (`resourceNames: [NAME]`): it writes the demand
+  annotation there (router/hold/demand.py, autoscaling.demand says why this
+  way); the pod then gets PAGEDINFER_INFERENCESERVICE_NAME / _NAMESPACE,
+  without which the router signals nothing. `spec.router.queue` becomes the
+  router's hold-queue flags (only the fields set: else the router's defaults).
 - Service `NAME-engines`: headless (clusterIP None), selecting the engine
   pods; its EndpointSlices are what the router follows.
 - Service `NAME` (the one `status.url` names) selects the router pods
@@ -29,7 +35,8 @@ from __future__ import annotations
 from typing import Any
 
 from pagedinfer.operator.children import builders
-from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
+from pagedinfer.operator.spec.crd_model import API_GROUP, PLURAL, InferenceServiceSpec
+from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
 from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
 
 ROUTER_SUFFIX = "-router"
@@ -38,6 +45,21 @@ ROUTER_COMPONENT = "router"
 RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
 # What the router's service account may do: poll its engines' EndpointSlices (router/discovery.py).
 ROUTER_RULES = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
+# With scale to zero, also: read and annotate its own InferenceService (the demand signal).
+DEMAND_VERBS = ("get", "patch")
+# spec.router.queue's fields -> the router's flags (router/cli.py).
+QUEUE_FLAGS = (("max_requests", "--max-queued-requests"), ("timeout_seconds", "--queue-timeout-seconds"))
+
+
+def demand_rule(owner_name: str) -> dict[str, Any]:
+    """`get`, `patch` on exactly one InferenceService: the router's own."""
+    return {"apiGroups": [API_GROUP], "resources": [PLURAL], "verbs": list(DEMAND_VERBS),
+            "resourceNames": [owner_name]}
+
+
+def signals_demand(spec: InferenceServiceSpec) -> bool:
+    """Whether the router writes the demand annotation: the service scales to zero."""
+    return spec.autoscaling is not None and spec.autoscaling.enabled and spec.autoscaling.scale_to_zero
 
 
 def router_name(owner_name: str) -> str:
@@ -50,6 +72,11 @@ def engines_service_name(owner_name: str) -> str:
 
 def router_selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "pagedinfer-router", "app.kubernetes.io/instance": name}
+
+
+def router_selector_string(name: str) -> str:
+    """The router pods' label selector, as a list call takes it."""
+    return builders.label_selector(router_selector_labels(name))
 
 
 def router_labels(name: str) -> dict[str, str]:
@@ -73,9 +100,11 @@ def _tokenizer(spec: InferenceServiceSpec) -> tuple[list[str], list[dict], list[
 
 def router_args(owner: builders.Owner, spec: InferenceServiceSpec) -> list[str]:
     """The `pagedinfer router` command line (after the executable)."""
+    queue = [arg for field, flag in QUEUE_FLAGS if (value := getattr(spec.router.queue, field)) is not None
+             for arg in (flag, f"{value:g}" if isinstance(value, float) else str(value))]
     return ["router", "--discover-service", engines_service_name(owner.name), "--engine-port-name", "http",
             "--policy", spec.router.policy, "--host", "0.0.0.0", "--port", str(builders.HTTP_PORT),
-            *_tokenizer(spec)[0], *spec.router.warmup.router_args()]
+            *queue, *_tokenizer(spec)[0], *spec.router.warmup.router_args()]
 
 
 def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
@@ -85,6 +114,9 @@ def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, d
     ref = spec.engine.api_key_secret_ref
     if ref is not None:  # a reference only: the key never enters a manifest
         env.append({"name": "PAGEDINFER_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if signals_demand(spec):
+        env += [{"name": INFERENCESERVICE_NAME_ENV, "value": owner.name},
+                {"name": INFERENCESERVICE_NAMESPACE_ENV, "value": owner.namespace}]
     container = {
         "name": "router",
         "image": spec.router.image or default_image,
@@ -134,10 +166,11 @@ def build_service_account(owner: builders.Owner) -> dict[str, Any]:
                                     "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name))})
 
 
-def build_role(owner: builders.Owner) -> dict[str, Any]:
+def build_role(owner: builders.Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    rules = [dict(rule) for rule in ROUTER_RULES] + ([demand_rule(owner.name)] if signals_demand(spec) else [])
     return builders.with_spec_hash({"apiVersion": RBAC_API_VERSION, "kind": "Role",
                                     "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name)),
-                                    "rules": [dict(rule) for rule in ROUTER_RULES]})
+                                    "rules": rules})
 
 
 def build_role_binding(owner: builders.Owner) -> dict[str, Any]:
@@ -172,7 +205,7 @@ def build_front_service(owner: builders.Owner, spec: InferenceServiceSpec) -> di
 def router_children(owner: builders.Owner, spec: InferenceServiceSpec,
                     default_image: str) -> list[tuple[ResourceRef, dict[str, Any]]]:
     """The router's own children, in apply order (its RBAC before the pods that use it)."""
-    return [(SERVICE_ACCOUNTS, build_service_account(owner)), (ROLES, build_role(owner)),
+    return [(SERVICE_ACCOUNTS, build_service_account(owner)), (ROLES, build_role(owner, spec)),
             (ROLE_BINDINGS, build_role_binding(owner)), (SERVICES, build_engines_service(owner)),
             (DEPLOYMENTS, build_router_deployment(owner, spec, default_image))]
 

@@ -2,20 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
-from chart_rbac import RbacPolicy
-
-
-@dataclass(frozen=True)
-class Access:
-    verb: str
-    group: str
-    resource: str
-    namespace: str | None = None
-    name: str | None = None
-    subresource: str | None = None
+from chart_rbac import Access, RbacPolicy
 
 
 SA = {"kind": "ServiceAccount", "name": "op", "namespace": "sys"}

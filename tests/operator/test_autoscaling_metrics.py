@@ -53,7 +53,8 @@ def exposition(kv_usage=0.25, waiting=3, queries=1000, hits=400, model_name="tin
 
 def test_parses_the_servers_exposition():
     scrape = parse_pod_metrics(exposition())
-    assert scrape == PodScrape(0.25, 3.0, 1000.0, 400.0)
+    assert scrape == PodScrape(0.25, 3.0, 1000.0, 400.0, num_requests_running=2.0, sleeping=scrape.sleeping)
+    assert not scrape.sleeping  # an awake engine: 0, or no gauge at all
 
 
 def test_filters_by_model_name():

@@ -24,12 +24,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 
 from pagedinfer.testing.endpoint_slices import EndpointSliceController
 from pagedinfer.testing.kubelet_harness import PODS, KubeletHarness, loopback_ip
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, eventually, inference_service,
-                                                 running_operator)
+                                                 kubeconfig_server, running_operator)
 from pagedinfer.testing.pod_process import local_process
 from pagedinfer.operator.routing import builders as routing
 
@@ -85,7 +84,7 @@ async def test_the_operators_router_serves_through_a_scale_in_without_aborting(e
             template = emulator.read(DEPLOYMENTS, NS, "tiny-router")["spec"]["template"]
             ip = loopback_ip(set(engines.ips))
             local = local_process(template["spec"], ip, tmp_path / "router-pod", Path(sys.executable).parent)
-            argv = [*local.argv, "--kube-api", emulator_url(), "--namespace", NS]
+            argv = [*local.argv, "--kube-api", kubeconfig_server(), "--namespace", NS]
             with open(tmp_path / "router.log", "wb") as log:
                 router = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                           env={**os.environ, **local.env, "OMP_NUM_THREADS": "1"})
@@ -138,7 +137,3 @@ async def test_the_operators_router_serves_through_a_scale_in_without_aborting(e
             router.wait(30)
 
 
-def emulator_url() -> str:
-    """The emulated API server, as the `emulator` fixture's kubeconfig names it."""
-    config = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
-    return config["clusters"][0]["cluster"]["server"]

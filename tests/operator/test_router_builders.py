@@ -53,8 +53,37 @@ def test_the_engines_publish_kv_events_only_with_the_router():
 
 
 def test_the_role_grants_list_on_endpointslices_and_nothing_else():
-    assert routing.build_role(OWNER)["rules"] == [
+    assert routing.build_role(OWNER, spec())["rules"] == [
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+
+
+def zero_spec(**router):
+    return parse_spec("llama", {"minReplicas": 0, "maxReplicas": 4, "router": router, "autoscaling": {
+        "enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}})
+
+
+def test_with_scale_to_zero_the_router_may_get_and_patch_its_own_inference_service_only():
+    role = routing.build_role(OWNER, zero_spec())
+    assert role["rules"][1:] == [{"apiGroups": ["serving.pagedinfer.dev"], "resources": ["inferenceservices"],
+                                  "verbs": ["get", "patch"], "resourceNames": ["llama"]}]
+    env = routing.build_router_deployment(OWNER, zero_spec(), "router:1")["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert {"name": "PAGEDINFER_INFERENCESERVICE_NAME", "value": "llama"} in env
+    assert {"name": "PAGEDINFER_INFERENCESERVICE_NAMESPACE", "value": "team-a"} in env
+    plain = routing.build_router_deployment(OWNER, spec(), "router:1")["spec"]["template"]["spec"]["containers"][0]
+    assert not [e for e in plain["env"] if e["name"].startswith("PAGEDINFER_INFERENCESERVICE")]
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(role, version, strict=True)
+
+
+def test_the_queue_fields_set_become_the_routers_flags_and_only_those():
+    args = lambda s: routing.build_router_deployment(OWNER, s, "router:1")["spec"]["template"]["spec"][  # noqa: E731
+        "containers"][0]["args"]
+    both = args(zero_spec(queue={"maxRequests": 64, "timeoutSeconds": 30}))
+    assert both[both.index("--max-queued-requests") + 1] == "64"
+    assert both[both.index("--queue-timeout-seconds") + 1] == "30"
+    one = args(spec(queue={"timeoutSeconds": 2.5}))
+    assert "--max-queued-requests" not in one and one[one.index("--queue-timeout-seconds") + 1] == "2.5"
 
 
 def test_the_router_image_is_the_spec_s_else_the_operator_setting(monkeypatch):
@@ -78,3 +107,12 @@ def test_the_warmup_fields_reach_the_routers_own_flags():
     (default,) = routing.build_router_deployment(OWNER, spec(), "router:1")["spec"]["template"]["spec"]["containers"]
     parsed = build_parser().parse_args(default["args"])
     assert (parsed.warmup_prefixes, parsed.warmup_token_budget) == (32, 32768)  # the CRD's defaults, passed on
+
+
+def test_the_router_command_line_is_one_the_router_takes():
+    from pagedinfer.engine.cli import build_parser
+
+    container = routing.build_router_deployment(OWNER, zero_spec(queue={"maxRequests": 64, "timeoutSeconds": 30}),
+                                                "router:1")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert (args.max_queued_requests, args.queue_timeout_seconds) == (64, 30.0)

@@ -36,6 +36,18 @@ class AccessLike(Protocol):
 
 
 @dataclass(frozen=True)
+class Access:
+    """One request, as the authorizer sees it (an AccessLike)."""
+
+    verb: str
+    group: str
+    resource: str
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+
+
+@dataclass(frozen=True)
 class Rule:
     """One PolicyRule, and the namespace it is confined to (None: cluster-wide)."""
 

@@ -22,6 +22,10 @@ class FakeEngine:
     mode: str = "ok"
     hit_tokens_per_scrape: float = 0.0  # the prefix-cache counters grow by this (hits) and 2x (queries) per scrape
     scrapes: int = 0
+    running: int = 0  # requests running (the idle rule's)
+    router_queue_length: int | None = None  # set: this pod plays a router holding this many requests
+    sleeping: bool = False  # POST /sleep sets it (answered 200, or `sleep_status`)
+    sleep_status: int = 200
 
     async def metrics(self, request: web.Request) -> web.Response:
         if self.mode == "garbage":
@@ -29,11 +33,20 @@ class FakeEngine:
         if self.mode == "silent":
             await asyncio.sleep(30)
         self.scrapes += 1
+        if self.router_queue_length is not None:
+            return web.Response(text=f"pagedinfer_router_queue_length {self.router_queue_length}\n")
         hits = self.scrapes * self.hit_tokens_per_scrape
         return web.Response(text=f'pagedinfer_kv_cache_usage_ratio{{model_name="m"}} {self.kv_usage}\n'
                                  f'pagedinfer_num_requests_waiting{{model_name="m"}} 0\n'
+                                 f'pagedinfer_num_requests_running{{model_name="m"}} {self.running}\n'
+                                 f'pagedinfer_engine_sleeping{{model_name="m"}} {int(self.sleeping)}\n'
                                  f'pagedinfer_prefix_cache_queries_total{{model_name="m"}} {2 * hits}\n'
                                  f'pagedinfer_prefix_cache_hits_total{{model_name="m"}} {hits}\n')
+
+    async def sleep(self, request: web.Request) -> web.Response:
+        if self.sleep_status == 200:
+            self.sleeping = True
+        return web.Response(status=self.sleep_status, text="{}")
 
 
 @contextlib.asynccontextmanager
@@ -53,6 +66,7 @@ async def fake_engines(count: int):
         for engine in engines:
             app = web.Application()
             app.router.add_get("/metrics", engine.metrics)
+            app.router.add_post("/sleep", engine.sleep)
             runner = web.AppRunner(app, shutdown_timeout=0.1)
             await runner.setup()
             await web.TCPSite(runner, engine.ip, ENGINE_PORT).start()

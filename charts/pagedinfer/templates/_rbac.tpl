@@ -13,6 +13,9 @@ always in a ClusterRole.
 {{- define "pagedinfer.rbac.namespacedRules" -}}
 # The custom resource: watched, patched (kopf's finalizer and progress
 # annotations, spec.replicas from the autoscaler), and its status written.
+# With scale to zero (minReplicas: 0) the operator also grants a router
+# get and patch on its own InferenceService (by resourceNames: the demand
+# annotation), which it may only grant because it holds them here.
 - apiGroups: ["serving.pagedinfer.dev"]
   resources: ["inferenceservices"]
   verbs: ["get", "list", "watch", "patch"]
