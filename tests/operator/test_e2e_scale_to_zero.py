@@ -10,12 +10,12 @@ fallback (0 -> 1 on a queued request) never fires and the scale from zero is the
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
 from fake_engine_metrics import fake_engines
 from pagedinfer.operator.routing.builders import router_selector_labels
 from pagedinfer.router.hold.contract import DEMAND_ANNOTATION
+from pagedinfer.router.hold.demand import DemandSignal, DemandTarget
 from pagedinfer.testing.kubelet_harness import PODS, add_ready_pod, pod_manifest
 from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, condition, eventually,
                                                  inference_service, kubeconfig_server, running_operator)
@@ -39,7 +39,7 @@ def status_of(emulator, name="svc"):
     return (emulator.read(ISVC, NS, name).get("status") or {}).get("autoscaling") or {}
 
 
-async def test_idle_goes_to_zero_then_the_routers_demand_brings_one_replica_back(emulator, tmp_path):
+async def test_idle_goes_to_zero_then_the_routers_demand_brings_one_replica_back(emulator):
     async with fake_engines(2) as (engine, router), running_operator():
         router.router_queue_length = 0
         await emulator.create(ISVC, inference_service("svc", scale_to_zero_spec()))
@@ -60,18 +60,17 @@ async def test_idle_goes_to_zero_then_the_routers_demand_brings_one_replica_back
         idle = await eventually(lambda: status_of(emulator).get("idleSince") and status_of(emulator))
         assert idle["routerQueueLength"] == 0 and idle["requestsInFlight"] == 0 and idle["desiredReplicas"] == 0
 
-        # The router's write: a JSON merge patch of the annotation alone, over HTTP, as its service account may.
-        body = {"metadata": {"annotations": {DEMAND_ANNOTATION: "2026-12-04T17:00:00Z"}}}
-        async with aiohttp.ClientSession() as session:
-            async with session.patch(f"{kubeconfig_server()}/apis/serving.pagedinfer.dev/v1alpha1/namespaces/"
-                                     f"{NS}/inferenceservices/svc", json=body,
-                                     headers={"Content-Type": "application/merge-patch+json"}) as response:
-                assert response.status == 200, await response.text()
+        # The router's own demand signal: a JSON merge patch of the annotation alone, over HTTP.
+        signal = DemandSignal(DemandTarget("svc", NS, kubeconfig_server()))
+        try:
+            assert await signal.signal(), signal.problem
+        finally:
+            await signal.aclose()
+        demand_at = emulator.read(ISVC, NS, "svc")["metadata"]["annotations"][DEMAND_ANNOTATION]
 
         await eventually(lambda: emulator.read(DEPLOYMENTS, NS, "svc")["spec"]["replicas"] == 1, timeout_seconds=30)
         (event,) = await eventually(lambda: events(emulator, "ScaledFromZero"))
-        assert event["message"] == ("the router holds requests and has no engine (demand at 2026-12-04T17:00:00Z):"
-                                    " 0 -> 1 replica")
+        assert event["message"] == f"the router holds requests and has no engine (demand at {demand_at}): 0 -> 1 replica"
         assert router.router_queue_length == 0  # the daemon saw nothing queued: the demand handler scaled
         await eventually(lambda: status_of(emulator).get("lastScaleReason") == event["message"])
 
