@@ -329,6 +329,11 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
     if _is_int(standby) and standby > 0 and not zero_written:
         problems.append("spec.autoscaling.standby needs spec.minReplicas: 0 (standby replicas are what an idle"
                         " service keeps, asleep, instead of going to zero)")
+    engine = spec.get("engine")
+    if _is_int(standby) and standby > 0 and isinstance(engine, Mapping) and engine.get("apiKeySecretRef"):
+        problems.append("spec.autoscaling.standby cannot be used with spec.engine.apiKeySecretRef: the engines'"
+                        " POST /sleep is behind their API key, and the operator holds no Secret (it may not read"
+                        " one); scale to zero (standby 0) needs no key")
     min_replicas = max(1, min_replicas)
     max_replicas = spec.get("maxReplicas")
     if max_replicas is None:

@@ -52,6 +52,8 @@ def test_standby_replicas_are_the_metric_rules_floor():
     (zero(standby=-1), "spec.autoscaling.standby must be an integer >= 0"),
     ({**zero(idle={"afterSeconds": 30}), "minReplicas": 1}, "spec.autoscaling.idle needs spec.minReplicas: 0"),
     ({**zero(standby=1), "minReplicas": 1}, "spec.autoscaling.standby needs spec.minReplicas: 0"),
+    ({**zero(standby=1), "engine": {"apiKeySecretRef": {"name": "key"}}},
+     "spec.autoscaling.standby cannot be used with spec.engine.apiKeySecretRef"),
 ])
 def test_each_bad_combination_names_its_field(spec, problem):
     with pytest.raises(ValueError) as err:

@@ -138,6 +138,9 @@ def test_every_cel_rule_has_an_operator_check():
             "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"idle": {"afterSeconds": 60}}},
         "autoscaling.standby must be <= maxReplicas": {"minReplicas": 0, "maxReplicas": 2,
                                                        "autoscaling": {"standby": 3}},
+        "autoscaling.standby cannot be used with engine.apiKeySecretRef (the engines' POST /sleep needs their key,"
+        " which the operator never reads)": {"minReplicas": 0, "maxReplicas": 2, "autoscaling": {"standby": 1},
+                                             "engine": {"apiKeySecretRef": {"name": "key"}}},
         "source.url is required when source.type is prometheus": None,  # the autoscaler parses spec.autoscaling
         "prefixCacheHitRate needs kvCacheUsage listed too": None,  # (test_autoscaling_spec.py)
     }
