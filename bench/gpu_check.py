@@ -3,7 +3,7 @@
 Run from the repository root on a machine with one CUDA GPU (no network, no
 install needed: torch, triton and transformers of the machine's image):
 
-    python bench/gpu_check.py               # the three sections, about 4 minutes on an H200
+    python bench/gpu_check.py               # every section (--sections picks some)
     python bench/gpu_check.py --skip-e2e    # kernels only
     python bench/gpu_check.py --smoke       # tiny shapes on CPU under TRITON_INTERPRET=1 (no GPU)
 
