@@ -19,14 +19,16 @@ def prompts(model_dir) -> list[list[int]]:
     return [prefix + [9, 30], prefix + [40], [5], [12, 13, 14, 15, 16, 17, 18]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_triton_decoder_equals_generate(make_model, monkeypatch, arch):
+@pytest.mark.parametrize("arch,graphs", [("llama", 4), ("qwen3", 0)])
+def test_triton_decoder_equals_generate(make_model, monkeypatch, arch, graphs):
+    """With `graphs`, pure-decode steps run from the CUDA-graph buckets' static buffers (eagerly on a CPU): a
+    3-sequence step pads to bucket 4, whose padding row (slot -1) must write no K/V."""
     model_dir = make_model(arch)
     batch = prompts(model_dir)
     expected = hf_greedy(model_dir, batch, MAX_NEW_TOKENS)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")  # the attention too: the GPU's kernels end to end
     llm = LLM(model=str(model_dir), dtype="float32", forward="triton", block_size=8, max_num_batched_tokens=8,
-              max_model_len=32)
+              max_model_len=32, max_cudagraph_capture_size=graphs)
     assert llm.llm_engine.runner.triton_decoder is not None and llm.llm_engine.runner.layer_fusion is None
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
