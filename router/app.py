@@ -47,7 +47,8 @@ from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slice
 from pagedinfer.router.hold.capacity import Capacity
 from pagedinfer.router.hold.demand import DemandSignal, DemandTarget
 from pagedinfer.router.hold.queue import HoldQueue, HoldSettings, QueueFull
-from pagedinfer.router.hold.waiting import EXPIRED, GONE, KEEPALIVE, READY, held_stream, sse, wait_for_engine
+from pagedinfer.router.hold.waiting import (CLOSED, EXPIRED, GONE, KEEPALIVE, READY, held_stream, sse,
+                                            wait_for_engine)
 from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.metrics import RouterMetrics
 from pagedinfer.router.policy import Decision, pick
@@ -126,6 +127,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         app.state.tokenizer = tokenizer
         app.state.router = state
         app.state.hold = hold
+        app.state.loop = asyncio.get_running_loop()
         app.state.capacity = capacity
         state.start()
         tasks = [asyncio.create_task(capacity.run())]
@@ -182,6 +184,17 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         waited = holder["hold"].settings.timeout_seconds
         return f"no engine became ready: waited {waited:g} s in the router's queue; {holder['capacity'].problem()}"
 
+    def held_error(outcome: str) -> tuple[str, str]:
+        """(message, code) of a held request that got no engine."""
+        if outcome == CLOSED:
+            return "the router is shutting down; retry the request", "shutting_down"
+        return expired_message(), "no_engine"
+
+    def held_event(outcome: str) -> bytes:
+        """A held stream's end without an engine: the error event, then [DONE]."""
+        message, code = held_error(outcome)
+        return sse(error_body(503, message, code=code)) + sse("[DONE]")
+
     async def held(request: Request | None, headers: dict[str, str], raw: bytes, ids, path: str, stream: bool,
                    ticket, at_most_seconds: float | None) -> Any:
         """Wait for an engine, then forward; the Response, or EXPIRED / GONE / KEEPALIVE. request: whose
@@ -219,6 +232,8 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         try:
             ticket = hold.enter()
         except QueueFull as exc:
+            if hold.closed:
+                return unavailable(*held_error(CLOSED))
             return unavailable(f"{exc}; retry later", "queue_full", "queue-full")
         keepalive = hold.settings.keepalive_seconds if stream else None
         try:
@@ -230,14 +245,14 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             hold.leave(ticket)
         if outcome == GONE:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        if outcome == EXPIRED:
-            return unavailable(expired_message())
+        if outcome in (EXPIRED, CLOSED):
+            return unavailable(*held_error(outcome))
         if outcome != KEEPALIVE:
             return outcome
         # a stream still waiting: its headers now, then keep-alives until its engine's answer or its deadline
         body_iterator = held_stream(
             lambda: held(None, headers, raw, ids, path, stream, ticket, keepalive),
-            lambda: sse(error_body(503, expired_message(), code="no_engine")) + sse("[DONE]"),
+            held_event,
             lambda: hold.leave(ticket))
         return StreamingResponse(body_iterator, 200, {ROUTE_HEADER: route_header(None, "held")},
                                  media_type="text/event-stream")

@@ -123,9 +123,30 @@ def run_router(args: argparse.Namespace) -> int:
     print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",
           file=sys.stderr, flush=True)
     exit_zero_after_sigterm()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_keep_alive=5, http=header_timeout_protocol(args.request_header_timeout_seconds))
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            timeout_keep_alive=5, http=header_timeout_protocol(args.request_header_timeout_seconds))
+    router_server_class()(config, app).run()
     return 0
+
+
+def router_server_class():
+    import uvicorn
+
+    class RouterServer(uvicorn.Server):
+        """uvicorn's server, whose exit signal also closes the hold queue: held requests get their 503 now
+        instead of keeping the process up (uvicorn waits for every open request) until their deadlines."""
+
+        def __init__(self, config, app) -> None:
+            super().__init__(config)
+            self.app = app
+
+        def handle_exit(self, sig, frame) -> None:
+            hold, loop = getattr(self.app.state, "hold", None), getattr(self.app.state, "loop", None)
+            if hold is not None and loop is not None:
+                loop.call_soon_threadsafe(hold.close)
+            super().handle_exit(sig, frame)
+
+    return RouterServer
 
 
 def demand_target(flag: str | None, api_url: str | None):

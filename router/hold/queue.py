@@ -5,6 +5,8 @@ Invariants:
 - a ticket is held from `enter` until its holder calls `leave` (it always does, in a `finally`:
   released, timed out, or its client gone), so the length and the oldest wait are the requests still
   waiting, never a leaked one;
+- `close()` (the router is stopping) wakes every held ticket and refuses new ones: held requests are
+  answered at once (503 `shutting_down`) rather than keeping the process up until their deadlines;
 - `release()` wakes every held ticket in arrival order (asyncio runs woken waiters in the order woken), so
   when an engine becomes ready the queued requests are picked in the order they came. A released holder
   that finds no engine after all (it went again) waits on, in its place, until its own deadline.
@@ -58,11 +60,14 @@ class HoldQueue:
         self.clock = clock
         self._tickets: dict[Ticket, None] = {}  # insertion-ordered: arrival order
         self.entered = asyncio.Event()  # set on each entry; the capacity task clears it
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self._tickets)
 
     def enter(self) -> Ticket:
+        if self.closed:
+            raise QueueFull("the router is shutting down")
         if len(self._tickets) >= self.settings.max_length:
             raise QueueFull(f"the hold queue is full ({self.settings.max_length} requests wait for an engine)")
         now = self.clock()
@@ -73,6 +78,10 @@ class HoldQueue:
 
     def leave(self, ticket: Ticket) -> None:
         self._tickets.pop(ticket, None)
+
+    def close(self) -> None:
+        self.closed = True
+        self.release()
 
     def release(self) -> None:
         """Wake every held ticket, oldest first."""

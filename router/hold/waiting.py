@@ -22,17 +22,20 @@ from fastapi.responses import Response, StreamingResponse
 from pagedinfer.engine.server.serving import watch_disconnect
 from pagedinfer.router.hold.queue import HoldQueue, Ticket
 
-READY, EXPIRED, GONE, KEEPALIVE = "ready", "expired", "gone", "keepalive"
+READY, EXPIRED, GONE, KEEPALIVE, CLOSED = "ready", "expired", "gone", "keepalive", "closed"
 KEEPALIVE_LINE = b": keep-alive\n\n"
 
 
 async def wait_for_engine(queue: HoldQueue, ticket: Ticket, ready: Callable[[], bool], request: Request | None,
                           at_most_seconds: float | None = None) -> str:
     """READY once `ready()`; EXPIRED at the ticket's deadline; KEEPALIVE after `at_most_seconds`; GONE when the
-    client disconnects (watched only with `request`: a response already streaming is cancelled instead)."""
+    client disconnects (watched only with `request`: a response already streaming is cancelled instead); CLOSED
+    once the queue is closed (the router is stopping)."""
     watcher = asyncio.ensure_future(watch_disconnect(request)) if request is not None else None
     try:
         while not ready():
+            if queue.closed:
+                return CLOSED
             if queue.expired(ticket):
                 return EXPIRED
             waiter = asyncio.ensure_future(queue.wait(ticket, at_most_seconds))
@@ -76,18 +79,19 @@ async def as_stream_body(response: Response) -> AsyncIterator[bytes]:
     yield sse(payload) + sse("[DONE]")
 
 
-async def held_stream(first: Callable[[], Awaitable[Any]], expired: Callable[[], bytes],
+async def held_stream(first: Callable[[], Awaitable[Any]], expired: Callable[[str], bytes],
                       leave: Callable[[], None]) -> AsyncIterator[bytes]:
     """The body of a stream committed while held: keep-alives while `first()` says KEEPALIVE, then the
-    engine's answer (a Response) or, at the deadline, the `expired()` event. `leave()` runs however it ends."""
+    engine's answer (a Response) or, at its deadline or the router's stop, the `expired(outcome)` event.
+    `leave()` runs however it ends."""
     try:
         while True:
             yield KEEPALIVE_LINE
             outcome = await first()
             if outcome == KEEPALIVE:
                 continue
-            if outcome == EXPIRED or outcome == GONE:
-                yield expired()
+            if outcome != READY and not isinstance(outcome, Response):
+                yield expired(outcome)
                 return
             async for chunk in as_stream_body(outcome):
                 yield chunk
