@@ -80,6 +80,9 @@ class AutoscalingMemory:
     spec_error: str | None = None
     idle_state: IdleState = dataclasses.field(default_factory=IdleState)  # the idle rule's timer
     idle_since: str | None = None  # RFC 3339: since when the service has been idle (None: busy)
+    # lastScaleTime/lastScaleReason as last decided here or by the demand handler (which shares this memo): the
+    # body's status can lag a write the handler has just made, and must not overwrite it with the one before
+    last_scale: dict[str, str] | None = None
 
 
 def memory_of(memo: Any) -> AutoscalingMemory:
@@ -178,7 +181,10 @@ async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.B
         await put_to_sleep(session, [EngineTarget(p["metadata"]["name"], pod_url(p)) for p in awake],
                            spec.scrape_timeout_seconds)
     memory.state = decision.state
-    status = build_status(decision, (body.get("status") or {}).get("autoscaling"), now, acted) | idle_status
+    status = build_status(decision, memory.last_scale or (body.get("status") or {}).get("autoscaling"), now,
+                          acted) | idle_status
+    if acted:
+        memory.last_scale = {"lastScaleTime": status["lastScaleTime"], "lastScaleReason": status["lastScaleReason"]}
     if status != memory.written_status:
         try:
             await kube.patch(INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}},

@@ -104,6 +104,7 @@ async def on_demand(new: Any, body: kopf.Body, name: str, namespace: str, memo: 
     kopf.event(body, type="Normal", reason=answer.event, message=answer.reason)
     logger.info("autoscaling: %s", answer.reason)
     status = {"desiredReplicas": answer.replicas, "lastScaleTime": now_rfc3339(), "lastScaleReason": answer.reason}
+    memory.last_scale = {key: status[key] for key in ("lastScaleTime", "lastScaleReason")}
     try:
         await kube.patch(INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}},
                          subresource="status")
