@@ -149,7 +149,7 @@ class EngineConfig:
              " its fused layers) or triton (our Triton decoder, any device: a CPU needs TRITON_INTERPRET=1;"
              " an unsupported model is refused at load)")
     max_cudagraph_capture_size: int = flag_field(
-        0, flag="--max-cudagraph-capture-size", type=int,
+        0, flag="--max-cudagraph-capture-size", type=int, managed=True,
         help="decode steps of up to this many sequences run as a CUDA graph captured at start-up, one per"
              " batch-size bucket (1, 2, 4, then steps of 8, then of 16 above 256; capped by --max-num-seqs) and"
              " counted in the KV sizing; vLLM's max_cudagraph_capture_size: one number, not a list of sizes, so"

@@ -179,6 +179,7 @@ def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
             max_num_seqs=str(e.max_num_seqs), max_num_batched_tokens=str(e.max_num_batched_tokens),
             enable_prefix_caching=e.enable_prefix_caching, enable_chunked_prefill=e.enable_chunked_prefill,
             swap_space=f"{e.swap_space_gib:g}", tensor_parallel_size=str(e.tensor_parallel_size),
+            max_cudagraph_capture_size=_text(e.max_cudagraph_capture_size or None),
             dtype=spec.model.dtype, served_model_name=spec.served_model_name),
         *engine_router_args(spec.router),
         *e.extra_args,

@@ -66,13 +66,15 @@ class KVCachePlan:
     bytes_per_block: int | None = None
     cpu_memory_budget_bytes: int | None = None
     tensor_parallel_size: int | None = None  # GPU plans: ranks per replica; sizes above are per rank's GPU
+    cuda_graph_bytes: int | None = None  # the decode graphs' estimate the pool left room for; None without graphs
 
     @classmethod
     def from_result(cls, source: str, result: sizing.SizingResult, **memory_bytes: int) -> "KVCachePlan":
         """A sized plan; `memory_bytes` is gpu_memory_bytes or cpu_memory_budget_bytes, whichever was sized."""
         return cls(source=source, block_size=result.block_size, num_gpu_blocks=result.num_gpu_blocks,
                    weight_bytes_per_gpu=result.weight_bytes_per_gpu, bytes_per_token=result.bytes_per_token,
-                   bytes_per_block=result.bytes_per_block, **memory_bytes)
+                   bytes_per_block=result.bytes_per_block, cuda_graph_bytes=result.cuda_graph_bytes or None,
+                   **memory_bytes)
 
     @property
     def max_tokens(self) -> int | None:
@@ -89,6 +91,7 @@ class KVCachePlan:
             "weightBytesPerGpu": self.weight_bytes_per_gpu,
             "bytesPerToken": self.bytes_per_token,
             "bytesPerBlock": self.bytes_per_block,
+            "cudaGraphBytes": self.cuda_graph_bytes,
             "cpuMemoryBudgetBytes": self.cpu_memory_budget_bytes,
         }
         return {key: value for key, value in fields.items() if value is not None}
@@ -257,4 +260,6 @@ def sizing_inputs(spec: InferenceServiceSpec, shape: ModelShape, gpu_memory_byte
         tensor_parallel_size=engine.tensor_parallel_size,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        max_cudagraph_capture_size=engine.max_cudagraph_capture_size,
     )

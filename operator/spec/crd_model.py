@@ -141,6 +141,7 @@ class EngineSpec:
     swap_space_gib: float = _engine("swap_space")
     tensor_parallel_size: int = _engine("tensor_parallel_size")
     num_gpu_blocks_override: int | None = _engine("num_gpu_blocks_override")  # None: the operator sizes the pool
+    max_cudagraph_capture_size: int = _engine("max_cudagraph_capture_size")  # 0: no decode graphs
     extra_args: tuple[str, ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
     api_key_secret_ref: SecretKeyRef | None = None

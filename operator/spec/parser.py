@@ -286,6 +286,8 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
         tensor_parallel_size=r.integer(engine, "tensorParallelSize", path, d.tensor_parallel_size,
                                        minimum=1) or d.tensor_parallel_size,
         num_gpu_blocks_override=r.integer(engine, "numGpuBlocksOverride", path, d.num_gpu_blocks_override, minimum=1),
+        max_cudagraph_capture_size=r.integer(engine, "maxCudagraphCaptureSize", path, d.max_cudagraph_capture_size,
+                                             minimum=0) or 0,
         extra_args=tuple(extra),
         env=env,
         api_key_secret_ref=api_key,

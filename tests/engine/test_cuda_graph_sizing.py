@@ -64,3 +64,12 @@ def test_a_cpu_engine_sizes_its_graphs_as_plan_does(tiny_llama):
         assert "decode graphs (estimate)" in text and "--max-cudagraph-capture-size 8" in text
     finally:
         engine.shutdown()
+
+
+def test_the_operator_refuses_a_negative_capture_size_naming_the_field():
+    from pagedinfer.operator.spec.crd_model import SpecError
+    from pagedinfer.operator.spec.parser import parse_spec
+
+    with pytest.raises(SpecError, match=r"spec\.engine\.maxCudagraphCaptureSize"):
+        parse_spec("x", {"engine": {"maxCudagraphCaptureSize": -1}})
+    assert parse_spec("x", {"engine": {"maxCudagraphCaptureSize": 64}}).engine.max_cudagraph_capture_size == 64

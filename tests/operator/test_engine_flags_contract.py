@@ -75,9 +75,11 @@ def test_every_prefix_of_a_managed_flag_is_refused():
             assert managed_flag_of(flag[:end]) is not None and managed_flag_of(flag[:end] + "=v") is not None
 
 
-@pytest.mark.parametrize("resources", [{"gpus": 0, "memory": "2Gi"}, {"gpus": 0}])
-def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_passes(resources):
-    """The engine's own CPU plan (no override) from the operator's flags equals status.kvCache's."""
+@pytest.mark.parametrize("resources, graphs", [({"gpus": 0, "memory": "2Gi"}, 0), ({"gpus": 0}, 0),
+                                               ({"gpus": 0}, 16)])
+def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_passes(resources, graphs):
+    """The engine's own CPU plan (no override) from the operator's flags equals status.kvCache's; with decode
+    graphs (maxCudagraphCaptureSize) the same graph term, fewer blocks."""
     import dataclasses
 
     from pagedinfer.engine.engine_args import engine_config_from_args
@@ -85,7 +87,8 @@ def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_p
     from pagedinfer.engine.server.launcher import default_model_dir
     from pagedinfer.operator.kv_plan import resolver
 
-    spec = parse_spec("tiny", {"resources": resources, "engine": {"maxModelLen": 512}})
+    spec = parse_spec("tiny", {"resources": resources,
+                               "engine": {"maxModelLen": 512, "maxCudagraphCaptureSize": graphs}})
     shape = planning.shape_from_config(resolver._embedded_default_config(), spec.model.dtype, cpu=True)
     plan = planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY)
     args = build_parser().parse_args(builders.engine_args(spec, plan))
@@ -95,3 +98,9 @@ def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_p
     engine_plan = ModelRunner(config).plan_kv_cache(512)
     assert (engine_plan.num_gpu_blocks, engine_plan.bytes_per_block) == (plan.num_gpu_blocks, plan.bytes_per_block)
     assert engine_plan.gpu_memory_bytes == plan.cpu_memory_budget_bytes == planning.cpu_memory(spec)[1] - 2**30
+    assert args.max_cudagraph_capture_size == graphs
+    assert (engine_plan.cuda_graph_bytes or None) == plan.cuda_graph_bytes == (plan.to_status().get("cudaGraphBytes"))
+    if graphs:
+        without = planning.plan_for(parse_spec("tiny", {"resources": resources, "engine": {"maxModelLen": 512}}),
+                                    shape, None, planning.SOURCE_MEMORY)
+        assert plan.cuda_graph_bytes > 0 and plan.num_gpu_blocks < without.num_gpu_blocks
