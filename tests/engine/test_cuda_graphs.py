@@ -114,3 +114,13 @@ def test_the_gpus_forward_and_kernels_in_the_buckets_equal_generate(make_model, 
     assert got == [w[:n] for w, n in zip(want, (4, 2, 3))]
     assert graphs.num_runs[4] > 0 and graphs.num_runs[2] > 0 and graphs.num_runs[1] > 0, graphs.num_runs
     assert llm.get_stats().num_used_blocks == 0
+
+
+def test_graphs_with_tensor_parallelism_on_cuda_are_refused_naming_the_option():
+    """Checked before any CUDA call, so a CPU can check it; on a CPU the ranks replay their buckets (exact)."""
+    from pagedinfer.engine.cuda_graphs.setup import make_decode_graphs
+
+    config = EngineConfig(model="m", max_cudagraph_capture_size=8, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"max_cudagraph_capture_size .*tensor_parallel_size 2"):
+        make_decode_graphs(config, torch.device("cuda"), lambda *a: None, 128, None)
+    assert make_decode_graphs(EngineConfig(model="m"), torch.device("cuda"), lambda *a: None, 128, None) is None
