@@ -113,7 +113,7 @@ class EngineConfig:
              " --preemption-mode swap it must fit in the host memory available (MemAvailable, or the"
              " cgroup's limit less its working set if lower); on a CPU beside the KV pool, which is host memory too")
     kv_offloading_size: float = flag_field(
-        0.0, flag="--kv-offloading-size", type=float,
+        0.0, flag="--kv-offloading-size", type=float, managed=True,
         help="GiB of host memory for the prefix cache's second tier: cached blocks evicted from the KV pool are"
              " kept there and copied back on a prefix hit instead of recomputed (default 0: off; vLLM's"
              " flag); it shares one host pool with --swap-space (docs/kv-offload.md)")

@@ -49,7 +49,9 @@ from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.operator.spec.crd_model import (API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, EngineImages,
                                                InferenceServiceSpec)
 from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
-from pagedinfer.operator.kv_plan.planning import SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for
+from pagedinfer.operator.kv_plan.offload import offloading_size_gib
+from pagedinfer.operator.kv_plan.planning import (SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for,
+                                                  pod_memory_bytes)
 from pagedinfer.operator.routing.engine_flags import engine_pre_stop_wait_seconds, engine_router_args, engine_router_ports
 
 HTTP_PORT = 8000
@@ -178,7 +180,8 @@ def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
             num_gpu_blocks_override=_text(plan.num_gpu_blocks), max_model_len=_text(e.max_model_len),
             max_num_seqs=str(e.max_num_seqs), max_num_batched_tokens=str(e.max_num_batched_tokens),
             enable_prefix_caching=e.enable_prefix_caching, enable_chunked_prefill=e.enable_chunked_prefill,
-            swap_space=f"{e.swap_space_gib:g}", tensor_parallel_size=str(e.tensor_parallel_size),
+            swap_space=f"{e.swap_space_gib:g}", kv_offloading_size=offloading_size_gib(plan.offload_bytes or 0),
+            tensor_parallel_size=str(e.tensor_parallel_size),
             max_cudagraph_capture_size=_text(e.max_cudagraph_capture_size or None),
             dtype=spec.model.dtype, served_model_name=spec.served_model_name),
         *engine_router_args(spec.router),
@@ -186,15 +189,22 @@ def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
     ]
 
 
-def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+def _resources(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
     """Requests and limits. Memory is requested and limited alike; a CPU engine always gets
-    the memory its --cpu-memory-budget was derived from (`planning.cpu_memory`)."""
+    the memory its --cpu-memory-budget was derived from (`planning.cpu_memory`). The prefix cache's
+    host tier (plan.offload_bytes per rank) adds to the memory: to the request and limit where there is
+    one, else it is the request alone (a GPU pod without spec.resources.memory)."""
     r = spec.resources
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if r.cpu:
         requests["cpu"] = r.cpu
     memory = cpu_memory(spec)[0] if r.gpus == 0 else r.memory
+    tier = (plan.offload_bytes or 0) * spec.engine.tensor_parallel_size
+    if tier and memory:
+        memory = f"{-(-(pod_memory_bytes(spec) + tier) // MIB)}Mi"
+    elif tier:
+        requests["memory"] = f"{-(-tier // MIB)}Mi"
     if memory:
         requests["memory"] = limits["memory"] = memory
     if r.gpus:
@@ -264,7 +274,7 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan,
         "args": engine_args(spec, plan),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}, *engine_router_ports(spec.router)],
         "env": _env(spec, model_env),
-        "resources": _resources(spec),
+        "resources": _resources(spec, plan),
         "volumeMounts": [
             {"name": "model-cache", "mountPath": MODEL_CACHE_PATH},
             {"name": "tmp", "mountPath": "/tmp"},

@@ -178,13 +178,15 @@ def _allocatable_gpus(node: Mapping[str, Any]) -> int:
 
 
 def node_facts(node: Mapping[str, Any]) -> dict[str, Any]:
-    """What sizing reads of a node (name, labels, unschedulable, taints, GPU allocatable and capacity).
+    """What sizing reads of a node (name, labels, unschedulable, taints, GPU and memory allocatable and capacity).
 
     The node index holds this, not the whole Node (images, conditions and
     addresses are most of a Node's bytes), so 1,000 nodes cost little memory.
     """
     meta, spec, status = (node.get(key) or {} for key in ("metadata", "spec", "status"))
-    gpus = {kind: {GPU_RESOURCE: status[kind].get(GPU_RESOURCE, 0)}
+    # the GPUs, and the memory (spec.engine.kvOffload's percentage and fit: kv_plan/offload.py)
+    gpus = {kind: {GPU_RESOURCE: status[kind].get(GPU_RESOURCE, 0),
+                   **({"memory": status[kind]["memory"]} if "memory" in status[kind] else {})}
             for kind in ("allocatable", "capacity") if isinstance(status.get(kind), Mapping) and status[kind]}
     return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
             "spec": {"unschedulable": spec.get("unschedulable"), "taints": list(spec.get("taints") or [])},

@@ -67,6 +67,7 @@ class KVCachePlan:
     cpu_memory_budget_bytes: int | None = None
     tensor_parallel_size: int | None = None  # GPU plans: ranks per replica; sizes above are per rank's GPU
     cuda_graph_bytes: int | None = None  # the decode graphs' estimate the pool left room for; None without graphs
+    offload_bytes: int | None = None  # the prefix cache's host tier per rank (spec.engine.kvOffload); None: off
 
     @classmethod
     def from_result(cls, source: str, result: sizing.SizingResult, **memory_bytes: int) -> "KVCachePlan":
@@ -79,6 +80,13 @@ class KVCachePlan:
     @property
     def max_tokens(self) -> int | None:
         return None if self.num_gpu_blocks is None else self.num_gpu_blocks * self.block_size
+
+    @property
+    def offload_tokens(self) -> int | None:
+        """Tokens the host tier holds (whole blocks, as the engine counts them); None when off or not known."""
+        if not self.offload_bytes or not self.bytes_per_block:
+            return None
+        return self.offload_bytes // self.bytes_per_block * self.block_size
 
     def to_status(self) -> dict[str, Any]:
         fields = {
@@ -93,6 +101,8 @@ class KVCachePlan:
             "bytesPerBlock": self.bytes_per_block,
             "cudaGraphBytes": self.cuda_graph_bytes,
             "cpuMemoryBudgetBytes": self.cpu_memory_budget_bytes,
+            "offloadBytes": self.offload_bytes,
+            "offloadTokens": self.offload_tokens,
         }
         return {key: value for key, value in fields.items() if value is not None}
 
@@ -154,6 +164,13 @@ def cpu_memory(spec: InferenceServiceSpec) -> tuple[str, int]:
     if r.memory is not None and r.memory_bytes is not None:
         return r.memory, r.memory_bytes
     return DEFAULT_CPU_MEMORY, DEFAULT_CPU_MEMORY_BYTES
+
+
+def pod_memory_bytes(spec: InferenceServiceSpec) -> int:
+    """The engine pod's memory request before its host tier: a CPU engine's `cpu_memory`, else spec.resources.memory."""
+    if spec.resources.gpus == 0:
+        return cpu_memory(spec)[1]
+    return spec.resources.memory_bytes or 0
 
 
 def plan_for(spec: InferenceServiceSpec, shape: ModelShape | None,

@@ -17,13 +17,14 @@ changes or the referenced ConfigMap does (`config_map_events`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import json
 from typing import Any, Iterable, Mapping
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import ModelShape
-from pagedinfer.operator.kv_plan import planning
+from pagedinfer.operator.kv_plan import offload, planning
 from pagedinfer.operator.status import conditions
 from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
 from pagedinfer.operator.kv_plan.hub_config import ModelConfigError
@@ -122,7 +123,27 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
     """The KV plan and a sentence saying where its numbers come from; SizingFailure when it cannot be made (yet).
 
     `nodes`: every node of the cluster as the node index holds it (`node_memory.node_facts`).
+    With spec.engine.kvOffload the plan carries its host tier (`offload.py`); one the nodes cannot give is an
+    invalid spec naming the field.
     """
+    nodes = list(nodes)
+    result, message = await _plan_pool(runtime, spec, namespace, nodes)
+    if spec.engine.kv_offload is None:
+        return result, message
+    memory = offload.node_memory(nodes, planning.placement_for(spec))
+    try:
+        tier = offload.tier_bytes(spec, memory)
+        offload.check_fits(spec, tier, planning.pod_memory_bytes(spec), memory)
+    except offload.OffloadDoesNotFit as exc:
+        raise SizingFailure(conditions.REASON_INVALID_SPEC, str(exc), None) from None
+    result = dataclasses.replace(result, offload_bytes=tier)
+    tokens = f" ({result.offload_tokens} tokens)" if result.offload_tokens else ""
+    return result, f"{message} Host tier: {tier / 2**30:.2f} GiB per rank{tokens}."
+
+
+async def _plan_pool(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
+                     nodes: list[Mapping[str, Any]]) -> tuple[planning.KVCachePlan, str]:
+    """The device pool's plan (what `plan` returns without a host tier)."""
     if spec.resources.gpus == 0:
         return await _plan_cpu(runtime, spec, namespace)
     if not planning.needs_model_shape(spec):

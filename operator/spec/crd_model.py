@@ -129,6 +129,15 @@ class EngineImages:
 
 
 @dataclass(frozen=True)
+class KVOffloadSpec:
+    """spec.engine.kvOffload: the host tier's size per rank, in bytes, or as a fraction of the node's memory."""
+
+    text: str  # as written: a quantity ("8Gi") or a percentage of the node's allocatable memory ("25%")
+    size_bytes: int | None = None
+    node_memory_fraction: float | None = None  # (0, 1)
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     image: str | None = None  # None: the operator's image for the pod's kind (EngineImages)
     block_size: int = _engine("block_size")
@@ -142,6 +151,7 @@ class EngineSpec:
     tensor_parallel_size: int = _engine("tensor_parallel_size")
     num_gpu_blocks_override: int | None = _engine("num_gpu_blocks_override")  # None: the operator sizes the pool
     max_cudagraph_capture_size: int = _engine("max_cudagraph_capture_size")  # 0: no decode graphs
+    kv_offload: KVOffloadSpec | None = None  # the prefix cache's host tier (--kv-offloading-size); None: off
     extra_args: tuple[str, ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
     api_key_secret_ref: SecretKeyRef | None = None

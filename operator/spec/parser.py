@@ -26,6 +26,7 @@ from pagedinfer.operator.spec.crd_model import (
     DTYPES,
     EngineSpec,
     HF_TOKEN_ENV,
+    KVOffloadSpec,
     InferenceServiceSpec,
     MANAGED_FLAGS,
     MAX_NAME_LENGTH,
@@ -288,10 +289,14 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
         num_gpu_blocks_override=r.integer(engine, "numGpuBlocksOverride", path, d.num_gpu_blocks_override, minimum=1),
         max_cudagraph_capture_size=r.integer(engine, "maxCudagraphCaptureSize", path, d.max_cudagraph_capture_size,
                                              minimum=0) or 0,
+        kv_offload=_parse_kv_offload(r, engine, path),
         extra_args=tuple(extra),
         env=env,
         api_key_secret_ref=api_key,
     )
+    if spec.kv_offload is not None and not spec.enable_prefix_caching:
+        r.fail(f"{path}.kvOffload", "the host tier keeps the prefix cache's evicted blocks: it needs"
+                                    " enablePrefixCaching")
     if spec.max_num_batched_tokens < spec.max_num_seqs:
         r.fail(f"{path}.maxNumBatchedTokens", f"must be >= maxNumSeqs ({spec.max_num_seqs}), "
                                               f"got {spec.max_num_batched_tokens}")
@@ -300,6 +305,32 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
         r.fail(f"{path}.maxNumBatchedTokens", f"must be >= maxModelLen ({spec.max_model_len}) when "
                                               f"enableChunkedPrefill is false, got {spec.max_num_batched_tokens}")
     return spec
+
+
+def _parse_kv_offload(r: _Reader, engine: Mapping[str, Any], path: str) -> KVOffloadSpec | None:
+    """spec.engine.kvOffload: a quantity of bytes ("8Gi"), or a percentage of the node's allocatable memory."""
+    text = r.string(engine, "kvOffload", path, None, max_length=32)
+    if text is None:
+        return None
+    where = f"{path}.kvOffload"
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 < percent < 100:
+            r.fail(where, f"a percentage of the node's allocatable memory must be in (0%, 100%), got {text!r}")
+            return None
+        return KVOffloadSpec(text, node_memory_fraction=percent / 100)
+    if not QUANTITY_PATTERN.fullmatch(text):
+        r.fail(where, f"must be a memory quantity (e.g. 8Gi) or a percentage of the node's memory (e.g. 25%),"
+                      f" got {text!r}")
+        return None
+    size = quantity_bytes(text)
+    if not 0 < size <= sizing.MAX_MEMORY_BYTES:
+        r.fail(where, f"must be more than 0 and at most 1Pi, got {text!r}")
+        return None
+    return KVOffloadSpec(text, size_bytes=size)
 
 
 def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
