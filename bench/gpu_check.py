@@ -517,7 +517,7 @@ def shapes_for(smoke: bool) -> dict:
             no_split_cases=[(1, 256)], sweep_cases=[(2, 64)], sweep_configs=[(64, 4, 2), (32, 4, 2)],
             prefill_cases=[(1, 48)], layer_tokens=20, layer_hidden=72, layer_inter=40,
             rotary_cases=[(4, 2, 16, False), (3, 1, 24, True)], decoder_requests=1, decoder_generate_requests=1,
-            decoder_prompt_lens=(3, 5), decoder_output_len=2, decoder_model=dict(llama=dict()), e2e_forward="auto",
+            decoder_prompt_lens=(3, 5), decoder_output_len=2, decoder_model={}, e2e_forward="auto",
             e2e_seconds=0, e2e_dtype=torch.float32, e2e_prompt_lens=(3, 40),
             e2e_output_lens=(1, 6),
             e2e_model=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

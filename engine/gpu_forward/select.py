@@ -55,7 +55,8 @@ def _unsupported(model: nn.Module) -> str:
     return ""
 
 
-def _wanted(forward: str, device: torch.device, tensor_parallel_size: int) -> bool:
+def wants_triton_decoder(forward: str, device: torch.device, tensor_parallel_size: int) -> bool:
+    """Whether `forward` asks for the Triton decoder here (see the module docstring); ValueError where it cannot run."""
     if forward == "module":
         return False
     if forward == "auto":
@@ -71,7 +72,7 @@ def _wanted(forward: str, device: torch.device, tensor_parallel_size: int) -> bo
 def choose_decoder(model: nn.Module, forward: str, device: torch.device, tensor_parallel_size: int,
                    num_positions: int) -> DecoderChoice:
     """Build the Triton decoder over `model` (on `device` already) if `forward` asks for it and the model fits."""
-    if not _wanted(forward, device, tensor_parallel_size):
+    if not wants_triton_decoder(forward, device, tensor_parallel_size):
         return DecoderChoice(None, None, f"forward {forward!r} on {device.type}")
     reason = _unsupported(model)
     fusion = None

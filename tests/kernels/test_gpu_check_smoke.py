@@ -26,7 +26,7 @@ def test_gpu_check_smoke_mode_passes_and_writes_json(tmp_path):
     sections = report["sections"]
     assert sections["correctness"] and all(case["ok"] for case in sections["correctness"])
     cases = {case["case"] for case in sections["correctness"]}
-    assert "llama fp32 Triton decoder == generate" in cases and any(c.startswith("rotary+write_kv") for c in cases)
+    assert any(c.startswith("rotary+write_kv") for c in cases)  # our decoder's layer kernels
     assert {r["case"] for r in sections["bandwidth"]} >= {"copy", "decode", "decode_no_split"}
     engine, baseline = sections["e2e"]
     assert engine["output_tokens"] == engine["requested_tokens"]
