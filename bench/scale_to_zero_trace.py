@@ -215,7 +215,8 @@ async def run_once(run: str, args: argparse.Namespace, work_dir: Path) -> RunRes
         os.environ["KUBECONFIG"] = str(write_kubeconfig(work_dir / "kubeconfig", api_url))
         slices = emulator.register("discovery.k8s.io/v1", "EndpointSlice", "endpointslices")
         await emulator.create(ISVC, inference_service(NAME, service_spec(run, args.compression)))
-        harness = KubeletHarness(emulator, NS, NAME, work_dir, max_engines=2)
+        # a cold start on a loaded 2-core machine has taken over 120 s (the harness's default bound)
+        harness = KubeletHarness(emulator, NS, NAME, work_dir, max_engines=2, ready_timeout_seconds=600)
         router = None
         stop = asyncio.Event()
         async with harness.running(), running_operator():
