@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedinfer.operator.autoscaling.spec import IdleRule
+from pagedinfer.operator.autoscaling.idle_spec import IdleRule
 
 # Event reasons of the idle rule's decisions (the metric rules' are ScaledUp / ScaledDown).
 SCALED_TO_ZERO = "ScaledToZero"

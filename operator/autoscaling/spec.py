@@ -33,7 +33,7 @@ with no request running or waiting at any engine and none queued at the
 router, the service goes to zero replicas, or to `standby` replicas kept
 asleep (the engines' POST /sleep). Nothing but the router can hold a
 request while no engine runs, so `minReplicas: 0` needs the router on
-(`scale_to_zero_conflict`). The metric rules above never go below
+(`idle_spec.scale_to_zero_conflict`). The metric rules above never go below
 max(1, standby): only the idle rule (autoscaling.idle) goes lower.
 
 Every constructor validates and raises ValueError naming the offending field
@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.operator.routing.spec import default_enabled
+from pagedinfer.operator.autoscaling.idle_spec import IdleRule, parse_idle, scale_to_zero_conflict, standby_problems
 
 KV_CACHE_USAGE = "kvCacheUsage"
 PREFIX_CACHE_HIT_RATE = "prefixCacheHitRate"
@@ -65,8 +65,6 @@ POLICY_TYPES = ("Pods", "Percent")
 SELECT_POLICIES = ("Max", "Min", "Disabled")
 SOURCE_TYPES = ("direct", "prometheus")
 MAX_WINDOW_SECONDS = 3600
-DEFAULT_IDLE_SECONDS = 300  # KEDA's default cooldownPeriod
-MAX_IDLE_SECONDS = 86400
 
 
 class AutoscalingSpecError(ValueError):
@@ -169,18 +167,6 @@ class MetricsSource:
 
 
 @dataclass(frozen=True)
-class IdleRule:
-    """`spec.autoscaling.idle`: how long a service must be idle before it goes to zero (or to standby)."""
-
-    after_seconds: int = DEFAULT_IDLE_SECONDS
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.after_seconds) or not 1 <= self.after_seconds <= MAX_IDLE_SECONDS:
-            raise ValueError(f"spec.autoscaling.idle.afterSeconds must be an integer in [1, {MAX_IDLE_SECONDS}]"
-                             f" (0 would scale to zero between two requests), got {self.after_seconds!r}")
-
-
-@dataclass(frozen=True)
 class AutoscalingSpec:
     """The validated `spec.autoscaling`. Invariant: 1 <= min_replicas <= max_replicas, where
     min_replicas is the metric rules' floor, max(1, spec.minReplicas, standby); `idle` is set
@@ -272,26 +258,6 @@ def prefix_caching_conflict(spec: Mapping[str, Any]) -> str | None:
     return None
 
 
-def scale_to_zero_conflict(spec: Mapping[str, Any]) -> str | None:
-    """Why a raw InferenceService `spec` cannot have `minReplicas: 0`, or None when it can.
-
-    It cannot without the router (`spec.router.enabled`, default on when maxReplicas > 1): at zero
-    replicas the router's hold queue is the only thing that can keep a request until an engine is
-    back. Malformed parts are left to their own checks.
-    """
-    if spec.get("minReplicas") != 0 or isinstance(spec.get("minReplicas"), bool):
-        return None
-    router = spec.get("router")
-    max_replicas = spec.get("maxReplicas")
-    enabled = default_enabled(max_replicas if _is_int(max_replicas) else None)
-    if isinstance(router, Mapping) and isinstance(router.get("enabled"), bool):
-        enabled = router["enabled"]
-    if enabled:
-        return None
-    return ("spec.minReplicas: 0 needs the router (spec.router.enabled: true; its default is on only when"
-            " maxReplicas > 1): with no engine running, nothing else could hold the requests until one is back")
-
-
 def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = False) -> AutoscalingSpec:
     """Build an AutoscalingSpec from an InferenceService `spec` (camelCase keys).
 
@@ -324,16 +290,9 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
     zero_written = _is_int(spec.get("minReplicas")) and spec.get("minReplicas") == 0
     if (conflict := scale_to_zero_conflict(spec)) is not None:
         problems.append(conflict)
-    idle = _collect(problems, lambda: _idle(raw.get("idle"), zero_written))
+    idle = _collect(problems, lambda: parse_idle(raw.get("idle"), zero_written))
     standby = raw.get("standby", 0)
-    if _is_int(standby) and standby > 0 and not zero_written:
-        problems.append("spec.autoscaling.standby needs spec.minReplicas: 0 (standby replicas are what an idle"
-                        " service keeps, asleep, instead of going to zero)")
-    engine = spec.get("engine")
-    if _is_int(standby) and standby > 0 and isinstance(engine, Mapping) and engine.get("apiKeySecretRef"):
-        problems.append("spec.autoscaling.standby cannot be used with spec.engine.apiKeySecretRef: the engines'"
-                        " POST /sleep is behind their API key, and the operator holds no Secret (it may not read"
-                        " one); scale to zero (standby 0) needs no key")
+    problems += standby_problems(spec, standby, zero_written)
     min_replicas = max(1, min_replicas)
     max_replicas = spec.get("maxReplicas")
     if max_replicas is None:
@@ -387,16 +346,7 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
     return parsed
 
 
-def _idle(raw: Any, zero_written: bool) -> IdleRule:
-    """`spec.autoscaling.idle` (absent: the default window); it needs `spec.minReplicas: 0` written out."""
-    if raw is None:
-        return IdleRule()
-    if not zero_written:
-        raise ValueError("spec.autoscaling.idle needs spec.minReplicas: 0 (the idle rule scales to zero, or to"
-                         " standby replicas asleep; with minReplicas >= 1 the service never idles below it)")
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"spec.autoscaling.idle must be an object {{afterSeconds: N}}, got {type(raw).__name__}")
-    return IdleRule(after_seconds=raw.get("afterSeconds", DEFAULT_IDLE_SECONDS))
+
 
 
 def _collect(problems: list[str], build: Any, fallback: Any = None) -> Any:

@@ -7,7 +7,7 @@ import pytest
 
 from pagedinfer.operator.autoscaling.idle import (SCALED_FROM_ZERO, SCALED_TO_ZERO, STANDBY, IdleObservation,
                                                   IdleState, decide_idle)
-from pagedinfer.operator.autoscaling.spec import IdleRule
+from pagedinfer.operator.autoscaling.idle_spec import IdleRule
 
 RULE = IdleRule(after_seconds=60)
 

@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 import yaml
 
-from pagedinfer.operator.autoscaling.spec import DEFAULT_IDLE_SECONDS, IdleRule, parse_autoscaling_spec
+from pagedinfer.operator.autoscaling.idle_spec import DEFAULT_IDLE_SECONDS, IdleRule
+from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
 from pagedinfer.operator.routing.spec import RouterQueue, RouterSpecError, parse_router_spec
 from pagedinfer.operator.spec.crd_model import SpecError
 from pagedinfer.operator.spec.parser import parse_spec
