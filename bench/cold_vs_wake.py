@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from pagedinfer.engine.model_source import default_model_dir
-from proc_stats import tree_cpu_seconds
+from proc_stats import CLOCK_TICKS_PER_SECOND, tree_cpu_seconds
 from pagedinfer.testing.server_process import free_port
 
 MODEL_125M = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
@@ -111,6 +111,12 @@ def measure(name: str, runs: int, root: Path) -> dict:
             "cold_cpu": cold_cpu, "wake_cpu": wake_cpu}
 
 
+def cpu_ratio(cold_cpu: float, wake_cpu: float) -> str:
+    """cold / wake; /proc counts CPU time in ticks (1/100 s): a wake under one tick gives a lower bound."""
+    tick = 1 / CLOCK_TICKS_PER_SECOND
+    return f"{cold_cpu / wake_cpu:.0f}x" if wake_cpu >= tick else f">= {cold_cpu / tick:.0f}x (wake < 1 tick)"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="embedded,125m", help="comma-separated: embedded, 125m")
@@ -135,7 +141,7 @@ def main() -> None:
             statistics.median(r[k]) for k in ("cold", "healthy", "wake", "awake", "cold_cpu", "wake_cpu"))
         released = r["released"]
         print(f"| {name} | {cold:.2f} | {healthy:.2f} | {wake:.3f} | {cold / wake:.0f}x |"
-              f" {cold_cpu:.1f}; {wake_cpu:.2f}; {cold_cpu / max(wake_cpu, 0.01):.0f}x | {awake:.3f} |"
+              f" {cold_cpu:.1f}; {wake_cpu:.2f}; {cpu_ratio(cold_cpu, wake_cpu)} | {awake:.3f} |"
               f" {released['kv_bytes'] / 2**20:.0f} MiB; {released['weight_bytes']} bytes |", flush=True)
 
 
