@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from pagedinfer.engine import EngineConfig, LLMEngine
+from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.sleep.sleeper import EngineSleep
 from pagedinfer.engine.tiny_model import make_tiny_model
@@ -31,16 +31,9 @@ MODEL_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, 
 PROMPTS = [[7 + (i * 37 + j * 11) % 300 for j in range(24 + 8 * i)] for i in range(4)]
 
 
-def greedy(engine: LLMEngine) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", prompt, params)
-    finals = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = list(out.outputs[0].token_ids)
-    return [finals[f"r{i}"] for i in range(len(PROMPTS))]
+def greedy(llm: LLM) -> list[list[int]]:
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    return [list(out.outputs[0].token_ids) for out in outputs]
 
 
 def memory() -> dict:
@@ -59,13 +52,11 @@ def main() -> None:
     model = make_tiny_model(os.path.join(tempfile.gettempdir(), "pagedinfer-sleep-check-" + ("small" if args.small
                                                                                               else "1b")),
                             arch="llama", **({} if args.small else MODEL_1B))
-    config = EngineConfig(model=str(model), device="cuda", dtype=args.dtype, max_model_len=1024,
-                          gpu_memory_utilization=0.5)
     start = time.perf_counter()
-    engine = LLMEngine(config)
+    llm = LLM(str(model), device="cuda", dtype=args.dtype, max_model_len=1024, gpu_memory_utilization=0.5)
     result = {"cold_build_seconds": time.perf_counter() - start}
-    before = greedy(engine)
-    sleeper = EngineSleep(engine)
+    before = greedy(llm)
+    sleeper = EngineSleep(llm.llm_engine)
     result["awake"] = memory()
     report = sleeper.sleep()
     result["asleep"] = memory()
@@ -73,7 +64,7 @@ def main() -> None:
     report = sleeper.wake()
     result["woken"] = memory()
     result["wake"] = vars(report)
-    result["greedy_equal_after_wake"] = greedy(engine) == before
+    result["greedy_equal_after_wake"] = greedy(llm) == before
     print(json.dumps(result, indent=2))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_sleep_check.json"), "w") as f:

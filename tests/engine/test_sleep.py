@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from pagedinfer.engine import EngineConfig, LLMEngine
+from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.kv_events.events import AllBlocksCleared
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.sleep.sleeper import EngineSleep, SleepRefused
@@ -16,24 +16,17 @@ from pagedinfer.engine.sleep.weights import offload, restore
 PROMPTS = [[1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61, 65, 69], [2, 4, 6, 8]]
 
 
-def _greedy(engine: LLMEngine) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", prompt, params)
-    finals = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                finals[output.request_id] = output.outputs[0].token_ids
-    return [list(finals[f"r{i}"]) for i in range(len(PROMPTS))]
+def _greedy(llm: LLM) -> list[list[int]]:
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    return [list(out.outputs[0].token_ids) for out in outputs]
 
 
 def test_sleep_empties_cache_and_pool_wake_restores_the_pool_and_greedy_output_is_unchanged(tiny_llama):
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama), device="cpu", max_model_len=128,
-                                    num_gpu_blocks_override=32, block_size=16))
+    llm = LLM(str(tiny_llama), device="cpu", max_model_len=128, num_gpu_blocks_override=32, block_size=16)
+    engine = llm.llm_engine
     events = []
     engine.kv.pool.event_sink = events.append
-    before = _greedy(engine)
+    before = _greedy(llm)
     assert engine.kv.pool.cached  # the first prompt's full block stayed cached
     sleeper = EngineSleep(engine)
 
@@ -53,7 +46,7 @@ def test_sleep_empties_cache_and_pool_wake_restores_the_pool_and_greedy_output_i
     woke = sleeper.wake()
     assert not woke.is_sleeping and woke.kv_bytes == report.kv_bytes
     assert engine.runner.kv_cache.shape[2] == 32
-    assert _greedy(engine) == before
+    assert _greedy(llm) == before
 
 
 def test_weights_moved_storage_by_storage_come_back_bit_for_bit_and_views_held_elsewhere_see_them(tiny_llama):
