@@ -25,6 +25,7 @@ from workload import TokenIdsRequest, RunResult
 
 PAGEDINFER_COMPILED = "pagedinfer+compile"  # the system name of the engine run with --compile
 OVERLAP_SUFFIX = "+overlap-"  # + the mode: added to the system name of the engine run with --overlap thread|process
+ASYNC_SUFFIX = "+async"  # added to the system name of the engine run with --async-scheduling
 _WARMUP = [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)]
 
 
@@ -219,7 +220,8 @@ class PagedRun:
 def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: int, num_gpu_blocks: int,
                    max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_threads: int,
                    repeats: int = 1, profile_path: str | None = None, dtype: str = "float32",
-                   breakdown_every: int = 0, compile: bool = False, overlap: str = "off") -> PagedRun:
+                   breakdown_every: int = 0, compile: bool = False, overlap: str = "off",
+                   async_scheduling: bool = False) -> PagedRun:
     """Step LLMEngine by hand; KV accounting after every step is kept out of the timed span.
 
     The prefix cache is emptied before every repeat (a repeat must not hit the
@@ -229,7 +231,9 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
     With `compile` the engine runs its compiled forward (--compile; its
     compile counted in start-up) and the system is named "pagedinfer+compile"; with `overlap` thread or process
     its outputs are made beside the forward (--overlap) and "+overlap-<mode>" ends the name (process: the
-    crossing's cost per batch is printed).
+    crossing's cost per batch is printed); with `async_scheduling` the engine runs --async-scheduling and
+    "+async" ends the name: its KV accounting (done on the engine thread between steps, which that option
+    overlaps with the forward, so its time cannot be taken out of the span) comes from one more, untimed run.
     """
     import torch
 
@@ -240,7 +244,7 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
         engine = LLMEngine(EngineConfig(model=model_dir, block_size=block_size, num_gpu_blocks_override=num_gpu_blocks,
                                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                         max_model_len=max_model_len, dtype=dtype, device="cpu", compile=compile,
-                                        overlap=overlap))
+                                        overlap=overlap, async_scheduling=async_scheduling))
         _drain(engine, _WARMUP, "warmup", None)
     runs = []
     snapshots: list[KVSnapshot] = []
@@ -253,7 +257,8 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
             profiler = cProfile.Profile()
             profiler.enable()
         with Span() as span:
-            outputs, accounting_seconds = _drain(engine, requests, f"req{repeat}", snapshots if not repeat else [])
+            outputs, accounting_seconds = _drain(engine, requests, f"req{repeat}",
+                                                 snapshots if not repeat and not async_scheduling else None)
         span.wall_seconds -= accounting_seconds
         span.cpu_seconds -= accounting_seconds  # one thread, busy while it counts
         runs.append((span, outputs))
@@ -263,8 +268,12 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
         stats = engine.get_stats()
         if stats.num_used_blocks or engine.has_unfinished_requests():
             raise RuntimeError(f"pagedinfer leaked KV blocks after the run: {stats}")
+    if async_scheduling:
+        engine.kv.pool.reset_prefix_cache()
+        _drain(engine, requests, "kv", snapshots)
     linears = _linears(engine.runner)
-    system = (PAGEDINFER_COMPILED if compile else "pagedinfer") + (OVERLAP_SUFFIX + overlap if overlap != "off" else "")
+    system = (PAGEDINFER_COMPILED if compile else "pagedinfer") + (OVERLAP_SUFFIX + overlap if overlap != "off" else "") \
+        + (ASYNC_SUFFIX if async_scheduling else "")
     crossing = getattr(engine._output_side, "crossing", None)
     if crossing is not None and crossing.num_batches:
         n = crossing.num_batches

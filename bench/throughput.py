@@ -87,6 +87,13 @@ def _choices(allowed: tuple[str, ...] | dict, flag: str):
 COMPILE_RUNS = {"off": (False,), "on": (True,), "both": (False, True)}  # --compile: pagedinfer's runs
 
 
+def _engine_run(system: str) -> str:
+    """The compile run a pagedinfer row belongs to: its name without the --overlap and --async-scheduling suffixes."""
+    from runners import ASYNC_SUFFIX, OVERLAP_SUFFIX
+
+    return system.partition(OVERLAP_SUFFIX)[0].removesuffix(ASYNC_SUFFIX)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     models = _choices(MODELS, "--models")
@@ -137,6 +144,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated, of {', '.join(OVERLAP_MODES)}: pagedinfer's --overlap modes, one row each "
                         "per --compile run, alternated in each round; every mode's tokens must equal those of the "
                         "first (default off)")
+    p.add_argument("--async-scheduling", type=_choices(("off", "on"), "--async-scheduling"), default=["off"],
+                   help="comma-separated, of off, on: pagedinfer without and with --async-scheduling, one row each "
+                        "per --compile and --overlap run (rows \"...+async\"), alternated in each round; their "
+                        "tokens must equal the first's (default off)")
     p.add_argument("--json-out", help="write every system's RunResult (outputs included) to this JSON file")
     p.add_argument("--profile", help="write a cProfile of pagedinfer's last timed run to this file "
                                      "(one model and dtype only)")
@@ -265,7 +276,7 @@ def summary(rows: list[tuple[str, str, RunResult, RunResult | None, list[float]]
 
 def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
               all_results: list[tuple[str, RunResult]], rows: list) -> None:
-    from runners import OVERLAP_SUFFIX, run_hf_continuous, run_hf_static, run_pagedinfer
+    from runners import run_hf_continuous, run_hf_static, run_pagedinfer
 
     from pagedinfer.engine.tiny_model import make_tiny_model
 
@@ -292,9 +303,10 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
                 _in_child(run_pagedinfer, model_dir, requests, args.block_size, args.kv_budget_tokens // args.block_size,
                           args.max_num_seqs, args.max_num_batched_tokens, spec.max_model_len, args.threads, args.repeats,
                           args.profile if not i and not j else None, dtype,  # the first run's cProfile
-                          args.breakdown_every if args.breakdown and not i else 0, compiled, overlap)
-                for j, (compiled, overlap) in enumerate((c, o) for c in COMPILE_RUNS[args.compile]
-                                                        for o in args.overlap)])
+                          args.breakdown_every if args.breakdown and not i else 0, compiled, overlap,
+                          scheduling == "on")
+                for j, (compiled, overlap, scheduling) in enumerate(
+                    (c, o, a) for c in COMPILE_RUNS[args.compile] for o in args.overlap for a in args.async_scheduling)])
             if not i % 2 and not args.skip_vllm:
                 vllm_rounds.append(run_vllm(args, model_dir, workload_path, spec.max_model_len, dtype))
             for run in paged_rounds[-1]:
@@ -310,8 +322,8 @@ def run_model(args: argparse.Namespace, name: str, spec: ModelSpec, tmp: str,
                         for runs in zip(*paged_rounds)}
         paged = paged_runs[0]
         by_system = {run.result.system: run.result for run in paged_runs}
-        for system, r in by_system.items():  # each overlap mode's tokens equal the compile run's first mode's
-            first = next(s for s in by_system if s.partition(OVERLAP_SUFFIX)[0] == system.partition(OVERLAP_SUFFIX)[0])
+        for system, r in by_system.items():  # each overlap or async mode's tokens equal the compile run's first mode's
+            first = next(s for s in by_system if _engine_run(s) == _engine_run(system))
             if r.outputs != by_system[first].outputs:
                 raise RuntimeError(f"{system}: its tokens differ from {first}'s")
         results = [run.result for run in paged_runs]

@@ -9,7 +9,11 @@ One `step()` call (`LLMEngine.step`/`step_deltas` with `--async-scheduling`):
 2. wait for the job in flight's logits, sample them (here: the sampler's
    state is this thread's) and hand the tokens, as a tensor on the device, to
    the queued job, which writes them over its placeholders just before its
-   forward (`forward_thread.Handover`);
+   forward (`forward_thread.Handover`). A job whose every sampling row is
+   plain greedy (`SamplingParams.argmax_only`, no grammar) takes its argmax
+   on the forward thread right after its forward, and the next job reads its
+   placeholders' ids from that tensor: nothing of this thread's lies between
+   the two forwards (the argmax of a row finished meanwhile is never used);
 3. turn those tokens into outputs exactly as the synchronous step does
    (`LLMEngine._append_token`: a placeholder's id is replaced, the cheap
    finishes end the sequence and free its blocks; text and stop strings
@@ -43,6 +47,7 @@ import torch
 from pagedinfer.engine.async_step.eligibility import sync_reason
 from pagedinfer.engine.async_step.forward_thread import ForwardThread, Handover, Job
 from pagedinfer.engine.model_runner import PreparedStep
+from pagedinfer.engine.sampler import SampleResult
 from pagedinfer.engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -59,7 +64,8 @@ class _InFlight:
     prepared: PreparedStep
     sampling: dict[int, Sequence]  # seq_id -> the sequences that sample in it
     fills: list[tuple[int, int]]  # (flat input index, seq_id): its placeholders, from the previous job's tokens
-    tokens: Handover  # this job's sampled tokens, for the next job's placeholders
+    tokens: Handover  # this job's sampled tokens, for the next job's placeholders (a job sampled here)
+    greedy: bool  # every sampling row plain greedy: the forward thread takes the argmax (job.value[1])
 
 
 class AsyncStepper:
@@ -115,7 +121,7 @@ class AsyncStepper:
             return None
         sampling, _, num_prompt_tokens = e._scan(sched)  # no prompt-logprob request runs ahead
         prepared = e.runner.prepare(sched, {s.seq_id for s in sampling})
-        fills: list[tuple[int, int]] = []
+        fills: list[tuple[int, int]] = []  # (flat input index, seq_id)
         if previous is not None:
             inputs = prepared.inputs
             flat_start = dict(zip(inputs.seq_ids, accumulate(inputs.query_lens, initial=0)))
@@ -133,16 +139,26 @@ class AsyncStepper:
             if len(seq.token_ids) + 1 < min(seq.max_num_tokens, max_model_len):
                 seq.token_ids.append(PLACEHOLDER)
                 seq.num_placeholders += 1
-        fill = previous.tokens.fill if fills else None
-        job = Job(lambda: e.runner.run_step(prepared.inputs, fill))
-        launched = _InFlight(job, prepared, {s.seq_id: s for s in sampling}, fills, Handover())
+        fill = None
+        if fills:
+            fill = self._argmax_fill(previous, fills) if previous.greedy else previous.tokens.fill
+        greedy = all(s.params.argmax_only and s.grammar is None for s in sampling)
+        runner, num_sampled = e.runner, len(prepared.sampled_seq_ids)
+
+        def run():
+            logits = runner.run_step(prepared.inputs, fill)
+            return logits, logits[:num_sampled].argmax(dim=-1) if greedy else None
+
+        job = Job(run)
+        launched = _InFlight(job, prepared, {s.seq_id: s for s in sampling}, fills, Handover(), greedy)
         self.thread.submit(job)
         return launched
 
     def _finish(self, done: _InFlight, following: _InFlight | None, cumulative: bool) -> list:
         """Sample `done`'s logits, hand its tokens to `following`, and make `done`'s outputs."""
         e = self.engine
-        logits, row_ids, _ = done.prepared.split(self.thread.wait(done.job))
+        raw_logits, argmax = self.thread.wait(done.job)
+        logits, row_ids, _ = done.prepared.split(raw_logits)
         # a row of a sequence finished since the job was scheduled is computed and never sampled
         row_index = [r for r, seq_id in enumerate(row_ids) if not done.sampling[seq_id].is_finished]
         rows = [done.sampling[row_ids[r]] for r in row_index]
@@ -150,7 +166,10 @@ class AsyncStepper:
         def hand_over(tokens: torch.Tensor) -> None:
             self._hand_over(done, following, rows, tokens)
 
-        if rows:
+        if done.greedy:  # sampled on the forward thread; the next job read its placeholders from there
+            tokens = argmax.tolist()
+            results = [SampleResult(tokens[r], None) for r in row_index]
+        elif rows:
             every_row = len(row_index) == logits.shape[0]
             results = e.sampler.sample(
                 logits if every_row else logits[torch.tensor(row_index, device=logits.device)], rows, hand_over)
@@ -175,10 +194,23 @@ class AsyncStepper:
                 cache_computed_blocks(seq)  # its blocks up to the token just known
         return e._emit(items, touched, previous, cumulative)
 
+    def _argmax_fill(self, previous: _InFlight, fills: list[tuple[int, int]]):
+        """The fill of a job whose placeholders come from a greedy job's argmax (read on the forward thread, after
+        that job ran: its own `job.value`)."""
+        row_of = {seq_id: r for r, seq_id in enumerate(previous.prepared.sampled_seq_ids)}
+        device = self.engine.runner.device
+        positions = torch.tensor([flat for flat, _ in fills], device=device)
+        source = torch.tensor([row_of[seq_id] for _, seq_id in fills], device=device)
+
+        def fill(input_ids: torch.Tensor) -> None:
+            input_ids[positions] = previous.job.value[1][source]
+
+        return fill
+
     def _hand_over(self, done: _InFlight, following: _InFlight | None, rows: list[Sequence],
                    tokens: torch.Tensor) -> None:
         """Give `following` the ids of its placeholders from `done`'s tokens (rows' order), on their device."""
-        if following is None or not following.fills:
+        if following is None or not following.fills or done.greedy:  # greedy: it reads `done`'s argmax
             done.tokens.give()
             return
         row_of = {seq.seq_id: r for r, seq in enumerate(rows)}

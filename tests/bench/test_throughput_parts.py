@@ -16,7 +16,7 @@ from agreement import agreement
 from breakdown import Breakdown, Labels, classify, label
 from proc_stats import (CLOCK_TICKS_PER_SECOND, peak_rss_bytes, resident_fraction, rss_bytes, tree, tree_cpu_seconds,
                         tree_peak_rss_bytes)
-from throughput import MODELS, parse_args, summary
+from throughput import MODELS, _engine_run, parse_args, summary
 from workload import RunResult
 
 
@@ -31,6 +31,16 @@ def test_models_and_dtypes_are_comma_separated_lists_with_tiny_and_both_dtypes_b
     shape = MODELS["125m"].shape
     assert (shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"],
             shape["num_key_value_heads"], shape["vocab_size"]) == (768, 12, 12, 4, 32000)
+
+
+def test_async_scheduling_rows_are_checked_against_their_compile_runs_first_row():
+    assert parse_args(["--skip-vllm"]).async_scheduling == ["off"]
+    assert parse_args(["--skip-vllm", "--async-scheduling", "off,on"]).async_scheduling == ["off", "on"]
+    with pytest.raises(SystemExit):
+        parse_args(["--skip-vllm", "--async-scheduling", "yes"])
+    assert {_engine_run(s) for s in ("pagedinfer", "pagedinfer+async", "pagedinfer+overlap-process",
+                                     "pagedinfer+overlap-thread+async")} == {"pagedinfer"}
+    assert _engine_run("pagedinfer+compile+async") == "pagedinfer+compile"
 
 
 @pytest.mark.parametrize("argv, named", [
