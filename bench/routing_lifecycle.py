@@ -42,7 +42,9 @@ import argparse
 import asyncio
 import json
 import os
+import faulthandler
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -158,6 +160,8 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
     from pagedinfer.testing.pod_lifecycle import template_key
     from pagedinfer.testing.pod_process import local_process
 
+    asyncio.get_running_loop().add_signal_handler(  # `kill -USR2 PID`: every task's stack
+        signal.SIGUSR2, lambda: [t.print_stack(file=sys.stderr) for t in asyncio.all_tasks()])
     start_replicas = 2 if scenario == "scale-up" else 3
     spec = {"resources": {"gpus": 0}, "replicas": start_replicas, "maxReplicas": 3,
             "engine": {"numGpuBlocksOverride": args.blocks, "maxModelLen": args.prefix_tokens + 256},
@@ -201,6 +205,7 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
                 else:
                     await emulator.merge(ISVC, NS, NAME, {"spec": {"engine": {"env": [{"name": "ROLL", "value": "2"}]}}})
                 await asyncio.sleep(args.window_seconds)
+                await settled(emulator, engines)
                 if scenario == "rollout":
                     current = template_key(emulator.read(DEPLOYMENTS, NS, NAME)["spec"]["template"])
                     done = all(template_key(e.template) == current for e in engines.engines)
@@ -212,6 +217,20 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
                     router.terminate()
                     router.wait(30)
     return summarize(scenario, mode, records, event, args.steady_seconds, args.window_seconds, args.bin_seconds)
+
+
+async def settled(emulator, engines, bound_seconds: float = 180.0) -> None:
+    """Until no pod is terminating and the harness runs the Deployment's replicas (the operator must still be
+    running while the kubelet harness deletes pods), at most `bound_seconds`."""
+    from pagedinfer.testing.kubelet_harness import PODS
+
+    deadline = time.monotonic() + bound_seconds
+    while time.monotonic() < deadline:
+        pods = emulator.read_all(PODS, NS)
+        if len(engines.engines) == engines.desired_replicas() == len(pods) and \
+                not any(p["metadata"].get("deletionTimestamp") for p in pods):
+            return
+        await asyncio.sleep(0.5)
 
 
 async def wait_routable(url: str) -> None:
@@ -278,9 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help="2 tenants, 1 s windows, scale-in mode c only")
     args = p.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack, for a run that seems stuck
     if args.smoke:
         args.scenarios, args.modes, args.tenants, args.prefix_tokens = "scale-in", "c", 2, 64
-        args.steady_seconds, args.window_seconds, args.bin_seconds, args.cost_interval_seconds = 2.0, 2.0, 1.0, 0.5
+        args.steady_seconds, args.window_seconds, args.bin_seconds, args.cost_interval_seconds = 3.0, 3.0, 1.0, 0.5
         args.blocks, args.concurrency = 64, 2
     results = []
     for scenario in args.scenarios.split(","):
