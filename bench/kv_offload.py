@@ -56,9 +56,19 @@ def counters(url: str) -> dict[str, float]:
 
     names = {"hits": m.PREFIX_CACHE_HITS.sample, "queries": m.PREFIX_CACHE_QUERIES.sample,
              "tier_hits": m.PREFIX_CACHE_OFFLOAD_HITS.sample, "prompt_tokens": m.PROMPT_TOKENS.sample,
-             "blocks": m.KV_CACHE_NUM_BLOCKS.sample}
+             "blocks": m.KV_CACHE_NUM_BLOCKS.sample, "copy_seconds": m.KV_OFFLOAD_COPY_SECONDS.sample,
+             "copy_bytes": m.KV_OFFLOAD_BYTES.sample}
     totals = sample_totals(httpx.get(url + "/metrics", timeout=10).text, names.values())
-    return {key: totals[name] or 0.0 for key, name in names.items()}
+    return {key: totals[name] or 0.0 for key, name in names.items()}  # copies: both directions summed
+
+
+def cold_prefill_seconds(url: str, num_tokens: int) -> float:
+    """The time to first token of one prompt of never-seen token ids on an idle engine (its prefill, all computed)."""
+    body = {"model": "pagedinfer-default", "prompt": [7 + (i * 31) % 1900 for i in range(num_tokens)],
+            "max_tokens": 1}
+    t0 = time.monotonic()
+    httpx.post(url + "/v1/completions", json=body, timeout=600).raise_for_status()
+    return time.monotonic() - t0
 
 
 def run_system(name: str, tier_gib: float, engines: int, args, convs, logs: Path) -> dict:
@@ -85,15 +95,26 @@ def run_system(name: str, tier_gib: float, engines: int, args, convs, logs: Path
             time.sleep(1.0)  # the router's KV feeds take their first snapshots
         result = asyncio.run(routing.run_load(target, convs, args.max_tokens, args.concurrency))
         totals = [counters(u) for u in urls]
+        prefill = cold_prefill_seconds(urls[0], 64 * 16)  # 64 blocks, after the load: what a block costs to compute
     finally:
         routing.stop_all(procs)
     sums = {k: sum(t[k] for t in totals) for k in totals[0]}
+    per_block = block_bytes(args.model)
     return {"system": name, "hit_rate": sums["hits"] / sums["queries"] if sums["queries"] else 0.0,
             "tier_hit_tokens": sums["tier_hits"], "recomputed_prompt_tokens": sums["queries"] - sums["hits"],
             "prompt_tokens_computed": sums["prompt_tokens"], "query_tokens": sums["queries"],
             "pool_blocks": sums["blocks"], "ttft_p50": statistics.median(result["ttfts"]),
             "ttft_p90": routing.quantile(result["ttfts"], 0.9), "tok_per_s": result["tokens"] / result["wall"],
-            "requests": len(result["ttfts"])}
+            "requests": len(result["ttfts"]), "prefill_seconds_per_block": prefill / 64,
+            "copy_seconds_per_block": (sums["copy_seconds"] / (sums["copy_bytes"] / per_block)
+                                       if sums["copy_bytes"] else 0.0)}
+
+
+def block_bytes(model: Path, block_size: int = 16) -> int:
+    """Bytes of one KV block of the model (float32, as the CPU engine runs it)."""
+    config = json.loads((model / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4 * block_size
 
 
 def working_set_blocks(convs, model: Path, block_size: int = 16) -> int:
@@ -158,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recomputed prompt tokens, off / on: {off['recomputed_prompt_tokens'] / on['recomputed_prompt_tokens']:.2f}x")
     print(f"TTFT p50 off / on: {off['ttft_p50'] / on['ttft_p50']:.2f}x; p90: {off['ttft_p90'] / on['ttft_p90']:.2f}x;"
           f" tok/s on / off: {on['tok_per_s'] / off['tok_per_s']:.2f}x")
+    if on["copy_seconds_per_block"]:
+        print(f"a block: copied (either way) in {on['copy_seconds_per_block'] * 1e3:.3f} ms, prefilled in"
+              f" {on['prefill_seconds_per_block'] * 1e3:.2f} ms: a tier hit costs"
+              f" {on['copy_seconds_per_block'] / on['prefill_seconds_per_block']:.3f} of computing it"
+              " (router/policy.py TIER_HIT_COST)")
     if args.json_out:
         args.json_out.write_text(json.dumps({"working_set_blocks": working_set, "summary": rows, "runs": runs},
                                             indent=2))

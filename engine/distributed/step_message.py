@@ -1,9 +1,10 @@
 """What rank 0 tells the other ranks each step, packed into int64 words.
 
 A message is [kind, num_words, num_tokens, num_seqs, num_rows, num_copies,
-num_swaps_out, num_swaps_in, num_updates, num_freed] followed by token_ids,
-seq_ids, seq_lens, query_lens, logits_rows, the (src, dst) pairs of block
-copies, swaps out and swaps in, the freed seq ids, and each block-table
+num_swaps_out, num_swaps_in, num_updates, num_freed, num_tier_stores,
+num_tier_loads] followed by token_ids, seq_ids, seq_lens, query_lens,
+logits_rows, the (src, dst) pairs of block copies, swaps out and swaps in,
+the host tier's stores and loads (engine/kv_offload/), the freed seq ids, and each block-table
 update as [seq_id, start, count, block ids...]. Positions are not sent:
 sequence i's tokens sit at [seq_len - query_len, seq_len). Block tables are
 not sent either: only their deltas since the last step (engine/batch/),
@@ -25,7 +26,7 @@ import torch
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 
 STEP, ALLOCATE, STOP = 1, 2, 3
-_HEADER_WORDS = 10
+_HEADER_WORDS = 12
 _SPARE_TABLE_WORDS = 4096  # block-table and block-copy words a single broadcast carries beyond tokens and seqs
 
 
@@ -65,9 +66,10 @@ def pack(message: Message) -> torch.Tensor:
     s = message.step
     deltas = s.table_deltas
     words = [STEP, 0, len(s.token_ids), len(s.seq_lens), len(s.logits_rows), len(s.blocks_to_copy),
-             len(s.blocks_to_swap_out), len(s.blocks_to_swap_in), len(deltas.updates), len(deltas.freed_seq_ids)]
+             len(s.blocks_to_swap_out), len(s.blocks_to_swap_in), len(deltas.updates), len(deltas.freed_seq_ids),
+             len(s.tier_stores), len(s.tier_loads)]
     words += s.token_ids + s.seq_ids + s.seq_lens + s.query_lens + s.logits_rows
-    for pairs in (s.blocks_to_copy, s.blocks_to_swap_out, s.blocks_to_swap_in):
+    for pairs in (s.blocks_to_copy, s.blocks_to_swap_out, s.blocks_to_swap_in, s.tier_stores, s.tier_loads):
         for src, dst in pairs:
             words += (src, dst)
     words += deltas.freed_seq_ids
@@ -83,7 +85,8 @@ def unpack(words: torch.Tensor) -> Message:
     kind = w[0]
     if kind != STEP:
         return Message(kind, num_gpu_blocks=w[2], num_cpu_blocks=w[3])
-    num_tokens, num_seqs, num_rows, num_copy, num_out, num_in, num_updates, num_freed = w[2:_HEADER_WORDS]
+    num_tokens, num_seqs, num_rows, num_copy, num_out, num_in, num_updates, num_freed, num_stores, num_loads = \
+        w[2:_HEADER_WORDS]
     at = _HEADER_WORDS
 
     def take(count: int) -> list[int]:
@@ -93,11 +96,12 @@ def unpack(words: torch.Tensor) -> Message:
 
     token_ids, seq_ids, seq_lens, query_lens = take(num_tokens), take(num_seqs), take(num_seqs), take(num_seqs)
     rows = take(num_rows)
-    pairs = [tuple(zip(*[iter(take(2 * count))] * 2)) for count in (num_copy, num_out, num_in)]
+    pairs = [tuple(zip(*[iter(take(2 * count))] * 2)) for count in (num_copy, num_out, num_in, num_stores, num_loads)]
     freed = tuple(take(num_freed))
     updates = []
     for _ in range(num_updates):
         seq_id, start, count = take(3)
         updates.append(BlockTableUpdate(seq_id, start, tuple(take(count))))
-    return Message(STEP, StepInputs(token_ids, seq_ids, seq_lens, query_lens, rows,
-                                    TableDeltas(tuple(updates), freed), *pairs))
+    copies, swaps_out, swaps_in, tier_stores, tier_loads = pairs
+    return Message(STEP, StepInputs(token_ids, seq_ids, seq_lens, query_lens, rows, TableDeltas(tuple(updates), freed),
+                                    copies, swaps_out, swaps_in, tier_stores, tier_loads))

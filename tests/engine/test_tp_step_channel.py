@@ -16,7 +16,8 @@ STEP_INPUTS = StepInputs(token_ids=[5, 6, 7, 8, 9], seq_ids=[31, 40], seq_lens=[
                          logits_rows=[0, 4],
                          table_deltas=TableDeltas((BlockTableUpdate(31, 2, (9,)), BlockTableUpdate(40, 0, (7,))),
                                                   freed_seq_ids=(12, 3)),
-                         blocks_to_copy=((1, 2),), blocks_to_swap_out=((3, 0), (5, 1)), blocks_to_swap_in=((2, 6),))
+                         blocks_to_copy=((1, 2),), blocks_to_swap_out=((3, 0), (5, 1)), blocks_to_swap_in=((2, 6),),
+                         tier_stores=((4, 7),), tier_loads=((8, 11), (9, 12)))
 
 
 def test_pack_unpack_round_trip_carries_the_table_deltas():
@@ -27,6 +28,7 @@ def test_pack_unpack_round_trip_carries_the_table_deltas():
          STEP_INPUTS.logits_rows)
     assert (got.blocks_to_copy, got.blocks_to_swap_out, got.blocks_to_swap_in) == \
         (((1, 2),), ((3, 0), (5, 1)), ((2, 6),))
+    assert (got.tier_stores, got.tier_loads) == (((4, 7),), ((8, 11), (9, 12)))  # every rank runs the tier's copies
     alloc = step_message.unpack(step_message.pack(Message(ALLOCATE, num_gpu_blocks=12, num_cpu_blocks=3)))
     assert (alloc.kind, alloc.num_gpu_blocks, alloc.num_cpu_blocks) == (ALLOCATE, 12, 3)
 
