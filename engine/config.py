@@ -142,11 +142,11 @@ class EngineConfig:
              " (engine/overlap/): off (inline, the default), thread (a second thread: it shares the GIL) or"
              " process (a child process, on another core); --overlap alone means process")
     forward: str = flag_field(
-        "auto", flag="--forward", choices=FORWARD_MODES,
-        help="the decoder forward of a step (engine/gpu_forward/): auto (on CUDA our Triton decoder for"
-             " Llama, Mistral, Qwen2 and Qwen3 at tensor parallel size 1, the module path for any other model;"
-             " on a CPU its own fused layers), module (transformers' modules with the paged attention; on a CPU"
-             " its fused layers) or triton (our Triton decoder, any device: a CPU needs TRITON_INTERPRET=1;"
+        "module", flag="--forward", choices=FORWARD_MODES,
+        help="the decoder forward of a step (engine/gpu_forward/): module (the default until a GPU run has"
+             " measured our decoder: transformers' modules with the paged attention; on a CPU its fused"
+             " layers), auto (on CUDA our Triton decoder for Llama, Mistral, Qwen2 and Qwen3 at tensor"
+             " parallel size 1, the module path for any other model; on a CPU its own fused layers) or triton (our Triton decoder, any device: a CPU needs TRITON_INTERPRET=1;"
              " an unsupported model is refused at load)")
     max_cudagraph_capture_size: int = flag_field(
         0, flag="--max-cudagraph-capture-size", type=int, managed=True,
