@@ -218,7 +218,7 @@ class TierMachine(RuleBasedStateMachine):
 
 
 TestTierMachine = TierMachine.TestCase
-TestTierMachine.settings = settings(max_examples=120, stateful_step_count=30, deadline=None)
+TestTierMachine.settings = settings(max_examples=80, stateful_step_count=25, deadline=None)
 
 
 @pytest.fixture(scope="module")
