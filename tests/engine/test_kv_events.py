@@ -70,3 +70,22 @@ def test_batches_encode_as_vllm_tagged_arrays_and_decode_back():
     assert raw[0] == ["BlockStored", [b"a" * 16, b"b" * 16], None, [1, 2, 3, 4, 5, 6, 7, 8], 4, None, "GPU"]
     assert raw[1] == ["BlockRemoved", [b"a" * 16], "GPU"] and raw[2] == ["AllBlocksCleared"]
     assert decode_batch(7, payload).events == tuple(events)
+
+
+def test_the_medium_travels_and_an_event_without_one_is_the_device_pools():
+    """vLLM's `medium`: "CPU" for the host tier (engine/kv_offload/); an older engine's events have none."""
+    h = b"c" * 16
+    moved = [BlockRemoved((h,), "GPU"), BlockStored((h,), None, (1, 2, 3, 4), 4, "CPU")]
+    assert decode_batch(1, encode_batch(1.0, moved)).events == tuple(moved)
+    old = msgpack.packb([1.0, [["BlockStored", [h], None, [1, 2, 3, 4], 4], ["BlockRemoved", [h]]], 0])
+    assert [e.medium for e in decode_batch(2, old).events] == ["GPU", "GPU"]
+    device, tier = {h}, set()
+    for event in moved:  # a move to the tier: out of the device set, into the tier's
+        apply_event(device, event, tier)
+    assert (device, tier) == (set(), {h})
+    apply_event(device, BlockStored((b"d" * 16,), None, (5, 6, 7, 8), 4, "CPU"))  # no tier set: ignored
+    assert device == set()
+    apply_event(device, AllBlocksCleared(), tier)
+    assert tier == set()
+    assert coalesce([BlockStored((h,), None, (1,), 1, "GPU"), BlockStored((b"e" * 16,), h, (2,), 1, "CPU")]) == \
+        [BlockStored((h,), None, (1,), 1, "GPU"), BlockStored((b"e" * 16,), h, (2,), 1, "CPU")]  # media never merge
