@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tok_per_s']:>8.1f}")
     off, on = rows
     if on["recomputed_prompt_tokens"]:
-        print(f"recomputed prompt tokens, off / on: {off['recomputed_prompt_tokens'] / on['recomputed_prompt_tokens']:.2f}x")
+        ratio = off["recomputed_prompt_tokens"] / on["recomputed_prompt_tokens"]
+        print(f"recomputed prompt tokens, off / on: {ratio:.2f}x")
     print(f"TTFT p50 off / on: {off['ttft_p50'] / on['ttft_p50']:.2f}x; p90: {off['ttft_p90'] / on['ttft_p90']:.2f}x;"
           f" tok/s on / off: {on['tok_per_s'] / off['tok_per_s']:.2f}x")
     if on["copy_seconds_per_block"]:

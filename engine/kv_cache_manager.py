@@ -85,8 +85,8 @@ class KVCacheManager:
     def get_computed_blocks(self, seq: Sequence) -> list[Block]:
         """Longest cached prefix of full blocks, leaving at least one token to compute.
 
-        Each hit is a device block, or a host block of the tier (`is_tier_hit`) whose content `allocate`
-        loads into a fresh device block.
+        Each hit is a device block, or a host block of the tier (`num_tier_hits` counts them) whose content
+        `allocate` loads into a fresh device block.
         """
         if not self.enable_prefix_caching:
             return []

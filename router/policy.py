@@ -34,9 +34,10 @@ SATURATION_SLACK = 2  # requests in flight above the least-loaded engine before 
 BOUNDED_LOAD_FACTOR = 1.0  # consistent hashing: an engine takes a new key while under this times the mean load
 VIRTUAL_NODES = 64  # ring points per engine
 # What a prefix block found in an engine's host tier costs, as a fraction of computing it: the copy back
-# (host -> device). Measured by bench/kv_offload.py on the CPU engine of docs/kv-offload.md (0.599 ms a copy,
-# 25.76 ms a prefill, per block); `tier_hit_cost` derives it from any two such rates. On a GPU still to measure.
-TIER_HIT_COST = 0.023
+# (host -> device). Measured by bench/kv_offload.py on the CPU engine of docs/kv-offload.md (0.023 and 0.030:
+# a block copied in 0.36-0.60 ms, prefilled in 11.9-25.8 ms); `tier_hit_cost` derives it from any two such
+# rates. On a GPU still to measure.
+TIER_HIT_COST = 0.03
 
 
 @dataclass(frozen=True)
