@@ -25,7 +25,8 @@ Reported per run:
   (its `pagedinfer_router_engine_kv_sequence`, not stale) reflects the newest
   batch the engine had sent by then (read from the engine's own PUB socket);
   "never" if not by the next wave's end;
-- silence noticed: from the silence until the router marks the engine stale.
+- silence noticed: from the silence until the router marks the engine stale;
+- evicted: the BlockRemoved hashes the engines published during the load.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/chaos.py              # the figures in docs/router.md
     OMP_NUM_THREADS=1 .venv/bin/python bench/chaos.py --smoke      # a tiny run
@@ -50,6 +51,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routing  # noqa: E402  (bench/routing.py: the workload and the processes)
 
+from pagedinfer.engine.kv_events.events import BlockRemoved, decode_batch  # noqa: E402
 from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ  # noqa: E402
 from pagedinfer.testing.kv_chaos import KVChaosProxy  # noqa: E402
 from pagedinfer.testing.server_process import wait_process_healthy  # noqa: E402
@@ -67,6 +69,7 @@ class EngineSeqs:
         import zmq
 
         self.latest: dict[str, int] = {}
+        self.num_removed_blocks = 0  # BlockRemoved hashes, all engines: the eviction the run caused
         self._ctx = zmq.Context()
         self._socks = {}
         for url in engine_urls:
@@ -89,10 +92,12 @@ class EngineSeqs:
             poller.register(sock, zmq.POLLIN)
         while not self._stop.is_set():
             for sock, _ in poller.poll(50):
-                _, seq, _ = sock.recv_multipart()
+                _, seq, payload = sock.recv_multipart()
                 seq = int.from_bytes(seq, "big", signed=True)
                 if seq != HEARTBEAT_SEQ:
                     self.latest[self._socks[sock]] = max(seq, self.latest[self._socks[sock]])
+                    self.num_removed_blocks += sum(len(e.block_hashes) for e in decode_batch(seq, payload).events
+                                                   if isinstance(e, BlockRemoved))
 
     def now(self) -> dict[str, int]:
         return dict(self.latest)
@@ -119,6 +124,7 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
     fault_ends: list[tuple[float, dict[str, int]]] = field(default_factory=list)  # (time, engine seqs then)
     silenced_at: float | None = None
+    evicted_blocks: int = 0  # BlockRemoved hashes the engines published during the load
 
 
 def router_view(client: httpx.Client, router_url: str) -> dict[str, tuple[int, bool]]:
@@ -193,7 +199,9 @@ def run_case(case: str, heartbeats: bool, urls: list[str], seqs: EngineSeqs, arg
         sampler = threading.Thread(target=sample_router, args=(router_url, run, stop), daemon=True)
         sampler.start()
         convs = routing.workload(args.tenants, args.turns, args.system_words, seed=seed)
+        removed_before = seqs.num_removed_blocks
         asyncio.run(drive(router_url, convs, args, run, proxies, seqs, engine_of))
+        run.evicted_blocks = seqs.num_removed_blocks - removed_before
         stop.set()
         sampler.join(5)
     finally:
@@ -233,7 +241,7 @@ def summarize(run: Run) -> dict:
             "phantom_hits": phantom, "phantom_fraction": phantom / len(hits) if hits else 0.0,
             "partial_hits": partial, "convergence_median_s": statistics.median(done) if done else None,
             "convergence_max_s": max(done) if done else None, "not_converged": len(conv) - len(done),
-            "fault_ends": len(conv), "silence_noticed_s": noticed}
+            "fault_ends": len(conv), "silence_noticed_s": noticed, "evicted_blocks": run.evicted_blocks}
 
 
 def start_engines(args, heartbeat_seconds: float, logs: Path, tag: str):
@@ -258,18 +266,18 @@ def fmt(value, unit="s") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tenants", type=int, default=8)
-    p.add_argument("--turns", type=int, default=12, help="waves: every tenant's next turn at once")
+    p.add_argument("--tenants", type=int, default=12)
+    p.add_argument("--turns", type=int, default=16, help="waves: every tenant's next turn, then a pause")
     p.add_argument("--system-words", type=int, default=100)
     p.add_argument("--blocks", type=int, default=128, help="KV blocks per engine (16 tokens each): they evict")
-    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests in flight at once (1: a routed hit can only be lost to the index, not to"
                         " another request evicting its blocks before it is scheduled)")
     p.add_argument("--pause-seconds", type=float, default=1.5, help="quiet time after each wave")
     p.add_argument("--drop-fraction", type=float, default=0.05)
-    p.add_argument("--silence-waves", type=int, nargs=2, default=(4, 6), metavar=("FIRST", "LAST"),
+    p.add_argument("--silence-waves", type=int, nargs=2, default=(5, 9), metavar=("FIRST", "LAST"),
                    help="engine 0's publisher is silent from the start of wave FIRST to the end of wave LAST")
     p.add_argument("--heartbeat-seconds", type=float, default=None,
                    help="the engines' --kv-events-heartbeat-seconds (default: the engine's default)")
@@ -300,12 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nheartbeat interval {heartbeat:g} s; {args.tenants} tenants x {args.turns} waves, 2 engines of"
           f" {args.blocks} blocks; goal: phantom < 1 % of routed hits, convergence within one heartbeat")
     print(f"{'case':<10}{'heartbeats':>11}{'requests':>9}{'routed hits':>12}{'phantom':>14}{'partial':>8}"
-          f"{'converge p50':>13}{'max':>7}{'never':>6}{'silence seen':>13}")
+          f"{'converge p50':>13}{'max':>7}{'never':>6}{'silence seen':>13}{'evicted':>8}")
     for r in rows:
         print(f"{r['case']:<10}{'on' if r['heartbeats'] else 'off':>11}{r['requests']:>9}{r['routed_hits']:>12}"
               f"{r['phantom_hits']:>6} ({r['phantom_fraction']:>5.1%}){r['partial_hits']:>8}"
               f"{fmt(r['convergence_median_s']):>13}{fmt(r['convergence_max_s']):>7}"
-              f"{r['not_converged']:>3}/{r['fault_ends']:<2}{fmt(r['silence_noticed_s']):>13}")
+              f"{r['not_converged']:>3}/{r['fault_ends']:<2}{fmt(r['silence_noticed_s']):>13}{r['evicted_blocks']:>8}")
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))
     return 0
