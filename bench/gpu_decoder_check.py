@@ -97,14 +97,21 @@ def _engine_tokens(model_dir: Path, dtype: str, forward: str, prompts, output_le
     return tokens, sum(map(len, tokens)) / seconds
 
 
+def _generate_tokens(model_dir: Path, prompts: list[list[int]], output_len: int, device) -> list[list[int]]:
+    """transformers' own float32 greedy `generate`, one prompt at a time on `device`: the reference."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    with torch.no_grad():
+        outs = [model.generate(torch.tensor([ids], device=device), max_new_tokens=output_len, do_sample=False,
+                               min_new_tokens=output_len, pad_token_id=0)[0, len(ids):].tolist() for ids in prompts]
+    del model
+    return outs
+
+
 def check_decoder(report, device, shapes: dict) -> None:
-    import sys
-
     from pagedinfer.engine.tiny_model import make_tiny_model
-
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-    from greedy_reference import hf_greedy
 
     if not shapes["decoder_model"]:  # --smoke: tests/engine/test_gpu_forward.py runs the same on the interpreter
         report.line("no decoder models in smoke mode (tests/engine/test_gpu_forward.py checks the decoder on a CPU)")
@@ -119,7 +126,7 @@ def check_decoder(report, device, shapes: dict) -> None:
                        for _ in range(shapes["decoder_requests"])]
             output_len = shapes["decoder_output_len"]
             fp32, fp32_tps = _engine_tokens(model_dir, "float32", "triton", prompts, output_len, device)
-            want = hf_greedy(model_dir, prompts[: shapes["decoder_generate_requests"]], output_len)
+            want = _generate_tokens(model_dir, prompts[: shapes["decoder_generate_requests"]], output_len, device)
             same = sum(a == b for a, b in zip(fp32, want))
             ok = same == len(want)
             report.line(f"{'PASS' if ok else 'FAIL'}  {arch} fp32 Triton decoder greedy == generate: {same}/{len(want)}")

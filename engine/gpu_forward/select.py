@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,7 +27,9 @@ from torch import nn
 from pagedinfer.engine.cpu.fused_layers import CAUSAL_LM_CLASSES, rotary_cos_sin, unfusable_structure
 from pagedinfer.engine.cpu.fused_projections import FusionReport, fuse_projections
 from pagedinfer.engine.cpu.layer_plan import plan_decoder, projection
-from pagedinfer.engine.gpu_forward.decoder import TritonDecoder
+
+if TYPE_CHECKING:  # the decoder imports triton: a CPU engine without it never loads it
+    from pagedinfer.engine.gpu_forward.decoder import TritonDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,8 @@ def choose_decoder(model: nn.Module, forward: str, device: torch.device, tensor_
             raise ValueError(f"forward (--forward) triton: the Triton decoder cannot run this model: {reason}")
         logger.info("the Triton decoder does not run this model (%s): the module path runs it", reason)
         return DecoderChoice(None, fusion, reason)
+    from pagedinfer.engine.gpu_forward.decoder import TritonDecoder
+
     triton_decoder = TritonDecoder(plan_decoder(model.model), rotary_cos_sin(model.model.rotary_emb, num_positions),
                                    projection(model.lm_head))
     logger.info("the Triton decoder runs %s (%d layers)", type(model).__name__, triton_decoder.num_layers)
