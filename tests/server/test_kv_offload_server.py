@@ -27,6 +27,24 @@ async def _two_turns(client: httpx.AsyncClient) -> list[dict]:
     return usages
 
 
+async def _router_view(url: str, snap: dict):
+    """The router's own view of the engine (RouterState, as `pagedinfer router` runs it) once it is current."""
+    from pagedinfer.router.state import RouterState
+
+    async with httpx.AsyncClient() as client:
+        state = RouterState([url], client)
+        state.start()
+        try:
+            for _ in range(500):
+                record = state.engines[url]
+                if record.kv_seq is not None and record.kv_seq >= snap["sequence"]:
+                    break
+                await asyncio.sleep(0.02)
+            return state.views()
+        finally:
+            await state.stop()
+
+
 def test_tier_hits_are_cached_tokens_metrics_and_events_of_their_medium(tiny_llama):
     running = start_server(tiny_llama, kv_events=KVEventsConfig(port=0), num_gpu_blocks_override=8,
                            max_model_len=128, kv_offloading_size=0.001)
@@ -38,6 +56,8 @@ def test_tier_hits_are_cached_tokens_metrics_and_events_of_their_medium(tiny_lla
         assert feed.hashes == {bytes.fromhex(h) for h in snap["block_hashes"]}
         assert feed.tier_hashes == {bytes.fromhex(h) for h in snap["cpu_block_hashes"]}
         assert feed.tier_hashes and not feed.hashes & feed.tier_hashes
+        (view,) = asyncio.run(_router_view(running.url, snap))  # what the router's prefix policy scores
+        assert (set(view.cached_hashes), set(view.tier_hashes)) == (feed.hashes, feed.tier_hashes)
         m = running.wait_idle()
         assert m["pagedinfer_prefix_cache_offload_hits_total"] == 3 * 64
         assert m["pagedinfer_prefix_cache_hits_total"] >= 3 * 64
