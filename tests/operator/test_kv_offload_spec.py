@@ -71,3 +71,17 @@ async def test_the_operator_gives_the_engine_its_tier_and_refuses_one_no_node_ca
                                  == "False" and condition(emulator.read(ISVC, "default", "llama"), "Valid"))
     assert valid["reason"] == "InvalidSpec" and "spec.engine.kvOffload: 2Ti" in valid["message"]
     assert "largest node it can land on (h100)" in valid["message"]
+
+
+def test_a_cpu_engines_memory_request_and_limit_grow_by_the_tier():
+    import dataclasses
+
+    from pagedinfer.operator.children.builders import build_pod_spec
+    from pagedinfer.operator.kv_plan.planning import cpu_plan
+
+    cpu = parse_spec("tiny", {"resources": {"gpus": 0, "memory": "3Gi"}, "engine": {"kvOffload": "1Gi"}})
+    plan = dataclasses.replace(cpu_plan(cpu, None), offload_bytes=GIB)
+    (container,) = build_pod_spec(cpu, plan)["containers"]
+    assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"] == "4096Mi"
+    assert container["args"][container["args"].index("--kv-offloading-size") + 1] == "1"
+    assert plan.cpu_memory_budget_bytes == 2 * GIB  # the engine's budget is the pod's memory before the tier
