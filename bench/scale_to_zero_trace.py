@@ -23,7 +23,13 @@ median of those that found one, in wall seconds); replica-seconds (the Deploymen
 trace, in trace seconds) of each configuration and their ratios. `--plot` draws replicas and the router's
 queue length over trace time.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/scale_to_zero_trace.py --plot docs/scale_to_zero_trace.png
+    OMP_NUM_THREADS=1 .venv/bin/python bench/scale_to_zero_trace.py --runs zero,min1,hpa,standby \
+        --compression 2 --bursts 0:30:1.0,200:40:0.6,400:20:1.5 --plot docs/scale_to_zero_trace.png
+    OMP_NUM_THREADS=1 .venv/bin/python bench/scale_to_zero_trace.py --runs zero,min1,hpa,standby \
+        --plot docs/scale_to_zero_trace_4x.png
+
+(the figures in docs/autoscaling.md; the replica-seconds count the Deployment's spec.replicas, what the
+operator asked for).
 
 Linux only; needs 127.0.0.x loopback addresses.
 """
