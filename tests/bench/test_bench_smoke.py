@@ -152,3 +152,11 @@ def test_bf16_closeness_study_reports_every_row_and_a_swap(tmp_path):
     assert set(rows) == {"pagedinfer bfloat16", "pagedinfer bfloat16, all in fp32"}
     for cells in rows.values():  # agreement +- its error, no own fp32 run, then a finite logprob error
         assert cells[0].endswith("%") and cells[1].startswith("+-") and cells[2] == "-" and float(cells[3]) >= 0
+
+
+def test_host_share_splits_the_engine_threads_cpu_time(tiny_llama):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "host_share.py"), "--model", str(tiny_llama),
+                          "--dtype", "float32", "--num-requests", "2"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "steps, engine thread" in run.stdout and "ms per step" in run.stdout
