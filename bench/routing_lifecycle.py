@@ -175,14 +175,14 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
         await emulator.create(ISVC, {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
                                      "metadata": {"name": NAME, "namespace": NS}, "spec": spec})
         engines = KubeletHarness(emulator, NS, NAME, work, max_engines=3, lifecycle=True,
-                                 ready_timeout_seconds=300)
+                                 ready_timeout_seconds=300, first_ip=args.first_ip)
         slices = EndpointSliceController(emulator, NS, NAME + "-engines")
         stop = asyncio.Event()
         async with engines.running(), slices.running(), running_operator():
             while len(engines.engines) < start_replicas or emulator.read(DEPLOYMENTS, NS, NAME + "-router") is None:
                 await asyncio.sleep(0.3)
             template = emulator.read(DEPLOYMENTS, NS, NAME + "-router")["spec"]["template"]
-            ip = loopback_ip(set(engines.ips) | {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"})
+            ip = loopback_ip(set(engines.ips), first=args.first_ip + 10)  # above the engines' addresses
             local = local_process(template["spec"], ip, work / "router-pod", Path(sys.executable).parent)
             with open(work / "router.log", "wb") as log:
                 router = subprocess.Popen([*local.argv, "--kube-api", api_url, "--namespace", NS], stdout=log,
@@ -216,6 +216,7 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
                 if router is not None:
                     router.terminate()
                     router.wait(30)
+                await engines.stop_all()  # while the operator runs (see run_in_fresh_loop)
     return summarize(scenario, mode, records, event, args.steady_seconds, args.window_seconds, args.bin_seconds)
 
 
@@ -245,6 +246,19 @@ async def wait_routable(url: str) -> None:
                 pass
             await asyncio.sleep(0.5)
     raise RuntimeError(f"the router at {url} never became healthy")
+
+
+def run_in_fresh_loop(coro):
+    """The coroutine's result, on a loop of its own that is closed without cancelling what is left.
+
+    asyncio.run cancels every task still pending and waits for them; the
+    emulated API server's watch handlers cancelled while they re-acquire
+    their Condition's lock can then wait for ever (the run itself is over)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
 
 
 def plot(results: list[Result], path: Path) -> None:
@@ -293,8 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cost-interval-seconds", type=float, default=5.0)
     p.add_argument("--warmup-prefixes", type=int, default=32)
     p.add_argument("--warmup-token-budget", type=int, default=32768)
+    p.add_argument("--first-ip", type=int, default=2,
+                   help="engines on 127.0.0.x from x = this, the router 10 above (apart ranges for parallel runs)")
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--plot-from", type=Path, nargs="*", default=None,
+                   help="only plot and tabulate these --json-out files (runs made apart, e.g. in parallel)")
     p.add_argument("--smoke", action="store_true", help="2 tenants, 1 s windows, scale-in mode c only")
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack, for a run that seems stuck
@@ -302,13 +320,23 @@ def main(argv: list[str] | None = None) -> int:
         args.scenarios, args.modes, args.tenants, args.prefix_tokens = "scale-in", "c", 2, 64
         args.steady_seconds, args.window_seconds, args.bin_seconds, args.cost_interval_seconds = 3.0, 3.0, 1.0, 0.5
         args.blocks, args.concurrency = 64, 2
+    if args.plot_from:
+        merged = [Result(**{**r, "bins": [tuple(b) for b in r["bins"]]})
+                  for path in args.plot_from for r in json.loads(path.read_text())]
+        merged.sort(key=lambda r: (SCENARIOS.index(r.scenario), r.mode))
+        print(table(merged))
+        if args.plot:
+            plot(merged, args.plot)
+        return 0
     results = []
     for scenario in args.scenarios.split(","):
         for mode in (m for m in MODES[scenario] if m in args.modes.split(",")):
             with tempfile.TemporaryDirectory(prefix=f"lifecycle-{scenario}-{mode}-") as work:
                 print(f"{scenario} mode {mode} ...", flush=True)
-                result = asyncio.run(run_one(args, scenario, mode, Path(work)))
+                result = run_in_fresh_loop(run_one(args, scenario, mode, Path(work)))
             results.append(result)
+            if args.json_out:  # after each run: a later failure loses nothing
+                args.json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
             print(table([result]).splitlines()[-1], flush=True)
     print(table(results))
     if args.json_out:

@@ -128,4 +128,5 @@ class EndpointSliceController:
             yield self
         finally:
             stop.set()
-            await task
+            task.cancel()  # bounded: a write waiting on the emulator is cancelled, not awaited
+            await asyncio.gather(task, return_exceptions=True)

@@ -66,9 +66,9 @@ async def add_ready_pod(emulator: KubeEmulator, namespace: str, manifest: dict[s
     await emulator.set_status(PODS, namespace, manifest["metadata"]["name"], status)
 
 
-def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT) -> str:
-    """The first 127.0.0.x (x >= 2) where `port` is free and not in `taken`."""
-    for last in range(2, 255):
+def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT, first: int = 2) -> str:
+    """The first 127.0.0.x (x >= first) where `port` is free and not in `taken`."""
+    for last in range(first, 255):
         ip = f"127.0.0.{last}"
         if ip in taken:
             continue
@@ -172,6 +172,7 @@ class KubeletHarness:
     poll_seconds: float = 0.3
     ready_timeout_seconds: float = 120.0
     lifecycle: bool = False  # graceful termination, ReplicaSet victims and rolling updates (the module's doc)
+    first_ip: int = 2  # pods get 127.0.0.x from x = first_ip (harnesses run side by side take apart ranges)
     bin_dir: Path = Path(sys.executable).parent
     engines: list[Engine] = field(default_factory=list)
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, desired replicas)
@@ -247,6 +248,15 @@ class KubeletHarness:
                     await self.emulator.remove(PODS, self.namespace, engine.pod_name)
                 await self._stop_process(engine)
 
+    async def stop_all(self) -> None:
+        """Stop every engine now (SIGTERM, no preStop) and remove its Pod object, while the operator still
+        runs: a block that ends the operator first leaves the harness nothing to do at its end."""
+        while self.engines:
+            engine = self.engines.pop()
+            with contextlib.suppress(Exception):
+                await self.emulator.remove(PODS, self.namespace, engine.pod_name)
+            await self._stop_process(engine)
+
     def _outdated(self) -> list[Engine]:
         deployment = self.deployment()
         current = template_key(deployment["spec"]["template"]) if deployment is not None else None
@@ -278,7 +288,7 @@ class KubeletHarness:
         template = copy.deepcopy(self.deployment()["spec"]["template"])
         container = template["spec"]["containers"][0]
         port = http_port(container)
-        ip = loopback_ip(set(self.ips), port)
+        ip = loopback_ip(set(self.ips), port, self.first_ip)
         self._counter += 1
         pod_name = f"{self.instance}-engine-{self._counter}"
         pod_dir = self.log_dir / pod_name
