@@ -76,6 +76,13 @@ class Result:
     recovery_seconds: float | None
     aborted: int
     bins: list[tuple[float, float]] = field(default_factory=list)  # (seconds from the event, hit rate)
+    prompt_tokens_in_window: int = 0  # of the requests that succeeded
+
+    def excess_recomputed_tokens(self, prompt_tokens_per_request: int) -> int:
+        """Recomputed tokens above what the hit rate before the event would have recomputed for the same
+        requests: the cache the event lost (negative: the window did better than before)."""
+        prompt = self.prompt_tokens_in_window or self.requests_in_window * prompt_tokens_per_request
+        return round(self.recomputed_tokens - prompt * (1.0 - self.hit_rate_before))
 
 
 def tenant_prefixes(tenants: int, tokens: int, seed: int = 0) -> list[list[int]]:
@@ -126,7 +133,7 @@ def summarize(scenario: str, mode: str, records: list[Record], event: float, ste
             bins.append((i * bin_seconds, hit_rate(inside)))
     recovery = next((t + bin_seconds for t, rate in bins if rate >= before - RECOVERY_TOLERANCE), None)
     return Result(scenario, mode, before, len(after), sum(r.prompt_tokens - r.cached_tokens for r in after if r.ok),
-                  recovery, sum(1 for r in after if not r.ok), bins)
+                  recovery, sum(1 for r in after if not r.ok), bins, sum(r.prompt_tokens for r in after if r.ok))
 
 
 async def annotate_deletion_costs_now(emulator, engines, interval_seconds: float) -> None:
@@ -273,22 +280,23 @@ def plot(results: list[Result], path: Path) -> None:
             xs = [t for t, _ in r.bins]
             ax.plot(xs, [h for _, h in r.bins], marker=".", label=labels[r.mode])
             ax.axhline(r.hit_rate_before, linestyle=":", linewidth=0.8, color=ax.lines[-1].get_color())
-        ax.set_title(scenario)
+        ax.legend(loc="lower right", fontsize=7)
+        ax.set_title(f"{scenario} (dotted: each run's level before the event)")
         ax.set_xlabel("seconds after the event")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("prefix-cache hit rate (cached / prompt tokens)")
-    axes[0].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def table(results: list[Result]) -> str:
-    lines = ["| event | mode | hit rate before | requests in window | recomputed prefill tokens | back to level after |"
-             " aborted |", "|---|---|---|---|---|---|---|"]
+def table(results: list[Result], prompt_tokens_per_request: int) -> str:
+    lines = ["| event | mode | hit rate before | requests in window | recomputed prefill tokens | of them above the"
+             " level before | back to level after | aborted |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         recovery = "not within the window" if r.recovery_seconds is None else f"{r.recovery_seconds:.0f} s"
         lines.append(f"| {r.scenario} | {r.mode} | {r.hit_rate_before:.1%} | {r.requests_in_window} |"
-                     f" {r.recomputed_tokens:,} | {recovery} | {r.aborted} |")
+                     f" {r.recomputed_tokens:,} | {r.excess_recomputed_tokens(prompt_tokens_per_request):,} |"
+                     f" {recovery} | {r.aborted} |")
     return "\n".join(lines)
 
 
@@ -324,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         merged = [Result(**{**r, "bins": [tuple(b) for b in r["bins"]]})
                   for path in args.plot_from for r in json.loads(path.read_text())]
         merged.sort(key=lambda r: (SCENARIOS.index(r.scenario), r.mode))
-        print(table(merged))
+        print(table(merged, args.prefix_tokens + args.question_tokens))
         if args.plot:
             plot(merged, args.plot)
         return 0
@@ -337,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
             if args.json_out:  # after each run: a later failure loses nothing
                 args.json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
-            print(table([result]).splitlines()[-1], flush=True)
-    print(table(results))
+            print(table([result], args.prefix_tokens + args.question_tokens).splitlines()[-1], flush=True)
+    print(table(results, args.prefix_tokens + args.question_tokens))
     if args.json_out:
         args.json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
     if args.plot:
