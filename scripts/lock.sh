@@ -3,6 +3,7 @@
 #
 #   bash scripts/lock.sh             # refresh every lock, install dev.lock into .venv, run scripts/test.sh
 #   bash scripts/lock.sh --no-test   # refresh the locks only
+#   bash scripts/lock.sh --keep --no-test   # add what pyproject.toml gained, every other version kept
 #
 # Each lock is the newest set of versions that pyproject.toml's ranges allow today, resolved by uv
 # (`uv pip compile`, CPython 3.11 on Linux x86_64: CI's machines and the images' Debian bookworm base) under
@@ -19,7 +20,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 test_after=1
-[ "${1:-}" = "--no-test" ] && test_after=0
+upgrade=(--upgrade)
+for arg in "$@"; do
+    case "$arg" in
+        --no-test) test_after=0 ;;
+        # The current locks are uv's preferences: a new dependency is added, nothing else moves.
+        --keep) upgrade=() ;;
+        *) echo "lock.sh: unknown argument $arg (expected --no-test, --keep)" >&2; exit 2 ;;
+    esac
+done
 
 # uv: the venv's (uv itself is locked in dev.lock), or $UV (the first lock, a broken venv).
 if [ -z "${UV:-}" ]; then
@@ -34,8 +43,11 @@ COMPILE=("$UV" pip compile --quiet --python-version 3.11 --python-platform x86_6
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+if [ "${#upgrade[@]}" = 0 ]; then
+    cp requirements/*.lock "$work/"
+fi
 # From /: uv never puts the working directory on a path, but keep every tool out of the repository root.
-(cd / && "${COMPILE[@]}" --upgrade "$ROOT/pyproject.toml" "$ROOT/requirements/build.in" --extra dev \
+(cd / && "${COMPILE[@]}" "${upgrade[@]}" "$ROOT/pyproject.toml" "$ROOT/requirements/build.in" --extra dev \
     -o "$work/dev.lock")
 # The same versions, without hashes, as the constraint of the image locks.
 sed -e '/^ *--hash/d' -e 's/ \\$//' -e '/^--/d' "$work/dev.lock" >"$work/dev.constraints"
