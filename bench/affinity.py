@@ -25,8 +25,10 @@ def parse_cpu_list(text: str) -> frozenset[int]:
         cpus.update(range(int(first), int(last or first) + 1))
     allowed = os.sched_getaffinity(0)
     if not cpus <= allowed:
-        raise argparse.ArgumentTypeError(f"--cpus: CPU {format_cpu_list(cpus - allowed)} not available to this "
-                                         f"process (it may use {format_cpu_list(allowed)})")
+        raise argparse.ArgumentTypeError(
+            f"--cpus: CPU {format_cpu_list(cpus - allowed)} not available to this "
+            f"process (it may use {format_cpu_list(allowed)})"
+        )
     return frozenset(cpus)
 
 

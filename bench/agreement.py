@@ -9,16 +9,16 @@ both sides have.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
 class Agreement:
-    num_requests: int       # requests compared
-    first_token: float      # fraction of them whose first generated token is equal
-    whole_sequence: float   # fraction whose whole output is equal
-    prefix_tokens: float    # reference tokens reproduced before the first divergence, over all reference tokens
+    num_requests: int  # requests compared
+    first_token: float  # fraction of them whose first generated token is equal
+    whole_sequence: float  # fraction whose whole output is equal
+    prefix_tokens: float  # reference tokens reproduced before the first divergence, over all reference tokens
 
     @property
     def first_token_stderr(self) -> float:
@@ -27,8 +27,10 @@ class Agreement:
         return math.sqrt(self.first_token * (1 - self.first_token) / self.num_requests)
 
     def __str__(self) -> str:
-        return (f"first token {self.first_token:.1%} +- {self.first_token_stderr:.1%}, whole sequence "
-                f"{self.whole_sequence:.1%} of {self.num_requests} requests")
+        return (
+            f"first token {self.first_token:.1%} +- {self.first_token_stderr:.1%}, whole sequence "
+            f"{self.whole_sequence:.1%} of {self.num_requests} requests"
+        )
 
 
 def agreement(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> Agreement:

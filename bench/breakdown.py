@@ -23,17 +23,35 @@ time goes, not for throughput (the timed runs are never profiled).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 LABEL_PREFIX = "pagedinfer.bench."
 CATEGORIES = ("matmul", "attention", "model other", "bookkeeping", "sampling", "output")
 # labels -> the category of the time inside them that no inner rule claims
-LABEL_CATEGORIES = {"step": "output", "schedule": "bookkeeping", "execute": "bookkeeping", "model": "model other",
-                    "attention": "attention", "sample": "sampling"}
-MATMUL_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::baddbmm",
-                        "aten::_addmm_activation", "aten::mkldnn_linear", "aten::_mkl_linear",
-                        "aten::_weight_int8pack_mm", "aten::mkldnn_rnn_layer"})
+LABEL_CATEGORIES = {
+    "step": "output",
+    "schedule": "bookkeeping",
+    "execute": "bookkeeping",
+    "model": "model other",
+    "attention": "attention",
+    "sample": "sampling",
+}
+MATMUL_OPS = frozenset(
+    {
+        "aten::linear",
+        "aten::addmm",
+        "aten::mm",
+        "aten::matmul",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::_addmm_activation",
+        "aten::mkldnn_linear",
+        "aten::_mkl_linear",
+        "aten::_weight_int8pack_mm",
+        "aten::mkldnn_rnn_layer",
+    }
+)
 MATMUL_PREFIXES = ("mkldnn::", "onednn::", "torch_ipex::")  # oneDNN linear ops (_linear_pointwise etc.)
 
 
@@ -63,8 +81,8 @@ def classify(chain: Sequence[str]) -> str | None:
     if any(is_matmul_op(n) for n in chain):
         return "matmul"
     for name in reversed(chain):
-        if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX):] in LABEL_CATEGORIES:
-            return LABEL_CATEGORIES[name[len(LABEL_PREFIX):]]
+        if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX) :] in LABEL_CATEGORIES:
+            return LABEL_CATEGORIES[name[len(LABEL_PREFIX) :]]
     return "output"
 
 
@@ -92,27 +110,32 @@ class Breakdown:
             if evt.name == label("step"):
                 self.num_steps += 1
             if category == "matmul" and is_matmul_op(evt.name):
-                self.matmul_op_microseconds[evt.name] = \
+                self.matmul_op_microseconds[evt.name] = (
                     self.matmul_op_microseconds.get(evt.name, 0.0) + evt.self_cpu_time_total
+                )
 
     def shares(self) -> dict[str, float]:
         total = sum(self.microseconds.values())
         return {c: (t / total if total else 0.0) for c, t in self.microseconds.items()}
 
     def to_dict(self) -> dict:
-        return {"microseconds": self.microseconds, "matmul_op_microseconds": self.matmul_op_microseconds,
-                "num_steps": self.num_steps}
+        return {
+            "microseconds": self.microseconds,
+            "matmul_op_microseconds": self.matmul_op_microseconds,
+            "num_steps": self.num_steps,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Breakdown":
+    def from_dict(cls, data: dict) -> Breakdown:
         return cls(dict(data["microseconds"]), dict(data["matmul_op_microseconds"]), int(data["num_steps"]))
 
     def __str__(self) -> str:
         parts = ", ".join(f"{c} {s:.1%}" for c, s in self.shares().items())
         ops = sorted(self.matmul_op_microseconds.items(), key=lambda kv: -kv[1])[:3]
         total_ms = sum(self.microseconds.values()) / 1e3
-        return (f"{parts} ({self.num_steps} profiled steps, {total_ms:.0f} ms); matmul time by op: "
-                + (", ".join(f"{n} {t / 1e3:.0f} ms" for n, t in ops) or "none"))
+        return f"{parts} ({self.num_steps} profiled steps, {total_ms:.0f} ms); matmul time by op: " + (
+            ", ".join(f"{n} {t / 1e3:.0f} ms" for n, t in ops) or "none"
+        )
 
 
 class Labels:
@@ -124,20 +147,28 @@ class Labels:
         self._undo: list = []
         runner = getattr(engine, "runner", None)
         # the forward's own wrapper, outside any compiled region (a compiled graph must not see our wrapper)
-        forward = (runner, "_forward") if callable(getattr(runner, "_forward", None)) else \
-            (getattr(runner, "model", None), "forward")
-        targets = [(getattr(engine, "scheduler", None), "schedule", "schedule"),
-                   (getattr(engine, "scheduler", None), "after_step", "schedule"),
-                   (runner, "execute", "execute"),
-                   (*forward, "model"),
-                   (getattr(engine, "sampler", None), "sample", "sample")]
+        forward = (
+            (runner, "_forward")
+            if callable(getattr(runner, "_forward", None))
+            else (getattr(runner, "model", None), "forward")
+        )
+        targets = [
+            (getattr(engine, "scheduler", None), "schedule", "schedule"),
+            (getattr(engine, "scheduler", None), "after_step", "schedule"),
+            (runner, "execute", "execute"),
+            (*forward, "model"),
+            (getattr(engine, "sampler", None), "sample", "sample"),
+        ]
         for obj, attr, phase in targets:
             original = getattr(obj, attr, None) if obj is not None else None
             if callable(original):
                 own = attr in getattr(obj, "__dict__", {})  # else a method of its class: deleting ours restores it
                 setattr(obj, attr, _labelled(original, label(phase), torch))
-                self._undo.append(lambda obj=obj, attr=attr, original=original, own=own:
-                                  setattr(obj, attr, original) if own else delattr(obj, attr))
+                self._undo.append(
+                    lambda obj=obj, attr=attr, original=original, own=own: (
+                        setattr(obj, attr, original) if own else delattr(obj, attr)
+                    )
+                )
         if getattr(runner, "compiled", None) is None:
             self._wrap_attention(getattr(getattr(runner, "model", None), "config", None), torch)
 
@@ -167,4 +198,5 @@ def _labelled(fn, name: str, torch):
     def wrapper(*args, **kwargs):
         with torch.profiler.record_function(name):
             return fn(*args, **kwargs)
+
     return wrapper

@@ -96,8 +96,9 @@ class EngineSeqs:
                 seq = int.from_bytes(seq, "big", signed=True)
                 if seq != HEARTBEAT_SEQ:
                     self.latest[self._socks[sock]] = max(seq, self.latest[self._socks[sock]])
-                    self.num_removed_blocks += sum(len(e.block_hashes) for e in decode_batch(seq, payload).events
-                                                   if isinstance(e, BlockRemoved))
+                    self.num_removed_blocks += sum(
+                        len(e.block_hashes) for e in decode_batch(seq, payload).events if isinstance(e, BlockRemoved)
+                    )
 
     def now(self) -> dict[str, int]:
         return dict(self.latest)
@@ -144,14 +145,20 @@ def sample_router(router_url: str, run: Run, stop: threading.Event) -> None:
             time.sleep(SAMPLE_SECONDS)
 
 
-async def drive(router_url: str, convs, args, run: Run, proxies: list[KVChaosProxy], seqs: EngineSeqs,
-                engine_of: dict[str, str]) -> None:
+async def drive(
+    router_url: str, convs, args, run: Run, proxies: list[KVChaosProxy], seqs: EngineSeqs, engine_of: dict[str, str]
+) -> None:
     silence_from, silence_to = args.silence_waves
     sem = asyncio.Semaphore(args.concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+
         async def one(messages):
-            body = {"model": "pagedinfer-default", "messages": messages, "max_tokens": args.max_tokens,
-                    "ignore_eos": True}
+            body = {
+                "model": "pagedinfer-default",
+                "messages": messages,
+                "max_tokens": args.max_tokens,
+                "ignore_eos": True,
+            }
             async with sem:
                 r = await client.post(router_url + "/v1/chat/completions", json=body)
             r.raise_for_status()
@@ -172,8 +179,7 @@ async def drive(router_url: str, convs, args, run: Run, proxies: list[KVChaosPro
             await asyncio.sleep(args.pause_seconds)
 
 
-def run_case(case: str, heartbeats: bool, urls: list[str], seqs: EngineSeqs, args, logs: Path,
-             seed: int) -> Run:
+def run_case(case: str, heartbeats: bool, urls: list[str], seqs: EngineSeqs, args, logs: Path, seed: int) -> Run:
     engine_of = {}
     proxies = []
     for url, host in zip(urls, PROXY_HOSTS):
@@ -234,21 +240,37 @@ def summarize(run: Run) -> dict:
     done = [c for c in conv if c is not None]
     noticed = None
     if run.silenced_at is not None:
-        first = next((s.t for s in run.samples if s.t >= run.silenced_at
-                      and any(stale for _, stale in s.view.values())), None)
+        first = next(
+            (s.t for s in run.samples if s.t >= run.silenced_at and any(stale for _, stale in s.view.values())), None
+        )
         noticed = None if first is None else first - run.silenced_at
-    return {"case": run.case, "heartbeats": run.heartbeats, "requests": len(run.answers), "routed_hits": len(hits),
-            "phantom_hits": phantom, "phantom_fraction": phantom / len(hits) if hits else 0.0,
-            "partial_hits": partial, "convergence_median_s": statistics.median(done) if done else None,
-            "convergence_max_s": max(done) if done else None, "not_converged": len(conv) - len(done),
-            "fault_ends": len(conv), "silence_noticed_s": noticed, "evicted_blocks": run.evicted_blocks}
+    return {
+        "case": run.case,
+        "heartbeats": run.heartbeats,
+        "requests": len(run.answers),
+        "routed_hits": len(hits),
+        "phantom_hits": phantom,
+        "phantom_fraction": phantom / len(hits) if hits else 0.0,
+        "partial_hits": partial,
+        "convergence_median_s": statistics.median(done) if done else None,
+        "convergence_max_s": max(done) if done else None,
+        "not_converged": len(conv) - len(done),
+        "fault_ends": len(conv),
+        "silence_noticed_s": noticed,
+        "evicted_blocks": run.evicted_blocks,
+    }
 
 
 def start_engines(args, heartbeat_seconds: float, logs: Path, tag: str):
     procs, urls = [], []
     for i, host in enumerate(HOSTS):
-        url, proc = routing.start_engine(host, args.blocks, args.max_model_len, logs / f"engine{i}-{tag}.log",
-                                         ("--kv-events-heartbeat-seconds", str(heartbeat_seconds)))
+        url, proc = routing.start_engine(
+            host,
+            args.blocks,
+            args.max_model_len,
+            logs / f"engine{i}-{tag}.log",
+            ("--kv-events-heartbeat-seconds", str(heartbeat_seconds)),
+        )
         procs.append(proc)
         urls.append(url)
     try:
@@ -272,15 +294,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=128, help="KV blocks per engine (16 tokens each): they evict")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=1,
-                   help="requests in flight at once (1: a routed hit can only be lost to the index, not to"
-                        " another request evicting its blocks before it is scheduled)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="requests in flight at once (1: a routed hit can only be lost to the index, not to"
+        " another request evicting its blocks before it is scheduled)",
+    )
     p.add_argument("--pause-seconds", type=float, default=1.5, help="quiet time after each wave")
     p.add_argument("--drop-fraction", type=float, default=0.05)
-    p.add_argument("--silence-waves", type=int, nargs=2, default=(5, 9), metavar=("FIRST", "LAST"),
-                   help="engine 0's publisher is silent from the start of wave FIRST to the end of wave LAST")
-    p.add_argument("--heartbeat-seconds", type=float, default=None,
-                   help="the engines' --kv-events-heartbeat-seconds (default: the engine's default)")
+    p.add_argument(
+        "--silence-waves",
+        type=int,
+        nargs=2,
+        default=(5, 9),
+        metavar=("FIRST", "LAST"),
+        help="engine 0's publisher is silent from the start of wave FIRST to the end of wave LAST",
+    )
+    p.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=None,
+        help="the engines' --kv-events-heartbeat-seconds (default: the engine's default)",
+    )
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--smoke", action="store_true", help="4 tenants, 4 waves: checks the script runs")
     p.add_argument("--json-out", type=Path, default=None)
@@ -305,15 +341,21 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             seqs.close()
             routing.stop_all(procs)
-    print(f"\nheartbeat interval {heartbeat:g} s; {args.tenants} tenants x {args.turns} waves, 2 engines of"
-          f" {args.blocks} blocks; goal: phantom < 1 % of routed hits, convergence within one heartbeat")
-    print(f"{'case':<10}{'heartbeats':>11}{'requests':>9}{'routed hits':>12}{'phantom':>14}{'partial':>8}"
-          f"{'converge p50':>13}{'max':>7}{'never':>6}{'silence seen':>13}{'evicted':>8}")
+    print(
+        f"\nheartbeat interval {heartbeat:g} s; {args.tenants} tenants x {args.turns} waves, 2 engines of"
+        f" {args.blocks} blocks; goal: phantom < 1 % of routed hits, convergence within one heartbeat"
+    )
+    print(
+        f"{'case':<10}{'heartbeats':>11}{'requests':>9}{'routed hits':>12}{'phantom':>14}{'partial':>8}"
+        f"{'converge p50':>13}{'max':>7}{'never':>6}{'silence seen':>13}{'evicted':>8}"
+    )
     for r in rows:
-        print(f"{r['case']:<10}{'on' if r['heartbeats'] else 'off':>11}{r['requests']:>9}{r['routed_hits']:>12}"
-              f"{r['phantom_hits']:>6} ({r['phantom_fraction']:>5.1%}){r['partial_hits']:>8}"
-              f"{fmt(r['convergence_median_s']):>13}{fmt(r['convergence_max_s']):>7}"
-              f"{r['not_converged']:>3}/{r['fault_ends']:<2}{fmt(r['silence_noticed_s']):>13}{r['evicted_blocks']:>8}")
+        print(
+            f"{r['case']:<10}{'on' if r['heartbeats'] else 'off':>11}{r['requests']:>9}{r['routed_hits']:>12}"
+            f"{r['phantom_hits']:>6} ({r['phantom_fraction']:>5.1%}){r['partial_hits']:>8}"
+            f"{fmt(r['convergence_median_s']):>13}{fmt(r['convergence_max_s']):>7}"
+            f"{r['not_converged']:>3}/{r['fault_ends']:<2}{fmt(r['silence_noticed_s']):>13}{r['evicted_blocks']:>8}"
+        )
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))
     return 0

@@ -34,13 +34,20 @@ import time
 from pathlib import Path
 
 import httpx
+from proc_stats import CLOCK_TICKS_PER_SECOND, tree_cpu_seconds
 
 from pagedinfer.engine.model_source import default_model_dir
-from proc_stats import CLOCK_TICKS_PER_SECOND, tree_cpu_seconds
 from pagedinfer.testing.server_process import free_port
 
-MODEL_125M = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-                  intermediate_size=2048, max_position_embeddings=2048, vocab_size=32000)  # bench/throughput.py's
+MODEL_125M = dict(
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    intermediate_size=2048,
+    max_position_embeddings=2048,
+    vocab_size=32000,
+)  # bench/throughput.py's
 BODY = {"model": "m", "prompt": "Hello there, how are you today?", "max_tokens": 1}
 
 
@@ -53,10 +60,26 @@ def model_dir(name: str, root: Path) -> Path:
 
 
 def spawn(model: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("pagedinfer")), "serve", "--model", str(model), "--port", str(port),
-           "--device", "cpu", "--max-model-len", "1024", "--served-model-name", "m"]
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    cmd = [
+        str(Path(sys.executable).with_name("pagedinfer")),
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "1024",
+        "--served-model-name",
+        "m",
+    ]
+    return subprocess.Popen(
+        cmd,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
 
 
 def first_completion(url: str, proc: subprocess.Popen, start: float, timeout_s: float = 600) -> float:
@@ -94,8 +117,18 @@ def through_router(url: str, root: Path, cycles: int) -> tuple[list[float], list
     """(seconds of a completion held at the router while it wakes the engine, of one with the engine awake)."""
     port = free_port()
     router = f"http://127.0.0.1:{port}"
-    cmd = [str(Path(sys.executable).with_name("pagedinfer")), "router", "--engine", url, "--port", str(port),
-           "--tokenizer", str(default_model_dir()), "--log-level", "warning"]
+    cmd = [
+        str(Path(sys.executable).with_name("pagedinfer")),
+        "router",
+        "--engine",
+        url,
+        "--port",
+        str(port),
+        "--tokenizer",
+        str(default_model_dir()),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, stdout=(root / "router.log").open("w"), stderr=subprocess.STDOUT)
     woken, awake = [], []
     try:
@@ -152,8 +185,18 @@ def measure(name: str, runs: int, root: Path, router_cycles: int = 0) -> dict:
         finally:
             proc.terminate()
             proc.wait(60)
-    return {"model": name, "cold": cold, "healthy": healthy, "wake": wake, "awake": awake, "released": released,
-            "cold_cpu": cold_cpu, "wake_cpu": wake_cpu, "router_woken": router_woken, "router_awake": router_awake}
+    return {
+        "model": name,
+        "cold": cold,
+        "healthy": healthy,
+        "wake": wake,
+        "awake": awake,
+        "released": released,
+        "cold_cpu": cold_cpu,
+        "wake_cpu": wake_cpu,
+        "router_woken": router_woken,
+        "router_awake": router_awake,
+    }
 
 
 def cpu_ratio(cold_cpu: float, wake_cpu: float) -> str:
@@ -176,28 +219,38 @@ def main() -> None:
         p.error(f"--models: embedded and/or 125m (got {bad}); --runs >= 1")
     root = Path(args.model_dir or tempfile.mkdtemp(prefix="cold-vs-wake-"))
     root.mkdir(parents=True, exist_ok=True)
-    print(f"CPU, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset: 1)')}, {args.runs} runs each,"
-          f" load average {os.getloadavg()[0]:.1f}")
-    print("| model | cold start to first completion (s) | of which to /health 200 (s) | wake to first completion"
-          " (s) | cold / wake | CPU s: cold; wake; cold / wake | awake completion (s) | sleep released (KV pool;"
-          " weights) |")
+    print(
+        f"CPU, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset: 1)')}, {args.runs} runs each,"
+        f" load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| model | cold start to first completion (s) | of which to /health 200 (s) | wake to first completion"
+        " (s) | cold / wake | CPU s: cold; wake; cold / wake | awake completion (s) | sleep released (KV pool;"
+        " weights) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     routers = []
     for name in names:
         r = measure(name, args.runs, root, args.wake_cycles if args.router else 0)
         cold, healthy, wake, awake, cold_cpu, wake_cpu = (
-            statistics.median(r[k]) for k in ("cold", "healthy", "wake", "awake", "cold_cpu", "wake_cpu"))
+            statistics.median(r[k]) for k in ("cold", "healthy", "wake", "awake", "cold_cpu", "wake_cpu")
+        )
         released = r["released"]
-        print(f"| {name} | {cold:.2f} | {healthy:.2f} | {wake:.3f} | {cold / wake:.0f}x |"
-              f" {cold_cpu:.1f}; {wake_cpu:.2f}; {cpu_ratio(cold_cpu, wake_cpu)} | {awake:.3f} |"
-              f" {released['kv_bytes'] / 2**20:.0f} MiB; {released['weight_bytes']} bytes |", flush=True)
+        print(
+            f"| {name} | {cold:.2f} | {healthy:.2f} | {wake:.3f} | {cold / wake:.0f}x |"
+            f" {cold_cpu:.1f}; {wake_cpu:.2f}; {cpu_ratio(cold_cpu, wake_cpu)} | {awake:.3f} |"
+            f" {released['kv_bytes'] / 2**20:.0f} MiB; {released['weight_bytes']} bytes |",
+            flush=True,
+        )
 
         if r["router_woken"]:
             woken, awake = statistics.median(r["router_woken"]), statistics.median(r["router_awake"])
             routers.append(f"| {name} | {woken:.3f} | {awake:.3f} | {len(r['router_woken'])} |")
     if routers:
-        print("\nthrough `pagedinfer router` (medians):\n| model | completion held while the router wakes the engine (s)"
-              " | completion, engine awake (s) | cycles |\n|---|---|---|---|")
+        print(
+            "\nthrough `pagedinfer router` (medians):\n| model | completion held while the router wakes the engine (s)"
+            " | completion, engine awake (s) | cycles |\n|---|---|---|---|"
+        )
         print("\n".join(routers))
 
 

@@ -41,7 +41,6 @@ is faster). The two processes time in turn, not interleaved.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -92,14 +91,20 @@ _baseline_library = None  # the torch.library.Library holding the baseline's sch
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats per case (default 7)")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also time the single-file native kernel of this git revision")
-    parser.add_argument("--vllm-python", metavar="PATH",
-                        help="a vLLM-CPU venv's python: also time vLLM's CPU paged attention on the same cases")
-    parser.add_argument("--only", metavar="SUBSTRING", default="",
-                        help="run only the cases whose name contains this")
-    parser.add_argument("--vllm-only", action="store_true",
-                        help="with --vllm-python: only the comparison with vLLM (and the baseline), not every kernel")
+    parser.add_argument(
+        "--baseline", metavar="REV", help="also time the single-file native kernel of this git revision"
+    )
+    parser.add_argument(
+        "--vllm-python",
+        metavar="PATH",
+        help="a vLLM-CPU venv's python: also time vLLM's CPU paged attention on the same cases",
+    )
+    parser.add_argument("--only", metavar="SUBSTRING", default="", help="run only the cases whose name contains this")
+    parser.add_argument(
+        "--vllm-only",
+        action="store_true",
+        help="with --vllm-python: only the comparison with vLLM (and the baseline), not every kernel",
+    )
     parser.add_argument("--vllm-child", metavar="FILE", help=argparse.SUPPRESS)  # the subprocess's side
     return parser.parse_args()
 
@@ -119,16 +124,24 @@ def median_ms(fns: list, repeats: int) -> list[float]:
 
 def at_level(ops, level: str, fn):
     """fn run with the native kernel of `level` forced."""
+
     def run():
         ops.attention_isa(level)
         return fn()
+
     return run
 
 
 # the attention's translation units of a multi-file kernel (issue 16's second round on), baseline x86-64
 # ones first as kernels/cpu/build.py links them; headers are copied beside them
-BASELINE_SOURCES = ("paged_attention.cpp", "isa.cpp", "attention_vec_default.cpp", "attention_avx512.cpp",
-                    "attention_vec_avx2.cpp", "attention_vec_avx512.cpp")
+BASELINE_SOURCES = (
+    "paged_attention.cpp",
+    "isa.cpp",
+    "attention_vec_default.cpp",
+    "attention_avx512.cpp",
+    "attention_vec_avx2.cpp",
+    "attention_vec_avx512.cpp",
+)
 
 
 def git_show(rev: str, path: str) -> str:
@@ -149,25 +162,40 @@ def load_baseline(rev: str):
     import torch
     from torch.utils import cpp_extension
 
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True)
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True
+    )
     if commit.returncode != 0:
         raise SystemExit(f"--baseline {rev}: {commit.stderr.strip()}")
     folder = Path(tempfile.gettempdir()) / f"pagedinfer-baseline-{commit.stdout.strip()[:12]}"  # rebuilt only if new
     folder.mkdir(exist_ok=True)
     main_source = git_show(rev, "kernels/cpu/csrc/paged_attention.cpp")
-    rename = {"TORCH_LIBRARY_IMPL(pagedinfer,": f"TORCH_LIBRARY_IMPL({BASELINE_NAMESPACE},",
-              "TORCH_LIBRARY_FRAGMENT(pagedinfer,": f"TORCH_LIBRARY_FRAGMENT({BASELINE_NAMESPACE},"}
+    rename = {
+        "TORCH_LIBRARY_IMPL(pagedinfer,": f"TORCH_LIBRARY_IMPL({BASELINE_NAMESPACE},",
+        "TORCH_LIBRARY_FRAGMENT(pagedinfer,": f"TORCH_LIBRARY_FRAGMENT({BASELINE_NAMESPACE},",
+    }
     single_file = '#include "' not in main_source
     if single_file:
         names = ["paged_attention.cpp"]
         capability = torch.backends.cpu.get_cpu_capability()
-        flags = ["-O3", "-march=native", *(
-            ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"] if capability.startswith("AVX512") else
-            ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"] if capability == "AVX2" else [])]
+        flags = [
+            "-O3",
+            "-march=native",
+            *(
+                ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+                if capability.startswith("AVX512")
+                else ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+                if capability == "AVX2"
+                else []
+            ),
+        ]
     else:
-        listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", rev, "kernels/cpu/csrc/"],
-                                capture_output=True, text=True, check=True).stdout.split()
+        listed = subprocess.run(
+            ["git", "-C", str(REPO), "ls-tree", "--name-only", rev, "kernels/cpu/csrc/"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         headers = [Path(path).name for path in listed if path.endswith(".h")]
         names = [*BASELINE_SOURCES, *headers]
         flags = ["-O3", f"-Dpagedinfer_cpu={BASELINE_NAMESPACE}_cpu"]
@@ -177,14 +205,24 @@ def load_baseline(rev: str):
             text = text.replace(old, new)
         (folder / name).write_text(text)
     _baseline_library = torch.library.Library(BASELINE_NAMESPACE, "DEF")
-    _baseline_library.define("cpu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
-                             "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
-                             "int? sliding_window) -> Tensor")
-    _baseline_library.define("cpu_write_kv(Tensor key, Tensor value, Tensor(a!) key_cache, "
-                             "Tensor(b!) value_cache, Tensor slot_mapping) -> ()")
+    _baseline_library.define(
+        "cpu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
+        "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
+        "int? sliding_window) -> Tensor"
+    )
+    _baseline_library.define(
+        "cpu_write_kv(Tensor key, Tensor value, Tensor(a!) key_cache, "
+        "Tensor(b!) value_cache, Tensor slot_mapping) -> ()"
+    )
     sources = [str(folder / name) for name in names if name.endswith(".cpp")]
-    cpp_extension.load(name=f"pagedinfer_cpu_kernels_baseline_{len(sources)}", sources=sources, extra_cflags=flags,
-                       build_directory=str(folder), is_python_module=False, verbose=False)
+    cpp_extension.load(
+        name=f"pagedinfer_cpu_kernels_baseline_{len(sources)}",
+        sources=sources,
+        extra_cflags=flags,
+        build_directory=str(folder),
+        is_python_module=False,
+        verbose=False,
+    )
     return getattr(torch.ops, BASELINE_NAMESPACE).cpu_paged_attention
 
 
@@ -228,7 +266,7 @@ def vllm_child(path: str) -> None:
         width = max(needed)
         tables, slots, used = [], [], 0
         for seq_len, count in zip(seq_lens, needed):
-            table = pool[used:used + count]
+            table = pool[used : used + count]
             used += count
             tables.append(table + [0] * (width - count))
             slots += [table[pos // bs] * bs + pos % bs for pos in range(seq_len)]
@@ -242,23 +280,61 @@ def vllm_child(path: str) -> None:
         starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
         query = run["query"]
         out = torch.empty_like(query)
-        last = [sum(seq_lens[:i + 1]) - 1 for i in range(len(seq_lens))]  # each sequence's newest token
+        last = [sum(seq_lens[: i + 1]) - 1 for i in range(len(seq_lens))]  # each sequence's newest token
 
-        def metadata(lens=lens, starts=starts, query=query, isa=isa, dtype=dtype, n=len(seq_lens), kvh=kv_heads,
-                     hd=head_dim):
+        def metadata(
+            lens=lens, starts=starts, query=query, isa=isa, dtype=dtype, n=len(seq_lens), kvh=kv_heads, hd=head_dim
+        ):
             return vops.cpu_attn_get_scheduler_metadata(
-                num_reqs=n, num_heads=query.shape[1], num_kv_heads=kvh, head_dim=hd, seq_lens=lens, dtype=dtype,
-                query_start_loc=starts, causal=True, sliding_window_size=-1, isa=isa, enable_kv_split=True)
+                num_reqs=n,
+                num_heads=query.shape[1],
+                num_kv_heads=kvh,
+                head_dim=hd,
+                seq_lens=lens,
+                dtype=dtype,
+                query_start_loc=starts,
+                causal=True,
+                sliding_window_size=-1,
+                isa=isa,
+                enable_kv_split=True,
+            )
 
-        def attend(query=query, key_cache=key_cache, value_cache=value_cache, out=out, starts=starts, lens=lens,
-                   scale=run["scale"], block_table=block_table, scheduler_metadata=metadata()):
+        def attend(
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            out=out,
+            starts=starts,
+            lens=lens,
+            scale=run["scale"],
+            block_table=block_table,
+            scheduler_metadata=metadata(),
+        ):
             vops.cpu_attention_with_kv_cache(
-                query=query, key_cache=key_cache, value_cache=value_cache, output=out, query_start_loc=starts,
-                seq_lens=lens, scale=scale, causal=True, alibi_slopes=None, sliding_window=-1,
-                block_table=block_table, softcap=0.0, scheduler_metadata=scheduler_metadata, s_aux=None)
+                query=query,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                output=out,
+                query_start_loc=starts,
+                seq_lens=lens,
+                scale=scale,
+                causal=True,
+                alibi_slopes=None,
+                sliding_window=-1,
+                block_table=block_table,
+                softcap=0.0,
+                scheduler_metadata=scheduler_metadata,
+                s_aux=None,
+            )
 
-        def write(keys=run["keys"][last], values=run["values"][last], key_cache=key_cache, value_cache=value_cache,
-                  step_slots=slot_mapping[last], isa=isa):
+        def write(
+            keys=run["keys"][last],
+            values=run["values"][last],
+            key_cache=key_cache,
+            value_cache=value_cache,
+            step_slots=slot_mapping[last],
+            isa=isa,
+        ):
             vops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, step_slots, isa)
 
         calls.append({"attend": attend, "metadata": metadata, "write": write})
@@ -283,9 +359,14 @@ class VllmChild:
 
         self.path = os.path.join(folder, "job.pt")
         torch.save({"runs": runs}, self.path)
-        self.process = subprocess.Popen([python, str(Path(__file__).resolve()), "--vllm-child", self.path], cwd=folder,
-                                        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [python, str(Path(__file__).resolve()), "--vllm-child", self.path],
+            cwd=folder,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         if self.process.stdout.readline().strip() != "ready":
             raise SystemExit(f"--vllm-python {python}: the vLLM subprocess failed (its error is above)")
 
@@ -317,26 +398,52 @@ def compare_with_vllm(python: str, cases: dict, repeats: int, baseline=None, bas
     runs = []
     for name, dtype in keys:
         case = cases[name]
-        p = make_problem(case.seq_lens, case.query_lens, case.heads, case.kv_heads, case.head_dim, case.block_size,
-                         dtype=dtype)
-        gathered = [(gather_sequence(p.key_cache, t, n), gather_sequence(p.value_cache, t, n))
-                    for t, n in zip(p.block_tables, case.seq_lens)]
-        runs.append({"key": f"{name} {str(dtype)[6:]}", "dtype": dtype, "seq_lens": case.seq_lens,
-                     "query_lens": case.query_lens, "block_size": case.block_size, "kv_heads": case.kv_heads,
-                     "head_dim": case.head_dim, "scale": p.scale, "query": p.query,
-                     "keys": torch.cat([k for k, _ in gathered]), "values": torch.cat([v for _, v in gathered])})
+        p = make_problem(
+            case.seq_lens, case.query_lens, case.heads, case.kv_heads, case.head_dim, case.block_size, dtype=dtype
+        )
+        gathered = [
+            (gather_sequence(p.key_cache, t, n), gather_sequence(p.value_cache, t, n))
+            for t, n in zip(p.block_tables, case.seq_lens)
+        ]
+        runs.append(
+            {
+                "key": f"{name} {str(dtype)[6:]}",
+                "dtype": dtype,
+                "seq_lens": case.seq_lens,
+                "query_lens": case.query_lens,
+                "block_size": case.block_size,
+                "kv_heads": case.kv_heads,
+                "head_dim": case.head_dim,
+                "scale": p.scale,
+                "query": p.query,
+                "keys": torch.cat([k for k, _ in gathered]),
+                "values": torch.cat([v for _, v in gathered]),
+            }
+        )
     with tempfile.TemporaryDirectory(prefix="pagedinfer-vllm-attn-") as folder:
         child = VllmChild(python, runs, folder)
-        print("\nours (the best kernel here) vs vLLM-CPU's cpu_attention_with_kv_cache, timed in turn at every "
-              "repeat (thread CPU ms, medians; vllm/ours > 1: ours faster)")
-        print(f"{'case':<28} {'dtype':<9}" + (f" {baseline_name[:8]:>8}" if baseline else "")
-              + f" {'ours':>8} {'vllm':>8} {'vllm/ours':>9} {'vllm isa':>8} {'ours err':>8}"
-              f" {'vllm err':>8} {'sched md':>8} {'our write':>9} {'vllm write':>10}")
+        print(
+            "\nours (the best kernel here) vs vLLM-CPU's cpu_attention_with_kv_cache, timed in turn at every "
+            "repeat (thread CPU ms, medians; vllm/ours > 1: ours faster)"
+        )
+        print(
+            f"{'case':<28} {'dtype':<9}"
+            + (f" {baseline_name[:8]:>8}" if baseline else "")
+            + f" {'ours':>8} {'vllm':>8} {'vllm/ours':>9} {'vllm isa':>8} {'ours err':>8}"
+            f" {'vllm err':>8} {'sched md':>8} {'our write':>9} {'vllm write':>10}"
+        )
         try:
             for index, (name, dtype) in enumerate(keys):
                 case = cases[name]
-                p = make_problem(case.seq_lens, case.query_lens, case.heads, case.kv_heads, case.head_dim,
-                                 case.block_size, dtype=dtype)
+                p = make_problem(
+                    case.seq_lens,
+                    case.query_lens,
+                    case.heads,
+                    case.kv_heads,
+                    case.head_dim,
+                    case.block_size,
+                    dtype=dtype,
+                )
                 call = (p.query, p.key_cache, p.value_cache, p.metadata, p.scale)
                 decode = all(n == 1 for n in case.query_lens)
                 step_key = torch.randn(len(case.seq_lens), case.kv_heads, case.head_dim).to(dtype)
@@ -347,8 +454,16 @@ def compare_with_vllm(python: str, cases: dict, repeats: int, baseline=None, bas
                 for _ in range(repeats + 1):  # the first round warms up, untimed
                     if baseline:
                         began = time.thread_time()
-                        baseline(p.query, p.key_cache, p.value_cache, m.block_tables, m.seq_lens, m.query_start_loc,
-                                 p.scale, None)
+                        baseline(
+                            p.query,
+                            p.key_cache,
+                            p.value_cache,
+                            m.block_tables,
+                            m.seq_lens,
+                            m.query_start_loc,
+                            p.scale,
+                            None,
+                        )
                         base.append(1e3 * (time.thread_time() - began))
                     began = time.thread_time()
                     ops.paged_attention(*call)
@@ -364,18 +479,27 @@ def compare_with_vllm(python: str, cases: dict, repeats: int, baseline=None, bas
                 runs[index]["expected"], runs[index]["ours"] = expected, statistics.median(ours[1:])
                 runs[index]["base"] = statistics.median(base[1:]) if baseline else None
                 runs[index]["ours_err"] = (ours_out.float() - expected).abs().max().item()
-                runs[index]["vllm"], runs[index]["metadata"] = statistics.median(vllm[1:]), statistics.median(metadata[1:])
-                runs[index]["writes"] = ((statistics.median(our_write[1:]), statistics.median(vllm_write[1:]))
-                                         if decode else None)
+                runs[index]["vllm"], runs[index]["metadata"] = (
+                    statistics.median(vllm[1:]),
+                    statistics.median(metadata[1:]),
+                )
+                runs[index]["writes"] = (
+                    (statistics.median(our_write[1:]), statistics.median(vllm_write[1:])) if decode else None
+                )
         finally:
             results = child.finish()
         for run in runs:
             got = results[run["key"]]
             err = (got["out"].float() - run["expected"]).abs().max().item()
             name, dtype = run["key"].rsplit(" ", 1)
-            writes = (f"{run['writes'][0]:>9.3f} {run['writes'][1]:>10.3f}" if run["writes"] else "")
-            print(f"{name:<28} {dtype:<9}" + (f" {run['base']:>8.3f}" if baseline else "") + f" {run['ours']:>8.3f} {run['vllm']:>8.3f} {run['vllm'] / run['ours']:>8.2f}x"
-                  f" {got['isa']:>8} {run['ours_err']:>8.1e} {err:>8.1e} {run['metadata']:>8.3f} {writes}", flush=True)
+            writes = f"{run['writes'][0]:>9.3f} {run['writes'][1]:>10.3f}" if run["writes"] else ""
+            print(
+                f"{name:<28} {dtype:<9}"
+                + (f" {run['base']:>8.3f}" if baseline else "")
+                + f" {run['ours']:>8.3f} {run['vllm']:>8.3f} {run['vllm'] / run['ours']:>8.2f}x"
+                f" {got['isa']:>8} {run['ours_err']:>8.1e} {err:>8.1e} {run['metadata']:>8.3f} {writes}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -395,45 +519,83 @@ def main() -> None:
     torch.set_num_threads(1)
     best = ops.attention_isa("auto")
     order = ("portable", "avx2", "avx512", "avx512_bf16")
-    levels = list(order[:order.index(best) + 1])
-    print(f"threads {torch.get_num_threads()}, native kernels on this CPU: {', '.join(levels)}"
-          + (f", baseline {args.baseline}" if baseline else ""))
+    levels = list(order[: order.index(best) + 1])
+    print(
+        f"threads {torch.get_num_threads()}, native kernels on this CPU: {', '.join(levels)}"
+        + (f", baseline {args.baseline}" if baseline else "")
+    )
     print(f"one-thread copy bandwidth (torch copy of 256 MB, read + written bytes): {copy_bandwidth_gbs():.1f} GB/s")
     columns = ["torch", *([f"base {args.baseline}"] if baseline else []), *levels]
     if not args.vllm_only:
-        print(f"{'case':<28} {'dtype':<9}" + "".join(f" {c[:12]:>12}" for c in columns)
-              + f" {'speed-up':>9} {'GB/s':>6}  (ms)")
+        print(
+            f"{'case':<28} {'dtype':<9}"
+            + "".join(f" {c[:12]:>12}" for c in columns)
+            + f" {'speed-up':>9} {'GB/s':>6}  (ms)"
+        )
     try:
         for name, case in CASES.items():
             if args.only not in name or args.vllm_only:
                 continue
             for dtype in (torch.float32, torch.bfloat16):
-                p = make_problem(case.seq_lens, case.query_lens, case.heads, case.kv_heads, case.head_dim,
-                                 case.block_size, dtype=dtype)
+                p = make_problem(
+                    case.seq_lens,
+                    case.query_lens,
+                    case.heads,
+                    case.kv_heads,
+                    case.head_dim,
+                    case.block_size,
+                    dtype=dtype,
+                )
                 call = (p.query, p.key_cache, p.value_cache, p.metadata, p.scale)
                 m = p.metadata
                 fns = [lambda: torch_attention.paged_attention(*call)]
                 if baseline:
-                    fns.append(lambda: baseline(p.query, p.key_cache, p.value_cache, m.block_tables, m.seq_lens,
-                                                m.query_start_loc, p.scale, None))
+                    fns.append(
+                        lambda: baseline(
+                            p.query,
+                            p.key_cache,
+                            p.value_cache,
+                            m.block_tables,
+                            m.seq_lens,
+                            m.query_start_loc,
+                            p.scale,
+                            None,
+                        )
+                    )
                 fns += [at_level(ops, level, lambda: ops.paged_attention(*call)) for level in levels]
                 times = median_ms(fns, args.repeats)
                 before = times[1] if baseline else times[-len(levels)]
-                fastest = min(times[-len(levels):])
-                print(f"{name:<28} {str(dtype)[6:]:<9}" + "".join(f" {t:>12.3f}" for t in times)
-                      + f" {before / fastest:>8.2f}x {kv_bytes(case, dtype) / fastest / 1e6:>6.1f}", flush=True)
+                fastest = min(times[-len(levels) :])
+                print(
+                    f"{name:<28} {str(dtype)[6:]:<9}"
+                    + "".join(f" {t:>12.3f}" for t in times)
+                    + f" {before / fastest:>8.2f}x {kv_bytes(case, dtype) / fastest / 1e6:>6.1f}",
+                    flush=True,
+                )
     finally:
         ops.attention_isa("auto")
     key = torch.randn(64, 4, 64)
     p = make_problem([512] * 64, [1] * 64, 12, 4, 64, 16)
     kc, vc = p.key_cache.clone(), p.value_cache.clone()
-    torch_ms, native_ms = median_ms([lambda: reference.write_kv(key, key, kc, vc, p.metadata.slot_mapping),
-                                     lambda: ops.write_kv(key, key, kc, vc, p.metadata.slot_mapping)], args.repeats)
-    print(f"write_kv of a 64-sequence decode step (125m shapes), float32: torch {torch_ms:.3f} ms, "
-          f"native {native_ms:.3f} ms")
+    torch_ms, native_ms = median_ms(
+        [
+            lambda: reference.write_kv(key, key, kc, vc, p.metadata.slot_mapping),
+            lambda: ops.write_kv(key, key, kc, vc, p.metadata.slot_mapping),
+        ],
+        args.repeats,
+    )
+    print(
+        f"write_kv of a 64-sequence decode step (125m shapes), float32: torch {torch_ms:.3f} ms, "
+        f"native {native_ms:.3f} ms"
+    )
     if args.vllm_python:
-        compare_with_vllm(args.vllm_python, {name: case for name, case in CASES.items() if args.only in name},
-                          args.repeats, baseline, args.baseline or "")
+        compare_with_vllm(
+            args.vllm_python,
+            {name: case for name, case in CASES.items() if args.only in name},
+            args.repeats,
+            baseline,
+            args.baseline or "",
+        )
 
 
 if __name__ == "__main__":

@@ -44,11 +44,27 @@ def main() -> None:
 
     torch.set_num_threads(1)
     vocab = transformers.AutoConfig.from_pretrained(args.model_dir).vocab_size
-    requests = make_workload(args.num_requests, 0, vocab, 8, LengthDistribution(args.prompt_median, 1.0, 4, 1024),
-                             LengthDistribution(args.output_median, 1.0, 4, 512), 2048)
-    engine = LLMEngine(EngineConfig(model=args.model_dir, block_size=16, num_gpu_blocks_override=2048,
-                                    max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=2048,
-                                    dtype="float32", device="cpu"))
+    requests = make_workload(
+        args.num_requests,
+        0,
+        vocab,
+        8,
+        LengthDistribution(args.prompt_median, 1.0, 4, 1024),
+        LengthDistribution(args.output_median, 1.0, 4, 512),
+        2048,
+    )
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model_dir,
+            block_size=16,
+            num_gpu_blocks_override=2048,
+            max_num_seqs=256,
+            max_num_batched_tokens=2048,
+            max_model_len=2048,
+            dtype="float32",
+            device="cpu",
+        )
+    )
     num_output = sum(r.max_tokens for r in requests)
     timings: dict[str, list[tuple[float, float]]] = {"torch": [], "native": []}
     outputs: dict[str, list] = {}
@@ -67,10 +83,14 @@ def main() -> None:
         wall = statistics.median(w for w, _ in runs)
         cpu = statistics.median(c for _, c in runs)
         medians[path] = (num_output / wall, num_output / cpu)
-        print(f"{path:<7} {medians[path][0]:8.1f} tok/s wall  {medians[path][1]:8.1f} tok/CPU-s  "
-              f"runs (wall s) {[round(w, 1) for w, _ in runs]}")
-    print(f"native/torch: {medians['native'][0] / medians['torch'][0]:.2f}x wall, "
-          f"{medians['native'][1] / medians['torch'][1]:.2f}x CPU; same tokens: {outputs['native'] == outputs['torch']}")
+        print(
+            f"{path:<7} {medians[path][0]:8.1f} tok/s wall  {medians[path][1]:8.1f} tok/CPU-s  "
+            f"runs (wall s) {[round(w, 1) for w, _ in runs]}"
+        )
+    print(
+        f"native/torch: {medians['native'][0] / medians['torch'][0]:.2f}x wall, "
+        f"{medians['native'][1] / medians['torch'][1]:.2f}x CPU; same tokens: {outputs['native'] == outputs['torch']}"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     engines = {}
     for backend in BACKENDS:
         os.environ["PAGEDINFER_CPU_LINEAR"] = backend
-        engines[backend] = LLM(model=model_dir, dtype=args.dtype, device="cpu", max_model_len=256,
-                               cpu_memory_budget_bytes=1 << 30)
+        engines[backend] = LLM(
+            model=model_dir, dtype=args.dtype, device="cpu", max_model_len=256, cpu_memory_budget_bytes=1 << 30
+        )
         engines[backend].generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     times: dict[str, list[float]] = {b: [] for b in BACKENDS}
     outputs = {}
@@ -57,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             times[backend].append(time.perf_counter() - start)
     total = args.num_requests * args.max_tokens
     for backend, t in times.items():
-        print(f"{backend:7s} {args.dtype}: {total / statistics.median(t):7.1f} output tok/s"
-              f"  runs (s) {', '.join(f'{x:.1f}' for x in t)}")
+        print(
+            f"{backend:7s} {args.dtype}: {total / statistics.median(t):7.1f} output tok/s"
+            f"  runs (s) {', '.join(f'{x:.1f}' for x in t)}"
+        )
     print(f"same greedy tokens: {outputs['aten'] == outputs['onednn']}")
     return 0
 

@@ -48,8 +48,13 @@ def cases(m: int, dtype: torch.dtype) -> dict:
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     x, residual = torch.randn(m, HIDDEN, dtype=dtype), torch.randn(m, HIDDEN, dtype=dtype)
-    config = tiny_config("llama", hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                         max_position_embeddings=2048)
+    config = tiny_config(
+        "llama",
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=2048,
+    )
     rotary = modeling_llama.LlamaRotaryEmbedding(config)
     positions = torch.randint(0, 2048, (m,))
     cos, sin = rotary(torch.zeros(1, dtype=dtype), positions[None])
@@ -69,8 +74,10 @@ def cases(m: int, dtype: torch.dtype) -> dict:
 
     return {
         "rms_norm": (lambda: norm(x), lambda: layer_ops.rms_norm(x, norm.weight, 1e-6)),
-        "add+rms_norm": (lambda: norm(residual + x),
-                         lambda: layer_ops.fused_add_rms_norm(x, residual, norm.weight, 1e-6)),
+        "add+rms_norm": (
+            lambda: norm(residual + x),
+            lambda: layer_ops.fused_add_rms_norm(x, residual, norm.weight, 1e-6),
+        ),
         "rotary": (torch_rotary, lambda: layer_ops.rotary_embedding(positions, qkv, table, HEADS, KV_HEADS, HEAD_DIM)),
         "silu*mul": (torch_silu_mul, lambda: layer_ops.silu_and_mul(gate_up)),
     }, (x, residual, norm, qkv, positions, table, torch_rotary, gate_up)
@@ -88,7 +95,7 @@ def check(m: int, dtype: torch.dtype) -> None:
     torch.testing.assert_close(x, want, rtol=tol, atol=tol)
     want_q, want_k = torch_rotary()
     layer_ops.rotary_embedding(positions, qkv, table, HEADS, KV_HEADS, HEAD_DIM)
-    torch.testing.assert_close(qkv[:, :HEADS * HEAD_DIM], want_q.transpose(1, 2).reshape(m, -1), rtol=tol, atol=tol)
+    torch.testing.assert_close(qkv[:, : HEADS * HEAD_DIM], want_q.transpose(1, 2).reshape(m, -1), rtol=tol, atol=tol)
     gate, up = gate_up.split(INTERMEDIATE, dim=-1)
     torch.testing.assert_close(layer_ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=tol, atol=tol)
 
@@ -116,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
                 check(m, dtype)
                 for op, (torch_side, native) in cases(m, dtype)[0].items():
                     torch_side(), native()  # warm-up
-                    rounds = [(per_call_us(torch_side, args.calls), per_call_us(native, args.calls))
-                              for _ in range(args.repeats)]
+                    rounds = [
+                        (per_call_us(torch_side, args.calls), per_call_us(native, args.calls))
+                        for _ in range(args.repeats)
+                    ]
                     t, n = (statistics.median(r[i] for r in rounds) for i in (0, 1))
                     print(f"{args.dtypes[dtypes.index(dtype)]:9} {op:13} {m:5d} {t:9.1f} {n:9.1f} {t / n:7.2f}x")
 

@@ -74,12 +74,14 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 def fused_rows(dtype: torch.dtype, m: int, out_sizes: tuple[int, ...], repeats: int) -> tuple[float, float]:
     """Median seconds of the separate packed GEMMs and of the one fused GEMM, alternating; results checked."""
-    weights = [torch.randn(n, 768, dtype=dtype) / 768 ** 0.5 for n in out_sizes]
+    weights = [torch.randn(n, 768, dtype=dtype) / 768**0.5 for n in out_sizes]
     separate = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
     fused = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights), None)
     x = torch.randn(m, 768, dtype=dtype)
-    kernels = {"separate": lambda: [packed_linear(x, w) for w in separate],
-               "fused": lambda: packed_linear(x, fused).split(out_sizes, dim=-1)}
+    kernels = {
+        "separate": lambda: [packed_linear(x, w) for w in separate],
+        "fused": lambda: packed_linear(x, fused).split(out_sizes, dim=-1),
+    }
     for a, b in zip(kernels["separate"](), kernels["fused"]()):
         if (a.float() - b.float()).abs().max().item() > (1e-4 if dtype == torch.float32 else 1e-2):
             raise SystemExit(f"fused {out_sizes} M={m}: the fused GEMM's output differs from the separate ones")
@@ -98,8 +100,11 @@ def main_fused(args: argparse.Namespace) -> int:
         for name, out_sizes in FUSED.items():
             for m in args.m:
                 separate, fused = fused_rows(getattr(torch, dtype_name), m, out_sizes, args.repeats)
-                print(f"{dtype_name:8s} {name:23s} M={m:<5d} separate {separate * 1e6:9.1f}"
-                      f" | fused {fused * 1e6:9.1f} | x{separate / fused:.2f}", flush=True)
+                print(
+                    f"{dtype_name:8s} {name:23s} M={m:<5d} separate {separate * 1e6:9.1f}"
+                    f" | fused {fused * 1e6:9.1f} | x{separate / fused:.2f}",
+                    flush=True,
+                )
     return 0
 
 
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = getattr(torch, dtype_name)
         for shape_name in args.shapes:
             n, k = SHAPES[shape_name]
-            weight = torch.randn(n, k, dtype=dtype) / k ** 0.5
+            weight = torch.randn(n, k, dtype=dtype) / k**0.5
             for m in args.m:
                 if shape_name.startswith("lm_head") and m > LM_HEAD_MAX_M:
                     continue

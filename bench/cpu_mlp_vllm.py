@@ -38,8 +38,13 @@ import torch
 import torch.nn.functional as F
 
 HIDDEN, INTERMEDIATE = 768, 2048
-SHAPES = {"qkv": (1280, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTERMEDIATE, HIDDEN),
-          "down": (HIDDEN, INTERMEDIATE), "lm_head": (32000, HIDDEN)}  # name: (out, in)
+SHAPES = {
+    "qkv": (1280, HIDDEN),
+    "o": (HIDDEN, HIDDEN),
+    "gate_up": (2 * INTERMEDIATE, HIDDEN),
+    "down": (HIDDEN, INTERMEDIATE),
+    "lm_head": (32000, HIDDEN),
+}  # name: (out, in)
 LM_HEAD_MAX_M = 256
 
 
@@ -57,7 +62,7 @@ def parse_args() -> argparse.Namespace:
 
 def weights() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    return {name: torch.randn(n, k) / k ** 0.5 for name, (n, k) in SHAPES.items()}
+    return {name: torch.randn(n, k) / k**0.5 for name, (n, k) in SHAPES.items()}
 
 
 def median_us(fns: dict, repeats: int) -> dict[str, float]:
@@ -90,7 +95,7 @@ def cases(linear, mlps: dict, w: dict[str, torch.Tensor], ms: list[int], repeats
     for m in ms:
         x = torch.randn(m, HIDDEN)
         fns = {}
-        for name, (n, k) in SHAPES.items():
+        for name, (_n, k) in SHAPES.items():
             if name == "lm_head" and m > LM_HEAD_MAX_M:
                 continue
             xk = x if k == HIDDEN else torch.randn(m, k)
@@ -117,10 +122,15 @@ def ours(ms: list[int], repeats: int) -> dict[str, float]:
     linear = {name: (lambda x, p=p: packed_linear(x, p)) for name, p in packed.items()}
     gate_up, down = Projection(packed_linear, (packed["gate_up"],)), Projection(packed_linear, (packed["down"],))
     rows = max_chunk_rows(2 * INTERMEDIATE * 4)
-    print(f"ours: the engine's MLP runs M rows in chunks of <= {rows} rows "
-          f"(M={max(ms)}: {num_chunks(max(ms), rows)} chunks)", flush=True)
-    mlps = {"mlp unchunked": lambda x: chunked_mlp(x, gate_up, down, max_rows=x.shape[0]),
-            "mlp engine": lambda x: chunked_mlp(x, gate_up, down, rows)}
+    print(
+        f"ours: the engine's MLP runs M rows in chunks of <= {rows} rows "
+        f"(M={max(ms)}: {num_chunks(max(ms), rows)} chunks)",
+        flush=True,
+    )
+    mlps = {
+        "mlp unchunked": lambda x: chunked_mlp(x, gate_up, down, max_rows=x.shape[0]),
+        "mlp engine": lambda x: chunked_mlp(x, gate_up, down, rows),
+    }
     return cases(linear, mlps, w, ms, repeats)
 
 
@@ -150,8 +160,15 @@ def main() -> None:
     mine = ours(args.m, args.repeats)
     theirs = {}
     if args.vllm_python:
-        cmd = [args.vllm_python, os.path.abspath(__file__), "--vllm-child", "--repeats", str(args.repeats),
-               "--m", *map(str, args.m)]
+        cmd = [
+            args.vllm_python,
+            os.path.abspath(__file__),
+            "--vllm-child",
+            "--repeats",
+            str(args.repeats),
+            "--m",
+            *map(str, args.m),
+        ]
         done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
         if done.returncode:
             sys.stderr.write(done.stderr[-4000:])

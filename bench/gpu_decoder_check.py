@@ -26,8 +26,10 @@ TOLERANCE = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 1e-4}  # absolute and
 def _record(report, name: str, got, want) -> bool:
     diff = (got.float() - want.float()).abs()
     error = diff.max().item() if got.numel() else 0.0
-    ok = bool((diff <= TOLERANCE[str(got.dtype)[6:]] * (1 + want.float().abs())).all().item()) \
+    ok = (
+        bool((diff <= TOLERANCE[str(got.dtype)[6:]] * (1 + want.float().abs())).all().item())
         and not got.isnan().any().item()
+    )
     report.line(f"{'PASS' if ok else 'FAIL'}  {name:<58} max |err| {error:.2e}")
     report.add("correctness", {"case": name, "max_abs_error": error, "ok": ok})
     return ok
@@ -40,7 +42,12 @@ def check_layer_kernels(report, device, shapes: dict) -> None:
     from pagedinfer.kernels.rotary_kv import rotary_write_kv, rotary_write_kv_reference
     from pagedinfer.kernels.silu_mul import silu_mul, silu_mul_reference
 
-    dtype, tokens, hidden, inter = shapes["dtype"], shapes["layer_tokens"], shapes["layer_hidden"], shapes["layer_inter"]
+    dtype, tokens, hidden, inter = (
+        shapes["dtype"],
+        shapes["layer_tokens"],
+        shapes["layer_hidden"],
+        shapes["layer_inter"],
+    )
     gen = torch.Generator(device=device).manual_seed(0)
     randn = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(dtype)  # noqa: E731
     x, residual, weight = randn(tokens, hidden), randn(tokens, hidden), randn(hidden)
@@ -57,8 +64,9 @@ def check_layer_kernels(report, device, shapes: dict) -> None:
         width = (heads + 2 * kv_heads) * head_dim
         qkv = randn(tokens, width)
         positions = torch.randint(0, 4096, (tokens,), generator=gen, device=device)
-        angles = torch.arange(4096, device=device).float()[:, None] * \
-            (1.0 / 500000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+        angles = torch.arange(4096, device=device).float()[:, None] * (
+            1.0 / 500000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+        )
         cos_sin = torch.cat((angles.cos(), angles.sin()), -1)
         num_blocks = tokens // block_size + 8
         slots = torch.randperm(num_blocks * block_size, generator=gen, device=device)[:tokens]
@@ -66,8 +74,9 @@ def check_layer_kernels(report, device, shapes: dict) -> None:
         norms = (randn(head_dim), randn(head_dim), 1e-6) if qk_norm else None
         caches = [torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(4)]
         want, got = qkv.clone(), qkv.clone()
-        rotary_write_kv_reference(want, positions, cos_sin, caches[2], caches[3], slots, heads, kv_heads, head_dim,
-                                  norms)
+        rotary_write_kv_reference(
+            want, positions, cos_sin, caches[2], caches[3], slots, heads, kv_heads, head_dim, norms
+        )
         rotary_write_kv(got, positions, cos_sin, caches[0], caches[1], slots, heads, kv_heads, head_dim, norms)
         name = f"rotary+write_kv {heads}/{kv_heads} heads x {head_dim}, qk_norm {qk_norm}, 1 in 17 padding"
         _record(report, name + ": q/k", got, want)
@@ -79,8 +88,13 @@ def _engine_tokens(model_dir: Path, dtype: str, forward: str, prompts, output_le
 
     from pagedinfer.engine import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), dtype=dtype, forward=forward, gpu_memory_utilization=0.3,
-              max_model_len=max(map(len, prompts)) + output_len + 8)
+    llm = LLM(
+        model=str(model_dir),
+        dtype=dtype,
+        forward=forward,
+        gpu_memory_utilization=0.3,
+        max_model_len=max(map(len, prompts)) + output_len + 8,
+    )
     runner = llm.llm_engine.runner
     if (runner.triton_decoder is not None) != (forward == "triton"):
         raise RuntimeError(f"forward {forward!r} did not select the expected decoder")
@@ -104,8 +118,16 @@ def _generate_tokens(model_dir: Path, prompts: list[list[int]], output_len: int,
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     with torch.no_grad():
-        outs = [model.generate(torch.tensor([ids], device=device), max_new_tokens=output_len, do_sample=False,
-                               min_new_tokens=output_len, pad_token_id=0)[0, len(ids):].tolist() for ids in prompts]
+        outs = [
+            model.generate(
+                torch.tensor([ids], device=device),
+                max_new_tokens=output_len,
+                do_sample=False,
+                min_new_tokens=output_len,
+                pad_token_id=0,
+            )[0, len(ids) :].tolist()
+            for ids in prompts
+        ]
     del model
     return outs
 
@@ -122,16 +144,21 @@ def check_decoder(report, device, shapes: dict) -> None:
             model_dir = make_tiny_model(root / arch, arch=arch, **shapes["decoder_model"][arch])
             rng = random.Random(1)
             lo, hi = shapes["decoder_prompt_lens"]
-            prompts = [[rng.randrange(8, 380) for _ in range(rng.randint(lo, hi))]
-                       for _ in range(shapes["decoder_requests"])]
+            prompts = [
+                [rng.randrange(8, 380) for _ in range(rng.randint(lo, hi))] for _ in range(shapes["decoder_requests"])
+            ]
             output_len = shapes["decoder_output_len"]
             fp32, fp32_tps = _engine_tokens(model_dir, "float32", "triton", prompts, output_len, device)
             want = _generate_tokens(model_dir, prompts[: shapes["decoder_generate_requests"]], output_len, device)
             same = sum(a == b for a, b in zip(fp32, want))
             ok = same == len(want)
-            report.line(f"{'PASS' if ok else 'FAIL'}  {arch} fp32 Triton decoder greedy == generate: {same}/{len(want)}")
-            report.add("correctness", {"case": f"{arch} fp32 Triton decoder == generate", "identical": same,
-                                       "requests": len(want), "ok": ok})
+            report.line(
+                f"{'PASS' if ok else 'FAIL'}  {arch} fp32 Triton decoder greedy == generate: {same}/{len(want)}"
+            )
+            report.add(
+                "correctness",
+                {"case": f"{arch} fp32 Triton decoder == generate", "identical": same, "requests": len(want), "ok": ok},
+            )
             if device.type != "cuda":
                 continue  # bf16 and the speed comparison are the GPU's
             triton_bf16, triton_tps = _engine_tokens(model_dir, "bfloat16", "triton", prompts, output_len, device)
@@ -139,15 +166,34 @@ def check_decoder(report, device, shapes: dict) -> None:
             first = sum(a[0] == b[0] for a, b in zip(triton_bf16, module_bf16)) / len(prompts)
             whole = sum(a == b for a, b in zip(triton_bf16, module_bf16))
             ok = first >= 0.95
-            report.line(f"{'PASS' if ok else 'FAIL'}  {arch} bf16 first tokens Triton == module: {100 * first:.1f}%"
-                        f" (whole outputs {whole}/{len(prompts)})")
-            report.line(f"      {arch} bf16 tokens/s: Triton decoder {triton_tps:.0f}, module path {module_tps:.0f},"
-                        f" ratio {triton_tps / module_tps:.2f} ({len(prompts)} requests x {output_len} tokens;"
-                        f" fp32 Triton {fp32_tps:.0f})")
-            report.add("correctness", {"case": f"{arch} bf16 first tokens Triton == module", "fraction": first,
-                                       "identical_outputs": whole, "ok": ok})
-            report.add("decoder", {"arch": arch, "triton_tokens_per_s": triton_tps, "module_tokens_per_s": module_tps,
-                                   "ratio": triton_tps / module_tps, "requests": len(prompts),
-                                   "output_len": output_len})
+            report.line(
+                f"{'PASS' if ok else 'FAIL'}  {arch} bf16 first tokens Triton == module: {100 * first:.1f}%"
+                f" (whole outputs {whole}/{len(prompts)})"
+            )
+            report.line(
+                f"      {arch} bf16 tokens/s: Triton decoder {triton_tps:.0f}, module path {module_tps:.0f},"
+                f" ratio {triton_tps / module_tps:.2f} ({len(prompts)} requests x {output_len} tokens;"
+                f" fp32 Triton {fp32_tps:.0f})"
+            )
+            report.add(
+                "correctness",
+                {
+                    "case": f"{arch} bf16 first tokens Triton == module",
+                    "fraction": first,
+                    "identical_outputs": whole,
+                    "ok": ok,
+                },
+            )
+            report.add(
+                "decoder",
+                {
+                    "arch": arch,
+                    "triton_tokens_per_s": triton_tps,
+                    "module_tokens_per_s": module_tps,
+                    "ratio": triton_tps / module_tps,
+                    "requests": len(prompts),
+                    "output_len": output_len,
+                },
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -38,29 +38,73 @@ import time
 import urllib.request
 from pathlib import Path
 
-TARGETS = dict(batch1_step_ms=1.5, batch256_tokens_per_s=45_000, busy_fraction=0.85,
-               serve_tokens_per_s=3 * 3941, serve_ttft_p50_ms=1000.0)
+TARGETS = dict(
+    batch1_step_ms=1.5,
+    batch256_tokens_per_s=45_000,
+    busy_fraction=0.85,
+    serve_tokens_per_s=3 * 3941,
+    serve_ttft_p50_ms=1000.0,
+)
 PROMPT_TOKENS = 128  # per request of the step-time sweep
 SERVE_PORT = 8123
 
 
 def engine_shapes(smoke: bool) -> dict:
     if smoke:
-        return dict(dtype="float32", batches=(1, 4), steps=3, profile_batches=(), capture_size=4, max_num_seqs=8,
-                    model=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, max_position_embeddings=1024),
-                    exact_model=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
-                    exact_batches=(1, 3), exact_tokens=4,
-                    serve=dict(num_prompts=8, max_concurrency=4, input_words=20, output_tokens=8))
-    return dict(dtype="bfloat16", batches=(1, 16, 64, 256), steps=30, profile_batches=(64, 256), capture_size=256,
-                max_num_seqs=256,
-                model=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                           num_key_value_heads=8, max_position_embeddings=2048),
-                exact_model=dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-                                 num_key_value_heads=2, max_position_embeddings=512),
-                exact_batches=(1, 3, 5, 9), exact_tokens=24,
-                serve=dict(num_prompts=512, max_concurrency=256, input_words=200, output_tokens=256))
+        return dict(
+            dtype="float32",
+            batches=(1, 4),
+            steps=3,
+            profile_batches=(),
+            capture_size=4,
+            max_num_seqs=8,
+            model=dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=1024,
+            ),
+            exact_model=dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+            ),
+            exact_batches=(1, 3),
+            exact_tokens=4,
+            serve=dict(num_prompts=8, max_concurrency=4, input_words=20, output_tokens=8),
+        )
+    return dict(
+        dtype="bfloat16",
+        batches=(1, 16, 64, 256),
+        steps=30,
+        profile_batches=(64, 256),
+        capture_size=256,
+        max_num_seqs=256,
+        model=dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=2048,
+        ),
+        exact_model=dict(
+            hidden_size=512,
+            intermediate_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        ),
+        exact_batches=(1, 3, 5, 9),
+        exact_tokens=24,
+        serve=dict(num_prompts=512, max_concurrency=256, input_words=200, output_tokens=256),
+    )
 
 
 def verdict(value: float | None, target: float, at_most: bool = False) -> str:
@@ -83,8 +127,9 @@ def save_random_llama(model_dir: Path, shape: dict, dtype: str, device, tokenize
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
         tokenizer.save_pretrained(str(model_dir))
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=3,
-                                      tie_word_embeddings=False, **shape)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False, **shape
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config).to(getattr(torch, dtype))
@@ -131,9 +176,15 @@ def run_engine_checks(report, device, smoke: bool, serve_site: str | None, serve
 def make_llm(model_dir: Path, shapes: dict, graphs: bool, **kwargs):
     from pagedinfer.engine import LLM
 
-    return LLM(model=str(model_dir), dtype=shapes["dtype"], gpu_memory_utilization=0.5, max_model_len=1024,
-               max_num_seqs=shapes["max_num_seqs"],
-               max_cudagraph_capture_size=shapes["capture_size"] if graphs else 0, **kwargs)
+    return LLM(
+        model=str(model_dir),
+        dtype=shapes["dtype"],
+        gpu_memory_utilization=0.5,
+        max_model_len=1024,
+        max_num_seqs=shapes["max_num_seqs"],
+        max_cudagraph_capture_size=shapes["capture_size"] if graphs else 0,
+        **kwargs,
+    )
 
 
 def fill_decodes(engine, batch: int, tag: str, vocab: int, rng: random.Random) -> None:
@@ -159,11 +210,18 @@ def step_sweep(report, device, shapes: dict, model_dir: Path, graphs: bool) -> N
     start_record = {"case": "start", "graphs": graphs, "seconds": time.monotonic() - began}
     if graphs and runner.decode_graphs is not None:
         g = runner.decode_graphs
-        start_record.update(buckets=list(g.sizes), captured=g.captured, capture_seconds=g.capture_seconds,
-                            captured_bytes=g.captured_bytes, planned_bytes=g.planned_bytes)
+        start_record.update(
+            buckets=list(g.sizes),
+            captured=g.captured,
+            capture_seconds=g.capture_seconds,
+            captured_bytes=g.captured_bytes,
+            planned_bytes=g.planned_bytes,
+        )
         measured = f"{g.captured_bytes / 2**20:.1f} MiB" if g.captured_bytes is not None else "not captured (CPU)"
-        report.line(f"{label}: {len(g.sizes)} buckets up to {g.sizes[-1]}, capture {g.capture_seconds or 0:.1f} s,"
-                    f" memory {measured} against the sizing's estimate {g.planned_bytes / 2**20:.1f} MiB")
+        report.line(
+            f"{label}: {len(g.sizes)} buckets up to {g.sizes[-1]}, capture {g.capture_seconds or 0:.1f} s,"
+            f" memory {measured} against the sizing's estimate {g.planned_bytes / 2**20:.1f} MiB"
+        )
     report.add("engine", start_record)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rng = random.Random(0)
@@ -177,8 +235,13 @@ def step_sweep(report, device, shapes: dict, model_dir: Path, graphs: bool) -> N
             engine.step()
         sync()
         ms = (time.perf_counter() - t0) / shapes["steps"] * 1e3
-        record = {"case": "decode_step", "graphs": graphs, "batch": batch, "ms_per_step": ms,
-                  "tokens_per_s": batch / ms * 1e3}
+        record = {
+            "case": "decode_step",
+            "graphs": graphs,
+            "batch": batch,
+            "ms_per_step": ms,
+            "tokens_per_s": batch / ms * 1e3,
+        }
         if graphs:
             record["graph_steps"] = sum(runner.decode_graphs.num_runs.values()) - runs_before
         line = f"{label}: batch {batch:4d}: {ms:7.2f} ms/step, {batch / ms * 1e3:9.0f} tok/s"
@@ -188,9 +251,11 @@ def step_sweep(report, device, shapes: dict, model_dir: Path, graphs: bool) -> N
             line += f"  ({verdict(batch / ms * 1e3, TARGETS['batch256_tokens_per_s'])} tok/s)"
         if device.type == "cuda" and batch in shapes["profile_batches"]:
             record.update(profile_steps(engine, ms))
-            line += (f"; {record['launches_per_step']:.0f} launches/step, {record['device_kernels_per_step']:.0f}"
-                     f" kernels/step, GPU busy {record['busy_fraction']:.0%}"
-                     f" ({verdict(record['busy_fraction'], TARGETS['busy_fraction'])})")
+            line += (
+                f"; {record['launches_per_step']:.0f} launches/step, {record['device_kernels_per_step']:.0f}"
+                f" kernels/step, GPU busy {record['busy_fraction']:.0%}"
+                f" ({verdict(record['busy_fraction'], TARGETS['busy_fraction'])})"
+            )
         report.line(line)
         report.add("engine", record)
         if graphs and batch == shapes["batches"][-1]:
@@ -216,13 +281,16 @@ def profile_steps(engine, step_ms: float, steps: int = 10) -> dict:
     device_events = [e for e in events if e.device_type.name == "CUDA"]
     kernels = sum(e.count for e in device_events)
     kernel_ms = sum(e.self_device_time_total for e in device_events) / steps / 1e3
-    return {"launches_per_step": launches / steps, "device_kernels_per_step": kernels / steps,
-            "gpu_kernel_ms_per_step": kernel_ms, "busy_fraction": kernel_ms / step_ms}
+    return {
+        "launches_per_step": launches / steps,
+        "device_kernels_per_step": kernels / steps,
+        "gpu_kernel_ms_per_step": kernel_ms,
+        "busy_fraction": kernel_ms / step_ms,
+    }
 
 
 def sync_check(report, engine, device) -> dict:
     """One graph step under set_sync_debug_mode("error"); the eager step under the same mode, for contrast."""
-    import torch
 
     if device.type != "cuda":
         report.line("no-host-sync check: cannot be checked on a CPU (torch.cuda.set_sync_debug_mode needs CUDA)")
@@ -248,9 +316,11 @@ def sync_check(report, engine, device) -> dict:
     finally:
         runner.decode_graphs = saved
     result.update(eager_step_syncs=error is not None, eager_step_error=error)
-    report.line(f"no-host-sync check (batch {len(seq_ids)}, bucket {bucket}): graph step "
-                f"{'SYNCS: ' + result['graph_step_error'] if result['graph_step_syncs'] else 'has no host sync'}"
-                f"; eager step {'syncs' if result['eager_step_syncs'] else 'has no host sync'}")
+    report.line(
+        f"no-host-sync check (batch {len(seq_ids)}, bucket {bucket}): graph step "
+        f"{'SYNCS: ' + result['graph_step_error'] if result['graph_step_syncs'] else 'has no host sync'}"
+        f"; eager step {'syncs' if result['eager_step_syncs'] else 'has no host sync'}"
+    )
     return result
 
 
@@ -281,27 +351,44 @@ def exact_with_graphs(report, device, shapes: dict, tokenizer_dir: Path) -> None
     save_random_llama(model_dir, shapes["exact_model"], "float32", device, tokenizer_dir)
     rng = random.Random(1)
     vocab = transformers.AutoConfig.from_pretrained(str(model_dir)).vocab_size
-    prompts = [[rng.randrange(8, vocab) for _ in range(rng.randint(1, 60))] for _ in range(max(shapes["exact_batches"]))]
+    prompts = [
+        [rng.randrange(8, vocab) for _ in range(rng.randint(1, 60))] for _ in range(max(shapes["exact_batches"]))
+    ]
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     n = shapes["exact_tokens"]
     want = []
     with torch.no_grad():
         for ids in prompts:
-            out = model.generate(torch.tensor([ids], device=device), max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, pad_token_id=0)
-            want.append(out[0, len(ids):].tolist())
+            out = model.generate(
+                torch.tensor([ids], device=device), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+            )
+            want.append(out[0, len(ids) :].tolist())
     del model
-    llm = LLM(model=str(model_dir), dtype="float32", max_model_len=256, max_num_seqs=16, gpu_memory_utilization=0.3,
-              max_cudagraph_capture_size=16)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=16,
+        gpu_memory_utilization=0.3,
+        max_cudagraph_capture_size=16,
+    )
     graphs = llm.llm_engine.runner.decode_graphs
     for batch in shapes["exact_batches"]:
-        got = [o.outputs[0].token_ids for o in llm.generate(
-            prompts[:batch], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))]
+        got = [
+            o.outputs[0].token_ids
+            for o in llm.generate(prompts[:batch], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        ]
         same = sum(a == b for a, b in zip(got, want[:batch]))
         report.add("engine", {"case": "exact_fp32_graphs", "batch": batch, "identical": same, "requests": batch})
         report.line(f"float32, graphs on, batch {batch}: {same}/{batch} requests equal generate")
-    report.add("engine", {"case": "exact_fp32_bucket_runs", "runs": dict(graphs.num_runs),
-                          "leaked_blocks": llm.get_stats().num_used_blocks})
+    report.add(
+        "engine",
+        {
+            "case": "exact_fp32_bucket_runs",
+            "runs": dict(graphs.num_runs),
+            "leaked_blocks": llm.get_stats().num_used_blocks,
+        },
+    )
     report.line(f"  bucket runs {graphs.num_runs}; blocks in use after: {llm.get_stats().num_used_blocks}")
     llm.llm_engine.shutdown()
 
@@ -319,9 +406,25 @@ def serve_run(report, shapes: dict, model_dir: Path, serve_site: str | None) -> 
     out_dir = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="pagedinfer_serve_"))
     out_dir.mkdir(parents=True, exist_ok=True)
     s = shapes["serve"]
-    args = ["serve", "--model", str(model_dir), "--dtype", shapes["dtype"], "--host", "127.0.0.1",
-            "--port", str(SERVE_PORT), "--max-model-len", "1024", "--gpu-memory-utilization", "0.5",
-            "--max-num-seqs", str(shapes["max_num_seqs"]), "--max-cudagraph-capture-size", str(shapes["capture_size"])]
+    args = [
+        "serve",
+        "--model",
+        str(model_dir),
+        "--dtype",
+        shapes["dtype"],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(SERVE_PORT),
+        "--max-model-len",
+        "1024",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--max-num-seqs",
+        str(shapes["max_num_seqs"]),
+        "--max-cudagraph-capture-size",
+        str(shapes["capture_size"]),
+    ]
     with open(out_dir / "serve.log", "w") as log:
         server = subprocess.Popen(cli + args, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -329,12 +432,29 @@ def serve_run(report, shapes: dict, model_dir: Path, serve_site: str | None) -> 
                 report.line(f"serve did not become healthy (exit {server.poll()}); see serve.log")
                 report.add("engine", {"case": "serve", "error": "not healthy", "exit": server.poll()})
                 return
-            bench = subprocess.run(cli + ["bench", "serve", "--url", f"http://127.0.0.1:{SERVE_PORT}",
-                                          "--num-prompts", str(s["num_prompts"]),
-                                          "--max-concurrency", str(s["max_concurrency"]),
-                                          "--input-words", str(s["input_words"]),
-                                          "--output-tokens", str(s["output_tokens"]), "--no-progress", "--json"],
-                                   env=env, capture_output=True, text=True, timeout=600)
+            bench = subprocess.run(
+                cli
+                + [
+                    "bench",
+                    "serve",
+                    "--url",
+                    f"http://127.0.0.1:{SERVE_PORT}",
+                    "--num-prompts",
+                    str(s["num_prompts"]),
+                    "--max-concurrency",
+                    str(s["max_concurrency"]),
+                    "--input-words",
+                    str(s["input_words"]),
+                    "--output-tokens",
+                    str(s["output_tokens"]),
+                    "--no-progress",
+                    "--json",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         finally:
             server.send_signal(signal.SIGTERM)
             try:
@@ -349,11 +469,13 @@ def serve_run(report, shapes: dict, model_dir: Path, serve_site: str | None) -> 
         return
     tps, ttft = summary["output_token_throughput_per_second"], summary["ttft_ms"]["p50"]
     report.add("engine", {"case": "serve", "graphs": True, **summary})
-    report.line(f"serve + bench serve ({s['num_prompts']} requests, {summary['mean_prompt_tokens']:.0f} prompt +"
-                f" {summary['mean_completion_tokens']:.0f} output tokens, {s['max_concurrency']} in flight):"
-                f" {tps:.0f} output tok/s ({verdict(tps, TARGETS['serve_tokens_per_s'])}), TTFT p50 {ttft:.0f} ms"
-                f" ({verdict(ttft, TARGETS['serve_ttft_p50_ms'], at_most=True)}), ITL p50"
-                f" {summary['itl_ms']['p50']:.1f} ms, failed {summary['num_failed']}")
+    report.line(
+        f"serve + bench serve ({s['num_prompts']} requests, {summary['mean_prompt_tokens']:.0f} prompt +"
+        f" {summary['mean_completion_tokens']:.0f} output tokens, {s['max_concurrency']} in flight):"
+        f" {tps:.0f} output tok/s ({verdict(tps, TARGETS['serve_tokens_per_s'])}), TTFT p50 {ttft:.0f} ms"
+        f" ({verdict(ttft, TARGETS['serve_ttft_p50_ms'], at_most=True)}), ITL p50"
+        f" {summary['itl_ms']['p50']:.1f} ms, failed {summary['num_failed']}"
+    )
 
 
 def wait_healthy(server: subprocess.Popen, seconds: float = 300.0) -> bool:

@@ -26,8 +26,15 @@ from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.sleep.sleeper import EngineSleep
 from pagedinfer.engine.tiny_model import make_tiny_model
 
-MODEL_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                intermediate_size=8192, max_position_embeddings=4096, vocab_size=32000)
+MODEL_1B = dict(
+    hidden_size=2048,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=8192,
+    max_position_embeddings=4096,
+    vocab_size=32000,
+)
 PROMPTS = [[7 + (i * 37 + j * 11) % 300 for j in range(24 + 8 * i)] for i in range(4)]
 
 
@@ -49,9 +56,11 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_sleep_check: no CUDA device")
-    model = make_tiny_model(os.path.join(tempfile.gettempdir(), "pagedinfer-sleep-check-" + ("small" if args.small
-                                                                                              else "1b")),
-                            arch="llama", **({} if args.small else MODEL_1B))
+    model = make_tiny_model(
+        os.path.join(tempfile.gettempdir(), "pagedinfer-sleep-check-" + ("small" if args.small else "1b")),
+        arch="llama",
+        **({} if args.small else MODEL_1B),
+    )
     start = time.perf_counter()
     llm = LLM(str(model), device="cuda", dtype=args.dtype, max_model_len=1024, gpu_memory_utilization=0.5)
     result = {"cold_build_seconds": time.perf_counter() - start}

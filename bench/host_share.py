@@ -45,16 +45,21 @@ def main(argv: list[str] | None = None) -> None:
     engine.runner.execute = timed_execute
     rng = random.Random(args.seed)
     for i in range(args.num_requests):
-        engine.add_request(str(i), [rng.randrange(7, vocab) for _ in range(rng.randrange(16, 200))],
-                           SamplingParams(temperature=0, max_tokens=rng.randrange(16, 120), ignore_eos=True))
+        engine.add_request(
+            str(i),
+            [rng.randrange(7, vocab) for _ in range(rng.randrange(16, 200))],
+            SamplingParams(temperature=0, max_tokens=rng.randrange(16, 120), ignore_eos=True),
+        )
     start, steps = time.thread_time(), 0
     while engine.has_unfinished_requests():
         engine.step_deltas()
         steps += 1
     total = time.thread_time() - start
     rest = total - forward_seconds
-    print(f"{args.dtype}: {steps} steps, engine thread {total:.2f} CPU s: runner.execute {forward_seconds:.2f} s,"
-          f" the rest {rest:.3f} s = {100 * rest / total:.1f}% ({1e3 * rest / steps:.2f} ms per step)")
+    print(
+        f"{args.dtype}: {steps} steps, engine thread {total:.2f} CPU s: runner.execute {forward_seconds:.2f} s,"
+        f" the rest {rest:.3f} s = {100 * rest / total:.1f}% ({1e3 * rest / steps:.2f} ms per step)"
+    )
     engine.shutdown()
 
 

@@ -45,27 +45,39 @@ def make_model(out: Path, hidden_size: int, layers: int) -> Path:
 
     if (out / "config.json").exists():
         return out
-    return make_tiny_model(out, tokenizer_dir=default_model_dir(), hidden_size=hidden_size,
-                           intermediate_size=3 * hidden_size, num_hidden_layers=layers, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=4096, vocab_size=2048)
+    return make_tiny_model(
+        out,
+        tokenizer_dir=default_model_dir(),
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        vocab_size=2048,
+    )
 
 
 def counters(url: str) -> dict[str, float]:
     from pagedinfer.engine.bench.scrape import sample_totals
     from pagedinfer.engine.server import metric_names as m
 
-    names = {"hits": m.PREFIX_CACHE_HITS.sample, "queries": m.PREFIX_CACHE_QUERIES.sample,
-             "tier_hits": m.PREFIX_CACHE_OFFLOAD_HITS.sample, "prompt_tokens": m.PROMPT_TOKENS.sample,
-             "blocks": m.KV_CACHE_NUM_BLOCKS.sample, "copy_seconds": m.KV_OFFLOAD_COPY_SECONDS.sample,
-             "copy_bytes": m.KV_OFFLOAD_BYTES.sample}
+    names = {
+        "hits": m.PREFIX_CACHE_HITS.sample,
+        "queries": m.PREFIX_CACHE_QUERIES.sample,
+        "tier_hits": m.PREFIX_CACHE_OFFLOAD_HITS.sample,
+        "prompt_tokens": m.PROMPT_TOKENS.sample,
+        "blocks": m.KV_CACHE_NUM_BLOCKS.sample,
+        "copy_seconds": m.KV_OFFLOAD_COPY_SECONDS.sample,
+        "copy_bytes": m.KV_OFFLOAD_BYTES.sample,
+    }
     totals = sample_totals(httpx.get(url + "/metrics", timeout=10).text, names.values())
     return {key: totals[name] or 0.0 for key, name in names.items()}  # copies: both directions summed
 
 
 def cold_prefill_seconds(url: str, num_tokens: int) -> float:
     """The time to first token of one prompt of never-seen token ids on an idle engine (its prefill, all computed)."""
-    body = {"model": "pagedinfer-default", "prompt": [7 + (i * 31) % 1900 for i in range(num_tokens)],
-            "max_tokens": 1}
+    body = {"model": "pagedinfer-default", "prompt": [7 + (i * 31) % 1900 for i in range(num_tokens)], "max_tokens": 1}
     t0 = time.monotonic()
     httpx.post(url + "/v1/completions", json=body, timeout=600).raise_for_status()
     return time.monotonic() - t0
@@ -73,13 +85,20 @@ def cold_prefill_seconds(url: str, num_tokens: int) -> float:
 
 def run_system(name: str, tier_gib: float, engines: int, args, convs, logs: Path) -> dict:
     procs, urls = [], []
-    extra = ("--model", str(args.model), "--served-model-name", "pagedinfer-default",
-             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-             *(("--kv-offloading-size", f"{tier_gib:g}") if tier_gib else ()))
+    extra = (
+        "--model",
+        str(args.model),
+        "--served-model-name",
+        "pagedinfer-default",
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        *(("--kv-offloading-size", f"{tier_gib:g}") if tier_gib else ()),
+    )
     try:
         for i, host in enumerate(routing.HOSTS[:engines]):
-            url, proc = routing.start_engine(host, args.blocks, args.max_model_len, logs / f"{name}-engine{i}.log",
-                                             extra)
+            url, proc = routing.start_engine(
+                host, args.blocks, args.max_model_len, logs / f"{name}-engine{i}.log", extra
+            )
             procs.append(proc)
             urls.append(url)
         for url, proc in zip(urls, procs):
@@ -87,8 +106,19 @@ def run_system(name: str, tier_gib: float, engines: int, args, convs, logs: Path
         target = urls[0]
         if engines > 1:
             port = routing.free_port("127.0.0.1")
-            proc = routing.start(["router", *[f for u in urls for f in ("--engine", u)], "--policy", "prefix",
-                                  "--port", str(port), "--log-level", "warning"], logs / f"{name}-router.log")
+            proc = routing.start(
+                [
+                    "router",
+                    *[f for u in urls for f in ("--engine", u)],
+                    "--policy",
+                    "prefix",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                logs / f"{name}-router.log",
+            )
             procs.append(proc)
             target = f"http://127.0.0.1:{port}"
             wait_process_healthy(target, proc)
@@ -100,14 +130,23 @@ def run_system(name: str, tier_gib: float, engines: int, args, convs, logs: Path
         routing.stop_all(procs)
     sums = {k: sum(t[k] for t in totals) for k in totals[0]}
     per_block = block_bytes(args.model)
-    return {"system": name, "hit_rate": sums["hits"] / sums["queries"] if sums["queries"] else 0.0,
-            "tier_hit_tokens": sums["tier_hits"], "recomputed_prompt_tokens": sums["queries"] - sums["hits"],
-            "prompt_tokens_computed": sums["prompt_tokens"], "query_tokens": sums["queries"],
-            "pool_blocks": sums["blocks"], "ttft_p50": statistics.median(result["ttfts"]),
-            "ttft_p90": routing.quantile(result["ttfts"], 0.9), "tok_per_s": result["tokens"] / result["wall"],
-            "requests": len(result["ttfts"]), "prefill_seconds_per_block": prefill / 64,
-            "copy_seconds_per_block": (sums["copy_seconds"] / (sums["copy_bytes"] / per_block)
-                                       if sums["copy_bytes"] else 0.0)}
+    return {
+        "system": name,
+        "hit_rate": sums["hits"] / sums["queries"] if sums["queries"] else 0.0,
+        "tier_hit_tokens": sums["tier_hits"],
+        "recomputed_prompt_tokens": sums["queries"] - sums["hits"],
+        "prompt_tokens_computed": sums["prompt_tokens"],
+        "query_tokens": sums["queries"],
+        "pool_blocks": sums["blocks"],
+        "ttft_p50": statistics.median(result["ttfts"]),
+        "ttft_p90": routing.quantile(result["ttfts"], 0.9),
+        "tok_per_s": result["tokens"] / result["wall"],
+        "requests": len(result["ttfts"]),
+        "prefill_seconds_per_block": prefill / 64,
+        "copy_seconds_per_block": (
+            sums["copy_seconds"] / (sums["copy_bytes"] / per_block) if sums["copy_bytes"] else 0.0
+        ),
+    }
 
 
 def block_bytes(model: Path, block_size: int = 16) -> int:
@@ -122,6 +161,7 @@ def working_set_blocks(convs, model: Path, block_size: int = 16) -> int:
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(str(model))
+
     def num_tokens(messages) -> int:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return len(tok(text, add_special_tokens=False).input_ids)
@@ -153,41 +193,54 @@ def main(argv: list[str] | None = None) -> int:
         args.users, args.turns, args.system_words, args.blocks, args.max_tokens = 4, 2, 40, 24, 2
         args.hidden_size, args.layers, args.kv_offloading_size, args.max_model_len = 64, 2, 0.01, 384
     args.logs.mkdir(parents=True, exist_ok=True)
-    args.model = args.model or make_model(args.logs / f"model-h{args.hidden_size}-l{args.layers}", args.hidden_size,
-                                          args.layers)
+    args.model = args.model or make_model(
+        args.logs / f"model-h{args.hidden_size}-l{args.layers}", args.hidden_size, args.layers
+    )
     convs = routing.workload(args.users, args.turns, args.system_words)
     engines = 2 if args.router else 1
     working_set = working_set_blocks(convs, args.model)
-    print(f"working set {working_set} blocks; {engines} engine(s) x {args.blocks} blocks: "
-          f"{working_set / (engines * args.blocks):.1f}x the pool")
+    print(
+        f"working set {working_set} blocks; {engines} engine(s) x {args.blocks} blocks: "
+        f"{working_set / (engines * args.blocks):.1f}x the pool"
+    )
     systems = [("tier off", 0.0), (f"tier on ({args.kv_offloading_size:g} GiB)", args.kv_offloading_size)]
     runs: dict[str, list[dict]] = {name: [] for name, _ in systems}
     for r in range(args.repeats):  # alternating order, so a load change on a shared machine hits both
-        for name, gib in (systems if r % 2 == 0 else systems[::-1]):
-            runs[name].append(run_system(name.split(" (")[0].replace(" ", "-"), gib, engines, args, convs,
-                                         args.logs))
-    rows = [{"system": name, **{k: statistics.median(r[k] for r in runs[name])
-                                for k in runs[name][0] if k != "system"}} for name, _ in systems]
-    print(f"{'system':<24}{'hit rate':>9}{'tier hits':>10}{'recomputed':>11}{'TTFT p50':>10}{'TTFT p90':>10}"
-          f"{'tok/s':>8}  (prompt tokens; {engines} engine(s); medians of {args.repeats})")
+        for name, gib in systems if r % 2 == 0 else systems[::-1]:
+            runs[name].append(run_system(name.split(" (")[0].replace(" ", "-"), gib, engines, args, convs, args.logs))
+    rows = [
+        {"system": name, **{k: statistics.median(r[k] for r in runs[name]) for k in runs[name][0] if k != "system"}}
+        for name, _ in systems
+    ]
+    print(
+        f"{'system':<24}{'hit rate':>9}{'tier hits':>10}{'recomputed':>11}{'TTFT p50':>10}{'TTFT p90':>10}"
+        f"{'tok/s':>8}  (prompt tokens; {engines} engine(s); medians of {args.repeats})"
+    )
     for r in rows:
-        print(f"{r['system']:<24}{r['hit_rate']:>8.1%}{r['tier_hit_tokens']:>10.0f}"
-              f"{r['recomputed_prompt_tokens']:>11.0f}{r['ttft_p50']:>9.3f}s{r['ttft_p90']:>9.3f}s"
-              f"{r['tok_per_s']:>8.1f}")
+        print(
+            f"{r['system']:<24}{r['hit_rate']:>8.1%}{r['tier_hit_tokens']:>10.0f}"
+            f"{r['recomputed_prompt_tokens']:>11.0f}{r['ttft_p50']:>9.3f}s{r['ttft_p90']:>9.3f}s"
+            f"{r['tok_per_s']:>8.1f}"
+        )
     off, on = rows
     if on["recomputed_prompt_tokens"]:
         ratio = off["recomputed_prompt_tokens"] / on["recomputed_prompt_tokens"]
         print(f"recomputed prompt tokens, off / on: {ratio:.2f}x")
-    print(f"TTFT p50 off / on: {off['ttft_p50'] / on['ttft_p50']:.2f}x; p90: {off['ttft_p90'] / on['ttft_p90']:.2f}x;"
-          f" tok/s on / off: {on['tok_per_s'] / off['tok_per_s']:.2f}x")
+    print(
+        f"TTFT p50 off / on: {off['ttft_p50'] / on['ttft_p50']:.2f}x; p90: {off['ttft_p90'] / on['ttft_p90']:.2f}x;"
+        f" tok/s on / off: {on['tok_per_s'] / off['tok_per_s']:.2f}x"
+    )
     if on["copy_seconds_per_block"]:
-        print(f"a block: copied (either way) in {on['copy_seconds_per_block'] * 1e3:.3f} ms, prefilled in"
-              f" {on['prefill_seconds_per_block'] * 1e3:.2f} ms: a tier hit costs"
-              f" {on['copy_seconds_per_block'] / on['prefill_seconds_per_block']:.3f} of computing it"
-              " (router/policy.py TIER_HIT_COST)")
+        print(
+            f"a block: copied (either way) in {on['copy_seconds_per_block'] * 1e3:.3f} ms, prefilled in"
+            f" {on['prefill_seconds_per_block'] * 1e3:.2f} ms: a tier hit costs"
+            f" {on['copy_seconds_per_block'] / on['prefill_seconds_per_block']:.3f} of computing it"
+            " (router/policy.py TIER_HIT_COST)"
+        )
     if args.json_out:
-        args.json_out.write_text(json.dumps({"working_set_blocks": working_set, "summary": rows, "runs": runs},
-                                            indent=2))
+        args.json_out.write_text(
+            json.dumps({"working_set_blocks": working_set, "summary": rows, "runs": runs}, indent=2)
+        )
     return 0
 
 

@@ -65,17 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     moved = block_bytes * args.copies
     store = timed(device, lambda: copier.copy(STORE, kv, host, pairs), args.repeats)
     load = timed(device, lambda: copier.copy(LOAD, host, kv, pairs), args.repeats)
-    disjoint = tuple((s, d) for s, d in zip(src, range(args.num_blocks)) if d not in src)[:args.copies // 2]
+    disjoint = tuple((s, d) for s, d in zip(src, range(args.num_blocks)) if d not in src)[: args.copies // 2]
     mapping = torch.tensor(disjoint, dtype=torch.long, device=device).view(-1, 2)
     keys, values = [kv[0, i] for i in range(args.layers)], [kv[1, i] for i in range(args.layers)]
     device_copy = timed(device, lambda: dispatch.copy_blocks(keys, values, mapping), args.repeats)
     device_bytes = block_bytes * len(disjoint)
-    print(f"{args.device}: {args.copies} blocks of {block_bytes / 2**20:.2f} MiB ({args.layers} layers,"
-          f" {args.kv_heads} KV heads x {args.head_dim}, {args.dtype}) per call, medians of {args.repeats}")
-    for name, seconds, num_bytes in (("store (device -> host)", store, moved), ("load (host -> device)", load, moved),
-                                     ("device copy (peer)", device_copy, device_bytes)):
-        print(f"  {name:<24}{num_bytes / seconds / 1e9:>8.2f} GB/s  {seconds / (num_bytes / block_bytes) * 1e3:.3f}"
-              " ms per block")
+    print(
+        f"{args.device}: {args.copies} blocks of {block_bytes / 2**20:.2f} MiB ({args.layers} layers,"
+        f" {args.kv_heads} KV heads x {args.head_dim}, {args.dtype}) per call, medians of {args.repeats}"
+    )
+    for name, seconds, num_bytes in (
+        ("store (device -> host)", store, moved),
+        ("load (host -> device)", load, moved),
+        ("device copy (peer)", device_copy, device_bytes),
+    ):
+        print(
+            f"  {name:<24}{num_bytes / seconds / 1e9:>8.2f} GB/s  {seconds / (num_bytes / block_bytes) * 1e3:.3f}"
+            " ms per block"
+        )
     print(f"  load / device copy bandwidth: {(moved / load) / (device_bytes / device_copy):.2f}x")
     return 0
 

@@ -34,8 +34,17 @@ import time
 from pathlib import Path
 
 from pagedinfer.testing.kube_emulator import KubeEmulator
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, NODES, SERVICES, add_gpu_node, inference_service,
-                                                 running_operator, serving_emulator, write_kubeconfig)
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    NODES,
+    SERVICES,
+    add_gpu_node,
+    inference_service,
+    running_operator,
+    serving_emulator,
+    write_kubeconfig,
+)
 
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 SPEC = {"model": {"uri": "hf://org/llama", "allowDownload": True, "architecture": ARCH}}
@@ -45,8 +54,12 @@ def reconciled(emulator: KubeEmulator, name: str) -> bool:
     isvc = emulator.read(ISVC, "default", name)
     status = (isvc or {}).get("status") or {}
     sized = [c for c in status.get("conditions") or [] if c["type"] == "Sized" and c["status"] == "True"]
-    return bool(sized and status.get("observedGeneration") == 1
-                and emulator.read(DEPLOYMENTS, "default", name) and emulator.read(SERVICES, "default", name))
+    return bool(
+        sized
+        and status.get("observedGeneration") == 1
+        and emulator.read(DEPLOYMENTS, "default", name)
+        and emulator.read(SERVICES, "default", name)
+    )
 
 
 NODE_MEMORY_MIB = (81559, 81559, 46068, 143771)  # H100 80GB, L40S-like 45 GiB, H200
@@ -97,9 +110,13 @@ async def one_round(num_services: int, num_nodes: int, tmp: Path, timeout_second
                 await asyncio.sleep(0.01)
             restart_handler_calls = runtime.kube.calls
         restart_calls = len(emulator.calls) - calls_before
-        writes_on_restart = sum(1 for access, _ in emulator.calls[calls_before:]
-                                if access.verb in ("create", "patch", "update") and access.resource != "events"
-                                and access.resource != "inferenceservices")
+        writes_on_restart = sum(
+            1
+            for access, _ in emulator.calls[calls_before:]
+            if access.verb in ("create", "patch", "update")
+            and access.resource != "events"
+            and access.resource != "inferenceservices"
+        )
     return {
         "wall_seconds": wall,
         "median_seconds_to_reconciled": statistics.median(done.values()),
@@ -142,8 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--services", type=int, default=100, help="InferenceServices applied at once (default 100)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per size; medians are reported (default 3)")
-    parser.add_argument("--nodes", type=node_counts, default=[4],
-                        help="GPU nodes in the cluster, one table per count: e.g. 10,100,1000 (default 4)")
+    parser.add_argument(
+        "--nodes",
+        type=node_counts,
+        default=[4],
+        help="GPU nodes in the cluster, one table per count: e.g. 10,100,1000 (default 4)",
+    )
     parser.add_argument("--timeout-seconds", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
@@ -157,34 +178,49 @@ def main(argv: list[str] | None = None) -> int:
         print_table(args, int(nodes), by_services["1"], by_services[str(args.services)])
     if len(results) > 1:
         many = {nodes: r[str(args.services)] for nodes, r in results.items()}
-        print(f"API calls per service at N={args.services} by node count: "
-              + ", ".join(f"{nodes} nodes {r['api_calls_per_service']:.2f}" for nodes, r in many.items()))
+        print(
+            f"API calls per service at N={args.services} by node count: "
+            + ", ".join(f"{nodes} nodes {r['api_calls_per_service']:.2f}" for nodes, r in many.items())
+        )
     return 0
 
 
 def print_table(args: argparse.Namespace, nodes: int, one: dict[str, float], many: dict[str, float]) -> None:
-    print(f"operator scale: {args.services} InferenceServices at once vs 1, {nodes} GPU nodes (median of "
-          f"{args.rounds} rounds; FAST_CONFIG retry delays; emulator on 127.0.0.1)")
+    print(
+        f"operator scale: {args.services} InferenceServices at once vs 1, {nodes} GPU nodes (median of "
+        f"{args.rounds} rounds; FAST_CONFIG retry delays; emulator on 127.0.0.1)"
+    )
     rows = [
         ("wall time until all reconciled (s)", one["wall_seconds"], many["wall_seconds"]),
         ("median time to reconciled (s)", one["median_seconds_to_reconciled"], many["median_seconds_to_reconciled"]),
         ("p95 time to reconciled (s)", one["p95_seconds_to_reconciled"], many["p95_seconds_to_reconciled"]),
         ("API calls per service (all)", one["api_calls_per_service"], many["api_calls_per_service"]),
-        ("API calls per service (handlers)", one["handler_api_calls_per_service"],
-         many["handler_api_calls_per_service"]),
+        (
+            "API calls per service (handlers)",
+            one["handler_api_calls_per_service"],
+            many["handler_api_calls_per_service"],
+        ),
         ("node LISTs per service", one["node_lists_per_service"], many["node_lists_per_service"]),
         ("node KiB listed per service", one["node_kib_listed_per_service"], many["node_kib_listed_per_service"]),
-        ("after restart: API calls per service", one["restart_api_calls_per_service"],
-         many["restart_api_calls_per_service"]),
-        ("after restart: handler calls per service", one["restart_handler_calls_per_service"],
-         many["restart_handler_calls_per_service"]),
+        (
+            "after restart: API calls per service",
+            one["restart_api_calls_per_service"],
+            many["restart_api_calls_per_service"],
+        ),
+        (
+            "after restart: handler calls per service",
+            one["restart_handler_calls_per_service"],
+            many["restart_handler_calls_per_service"],
+        ),
         ("after restart: child writes (total)", one["restart_child_writes"], many["restart_child_writes"]),
     ]
     print(f"{'':44}{'N=1':>10}{'N=' + str(args.services):>10}")
     for label, a, b in rows:
         print(f"{label:44}{a:10.3f}{b:10.3f}")
-    print(f"per-service wall time at N={args.services} / at N=1: "
-          f"{many['wall_seconds'] / args.services / one['wall_seconds']:.3f}")
+    print(
+        f"per-service wall time at N={args.services} / at N=1: "
+        f"{many['wall_seconds'] / args.services / one['wall_seconds']:.3f}"
+    )
 
 
 if __name__ == "__main__":

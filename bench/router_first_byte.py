@@ -70,12 +70,26 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = Path(tempfile.mkdtemp()) / "engine.log"
-    cmd = [str(Path(sys.executable).with_name("pagedinfer")), "serve", "--port", str(port), "--device", "cpu",
-           "--max-model-len", str(max_model_len), "--served-model-name", "m"]
+    cmd = [
+        str(Path(sys.executable).with_name("pagedinfer")),
+        "serve",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--max-model-len",
+        str(max_model_len),
+        "--served-model-name",
+        "m",
+    ]
     if args.model:
         cmd += ["--model", args.model]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
     try:
         wait_process_healthy(url, proc, timeout_seconds=300, log_path=log)
         asyncio.run(load(url, config["vocab_size"], prompt_tokens, 1, 1))  # warm-up
@@ -84,8 +98,10 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
     headers, first_chunk = sorted(t[0] for t in times), sorted(t[1] for t in times)
-    print(f"model {model.name}: {args.requests} streams of {prompt_tokens} prompt tokens, {args.concurrency} at a"
-          f" time, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"model {model.name}: {args.requests} streams of {prompt_tokens} prompt tokens, {args.concurrency} at a"
+        f" time, load average {os.getloadavg()[0]:.1f}"
+    )
     for name, values in (("headers (first byte)", headers), ("first chunk (token)", first_chunk)):
         print(f"  {name}: p50 {values[len(values) // 2]:.3f} s, max {values[-1]:.3f} s")
 

@@ -35,8 +35,10 @@ import httpx
 from pagedinfer.testing.server_process import wait_process_healthy
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa"
-         " quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa"
+    " quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
 
 
 def free_port(host: str) -> int:
@@ -54,12 +56,34 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([cli(), *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
 
-def start_engine(host: str, blocks: int, max_model_len: int, log: Path,
-                 extra_args: tuple[str, ...] = ()) -> tuple[str, subprocess.Popen]:
+def start_engine(
+    host: str, blocks: int, max_model_len: int, log: Path, extra_args: tuple[str, ...] = ()
+) -> tuple[str, subprocess.Popen]:
     port = free_port(host)
-    proc = start(["serve", "--host", host, "--port", str(port), "--device", "cpu", "--num-gpu-blocks-override",
-                  str(blocks), "--max-model-len", str(max_model_len), "--kv-events", "--kv-events-port", "0",
-                  "--max-waiting-requests", "10000", "--log-level", "warning", *extra_args], log)
+    proc = start(
+        [
+            "serve",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--num-gpu-blocks-override",
+            str(blocks),
+            "--max-model-len",
+            str(max_model_len),
+            "--kv-events",
+            "--kv-events-port",
+            "0",
+            "--max-waiting-requests",
+            "10000",
+            "--log-level",
+            "warning",
+            *extra_args,
+        ],
+        log,
+    )
     return f"http://{host}:{port}", proc
 
 
@@ -94,11 +118,18 @@ async def run_load(url: str, convs: list[list[list[dict]]], max_tokens: int, con
     ttfts, tokens, routes = [], 0, []
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+
         async def one(messages):
             nonlocal tokens
             async with sem:
-                body = {"model": "pagedinfer-default", "messages": messages, "max_tokens": max_tokens,
-                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                body = {
+                    "model": "pagedinfer-default",
+                    "messages": messages,
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 t0 = time.monotonic()
                 first = None
                 async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -129,8 +160,11 @@ def engine_counters(url: str) -> dict[str, float]:
     from pagedinfer.engine.bench.scrape import sample_totals
     from pagedinfer.engine.server import metric_names as m
 
-    names = {"hits": m.PREFIX_CACHE_HITS.sample, "queries": m.PREFIX_CACHE_QUERIES.sample,
-             "requests": m.REQUEST_SUCCESS.sample}
+    names = {
+        "hits": m.PREFIX_CACHE_HITS.sample,
+        "queries": m.PREFIX_CACHE_QUERIES.sample,
+        "requests": m.REQUEST_SUCCESS.sample,
+    }
     totals = sample_totals(httpx.get(url + "/metrics", timeout=10).text, names.values())
     return {key: totals[name] or 0.0 for key, name in names.items()}
 
@@ -143,7 +177,7 @@ def quantile(values: list[float], q: float) -> float:
 def run_system(name: str, policy: str | None, args, convs, logs: Path) -> dict:
     procs, urls = [], []
     try:
-        hosts = HOSTS[:1] if policy is None else HOSTS[:args.engines]
+        hosts = HOSTS[:1] if policy is None else HOSTS[: args.engines]
         blocks = args.blocks * args.engines if policy is None else args.blocks
         for i, host in enumerate(hosts):
             url, proc = start_engine(host, blocks, args.max_model_len, logs / f"{name}-engine{i}.log")
@@ -155,8 +189,10 @@ def run_system(name: str, policy: str | None, args, convs, logs: Path) -> dict:
         if policy is not None:
             port = free_port("127.0.0.1")
             engine_flags = [f for u in urls for f in ("--engine", u)]
-            proc = start(["router", *engine_flags, "--policy", policy, "--port", str(port), "--log-level", "warning"],
-                         logs / f"{name}-router.log")
+            proc = start(
+                ["router", *engine_flags, "--policy", policy, "--port", str(port), "--log-level", "warning"],
+                logs / f"{name}-router.log",
+            )
             procs.append(proc)
             target = f"http://127.0.0.1:{port}"
             wait_process_healthy(target, proc)
@@ -167,18 +203,26 @@ def run_system(name: str, policy: str | None, args, convs, logs: Path) -> dict:
         stop_all(procs)
     hits, queries = sum(c["hits"] for c in counters), sum(c["queries"] for c in counters)
     per_engine = [int(c["requests"]) for c in counters]
-    return {"system": name, "hit_rate": hits / queries if queries else 0.0,
-            "ttft_p50": statistics.median(result["ttfts"]), "ttft_p90": quantile(result["ttfts"], 0.9),
-            "tok_per_s": result["tokens"] / result["wall"], "requests_per_engine": per_engine,
-            "spread": max(per_engine) / max(1, min(per_engine))}
+    return {
+        "system": name,
+        "hit_rate": hits / queries if queries else 0.0,
+        "ttft_p50": statistics.median(result["ttfts"]),
+        "ttft_p90": quantile(result["ttfts"], 0.9),
+        "tok_per_s": result["tokens"] / result["wall"],
+        "requests_per_engine": per_engine,
+        "spread": max(per_engine) / max(1, min(per_engine)),
+    }
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
     """Medians over the repeats; the request spread is the worst run's."""
     worst = max(runs, key=lambda r: r["spread"])
-    return {"system": name, **{k: statistics.median(r[k] for r in runs)
-                               for k in ("hit_rate", "ttft_p50", "ttft_p90", "tok_per_s")},
-            "requests_per_engine": worst["requests_per_engine"], "spread": worst["spread"]}
+    return {
+        "system": name,
+        **{k: statistics.median(r[k] for r in runs) for k in ("hit_rate", "ttft_p50", "ttft_p90", "tok_per_s")},
+        "requests_per_engine": worst["requests_per_engine"],
+        "spread": worst["spread"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,14 +250,18 @@ def main(argv: list[str] | None = None) -> int:
     systems.append((f"ceiling (1 engine, {args.engines} pools)", None))
     runs: dict[str, list[dict]] = {name: [] for name, _ in systems}
     for r in range(args.repeats):  # the order rotates, so a load change on a shared machine hits every system
-        for name, policy in systems[r % len(systems):] + systems[:r % len(systems)]:
+        for name, policy in systems[r % len(systems) :] + systems[: r % len(systems)]:
             runs[name].append(run_system(name, policy, args, convs, args.logs))
     rows = [summarize(name, runs[name]) for name, _ in systems]
-    print(f"{'system':<30}{'hit rate':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'tok/s':>9}  requests per engine"
-          f"{' (medians of ' + str(args.repeats) + ' runs)' if args.repeats > 1 else ''}")
+    print(
+        f"{'system':<30}{'hit rate':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'tok/s':>9}  requests per engine"
+        f"{' (medians of ' + str(args.repeats) + ' runs)' if args.repeats > 1 else ''}"
+    )
     for r in rows:
-        print(f"{r['system']:<30}{r['hit_rate']:>9.1%}{r['ttft_p50']:>9.3f}s{r['ttft_p90']:>9.3f}s"
-              f"{r['tok_per_s']:>9.1f}  {r['requests_per_engine']}")
+        print(
+            f"{r['system']:<30}{r['hit_rate']:>9.1%}{r['ttft_p50']:>9.3f}s{r['ttft_p90']:>9.3f}s"
+            f"{r['tok_per_s']:>9.1f}  {r['requests_per_engine']}"
+        )
     by_name = {r["system"]: r for r in rows}
     if "prefix" in by_name and "round-robin" in by_name:
         prefix, rr, ceiling = by_name["prefix"], by_name["round-robin"], rows[-1]

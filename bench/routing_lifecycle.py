@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import os
-import faulthandler
 import random
 import signal
 import subprocess
@@ -94,8 +94,15 @@ def zipf_weights(n: int) -> list[float]:
     return [1.0 / (rank + 1) for rank in range(n)]
 
 
-async def client_loop(url: str, prefixes: list[list[int]], records: list[Record], origin: float,
-                      stop: asyncio.Event, seed: int, question_tokens: int) -> None:
+async def client_loop(
+    url: str,
+    prefixes: list[list[int]],
+    records: list[Record],
+    origin: float,
+    stop: asyncio.Event,
+    seed: int,
+    question_tokens: int,
+) -> None:
     import httpx
 
     rng = random.Random(seed)
@@ -122,8 +129,9 @@ def hit_rate(records: list[Record]) -> float:
     return sum(r.cached_tokens for r in records if r.ok) / prompt if prompt else 0.0
 
 
-def summarize(scenario: str, mode: str, records: list[Record], event: float, steady: float, window: float,
-              bin_seconds: float) -> Result:
+def summarize(
+    scenario: str, mode: str, records: list[Record], event: float, steady: float, window: float, bin_seconds: float
+) -> Result:
     before = hit_rate([r for r in records if event - steady <= r.start < event])
     after = [r for r in records if event <= r.start < event + window]
     bins = []
@@ -132,8 +140,17 @@ def summarize(scenario: str, mode: str, records: list[Record], event: float, ste
         if inside:
             bins.append((i * bin_seconds, hit_rate(inside)))
     recovery = next((t + bin_seconds for t, rate in bins if rate >= before - RECOVERY_TOLERANCE), None)
-    return Result(scenario, mode, before, len(after), sum(r.prompt_tokens - r.cached_tokens for r in after if r.ok),
-                  recovery, sum(1 for r in after if not r.ok), bins, sum(r.prompt_tokens for r in after if r.ok))
+    return Result(
+        scenario,
+        mode,
+        before,
+        len(after),
+        sum(r.prompt_tokens - r.cached_tokens for r in after if r.ok),
+        recovery,
+        sum(1 for r in after if not r.ok),
+        bins,
+        sum(r.prompt_tokens for r in after if r.ok),
+    )
 
 
 async def annotate_deletion_costs_now(emulator, engines, interval_seconds: float) -> None:
@@ -162,27 +179,47 @@ async def annotate_deletion_costs_now(emulator, engines, interval_seconds: float
 async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path) -> Result:
     from pagedinfer.testing.endpoint_slices import EndpointSliceController
     from pagedinfer.testing.kubelet_harness import KubeletHarness, loopback_ip
-    from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, running_operator, serving_emulator,
-                                                     write_kubeconfig)
+    from pagedinfer.testing.operator_harness import (
+        DEPLOYMENTS,
+        ISVC,
+        running_operator,
+        serving_emulator,
+        write_kubeconfig,
+    )
     from pagedinfer.testing.pod_lifecycle import template_key
     from pagedinfer.testing.pod_process import local_process
 
     asyncio.get_running_loop().add_signal_handler(  # `kill -USR2 PID`: every task's stack
-        signal.SIGUSR2, lambda: [t.print_stack(file=sys.stderr) for t in asyncio.all_tasks()])
+        signal.SIGUSR2, lambda: [t.print_stack(file=sys.stderr) for t in asyncio.all_tasks()]
+    )
     start_replicas = 2 if scenario == "scale-up" else 3
-    spec = {"resources": {"gpus": 0}, "replicas": start_replicas, "maxReplicas": 3,
-            "engine": {"numGpuBlocksOverride": args.blocks, "maxModelLen": args.prefix_tokens + 256},
-            "router": {"replicas": 1, "warmup": {"prefixes": args.warmup_prefixes if mode == "c" else 0,
-                                                 "tokenBudget": args.warmup_token_budget}}}
+    spec = {
+        "resources": {"gpus": 0},
+        "replicas": start_replicas,
+        "maxReplicas": 3,
+        "engine": {"numGpuBlocksOverride": args.blocks, "maxModelLen": args.prefix_tokens + 256},
+        "router": {
+            "replicas": 1,
+            "warmup": {"prefixes": args.warmup_prefixes if mode == "c" else 0, "tokenBudget": args.warmup_token_budget},
+        },
+    }
     prefixes = tenant_prefixes(args.tenants, args.prefix_tokens)
     records: list[Record] = []
     router = None
     async with serving_emulator() as (emulator, api_url):
         os.environ["KUBECONFIG"] = str(write_kubeconfig(work / "kubeconfig", api_url))
-        await emulator.create(ISVC, {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
-                                     "metadata": {"name": NAME, "namespace": NS}, "spec": spec})
-        engines = KubeletHarness(emulator, NS, NAME, work, max_engines=3, lifecycle=True,
-                                 ready_timeout_seconds=300, first_ip=args.first_ip)
+        await emulator.create(
+            ISVC,
+            {
+                "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": NAME, "namespace": NS},
+                "spec": spec,
+            },
+        )
+        engines = KubeletHarness(
+            emulator, NS, NAME, work, max_engines=3, lifecycle=True, ready_timeout_seconds=300, first_ip=args.first_ip
+        )
         slices = EndpointSliceController(emulator, NS, NAME + "-engines")
         stop = asyncio.Event()
         async with engines.running(), slices.running(), running_operator():
@@ -192,14 +229,19 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
             ip = loopback_ip(set(engines.ips), first=args.first_ip + 10)  # above the engines' addresses
             local = local_process(template["spec"], ip, work / "router-pod", Path(sys.executable).parent)
             with open(work / "router.log", "wb") as log:
-                router = subprocess.Popen([*local.argv, "--kube-api", api_url, "--namespace", NS], stdout=log,
-                                          stderr=subprocess.STDOUT, env={**os.environ, **local.env,
-                                                                         "OMP_NUM_THREADS": "1"})
+                router = subprocess.Popen(
+                    [*local.argv, "--kube-api", api_url, "--namespace", NS],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **local.env, "OMP_NUM_THREADS": "1"},
+                )
             url = f"http://{ip}:8000"
             await wait_routable(url)
             origin = time.monotonic()
-            clients = [asyncio.create_task(client_loop(url, prefixes, records, origin, stop, seed, args.question_tokens))
-                       for seed in range(args.concurrency)]
+            clients = [
+                asyncio.create_task(client_loop(url, prefixes, records, origin, stop, seed, args.question_tokens))
+                for seed in range(args.concurrency)
+            ]
             try:
                 await asyncio.sleep(args.steady_seconds)
                 if scenario == "scale-in" and mode in ("b", "c"):
@@ -210,7 +252,9 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
                 elif scenario == "scale-up":
                     await emulator.merge(ISVC, NS, NAME, {"spec": {"replicas": 3}})
                 else:
-                    await emulator.merge(ISVC, NS, NAME, {"spec": {"engine": {"env": [{"name": "ROLL", "value": "2"}]}}})
+                    await emulator.merge(
+                        ISVC, NS, NAME, {"spec": {"engine": {"env": [{"name": "ROLL", "value": "2"}]}}}
+                    )
                 await asyncio.sleep(args.window_seconds)
                 await settled(emulator, engines)
                 if scenario == "rollout":
@@ -235,8 +279,9 @@ async def settled(emulator, engines, bound_seconds: float = 180.0) -> None:
     deadline = time.monotonic() + bound_seconds
     while time.monotonic() < deadline:
         pods = emulator.read_all(PODS, NS)
-        if len(engines.engines) == engines.desired_replicas() == len(pods) and \
-                not any(p["metadata"].get("deletionTimestamp") for p in pods):
+        if len(engines.engines) == engines.desired_replicas() == len(pods) and not any(
+            p["metadata"].get("deletionTimestamp") for p in pods
+        ):
             return
         await asyncio.sleep(0.5)
 
@@ -270,6 +315,7 @@ def run_in_fresh_loop(coro):
 
 def plot(results: list[Result], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -290,13 +336,18 @@ def plot(results: list[Result], path: Path) -> None:
 
 
 def table(results: list[Result], prompt_tokens_per_request: int) -> str:
-    lines = ["| event | mode | hit rate before | requests in window | recomputed prefill tokens | of them above the"
-             " level before | back to level after | aborted |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| event | mode | hit rate before | requests in window | recomputed prefill tokens | of them above the"
+        " level before | back to level after | aborted |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         recovery = "not within the window" if r.recovery_seconds is None else f"{r.recovery_seconds:.0f} s"
-        lines.append(f"| {r.scenario} | {r.mode} | {r.hit_rate_before:.1%} | {r.requests_in_window} |"
-                     f" {r.recomputed_tokens:,} | {r.excess_recomputed_tokens(prompt_tokens_per_request):,} |"
-                     f" {recovery} | {r.aborted} |")
+        lines.append(
+            f"| {r.scenario} | {r.mode} | {r.hit_rate_before:.1%} | {r.requests_in_window} |"
+            f" {r.recomputed_tokens:,} | {r.excess_recomputed_tokens(prompt_tokens_per_request):,} |"
+            f" {recovery} | {r.aborted} |"
+        )
     return "\n".join(lines)
 
 
@@ -315,12 +366,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cost-interval-seconds", type=float, default=5.0)
     p.add_argument("--warmup-prefixes", type=int, default=32)
     p.add_argument("--warmup-token-budget", type=int, default=32768)
-    p.add_argument("--first-ip", type=int, default=2,
-                   help="engines on 127.0.0.x from x = this, the router 10 above (apart ranges for parallel runs)")
+    p.add_argument(
+        "--first-ip",
+        type=int,
+        default=2,
+        help="engines on 127.0.0.x from x = this, the router 10 above (apart ranges for parallel runs)",
+    )
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json-out", type=Path, default=None)
-    p.add_argument("--plot-from", type=Path, nargs="*", default=None,
-                   help="only plot and tabulate these --json-out files (runs made apart, e.g. in parallel)")
+    p.add_argument(
+        "--plot-from",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="only plot and tabulate these --json-out files (runs made apart, e.g. in parallel)",
+    )
     p.add_argument("--smoke", action="store_true", help="2 tenants, 1 s windows, scale-in mode c only")
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack, for a run that seems stuck
@@ -329,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         args.steady_seconds, args.window_seconds, args.bin_seconds, args.cost_interval_seconds = 3.0, 3.0, 1.0, 0.5
         args.blocks, args.concurrency = 64, 2
     if args.plot_from:
-        merged = [Result(**{**r, "bins": [tuple(b) for b in r["bins"]]})
-                  for path in args.plot_from for r in json.loads(path.read_text())]
+        merged = [
+            Result(**{**r, "bins": [tuple(b) for b in r["bins"]]})
+            for path in args.plot_from
+            for r in json.loads(path.read_text())
+        ]
         merged.sort(key=lambda r: (SCENARIOS.index(r.scenario), r.mode))
         print(table(merged, args.prefix_tokens + args.question_tokens))
         if args.plot:

@@ -48,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
             args.engines = n
             r = routing.run_system(f"{policy}-{n}", policy, args, convs, args.logs)
             rows.append({"policy": policy, "replicas": n, **r})
-            print(f"{policy:<12}{n:>3} replicas  hit rate {r['hit_rate']:6.1%}  TTFT p90 {r['ttft_p90']:.3f}s"
-                  f"  {r['tok_per_s']:.1f} tok/s  requests per engine {r['requests_per_engine']}", flush=True)
+            print(
+                f"{policy:<12}{n:>3} replicas  hit rate {r['hit_rate']:6.1%}  TTFT p90 {r['ttft_p90']:.3f}s"
+                f"  {r['tok_per_s']:.1f} tok/s  requests per engine {r['requests_per_engine']}",
+                flush=True,
+            )
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))
     return 0

@@ -27,6 +27,7 @@ from proc_stats import resident_fraction, rss_bytes  # noqa: E402
 from throughput import FIRST_REGULAR_TOKEN_ID, MODELS, parse_args  # noqa: E402
 from workload import LengthDistribution, make_workload  # noqa: E402
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
@@ -46,18 +47,31 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = str(make_tiny_model(os.path.join(args.model_dir, args.model), arch="llama", **spec.shape))
     bench = parse_args(["--skip-vllm"])  # the throughput bench's workload, seed 0
     requests = make_workload(
-        args.num_requests, bench.seed, spec.prompt_vocab_size, FIRST_REGULAR_TOKEN_ID,
+        args.num_requests,
+        bench.seed,
+        spec.prompt_vocab_size,
+        FIRST_REGULAR_TOKEN_ID,
         LengthDistribution(bench.prompt_median, bench.sigma, 4, bench.max_prompt_tokens),
-        LengthDistribution(bench.output_median, bench.sigma, 4, bench.max_output_tokens), spec.max_model_len)
-    llm = LLM(model=model_dir, dtype=args.dtype, device="cpu", block_size=args.block_size,
-              num_gpu_blocks_override=args.kv_budget_tokens // args.block_size, max_model_len=spec.max_model_len)
+        LengthDistribution(bench.output_median, bench.sigma, 4, bench.max_output_tokens),
+        spec.max_model_len,
+    )
+    llm = LLM(
+        model=model_dir,
+        dtype=args.dtype,
+        device="cpu",
+        block_size=args.block_size,
+        num_gpu_blocks_override=args.kv_budget_tokens // args.block_size,
+        max_model_len=spec.max_model_len,
+    )
     pool = llm.llm_engine.runner.kv_cache
     if args.touch_pool:
         pool.zero_()
     kv_bytes_per_token = pool.nbytes // (pool.shape[2] * pool.shape[3])
     completion_tokens = sum(r.max_tokens for r in requests)
-    print(f"{args.model} {args.dtype}: pool {pool.nbytes / 2**20:.0f} MiB ({kv_bytes_per_token} B of KV a token); "
-          f"a pass's completions: {completion_tokens} tokens = {completion_tokens * kv_bytes_per_token / 2**20:.1f} MiB")
+    print(
+        f"{args.model} {args.dtype}: pool {pool.nbytes / 2**20:.0f} MiB ({kv_bytes_per_token} B of KV a token); "
+        f"a pass's completions: {completion_tokens} tokens = {completion_tokens * kv_bytes_per_token / 2**20:.1f} MiB"
+    )
     previous = rss_bytes(os.getpid()) / 2**20
     print(f"start: RSS {previous:.0f} MiB, pool resident {resident_fraction(pool.data_ptr(), pool.nbytes):.1%}")
     for n in range(args.passes):
@@ -65,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         llm.generate([list(r.prompt_token_ids) for r in requests], params, use_tqdm=False)
         gc.collect()
         now = rss_bytes(os.getpid()) / 2**20
-        print(f"pass {n + 1}: RSS {now:.0f} MiB (+{now - previous:.0f}), "
-              f"pool resident {resident_fraction(pool.data_ptr(), pool.nbytes):.1%}", flush=True)
+        print(
+            f"pass {n + 1}: RSS {now:.0f} MiB (+{now - previous:.0f}), "
+            f"pool resident {resident_fraction(pool.data_ptr(), pool.nbytes):.1%}",
+            flush=True,
+        )
         previous = now
     return 0
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from breakdown import Breakdown
 from proc_stats import peak_rss_bytes, tree_cpu_seconds
-from workload import TokenIdsRequest, RunResult
+from workload import RunResult, TokenIdsRequest
 
 PAGEDINFER_COMPILED = "pagedinfer+compile"  # the system name of the engine run with --compile
 OVERLAP_SUFFIX = "+overlap-"  # + the mode: added to the system name of the engine run with --overlap thread|process
@@ -32,7 +32,7 @@ _WARMUP = [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20,
 class Span:
     """Wall seconds and CPU seconds (this process and its live children) of a `with` block."""
 
-    def __enter__(self) -> "Span":
+    def __enter__(self) -> Span:
         self._cpu = tree_cpu_seconds(os.getpid())
         self._start = time.perf_counter()
         return self
@@ -48,14 +48,14 @@ def _load_hf_model(model_dir: str, num_threads: int, attn_implementation: str = 
 
     torch.set_num_threads(num_threads)
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                              attn_implementation=attn_implementation)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+    )
     return model.eval()
 
 
 # ----- (a) transformers generate, padded static batches --------------------------------------
-def _generate_static_batch(model, batch: list[TokenIdsRequest],
-                           pad_token_id: int) -> list[tuple[int, ...]]:
+def _generate_static_batch(model, batch: list[TokenIdsRequest], pad_token_id: int) -> list[tuple[int, ...]]:
     import torch
     from transformers import GenerationConfig
 
@@ -65,19 +65,26 @@ def _generate_static_batch(model, batch: list[TokenIdsRequest],
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for i, r in enumerate(batch):
         n = len(r.prompt_token_ids)
-        ids[i, width - n:] = torch.tensor(r.prompt_token_ids)
-        mask[i, width - n:] = 1
+        ids[i, width - n :] = torch.tensor(r.prompt_token_ids)
+        mask[i, width - n :] = 1
     # eos_token_id=-1 (no such token): None would fall back to the model's EOS and stop rows early
     config = GenerationConfig(do_sample=False, max_new_tokens=num_new, eos_token_id=-1, pad_token_id=pad_token_id)
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     if out.shape[1] != width + num_new:
         raise RuntimeError(f"generate stopped after {out.shape[1] - width} of {num_new} tokens")
-    return [tuple(out[i, width:width + r.max_tokens].tolist()) for i, r in enumerate(batch)]
+    return [tuple(out[i, width : width + r.max_tokens].tolist()) for i, r in enumerate(batch)]
 
 
-def run_hf_static(model_dir: str, requests: list[TokenIdsRequest], batch_size: int, num_threads: int,
-                  pad_token_id: int, repeats: int = 1, system: str = "hf-static") -> RunResult:
+def run_hf_static(
+    model_dir: str,
+    requests: list[TokenIdsRequest],
+    batch_size: int,
+    num_threads: int,
+    pad_token_id: int,
+    repeats: int = 1,
+    system: str = "hf-static",
+) -> RunResult:
     """Batches of batch_size in arrival order, left-padded; a batch runs until its longest output.
 
     With batch_size 1 nothing is padded: transformers' own greedy tokens, the exactness reference.
@@ -88,26 +95,43 @@ def run_hf_static(model_dir: str, requests: list[TokenIdsRequest], batch_size: i
     with Span() as startup:
         model = _load_hf_model(model_dir, num_threads)
         _generate_static_batch(model, _WARMUP, pad_token_id)
-    batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
+    batches = [requests[i : i + batch_size] for i in range(0, len(requests), batch_size)]
     runs = []
     for _ in range(repeats):
         with Span() as span:
             outputs = [o for batch in batches for o in _generate_static_batch(model, batch, pad_token_id)]
         runs.append((span, outputs))
-    allocated_slots = sum(len(b) * (max(len(r.prompt_token_ids) for r in b) + max(r.max_tokens for r in b))
-                          for b in batches)
+    allocated_slots = sum(
+        len(b) * (max(len(r.prompt_token_ids) for r in b) + max(r.max_tokens for r in b)) for b in batches
+    )
     waste = 1 - sum(len(r.prompt_token_ids) + r.max_tokens for r in requests) / allocated_slots
-    return _result(system, runs, num_threads, f"batch_size={batch_size}; padded KV waste {waste:.1%}",
-                   startup.wall_seconds)
+    return _result(
+        system, runs, num_threads, f"batch_size={batch_size}; padded KV waste {waste:.1%}", startup.wall_seconds
+    )
 
 
-def _result(system: str, runs: list[tuple[Span, list[tuple[int, ...]]]], num_threads: int, notes: str,
-            startup_seconds: float, dtype: str = "float32") -> RunResult:
+def _result(
+    system: str,
+    runs: list[tuple[Span, list[tuple[int, ...]]]],
+    num_threads: int,
+    notes: str,
+    startup_seconds: float,
+    dtype: str = "float32",
+) -> RunResult:
     outputs = runs[0][1]
-    return RunResult(system, len(outputs), sum(len(o) for o in outputs), tuple(s.wall_seconds for s, _ in runs),
-                     num_threads, tuple(outputs), notes, dtype=dtype,
-                     all_cpu_seconds=tuple(s.cpu_seconds for s, _ in runs), startup_seconds=startup_seconds,
-                     peak_rss_bytes=peak_rss_bytes(os.getpid()))
+    return RunResult(
+        system,
+        len(outputs),
+        sum(len(o) for o in outputs),
+        tuple(s.wall_seconds for s, _ in runs),
+        num_threads,
+        tuple(outputs),
+        notes,
+        dtype=dtype,
+        all_cpu_seconds=tuple(s.cpu_seconds for s, _ in runs),
+        startup_seconds=startup_seconds,
+        peak_rss_bytes=peak_rss_bytes(os.getpid()),
+    )
 
 
 # ----- (b) transformers continuous batching ----------------------------------------------------
@@ -120,9 +144,17 @@ def _cb_config_kwargs(config_class: type, **wanted: int) -> dict[str, int]:
     return {name: value for name, value in wanted.items() if name in fields}
 
 
-def run_hf_continuous(model_dir: str, requests: list[TokenIdsRequest], budget_tokens: int, page_size: int,
-                      max_batch_tokens: int, max_requests_per_batch: int, num_threads: int,
-                      pad_token_id: int, repeats: int = 1) -> RunResult:
+def run_hf_continuous(
+    model_dir: str,
+    requests: list[TokenIdsRequest],
+    budget_tokens: int,
+    page_size: int,
+    max_batch_tokens: int,
+    max_requests_per_batch: int,
+    num_threads: int,
+    pad_token_id: int,
+    repeats: int = 1,
+) -> RunResult:
     """transformers' ContinuousBatchingManager (sdpa on CPU, float32), same KV token budget as ours.
 
     A fresh manager (so an empty prefix cache) for every repeat.
@@ -134,10 +166,15 @@ def run_hf_continuous(model_dir: str, requests: list[TokenIdsRequest], budget_to
     startup_seconds = 0.0
     model = _load_hf_model(model_dir, num_threads)
     gen = GenerationConfig(do_sample=False, max_new_tokens=16, eos_token_id=-1, pad_token_id=pad_token_id)
-    cb = ContinuousBatchingConfig(**_cb_config_kwargs(ContinuousBatchingConfig, page_size=page_size,
-                                                      num_blocks=budget_tokens // page_size,
-                                                      max_batch_tokens=max_batch_tokens,
-                                                      max_requests_per_batch=max_requests_per_batch))
+    cb = ContinuousBatchingConfig(
+        **_cb_config_kwargs(
+            ContinuousBatchingConfig,
+            page_size=page_size,
+            num_blocks=budget_tokens // page_size,
+            max_batch_tokens=max_batch_tokens,
+            max_requests_per_batch=max_requests_per_batch,
+        )
+    )
     runs = []
     for repeat in range(repeats):
         manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
@@ -151,15 +188,19 @@ def run_hf_continuous(model_dir: str, requests: list[TokenIdsRequest], budget_to
             runs.append((span, outputs))
         finally:
             manager.stop(block=True)
-    return _result("hf-continuous", runs, num_threads,
-                   f"page_size={page_size}; num_blocks={budget_tokens // page_size}", startup_seconds)
+    return _result(
+        "hf-continuous",
+        runs,
+        num_threads,
+        f"page_size={page_size}; num_blocks={budget_tokens // page_size}",
+        startup_seconds,
+    )
 
 
 def _collect_hf(manager, requests: list[TokenIdsRequest], prefix: str) -> list[tuple[int, ...]]:
     ids = [f"{prefix}-{i}" for i in range(len(requests))]
     for rid, r in zip(ids, requests):
-        manager.add_request(list(r.prompt_token_ids), request_id=rid, max_new_tokens=r.max_tokens,
-                            eos_token_id=-1)
+        manager.add_request(list(r.prompt_token_ids), request_id=rid, max_new_tokens=r.max_tokens, eos_token_id=-1)
     done: dict[str, tuple[int, ...]] = {}
     while len(done) < len(ids):
         result = manager.get_result(timeout=1)
@@ -207,8 +248,8 @@ def kv_snapshot(engine) -> KVSnapshot:
 @dataclass(frozen=True)
 class PagedRun:
     result: RunResult
-    peak: KVSnapshot            # the step with the most allocated slots
-    mean_waste: float           # slot-weighted over all steps: sum(allocated - held) / sum(allocated)
+    peak: KVSnapshot  # the step with the most allocated slots
+    mean_waste: float  # slot-weighted over all steps: sum(allocated - held) / sum(allocated)
     max_running_seqs: int
     num_gpu_blocks: int
     block_size: int
@@ -217,11 +258,23 @@ class PagedRun:
     breakdown: Breakdown | None  # of a separate, untimed run (--breakdown)
 
 
-def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: int, num_gpu_blocks: int,
-                   max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_threads: int,
-                   repeats: int = 1, profile_path: str | None = None, dtype: str = "float32",
-                   breakdown_every: int = 0, compile: bool = False, overlap: str = "off",
-                   async_scheduling: bool = False) -> PagedRun:
+def run_pagedinfer(
+    model_dir: str,
+    requests: list[TokenIdsRequest],
+    block_size: int,
+    num_gpu_blocks: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    num_threads: int,
+    repeats: int = 1,
+    profile_path: str | None = None,
+    dtype: str = "float32",
+    breakdown_every: int = 0,
+    compile: bool = False,
+    overlap: str = "off",
+    async_scheduling: bool = False,
+) -> PagedRun:
     """Step LLMEngine by hand; KV accounting after every step is kept out of the timed span.
 
     The prefix cache is emptied before every repeat (a repeat must not hit the
@@ -241,10 +294,21 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
     from pagedinfer.engine import EngineConfig, LLMEngine
 
     with Span() as startup:
-        engine = LLMEngine(EngineConfig(model=model_dir, block_size=block_size, num_gpu_blocks_override=num_gpu_blocks,
-                                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                        max_model_len=max_model_len, dtype=dtype, device="cpu", compile=compile,
-                                        overlap=overlap, async_scheduling=async_scheduling))
+        engine = LLMEngine(
+            EngineConfig(
+                model=model_dir,
+                block_size=block_size,
+                num_gpu_blocks_override=num_gpu_blocks,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len,
+                dtype=dtype,
+                device="cpu",
+                compile=compile,
+                overlap=overlap,
+                async_scheduling=async_scheduling,
+            )
+        )
         _drain(engine, _WARMUP, "warmup", None)
     runs = []
     snapshots: list[KVSnapshot] = []
@@ -257,8 +321,9 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
             profiler = cProfile.Profile()
             profiler.enable()
         with Span() as span:
-            outputs, accounting_seconds = _drain(engine, requests, f"req{repeat}",
-                                                 snapshots if not repeat and not async_scheduling else None)
+            outputs, accounting_seconds = _drain(
+                engine, requests, f"req{repeat}", snapshots if not repeat and not async_scheduling else None
+            )
         span.wall_seconds -= accounting_seconds
         span.cpu_seconds -= accounting_seconds  # one thread, busy while it counts
         runs.append((span, outputs))
@@ -272,27 +337,48 @@ def run_pagedinfer(model_dir: str, requests: list[TokenIdsRequest], block_size: 
         engine.kv.pool.reset_prefix_cache()
         _drain(engine, requests, "kv", snapshots)
     linears = _linears(engine.runner)
-    system = (PAGEDINFER_COMPILED if compile else "pagedinfer") + (OVERLAP_SUFFIX + overlap if overlap != "off" else "") \
+    system = (
+        (PAGEDINFER_COMPILED if compile else "pagedinfer")
+        + (OVERLAP_SUFFIX + overlap if overlap != "off" else "")
         + (ASYNC_SUFFIX if async_scheduling else "")
+    )
     crossing = getattr(engine._output_side, "crossing", None)
     if crossing is not None and crossing.num_batches:
         n = crossing.num_batches
-        print(f"{system} {dtype}: crossing per batch ({n} batches, all repeats and the warm-up): engine side"
-              f" {crossing.engine_seconds / n * 1e6:.0f} us, child {crossing.child_seconds / n * 1e6:.0f} us,"
-              f" {crossing.bytes_sent / n:.0f} B sent, {crossing.bytes_received / n:.0f} B back", flush=True)
+        print(
+            f"{system} {dtype}: crossing per batch ({n} batches, all repeats and the warm-up): engine side"
+            f" {crossing.engine_seconds / n * 1e6:.0f} us, child {crossing.child_seconds / n * 1e6:.0f} us,"
+            f" {crossing.bytes_sent / n:.0f} B sent, {crossing.bytes_received / n:.0f} B back",
+            flush=True,
+        )
     # the pool is allocated untouched on CPU (engine/model_runner.py): its pages count in the
     # peak RSS only once written, so a longer run reads higher, up to the whole pool
     pool_mib = engine.runner.kv_cache.nbytes / 2**20
-    result = _result(system, runs, num_threads, f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}; "
-                     f"KV pool {pool_mib:.0f} MiB (RSS counts its written pages); linears: {linears}",
-                     startup.wall_seconds, dtype)
+    result = _result(
+        system,
+        runs,
+        num_threads,
+        f"block_size={block_size}; num_gpu_blocks={num_gpu_blocks}; "
+        f"KV pool {pool_mib:.0f} MiB (RSS counts its written pages); linears: {linears}",
+        startup.wall_seconds,
+        dtype,
+    )
     steps = _profile_steps(engine, requests, breakdown_every) if breakdown_every else None
     engine.shutdown()
     peak = max(snapshots, key=lambda s: s.num_allocated_slots)
     allocated = sum(s.num_allocated_slots for s in snapshots)
     mean_waste = 1 - sum(s.num_held_slots for s in snapshots) / allocated
-    return PagedRun(result, peak, mean_waste, max(s.num_running_seqs for s in snapshots), engine.num_gpu_blocks,
-                    block_size, engine.max_model_len, dict(stats.num_preemptions), steps)
+    return PagedRun(
+        result,
+        peak,
+        mean_waste,
+        max(s.num_running_seqs for s in snapshots),
+        engine.num_gpu_blocks,
+        block_size,
+        engine.max_model_len,
+        dict(stats.num_preemptions),
+        steps,
+    )
 
 
 def _linears(runner) -> str:
@@ -317,8 +403,11 @@ def _profile_steps(engine, requests: list[TokenIdsRequest], every: int) -> Break
         schedule = torch.profiler.schedule(wait=max(0, every - 2), warmup=min(1, every - 1), active=1)
         with _without_kineto_log(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
-                                        on_trace_ready=lambda prof: found.add_events(prof.events())) as prof:
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU],
+                schedule=schedule,
+                on_trace_ready=lambda prof: found.add_events(prof.events()),
+            ) as prof:
                 _drain(engine, requests, "breakdown", None, prof.step)
     finally:
         labels.restore()
@@ -343,8 +432,9 @@ def _without_kineto_log():
                     sys.stderr.write(line)
 
 
-def _drain(engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list[KVSnapshot] | None,
-           after_step=None) -> tuple[list[tuple[int, ...]], float]:
+def _drain(
+    engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list[KVSnapshot] | None, after_step=None
+) -> tuple[list[tuple[int, ...]], float]:
     import torch
     from breakdown import label
 
@@ -352,8 +442,9 @@ def _drain(engine, requests: list[TokenIdsRequest], prefix: str, snapshots: list
 
     ids = [f"{prefix}-{i}" for i in range(len(requests))]
     for rid, r in zip(ids, requests):
-        engine.add_request(rid, list(r.prompt_token_ids),
-                           SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True))
+        engine.add_request(
+            rid, list(r.prompt_token_ids), SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+        )
     done: dict[str, tuple[int, ...]] = {}
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     accounting_seconds = 0.0

@@ -70,15 +70,23 @@ def main() -> int:
     device = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     logits = torch.randn(args.rows, args.vocab, device=device)
-    cases = [("top_k=50, top_p=0.95", dict(top_k=50, top_p=0.95)), ("top_p=0.9", dict(top_p=0.9)),
-             ("temperature only", {}), ("min_p=0.05", dict(min_p=0.05))]
-    print(f"{args.rows} sampled rows x {args.vocab} vocabulary on {device}, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}; median of {args.repeats}")
+    cases = [
+        ("top_k=50, top_p=0.95", dict(top_k=50, top_p=0.95)),
+        ("top_p=0.9", dict(top_p=0.9)),
+        ("temperature only", {}),
+        ("min_p=0.05", dict(min_p=0.05)),
+    ]
+    print(
+        f"{args.rows} sampled rows x {args.vocab} vocabulary on {device}, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}; median of {args.repeats}"
+    )
     print(f"{'case':<24} {'per-row ms':>11} {'batched ms':>11} {'per-row / batched':>18}")
     for name, options in cases:
         params = [SamplingParams(temperature=0.8, seed=(i if i % 2 else None), **options) for i in range(args.rows)]
-        seqs = [Sequence(request_id=str(i), prompt_token_ids=[5, 6], params=p, arrival_time=0.0)
-                for i, p in enumerate(params)]
+        seqs = [
+            Sequence(request_id=str(i), prompt_token_ids=[5, 6], params=p, arrival_time=0.0)
+            for i, p in enumerate(params)
+        ]
         sampler = Sampler(seed=0, eos_token_ids={0}, device=device)
         generators = [torch.Generator().manual_seed(i) for i in range(args.rows)]
         batched = median_ms(lambda: sampler.sample(logits, seqs), args.repeats, sync)

@@ -114,25 +114,46 @@ def arrivals(bursts: list[tuple[float, float, float]], seed: int) -> list[float]
 
 def service_spec(run: str, compression: float) -> dict:
     """The InferenceService spec of one configuration, its times divided by the compression."""
+
     def s(trace_seconds: float) -> int:
         return max(1, round(trace_seconds / compression))
 
-    fast = {"scaleUp": {"stabilizationWindowSeconds": 0,
-                        "policies": [{"type": "Pods", "value": 1, "periodSeconds": s(8)}]},
-            "scaleDown": {"stabilizationWindowSeconds": s(30),
-                          "policies": [{"type": "Pods", "value": 1, "periodSeconds": s(8)}]}}
-    hpa = {"scaleUp": {"stabilizationWindowSeconds": 0,
-                       "policies": [{"type": "Pods", "value": 4, "periodSeconds": s(15)},
-                                    {"type": "Percent", "value": 100, "periodSeconds": s(15)}]},
-           "scaleDown": {"stabilizationWindowSeconds": s(300),
-                         "policies": [{"type": "Percent", "value": 100, "periodSeconds": s(15)}]}}
-    autoscaling = {"enabled": True, "scrapeTimeoutSeconds": 2,
-                   "intervalSeconds": (15 if run == "hpa" else 4) / compression,
-                   "metrics": [{"name": "kvCacheUsage", "target": 0.5}], **(hpa if run == "hpa" else fast)}
-    spec = {"resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
-            "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
-            "router": {"enabled": True, "replicas": 1, "queue": {"maxRequests": 256, "timeoutSeconds": 180}},
-            "autoscaling": autoscaling}
+    fast = {
+        "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1, "periodSeconds": s(8)}]},
+        "scaleDown": {
+            "stabilizationWindowSeconds": s(30),
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": s(8)}],
+        },
+    }
+    hpa = {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "policies": [
+                {"type": "Pods", "value": 4, "periodSeconds": s(15)},
+                {"type": "Percent", "value": 100, "periodSeconds": s(15)},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": s(300),
+            "policies": [{"type": "Percent", "value": 100, "periodSeconds": s(15)}],
+        },
+    }
+    autoscaling = {
+        "enabled": True,
+        "scrapeTimeoutSeconds": 2,
+        "intervalSeconds": (15 if run == "hpa" else 4) / compression,
+        "metrics": [{"name": "kvCacheUsage", "target": 0.5}],
+        **(hpa if run == "hpa" else fast),
+    }
+    spec = {
+        "resources": {"gpus": 0},
+        "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
+        "replicas": 1,
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "router": {"enabled": True, "replicas": 1, "queue": {"maxRequests": 256, "timeoutSeconds": 180}},
+        "autoscaling": autoscaling,
+    }
     if run in ("zero", "standby"):
         spec["minReplicas"] = 0
         autoscaling["idle"] = {"afterSeconds": s(IDLE_SECONDS)}
@@ -145,8 +166,13 @@ async def stream_completion(session, url: str, index: int, record: RequestRecord
     """One streamed completion; fills `record` (status, time to first token, whether [DONE] came)."""
     import aiohttp
 
-    body = {"model": NAME, "prompt": f"request {index}: tell a story about the number {index * 7919 % 1000}",
-            "max_tokens": 16, "temperature": 0.0, "stream": True}
+    body = {
+        "model": NAME,
+        "prompt": f"request {index}: tell a story about the number {index * 7919 % 1000}",
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "stream": True,
+    }
     sent = time.monotonic()
     try:
         async with session.post(f"{url}/v1/completions", json=body) as response:
@@ -162,12 +188,13 @@ async def stream_completion(session, url: str, index: int, record: RequestRecord
                     record.done = True
                 elif record.ttft_s is None and json.loads(line[6:]).get("choices"):
                     record.ttft_s = time.monotonic() - sent
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         record.error = f"{type(e).__name__}: {e}"
 
 
 async def awake_engines(session, harness) -> int:
     """Ready engines that are not asleep (GET /is_sleeping; an engine that does not answer counts as awake)."""
+
     async def awake(engine_url: str) -> bool:
         with contextlib.suppress(Exception):
             async with session.get(f"{engine_url}/is_sleeping", timeout=1.0) as response:
@@ -191,16 +218,24 @@ async def play_endpoint_slices(emulator, harness, slices, stop: asyncio.Event) -
     from pagedinfer.testing.kubelet_harness import pause
 
     name = f"{NAME}-engines-abcde"
-    await emulator.create(slices, {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-        "metadata": {"name": name, "namespace": NS, "labels": {"kubernetes.io/service-name": f"{NAME}-engines"}},
-        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}], "endpoints": []})
+    await emulator.create(
+        slices,
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": NS, "labels": {"kubernetes.io/service-name": f"{NAME}-engines"}},
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+            "endpoints": [],
+        },
+    )
     written: list[str] = []
     while not stop.is_set():
         ips = list(harness.ips)
         if ips != written:
-            await emulator.merge(slices, NS, name, {"endpoints": [
-                {"addresses": [ip], "conditions": {"ready": True}} for ip in ips]})
+            await emulator.merge(
+                slices, NS, name, {"endpoints": [{"addresses": [ip], "conditions": {"ready": True}} for ip in ips]}
+            )
             written = ips
         await pause(stop, 0.1)
 
@@ -208,10 +243,21 @@ async def play_endpoint_slices(emulator, harness, slices, stop: asyncio.Event) -
 async def run_once(run: str, args: argparse.Namespace, work_dir: Path) -> RunResult:
     import aiohttp
 
-    from pagedinfer.testing.kubelet_harness import (DEPLOYMENTS, KubeletHarness, add_ready_pod, loopback_ip, pause,
-                                                    pod_from_template)
-    from pagedinfer.testing.operator_harness import (ISVC, inference_service, running_operator, serving_emulator,
-                                                     write_kubeconfig)
+    from pagedinfer.testing.kubelet_harness import (
+        DEPLOYMENTS,
+        KubeletHarness,
+        add_ready_pod,
+        loopback_ip,
+        pause,
+        pod_from_template,
+    )
+    from pagedinfer.testing.operator_harness import (
+        ISVC,
+        inference_service,
+        running_operator,
+        serving_emulator,
+        write_kubeconfig,
+    )
     from pagedinfer.testing.pod_process import local_process
 
     result = RunResult(run)
@@ -233,9 +279,12 @@ async def run_once(run: str, args: argparse.Namespace, work_dir: Path) -> RunRes
                 ip = loopback_ip(set(harness.ips))
                 local = local_process(template["spec"], ip, work_dir / "router-pod", Path(sys.executable).parent)
                 with open(work_dir / "router.log", "wb") as log:
-                    router = subprocess.Popen([*local.argv, "--kube-api", api_url, "--namespace", NS], stdout=log,
-                                              stderr=subprocess.STDOUT,
-                                              env={**os.environ, **local.env, "OMP_NUM_THREADS": "1"})
+                    router = subprocess.Popen(
+                        [*local.argv, "--kube-api", api_url, "--namespace", NS],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env={**os.environ, **local.env, "OMP_NUM_THREADS": "1"},
+                    )
                 slice_task = asyncio.create_task(play_endpoint_slices(emulator, harness, slices, stop))
                 url = f"http://{ip}:8000"
                 async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
@@ -255,8 +304,14 @@ async def run_once(run: str, args: argparse.Namespace, work_dir: Path) -> RunRes
                     async def sample() -> None:
                         while not stop.is_set():
                             body = emulator.read(ISVC, NS, NAME)
-                            result.samples.append(Sample(time.monotonic() - start, body["spec"]["replicas"],
-                                                         len(harness.engines), await router_queue(session, url)))
+                            result.samples.append(
+                                Sample(
+                                    time.monotonic() - start,
+                                    body["spec"]["replicas"],
+                                    len(harness.engines),
+                                    await router_queue(session, url),
+                                )
+                            )
                             await pause(stop, args.sample_seconds)
 
                     sampler = asyncio.create_task(sample())
@@ -300,8 +355,10 @@ def back_from_zero(result: RunResult, ready: bool) -> list[float]:
         if episode_end is not None and record.arrival_s < episode_end:
             continue
         episode_end = next((s.time_s for s in result.samples if s.time_s >= record.arrival_s and s.engines), None)
-        back = next((s.time_s for s in result.samples if s.time_s >= record.arrival_s
-                     and (s.engines if ready else s.replicas)), None)
+        back = next(
+            (s.time_s for s in result.samples if s.time_s >= record.arrival_s and (s.engines if ready else s.replicas)),
+            None,
+        )
         if back is not None:
             out.append(back - record.arrival_s)
         if episode_end is None:
@@ -320,24 +377,33 @@ def seconds(values: list[float]) -> str:
 
 def report(results: list[RunResult]) -> None:
     by_name = {r.name: r for r in results}
-    print("| configuration | requests | dropped | arrived at zero | added latency at zero p50 / p99 (s) "
-          "| replica-seconds | vs min1 | vs hpa |")
+    print(
+        "| configuration | requests | dropped | arrived at zero | added latency at zero p50 / p99 (s) "
+        "| replica-seconds | vs min1 | vs hpa |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         warm = [x.ttft_s for x in r.requests if not x.at_zero and x.ttft_s is not None]
         base = statistics.median(warm) if warm else 0.0
         cold = [x.ttft_s - base for x in r.requests if x.at_zero and x.ttft_s is not None]
         added = f"{percentile(cold, 50):.1f} / {percentile(cold, 99):.1f}" if cold else "-"
-        ratio = lambda other: (f"{r.replica_seconds / by_name[other].replica_seconds:.2f}"  # noqa: E731
-                               if other in by_name and by_name[other].replica_seconds else "-")
+        ratio = lambda other: (
+            f"{r.replica_seconds / by_name[other].replica_seconds:.2f}"  # noqa: E731
+            if other in by_name and by_name[other].replica_seconds
+            else "-"
+        )
         dropped = sum(x.dropped for x in r.requests)
-        print(f"| {r.name} | {len(r.requests)} | {dropped} | {sum(x.at_zero for x in r.requests)} | {added} "
-              f"| {r.replica_seconds:.0f} | {ratio('min1')} | {ratio('hpa')} |")
+        print(
+            f"| {r.name} | {len(r.requests)} | {dropped} | {sum(x.at_zero for x in r.requests)} | {added} "
+            f"| {r.replica_seconds:.0f} | {ratio('min1')} | {ratio('hpa')} |"
+        )
     for r in results:
         warm = [x.ttft_s for x in r.requests if not x.at_zero and x.ttft_s is not None]
-        print(f"{r.name}: warm time to first token median {statistics.median(warm) if warm else float('nan'):.2f} s;"
-              f" from a request at zero to spec.replicas >= 1: {seconds(r.scale_ups_s)} s, to an engine ready:"
-              f" {seconds(r.cold_starts_s)} s (wall)")
+        print(
+            f"{r.name}: warm time to first token median {statistics.median(warm) if warm else float('nan'):.2f} s;"
+            f" from a request at zero to spec.replicas >= 1: {seconds(r.scale_ups_s)} s, to an engine ready:"
+            f" {seconds(r.cold_starts_s)} s (wall)"
+        )
         for x in r.requests:
             if x.dropped:
                 print(f"  dropped at {x.arrival_s:.1f} s: status {x.status} {x.error}")
@@ -345,6 +411,7 @@ def report(results: list[RunResult]) -> None:
 
 def plot(results: list[RunResult], bursts: list[tuple[float, float, float]], compression: float, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -355,11 +422,11 @@ def plot(results: list[RunResult], bursts: list[tuple[float, float, float]], com
     styles = {"zero": dict(lw=2), "min1": dict(ls="--"), "hpa": dict(ls=":"), "standby": dict(ls="-.")}
     for r in results:
         t = [s.time_s * compression for s in r.samples]
-        top.step(t, [s.replicas for s in r.samples], where="post", label=f"{r.name}: spec.replicas",
-                 **styles.get(r.name, {}))
+        top.step(
+            t, [s.replicas for s in r.samples], where="post", label=f"{r.name}: spec.replicas", **styles.get(r.name, {})
+        )
         if r.name in ("zero", "standby"):
-            top.step(t, [s.engines for s in r.samples], where="post", label=f"{r.name}: engines ready", lw=1,
-                     alpha=0.5)
+            top.step(t, [s.engines for s in r.samples], where="post", label=f"{r.name}: engines ready", lw=1, alpha=0.5)
         queued = [s.queued if s.queued is not None else float("nan") for s in r.samples]
         if r.name in ("zero", "standby"):
             bottom.step(t, queued, where="post", label=f"{r.name}: router queue length", **styles.get(r.name, {}))
@@ -375,12 +442,18 @@ def plot(results: list[RunResult], bursts: list[tuple[float, float, float]], com
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", default="zero,min1,hpa", help=f"configurations, of {', '.join(RUNS)} (default"
-                                                            " zero,min1,hpa)")
-    p.add_argument("--bursts", default=DEFAULT_BURSTS, help=f"START:DURATION:RATE,... trace seconds (default"
-                                                            f" {DEFAULT_BURSTS})")
-    p.add_argument("--trace-seconds", type=float, default=DEFAULT_TRACE_SECONDS,
-                   help=f"the trace's length in trace seconds (default {DEFAULT_TRACE_SECONDS:g})")
+    p.add_argument(
+        "--runs", default="zero,min1,hpa", help=f"configurations, of {', '.join(RUNS)} (default zero,min1,hpa)"
+    )
+    p.add_argument(
+        "--bursts", default=DEFAULT_BURSTS, help=f"START:DURATION:RATE,... trace seconds (default {DEFAULT_BURSTS})"
+    )
+    p.add_argument(
+        "--trace-seconds",
+        type=float,
+        default=DEFAULT_TRACE_SECONDS,
+        help=f"the trace's length in trace seconds (default {DEFAULT_TRACE_SECONDS:g})",
+    )
     p.add_argument("--compression", type=float, default=4.0, help="trace seconds per wall second (default 4)")
     p.add_argument("--seed", type=int, default=0, help="arrival times' seed (default 0)")
     p.add_argument("--sample-seconds", type=float, default=0.25, help="sampling period, wall (default 0.25)")
@@ -396,8 +469,10 @@ def main() -> int:
         for run in runs:
             print(f"run {run} ...", file=sys.stderr, flush=True)
             results.append(asyncio.run(run_once(run, args, Path(tmp) / run)))
-    print(f"trace: {len(arrivals(bursts, args.seed))} requests in {args.trace_seconds:g} trace s ({args.bursts}),"
-          f" idle rule {IDLE_SECONDS:g} trace s, replayed {args.compression:g}x faster")
+    print(
+        f"trace: {len(arrivals(bursts, args.seed))} requests in {args.trace_seconds:g} trace s ({args.bursts}),"
+        f" idle rule {IDLE_SECONDS:g} trace s, replayed {args.compression:g}x faster"
+    )
     report(results)
     if args.plot:
         plot(results, bursts, args.compression, args.plot)

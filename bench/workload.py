@@ -55,9 +55,15 @@ class LengthDistribution:
         return max(self.min_tokens, min(self.max_tokens, value))
 
 
-def make_workload(num_requests: int, seed: int, vocab_size: int, first_regular_token_id: int,
-                  prompt_lengths: LengthDistribution, output_lengths: LengthDistribution,
-                  max_model_len: int) -> list[TokenIdsRequest]:
+def make_workload(
+    num_requests: int,
+    seed: int,
+    vocab_size: int,
+    first_regular_token_id: int,
+    prompt_lengths: LengthDistribution,
+    output_lengths: LengthDistribution,
+    max_model_len: int,
+) -> list[TokenIdsRequest]:
     """Seeded requests; prompt + output never exceeds max_model_len."""
     if num_requests < 1:
         raise ValueError(f"num_requests: must be >= 1, got {num_requests}")
@@ -74,8 +80,9 @@ def make_workload(num_requests: int, seed: int, vocab_size: int, first_regular_t
 
 
 def save_workload(requests: list[TokenIdsRequest], path: str | Path) -> None:
-    Path(path).write_text(json.dumps([{"prompt_token_ids": list(r.prompt_token_ids), "max_tokens": r.max_tokens}
-                                      for r in requests]))
+    Path(path).write_text(
+        json.dumps([{"prompt_token_ids": list(r.prompt_token_ids), "max_tokens": r.max_tokens} for r in requests])
+    )
 
 
 def load_workload(path: str | Path) -> list[TokenIdsRequest]:
@@ -95,7 +102,7 @@ class RunResult:
 
     system: str
     num_requests: int
-    num_output_tokens: int   # each request's own tokens only (padding never counts)
+    num_output_tokens: int  # each request's own tokens only (padding never counts)
     all_elapsed_seconds: tuple[float, ...]
     num_threads: int
     outputs: tuple[tuple[int, ...], ...]  # generated ids per request, workload order
@@ -124,7 +131,7 @@ class RunResult:
         return json.dumps(asdict(self))
 
     @classmethod
-    def pooled(cls, rounds: "list[RunResult]") -> "RunResult":
+    def pooled(cls, rounds: list[RunResult]) -> RunResult:
         """One system's runs over several rounds (`--rounds`) as one result: every round's timed runs
         (so the medians are over all of them), the median start-up, the highest peak RSS, the first
         round's outputs. Every round must have generated the same tokens (greedy is deterministic)."""
@@ -133,18 +140,23 @@ class RunResult:
         first = rounds[0]
         for i, r in enumerate(rounds[1:], start=2):
             if (r.system, r.dtype, r.num_output_tokens) != (first.system, first.dtype, first.num_output_tokens):
-                raise ValueError(f"pooled: round {i} is {r.system} {r.dtype} with {r.num_output_tokens} tokens, "
-                                 f"round 1 {first.system} {first.dtype} with {first.num_output_tokens}")
+                raise ValueError(
+                    f"pooled: round {i} is {r.system} {r.dtype} with {r.num_output_tokens} tokens, "
+                    f"round 1 {first.system} {first.dtype} with {first.num_output_tokens}"
+                )
             if r.outputs != first.outputs:
                 raise ValueError(f"pooled: {r.system}'s tokens in round {i} differ from round 1's")
         cpu = tuple(c for r in rounds for c in r.all_cpu_seconds)
-        return replace(first, all_elapsed_seconds=tuple(t for r in rounds for t in r.all_elapsed_seconds),
-                       all_cpu_seconds=cpu if all(r.all_cpu_seconds for r in rounds) else (),
-                       startup_seconds=statistics.median(r.startup_seconds for r in rounds),
-                       peak_rss_bytes=max(r.peak_rss_bytes for r in rounds))
+        return replace(
+            first,
+            all_elapsed_seconds=tuple(t for r in rounds for t in r.all_elapsed_seconds),
+            all_cpu_seconds=cpu if all(r.all_cpu_seconds for r in rounds) else (),
+            startup_seconds=statistics.median(r.startup_seconds for r in rounds),
+            peak_rss_bytes=max(r.peak_rss_bytes for r in rounds),
+        )
 
     @classmethod
-    def from_json(cls, text: str) -> "RunResult":
+    def from_json(cls, text: str) -> RunResult:
         data = json.loads(text)
         data["outputs"] = tuple(tuple(o) for o in data["outputs"])
         data["all_elapsed_seconds"] = tuple(data["all_elapsed_seconds"])

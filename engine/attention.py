@@ -38,11 +38,18 @@ class StepContext:
     kernels: dispatch.Kernels | None = None
 
 
-def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                            value: torch.Tensor, attention_mask: torch.Tensor | None,
-                            scaling: float | None = None, dropout: float = 0.0,
-                            sliding_window: int | None = None, pagedinfer_step: StepContext | None = None,
-                            **kwargs) -> tuple[torch.Tensor, None]:
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    pagedinfer_step: StepContext | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if torch.compiler.is_compiling():  # one opaque op in the graph; the step comes from its current_step
         from pagedinfer.engine.cpu.attention_op import paged_attention
@@ -53,17 +60,32 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     return attend_layer(pagedinfer_step, module.layer_idx, query, key, value, scale, sliding_window or None), None
 
 
-def attend_layer(ctx: StepContext, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 scale: float, sliding_window: int | None) -> torch.Tensor:
+def attend_layer(
+    ctx: StepContext,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """Write layer `layer`'s K/V of the step, attend over the cache; transformers' layouts in and out."""
     # [1, heads, tokens, head_dim] -> [tokens, heads, head_dim]
-    out = attend_packed(ctx, layer, query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                        scale, sliding_window)
+    out = attend_packed(
+        ctx, layer, query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), scale, sliding_window
+    )
     return out.unsqueeze(0)
 
 
-def attend_packed(ctx: StepContext, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  scale: float, sliding_window: int | None) -> torch.Tensor:
+def attend_packed(
+    ctx: StepContext,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """`attend_layer` in the packed layout: q/k/v `[tokens, heads, head_dim]` (unit stride along head_dim)
     in, `[tokens, heads, v_head_dim]` out (the fused CPU decoder calls it with views of its qkv GEMM's output)."""
     dispatch.check_sliding_window(sliding_window)

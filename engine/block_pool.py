@@ -36,18 +36,16 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
-from pagedinfer.engine.kv_events.events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored,
-                                                KVCacheEvent)
+from pagedinfer.engine.kv_events.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 ROOT_HASH_SEED = b"pagedinfer-prefix-cache-v1"
 HASH_ALGORITHM = "blake2b-128(parent or seed, int64-le token ids)"  # named in the KV-event discovery answer
 
 
-def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int],
-                      extra_keys: tuple = ()) -> bytes:
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
     """Hash of one full block, chained to its parent (None for the first block).
 
     A pure function of (parent hash, token ids, extra keys) with a seeded root,
@@ -70,8 +68,8 @@ class Block:
     block_hash: bytes | None = None
     token_ids: tuple[int, ...] | None = None  # content of a cached (hashed) block, for verification
     parent_hash: bytes | None = None  # the hash its chain continues (None: a first block), for KV events
-    prev_free: "Block | None" = field(default=None, repr=False)
-    next_free: "Block | None" = field(default=None, repr=False)
+    prev_free: Block | None = field(default=None, repr=False)
+    next_free: Block | None = field(default=None, repr=False)
     in_free_queue: bool = False
 
 
@@ -138,8 +136,12 @@ class BlockPool:
     """Fixed set of blocks with reference counts and a hash -> block prefix cache."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, medium: str = MEDIUM_GPU) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0 \
-                or (num_blocks == 0 and medium == MEDIUM_GPU):
+        if (
+            isinstance(num_blocks, bool)
+            or not isinstance(num_blocks, int)
+            or num_blocks < 0
+            or (num_blocks == 0 and medium == MEDIUM_GPU)
+        ):
             raise ValueError(f"num_blocks: must be an integer >= 1, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
@@ -221,8 +223,9 @@ class BlockPool:
             raise RuntimeError(f"block {block.block_id} is free; cannot share it")
         block.ref_cnt += 1
 
-    def cache_block(self, block: Block, block_hash: bytes, token_ids: Sequence[int],
-                    parent_hash: bytes | None = None) -> Block:
+    def cache_block(
+        self, block: Block, block_hash: bytes, token_ids: Sequence[int], parent_hash: bytes | None = None
+    ) -> Block:
         """Register a full, computed block under its hash. Returns the block now canonical for it.
 
         If another block already holds this hash, that one stays canonical (the
@@ -240,8 +243,7 @@ class BlockPool:
         if block.ref_cnt == 0:  # a free block given content (the host tier's store)
             self.num_cached_free_blocks += 1
         if self.event_sink is not None:
-            self.event_sink(BlockStored((block_hash,), parent_hash, block.token_ids, len(block.token_ids),
-                                        self.medium))
+            self.event_sink(BlockStored((block_hash,), parent_hash, block.token_ids, len(block.token_ids), self.medium))
         return block
 
     def free(self, blocks: Iterable[Block], uncached_first: bool = False) -> None:

@@ -18,8 +18,7 @@ import sys
 from collections.abc import Sequence
 
 
-def child_python_argv(*, module: str | None = None, code: str | None = None,
-                      args: Sequence[str] = ()) -> list[str]:
+def child_python_argv(*, module: str | None = None, code: str | None = None, args: Sequence[str] = ()) -> list[str]:
     """argv running `module` (as `-m`) or `code` (as `-c`), exactly one of them, followed by `args`."""
     if (module is None) == (code is None):
         raise ValueError("child_python_argv: give exactly one of module= and code=")

@@ -79,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         extra = getattr(args, "extra", None)
         if extra is None or not exc.name or exc.name.partition(".")[0] == "pagedinfer":
             raise  # not a missing extra: a bug of ours, shown in full
-        print(f"pagedinfer {args.command}: error: needs the '{extra}' extra, which is not installed (no module"
-              f" named '{exc.name}'): pip install 'pagedinfer[{extra}]'", file=sys.stderr)
+        print(
+            f"pagedinfer {args.command}: error: needs the '{extra}' extra, which is not installed (no module"
+            f" named '{exc.name}'): pip install 'pagedinfer[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
 
 

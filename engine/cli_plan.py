@@ -14,9 +14,9 @@ import argparse
 import json
 
 from pagedinfer.engine import sizing
-from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape
 from pagedinfer.engine.engine_args import add_plan_args
 from pagedinfer.engine.hf_config import load_hf_config
+from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,36 +25,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="print the KV-cache plan (bytes per token/block, num_gpu_blocks, max tokens)",
         description="Size the KV block pool of one GPU for a model, the same way the operator does.",
     )
-    p.add_argument("--model", required=True,
-                   help="a model directory holding config.json, or the path of a config.json")
-    p.add_argument("--gpu-memory", required=True,
-                   help="memory of one GPU (or MIG slice), e.g. 80GiB, 81559Mi, 141G")
+    p.add_argument("--model", required=True, help="a model directory holding config.json, or the path of a config.json")
+    p.add_argument("--gpu-memory", required=True, help="memory of one GPU (or MIG slice), e.g. 80GiB, 81559Mi, 141G")
     add_plan_args(p)
-    p.add_argument("--device", default="cuda", choices=DEVICE_TYPES,
-                   help="where the engine runs (default cuda); decides dtype auto, and with cpu --gpu-memory is"
-                        " the engine's --cpu-memory-budget")
+    p.add_argument(
+        "--device",
+        default="cuda",
+        choices=DEVICE_TYPES,
+        help="where the engine runs (default cuda); decides dtype auto, and with cpu --gpu-memory is"
+        " the engine's --cpu-memory-budget",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype,
-                                             device=args.device)
+    shape = ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype, device=args.device)
     cpu_reserve = None
     if args.device == "cpu":
         cpu_reserve = sizing.estimate_activation_reserve_bytes(shape, args.max_num_batched_tokens, "cpu")
-    result = sizing.plan_kv_cache(sizing.SizingInputs(
-        shape=shape,
-        gpu_memory_bytes=sizing.parse_bytes(args.gpu_memory, name="--gpu-memory"),
-        activation_reserve_bytes=cpu_reserve,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        block_size=args.block_size,
-        tensor_parallel_size=args.tensor_parallel_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_cudagraph_capture_size=args.max_cudagraph_capture_size,
-    ))
+    result = sizing.plan_kv_cache(
+        sizing.SizingInputs(
+            shape=shape,
+            gpu_memory_bytes=sizing.parse_bytes(args.gpu_memory, name="--gpu-memory"),
+            activation_reserve_bytes=cpu_reserve,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            block_size=args.block_size,
+            tensor_parallel_size=args.tensor_parallel_size,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_cudagraph_capture_size=args.max_cudagraph_capture_size,
+        )
+    )
     if args.json:
         print(json.dumps(result.__dict__, indent=2))
         return 0
@@ -62,11 +65,16 @@ def run(args: argparse.Namespace) -> int:
         ("GPU memory", f"{result.gpu_memory_bytes / 2**30:.2f} GiB x {result.gpu_memory_utilization}"),
         ("weights per GPU", f"{result.weight_bytes_per_gpu / 2**30:.2f} GiB"),
         ("activation reserve", f"{result.activation_reserve_bytes / 2**30:.2f} GiB"),
-        ("decode graphs (estimate)", f"{result.cuda_graph_bytes / 2**30:.2f} GiB"
-                                     f" (--max-cudagraph-capture-size {args.max_cudagraph_capture_size})"),
+        (
+            "decode graphs (estimate)",
+            f"{result.cuda_graph_bytes / 2**30:.2f} GiB"
+            f" (--max-cudagraph-capture-size {args.max_cudagraph_capture_size})",
+        ),
         ("KV bytes per token", f"{result.bytes_per_token} ({result.bytes_per_token / 1024:.1f} KiB)"),
-        ("KV bytes per block", f"{result.bytes_per_block} ({result.bytes_per_block / 2**20:.2f} MiB,"
-                               f" block_size {result.block_size})"),
+        (
+            "KV bytes per block",
+            f"{result.bytes_per_block} ({result.bytes_per_block / 2**20:.2f} MiB, block_size {result.block_size})",
+        ),
         ("num_gpu_blocks", str(result.num_gpu_blocks)),
         ("max tokens in cache", str(result.max_tokens)),
     ]

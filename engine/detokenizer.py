@@ -21,7 +21,8 @@ one tokenizer and skip_special_tokens setting) and each token costs one decode.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _CONTEXT_TOKENS = 5
 
@@ -36,21 +37,31 @@ def fast_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int
         return None
     cls = type(tokenizer)
     backend = getattr(tokenizer, "_tokenizer", None)
-    if not (isinstance(tokenizer, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
-            and cls._decode is TokenizersBackend._decode and callable(getattr(backend, "decode", None))):
+    if not (
+        isinstance(tokenizer, TokenizersBackend)
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls._decode is TokenizersBackend._decode
+        and callable(getattr(backend, "decode", None))
+    ):
         return None
 
     return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True,
-                 pieces: dict[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        pieces: dict[int, str] | None = None,
+    ) -> None:
         """`pieces`: the `decode([id])` memo to share (the same tokenizer and skip_special_tokens only)."""
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._decode = fast_decode(tokenizer, skip_special_tokens) or functools.partial(
-            tokenizer.decode, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+            tokenizer.decode, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
         self.pieces = {} if pieces is None else pieces
         self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -66,14 +77,14 @@ class IncrementalDetokenizer:
             if prefix_text is None:
                 prefix_text = self.pieces[last] = self._decode([last])
         else:
-            prefix_text = self._decode(ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(ids[self.prefix_offset:])
+            prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(ids[self.prefix_offset :])
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            new_text = full_text[len(prefix_text):]
+            new_text = full_text[len(prefix_text) :]
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
             if self.prefix_offset > 64:
-                self.ids = self.ids[self.prefix_offset:]
+                self.ids = self.ids[self.prefix_offset :]
                 self.read_offset -= self.prefix_offset
                 self.prefix_offset = 0
             return new_text

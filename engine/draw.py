@@ -31,33 +31,47 @@ from pagedinfer.engine.sampling_params import SamplingParams
 class DrawColumns:
     """The options of n rows as `[n, 1]` device columns, and what the host knows of them."""
 
-    temperature: torch.Tensor    # float32 [n, 1]
-    top_k: torch.Tensor          # int64 [n, 1], the vocabulary size for a row without one
-    top_p: torch.Tensor          # float32 [n, 1], 1.0 for a row without one
-    min_p: torch.Tensor          # float32 [n, 1]
-    rows: torch.Tensor           # int64 [n], the rows' indices in the step's logits (`draw_columns(rows=...)`)
-    any_top_k: bool              # some row has a top-k below the vocabulary size
-    widest_top_k: int            # the largest top-k (the vocabulary size when a row has none)
-    widest_top_p_top_k: int      # the largest top-k among the rows asking for top-p (0 when none does)
+    temperature: torch.Tensor  # float32 [n, 1]
+    top_k: torch.Tensor  # int64 [n, 1], the vocabulary size for a row without one
+    top_p: torch.Tensor  # float32 [n, 1], 1.0 for a row without one
+    min_p: torch.Tensor  # float32 [n, 1]
+    rows: torch.Tensor  # int64 [n], the rows' indices in the step's logits (`draw_columns(rows=...)`)
+    any_top_k: bool  # some row has a top-k below the vocabulary size
+    widest_top_k: int  # the largest top-k (the vocabulary size when a row has none)
+    widest_top_p_top_k: int  # the largest top-k among the rows asking for top-p (0 when none does)
     any_min_p: bool
 
 
-def draw_columns(params: list[SamplingParams], vocab: int, device: torch.device,
-                 rows: list[int] | None = None) -> DrawColumns:
+def draw_columns(
+    params: list[SamplingParams], vocab: int, device: torch.device, rows: list[int] | None = None
+) -> DrawColumns:
     """`params`' options (and their `rows`, default 0..n-1) on `device` in one host-to-device transfer."""
     top_k = [p.top_k if p.top_k is not None and p.top_k < vocab else vocab for p in params]
-    host = torch.tensor([[p.temperature for p in params], top_k, [p.top_p for p in params],
-                         [p.min_p for p in params], rows if rows is not None else range(len(params))],
-                        dtype=torch.float64)  # exact for ids and top-k below 2**53
+    host = torch.tensor(
+        [
+            [p.temperature for p in params],
+            top_k,
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+            rows if rows is not None else range(len(params)),
+        ],
+        dtype=torch.float64,
+    )  # exact for ids and top-k below 2**53
     if device.type == "cuda":
         host = host.pin_memory()
     packed = host.to(device, non_blocking=True)
     widest_top_p = max((k for k, p in zip(top_k, params) if p.top_p < 1.0), default=0)
     return DrawColumns(
-        temperature=packed[0, :, None].float(), top_k=packed[1, :, None].long(), top_p=packed[2, :, None].float(),
-        min_p=packed[3, :, None].float(), rows=packed[4].long(), any_top_k=min(top_k, default=vocab) < vocab,
+        temperature=packed[0, :, None].float(),
+        top_k=packed[1, :, None].long(),
+        top_p=packed[2, :, None].float(),
+        min_p=packed[3, :, None].float(),
+        rows=packed[4].long(),
+        any_top_k=min(top_k, default=vocab) < vocab,
         widest_top_k=max(top_k, default=vocab),
-        widest_top_p_top_k=widest_top_p, any_min_p=max((p.min_p for p in params), default=0.0) > 0.0)
+        widest_top_p_top_k=widest_top_p,
+        any_min_p=max((p.min_p for p in params), default=0.0) > 0.0,
+    )
 
 
 def draw(rows: torch.Tensor, columns: DrawColumns, uniforms: torch.Tensor) -> torch.Tensor:
@@ -72,8 +86,11 @@ def draw(rows: torch.Tensor, columns: DrawColumns, uniforms: torch.Tensor) -> to
     probs = torch.softmax(scaled, dim=-1)
     if columns.widest_top_p_top_k:
         # a row cut by top-k has at most k non-zero probabilities: the largest k are all it has
-        ranked = torch.topk(probs, columns.widest_top_p_top_k, dim=-1).values \
-            if columns.widest_top_p_top_k < vocab else torch.sort(probs, dim=-1, descending=True).values
+        ranked = (
+            torch.topk(probs, columns.widest_top_p_top_k, dim=-1).values
+            if columns.widest_top_p_top_k < vocab
+            else torch.sort(probs, dim=-1, descending=True).values
+        )
         kept = (torch.cumsum(ranked, dim=-1) - ranked <= columns.top_p).sum(-1)
         smallest_kept = ranked.gather(1, kept[:, None].clamp(min=1) - 1)
         cut = probs.masked_fill(probs < smallest_kept, 0.0)

@@ -14,8 +14,16 @@ from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import add_flags, values_from_args
 
 # The options `pagedinfer plan` shares with the engine (it sizes the pool they shape).
-PLAN_FIELDS = ("gpu_memory_utilization", "block_size", "tensor_parallel_size", "max_num_batched_tokens",
-               "max_model_len", "dtype", "max_num_seqs", "max_cudagraph_capture_size")
+PLAN_FIELDS = (
+    "gpu_memory_utilization",
+    "block_size",
+    "tensor_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "dtype",
+    "max_num_seqs",
+    "max_cudagraph_capture_size",
+)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -25,8 +33,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     """The engine flags `plan` takes; the token budget there also sets the activation reserve."""
-    add_flags(p, EngineConfig, PLAN_FIELDS, help_for={
-        "max_num_batched_tokens": "token budget of one step; sets the activation reserve (default 2048)"})
+    add_flags(
+        p,
+        EngineConfig,
+        PLAN_FIELDS,
+        help_for={"max_num_batched_tokens": "token budget of one step; sets the activation reserve (default 2048)"},
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:

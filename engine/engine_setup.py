@@ -44,8 +44,9 @@ FALLBACK_MAX_MODEL_LEN = 2048
 def resolve_model_paths(config: EngineConfig) -> EngineConfig:
     """`config` with model and tokenizer as local directories (the tokenizer defaults to the model's)."""
     model_dir = resolve_model_dir(str(config.model), config.revision)
-    tokenizer_dir = resolve_model_dir(str(config.tokenizer), config.revision, "tokenizer") \
-        if config.tokenizer else model_dir
+    tokenizer_dir = (
+        resolve_model_dir(str(config.tokenizer), config.revision, "tokenizer") if config.tokenizer else model_dir
+    )
     return dataclasses.replace(config, model=model_dir, tokenizer=tokenizer_dir)
 
 
@@ -64,11 +65,13 @@ def resolve_max_model_len(config: EngineConfig, model_max_positions: int | None)
     max_model_len = config.max_model_len or model_max_positions or FALLBACK_MAX_MODEL_LEN
     if model_max_positions and max_model_len > model_max_positions:
         raise ValueError(
-            f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings ({model_max_positions})")
+            f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings ({model_max_positions})"
+        )
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
         raise ValueError(
             f"max_num_batched_tokens: without chunked prefill it must be >= max_model_len ({max_model_len}),"
-            f" got {config.max_num_batched_tokens}; enable chunked prefill or lower max_model_len")
+            f" got {config.max_num_batched_tokens}; enable chunked prefill or lower max_model_len"
+        )
     return max_model_len
 
 
@@ -77,11 +80,14 @@ def choose_num_gpu_blocks(config: EngineConfig, planned_blocks: int, max_model_l
     num_blocks = planned_blocks
     if config.num_gpu_blocks_override is not None:
         if config.num_gpu_blocks_override > planned_blocks:
-            logger.warning("num_gpu_blocks_override=%d does not fit (%s); using %d blocks",
-                           config.num_gpu_blocks_override,
-                           "after profiling" if device_type == "cuda"
-                           else f"within cpu_memory_budget_bytes={config.cpu_memory_budget_bytes}",
-                           planned_blocks)
+            logger.warning(
+                "num_gpu_blocks_override=%d does not fit (%s); using %d blocks",
+                config.num_gpu_blocks_override,
+                "after profiling"
+                if device_type == "cuda"
+                else f"within cpu_memory_budget_bytes={config.cpu_memory_budget_bytes}",
+                planned_blocks,
+            )
         else:
             num_blocks = config.num_gpu_blocks_override
     needed = -(-max_model_len // config.block_size)
@@ -89,7 +95,8 @@ def choose_num_gpu_blocks(config: EngineConfig, planned_blocks: int, max_model_l
         raise InsufficientMemoryError(
             f"No room for the KV cache: one max_model_len={max_model_len} sequence needs {needed} blocks of"
             f" {config.block_size} tokens but the pool has {num_blocks}. Lower max_model_len to at most"
-            f" {num_blocks * config.block_size} or give the pool more blocks.")
+            f" {num_blocks * config.block_size} or give the pool more blocks."
+        )
     return num_blocks
 
 
@@ -105,8 +112,9 @@ def num_tier_blocks(config: EngineConfig, bytes_per_block: int) -> int:
     return int(config.kv_offloading_size * 2**30) // bytes_per_block
 
 
-def check_host_pools_fit(config: EngineConfig, device_type: str, kv_pool_bytes: int, swap_pool_bytes: int,
-                         bound: HostMemoryBound | None) -> None:
+def check_host_pools_fit(
+    config: EngineConfig, device_type: str, kv_pool_bytes: int, swap_pool_bytes: int, bound: HostMemoryBound | None
+) -> None:
     """On a CPU, every rank's KV pool and host pool (swap space and tier) must fit in the host memory still available (`bound`,
     read after the weights loaded and before either pool is allocated), else a ValueError naming both.
 
@@ -125,13 +133,15 @@ def check_host_pools_fit(config: EngineConfig, device_type: str, kv_pool_bytes: 
                 f" the swap space, {swap_pool_bytes / 2**30:.2f} GiB of host pool) beside this CPU engine's"
                 f" {kv_pool_bytes / 2**30:.2f} GiB KV pool{per_rank} does not fit in the"
                 f" {bound.available_bytes / 2**30:.2f} GiB this host has available ({bound.source}); lower"
-                " --kv-offloading-size or --cpu-memory-budget")
+                " --kv-offloading-size or --cpu-memory-budget"
+            )
         raise ValueError(
             f"swap_space (--swap-space): {config.swap_space:g} GiB of host swap pool beside this CPU engine's"
             f" {kv_pool_bytes / 2**30:.2f} GiB KV pool{per_rank} does not fit in the"
             f" {bound.available_bytes / 2**30:.2f} GiB this host has available ({bound.source}); lower"
             " --swap-space or --cpu-memory-budget, or use preemption_mode recompute (on a CPU, swapping copies"
-            " host memory to host memory)")
+            " host memory to host memory)"
+        )
 
 
 def eos_token_ids(generation_eos: int | list[int] | tuple[int, ...] | None, tokenizer_eos: int | None) -> set[int]:

@@ -93,6 +93,6 @@ def _stat_value(text: str | None, key: str) -> int | None:
     """The first number after `key` at the start of a line (meminfo's `MemAvailable:`, memory.stat's)."""
     for line in (text or "").splitlines():
         if line.startswith(key):
-            fields = line[len(key):].split()
+            fields = line[len(key) :].split()
             return _int(fields[0]) if fields else None
     return None

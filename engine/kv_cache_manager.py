@@ -23,8 +23,9 @@ Invariants:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, TypeVar
+from typing import TypeVar
 
 from pagedinfer.engine.batch.deltas import TableChanges, TableDeltas
 from pagedinfer.engine.block_pool import Block, BlockPool, hash_block_tokens
@@ -51,8 +52,15 @@ class KVCacheStats:
 
 
 class KVCacheManager:
-    def __init__(self, num_gpu_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 enable_prefix_caching: bool = True, watermark: float = 0.01, enable_offload: bool = False) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+        watermark: float = 0.01,
+        enable_offload: bool = False,
+    ) -> None:
         """num_cpu_blocks: the host pool (swap space plus the tier's); enable_offload: keep evicted prefix
         blocks in it (engine/kv_offload/)."""
         self.block_size = block_size
@@ -79,7 +87,7 @@ class KVCacheManager:
         while len(hashes) < num_tokens // bs:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, seq.token_ids[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block_tokens(parent, seq.token_ids[i * bs : (i + 1) * bs]))
         return hashes[: num_tokens // bs]
 
     def get_computed_blocks(self, seq: Sequence) -> list[Block]:
@@ -95,7 +103,7 @@ class KVCacheManager:
         hits: list[Block] = []
         lookup_tier = self.tier.lookup
         for i, h in enumerate(self._full_block_hashes(seq, max_hit_tokens)):
-            tokens = seq.token_ids[i * bs:(i + 1) * bs]
+            tokens = seq.token_ids[i * bs : (i + 1) * bs]
             block = self.pool.lookup(h, tokens) or lookup_tier(h, tokens)
             if block is None:
                 break
@@ -135,8 +143,10 @@ class KVCacheManager:
         if not table:
             return False
         computed = seq.num_computed_tokens
-        return computed + num_new_tokens <= len(table) * self.block_size \
+        return (
+            computed + num_new_tokens <= len(table) * self.block_size
             and table[computed // self.block_size].ref_cnt == 1
+        )
 
     def _needs_cow(self, seq: Sequence, num_new_tokens: int) -> bool:
         table = self.tables.get(seq.seq_id)
@@ -173,8 +183,9 @@ class KVCacheManager:
         needed = sum(self._num_new_blocks(seq, n, 0) - (1 if self._needs_cow(seq, n) else 0) for seq, n in writes)
         return needed + self._num_copies(writes) <= self.pool.num_free_blocks
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[Block] | None = None,
-                     use_watermark: bool = False) -> bool:
+    def can_allocate(
+        self, seq: Sequence, num_new_tokens: int, hits: list[Block] | None = None, use_watermark: bool = False
+    ) -> bool:
         if not hits:  # every running sequence's step: no hits to revive
             needed = self._num_new_blocks(seq, num_new_tokens, 0)
             return needed + (self.watermark_blocks if use_watermark else 0) <= self.pool.num_free_blocks
@@ -184,8 +195,7 @@ class KVCacheManager:
         reserve = self.watermark_blocks if use_watermark else 0
         return needed + revived + reserve <= self.pool.num_free_blocks
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[Block] | None = None
-                 ) -> list[tuple[int, int]]:
+    def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[Block] | None = None) -> list[tuple[int, int]]:
         """Give seq the blocks for num_new_tokens more tokens; returns copy-on-write (src, dst) pairs.
 
         `hits` (from get_computed_blocks, only when the sequence has no table yet)
@@ -231,8 +241,9 @@ class KVCacheManager:
             self.changes.mark(seq.seq_id, first_changed)
         return copies
 
-    def record_admission(self, seq: Sequence, num_hit_tokens: int, readmitted: bool,
-                         num_tier_hit_tokens: int = 0) -> None:
+    def record_admission(
+        self, seq: Sequence, num_hit_tokens: int, readmitted: bool, num_tier_hit_tokens: int = 0
+    ) -> None:
         """Count the prefix-cache lookup of an admission from the waiting queue (in tokens).
 
         A request's first admission is its one prefix-cache query: its prompt
@@ -263,8 +274,9 @@ class KVCacheManager:
         hashes = self._full_block_hashes(seq, num_full * self.block_size)
         bs = self.block_size
         for i in range(done, num_full):
-            canonical = self.pool.cache_block(table[i], hashes[i], seq.token_ids[i * bs:(i + 1) * bs],
-                                              parent_hash=hashes[i - 1] if i else None)
+            canonical = self.pool.cache_block(
+                table[i], hashes[i], seq.token_ids[i * bs : (i + 1) * bs], parent_hash=hashes[i - 1] if i else None
+            )
             if canonical is table[i]:
                 self.tier.discard(hashes[i])  # computed again: the device copy is the one cached
         self.num_cached_blocks[seq.seq_id] = num_full
@@ -302,6 +314,7 @@ class KVCacheManager:
 
     def take_table_deltas(self) -> TableDeltas:
         """What changed in the device block tables since the last call (each change is reported once)."""
+
         def table_of(seq_id: int) -> list[int] | None:
             table = self.tables.get(seq_id)
             return None if table is None else [b.block_id for b in table]
@@ -406,7 +419,8 @@ class KVCacheManager:
         for block in self.pool.blocks:
             if refs.get(block.block_id, 0) != block.ref_cnt:
                 raise AssertionError(
-                    f"block {block.block_id}: ref_cnt {block.ref_cnt} but {refs.get(block.block_id, 0)} tables")
+                    f"block {block.block_id}: ref_cnt {block.ref_cnt} but {refs.get(block.block_id, 0)} tables"
+                )
         host_refs = Counter(c.block_id for blocks in self.swapped.values() for c in blocks)
         try:
             self.tier.check_invariants(host_refs)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pagedinfer.engine.beam.params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from pagedinfer.engine.config import EngineConfig
@@ -15,8 +16,8 @@ from pagedinfer.engine.sampling_params import SamplingParams
 class LLM:
     """Generate completions for a batch of prompts with continuous batching.
 
-        llm = LLM(model="path/to/hf_model_dir", block_size=16)
-        outs = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=32))
+    llm = LLM(model="path/to/hf_model_dir", block_size=16)
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=32))
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:
@@ -26,9 +27,12 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order.
 
         All prompts are validated before any is queued, so a bad one raises
@@ -47,8 +51,9 @@ class LLM:
                 raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts")
         return self._run(prompts, params, use_tqdm)
 
-    def beam_search(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                    params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+    def beam_search(
+        self, prompts: str | Sequence[str] | Sequence[Sequence[int]], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
         """Per prompt, its params.beam_width best sequences, best first (docs/beam-search.md).
 
         All beams of all prompts run in the engine's ordinary packed steps,
@@ -60,12 +65,22 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         outs = self._run(prompts, [params] * len(prompts), use_tqdm)
-        return [BeamSearchOutput([
-            BeamSearchSequence(tokens=out.prompt_token_ids + c.token_ids, text=c.text,
-                               cum_logprob=c.cumulative_logprob,
-                               score=c.cumulative_logprob / len(c.token_ids) ** params.length_penalty,
-                               finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-            for c in out.outputs]) for out in outs]
+        return [
+            BeamSearchOutput(
+                [
+                    BeamSearchSequence(
+                        tokens=out.prompt_token_ids + c.token_ids,
+                        text=c.text,
+                        cum_logprob=c.cumulative_logprob,
+                        score=c.cumulative_logprob / len(c.token_ids) ** params.length_penalty,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                    for c in out.outputs
+                ]
+            )
+            for out in outs
+        ]
 
     def _run(self, prompts: list, params: list, use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

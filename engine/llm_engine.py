@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from pagedinfer.engine import engine_setup as setup
 from pagedinfer.engine.beam import group as beam_group
@@ -37,12 +38,18 @@ from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.host_memory import available_host_memory
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.kv_offload.tier import LOAD, STORE
-from pagedinfer.engine.outputs import (CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput,
-                                       RequestOutputDelta)
-from pagedinfer.engine.request_checks import check_request
-from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
+from pagedinfer.engine.outputs import (
+    CompletionOutput,
+    EngineStats,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+    RequestOutputDelta,
+)
 from pagedinfer.engine.overlap.process import OutputProcess
+from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
 from pagedinfer.engine.overlap.thread import OutputThread
+from pagedinfer.engine.request_checks import check_request
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
@@ -102,20 +109,32 @@ class LLMEngine:
         self.max_model_len = setup.resolve_max_model_len(config, self.runner.max_position_embeddings)
         self.sizing = self.runner.plan_kv_cache(self.max_model_len)
         self.bytes_per_block = self.sizing.bytes_per_block
-        self.num_gpu_blocks = setup.choose_num_gpu_blocks(config, self.sizing.num_gpu_blocks, self.max_model_len,
-                                                          self.runner.device.type)
+        self.num_gpu_blocks = setup.choose_num_gpu_blocks(
+            config, self.sizing.num_gpu_blocks, self.max_model_len, self.runner.device.type
+        )
         # one host pool: the swap space and the prefix cache's tier (engine/kv_offload/)
         self.num_tier_blocks = setup.num_tier_blocks(config, self.bytes_per_block)
         self.num_cpu_blocks = setup.num_swap_blocks(config, self.bytes_per_block) + self.num_tier_blocks
-        setup.check_host_pools_fit(config, self.runner.device.type, self.num_gpu_blocks * self.bytes_per_block,
-                                   self.num_cpu_blocks * self.bytes_per_block, available_host_memory())
+        setup.check_host_pools_fit(
+            config,
+            self.runner.device.type,
+            self.num_gpu_blocks * self.bytes_per_block,
+            self.num_cpu_blocks * self.bytes_per_block,
+            available_host_memory(),
+        )
         self.runner.allocate_kv_cache(self.num_gpu_blocks, self.num_cpu_blocks)
-        self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.num_cpu_blocks,
-                                 config.enable_prefix_caching, config.watermark,
-                                 enable_offload=self.num_tier_blocks > 0)
+        self.kv = KVCacheManager(
+            self.num_gpu_blocks,
+            config.block_size,
+            self.num_cpu_blocks,
+            config.enable_prefix_caching,
+            config.watermark,
+            enable_offload=self.num_tier_blocks > 0,
+        )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.eos_token_ids = setup.eos_token_ids(
-            getattr(self.runner.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id)
+            getattr(self.runner.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id
+        )
         self.sampler = Sampler(config.seed, self.eos_token_ids, self.runner.device)
         self.structured = StructuredOutputs(self.tokenizer, self.runner.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Request] = {}
@@ -135,9 +154,14 @@ class LLMEngine:
             self._async = AsyncStepper(self)
         # the detokenizers' `decode([id])` memo, one per skip_special_tokens (used on the output side only)
         self._pieces: dict[bool, dict[int, str]] = {True: {}, False: {}}
-        logger.info("KV cache: %d blocks x %d tokens (%d bytes each), %d host blocks (%d of them the tier's)",
-                    self.num_gpu_blocks, config.block_size, self.bytes_per_block, self.num_cpu_blocks,
-                    self.num_tier_blocks)
+        logger.info(
+            "KV cache: %d blocks x %d tokens (%d bytes each), %d host blocks (%d of them the tier's)",
+            self.num_gpu_blocks,
+            config.block_size,
+            self.bytes_per_block,
+            self.num_cpu_blocks,
+            self.num_tier_blocks,
+        )
 
     def warm_up_structured_outputs(self) -> None:
         """Do the grammar backend's one-time set-up now (a server, before it reports healthy), not in a step."""
@@ -165,12 +189,24 @@ class LLMEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams | BeamSearchParams) -> None:
         """Raise ValueError (naming the parameter) if the request can never run (`request_checks.py`)."""
-        check_request(prompt_token_ids, params, max_model_len=self.max_model_len, vocab_size=self.runner.vocab_size,
-                      max_num_seqs=self.config.max_num_seqs, num_gpu_blocks=self.num_gpu_blocks,
-                      block_size=self.config.block_size)
+        check_request(
+            prompt_token_ids,
+            params,
+            max_model_len=self.max_model_len,
+            vocab_size=self.runner.vocab_size,
+            max_num_seqs=self.config.max_num_seqs,
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.config.block_size,
+        )
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams,
-                    arrival_time: float | None = None, prompt_token_ids: list[int] | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | BeamSearchParams,
+        arrival_time: float | None = None,
+        prompt_token_ids: list[int] | None = None,
+    ) -> None:
         """Queue a request. `prompt_token_ids`, when given, are `tokenize(prompt)` already computed."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id: must be a non-empty string, got {request_id!r}")
@@ -183,21 +219,30 @@ class LLMEngine:
         if isinstance(params, BeamSearchParams):
             req.group = SequenceGroup(request_id, params.beam_width, [])
             req.beam = beam_group.new_search(params, self.eos_token_ids)
-            seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params.beam_sampling_params(),
-                           arrival_time=now, prompt=req.prompt, group=req.group)
+            seq = Sequence(
+                request_id=request_id,
+                prompt_token_ids=ids,
+                params=params.beam_sampling_params(),
+                arrival_time=now,
+                prompt=req.prompt,
+                group=req.group,
+            )
             req.group.seqs.append(seq)
             req.seqs.append(seq)
             self._admit(req, seq)
             return
-        req.outputs = [CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
-                       for i in range(params.n)]
+        req.outputs = [
+            CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None) for i in range(params.n)
+        ]
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(ids)
-        seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now,
-                       prompt=req.prompt, index=0)
+        seq = Sequence(
+            request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now, prompt=req.prompt, index=0
+        )
         seq.num_forks_pending = params.n - 1
-        seq.detok = IncrementalDetokenizer(self.output_tokenizer, ids, params.skip_special_tokens,
-                                           self._pieces[params.skip_special_tokens])
+        seq.detok = IncrementalDetokenizer(
+            self.output_tokenizer, ids, params.skip_special_tokens, self._pieces[params.skip_special_tokens]
+        )
         if params.structured_outputs is not None:
             seq.grammar = self.structured.matcher_for(params.structured_outputs)  # compiled: a cache hit
         req.seqs.append(seq)
@@ -257,8 +302,9 @@ class LLMEngine:
             return self._nothing_scheduled()
         sampling, prompt_rows, num_prompt_tokens = self._scan(sched)
         # the grammar masks of this step's constrained rows are computed while the forward runs
-        self.sampler.grammar_bitmask.prefetch([s.grammar for s in sampling if s.grammar is not None],
-                                              self.runner.vocab_size, self.runner.device)
+        self.sampler.grammar_bitmask.prefetch(
+            [s.grammar for s in sampling if s.grammar is not None], self.runner.vocab_size, self.runner.device
+        )
         logits, row_ids, prompt_logits = self.runner.execute(sched, {s.seq_id for s in sampling}, prompt_rows)
         if prompt_logits:
             from pagedinfer.engine.prompt_logprobs import record_prompt_logprobs
@@ -268,8 +314,9 @@ class LLMEngine:
         self.num_prompt_tokens += num_prompt_tokens
         # with overlap: the previous step's outputs, made while this forward ran; its stop strings end their
         # sequences now, and the tokens this step computed for them are never sampled
-        previous = self._take_previous_outputs() \
-            if self._output_side is not None and self._output_side.in_flight else None
+        previous = (
+            self._take_previous_outputs() if self._output_side is not None and self._output_side.in_flight else None
+        )
         by_id = {s.seq_id: s for s in sampling}
         all_rows = [by_id[i] for i in row_ids]
         row_index = [r for r, seq in enumerate(all_rows) if seq.group is None and not seq.is_finished]
@@ -285,7 +332,8 @@ class LLMEngine:
             # the common step samples every row once, in order: no gather (the sampler copies the rows it writes)
             every_row = len(row_index) == logits.shape[0] and row_index == list(range(len(row_index)))
             results = self.sampler.sample(
-                logits if every_row else logits[torch.tensor(row_index, device=logits.device)], rows)
+                logits if every_row else logits[torch.tensor(row_index, device=logits.device)], rows
+            )
         else:
             results = []
         touched: dict[str, _Request] = {}
@@ -310,7 +358,8 @@ class LLMEngine:
             raise RuntimeError(
                 f"scheduler stalled: {len(self.scheduler.waiting)} waiting, {len(self.scheduler.swapped)} "
                 f"swapped, {len(self.scheduler.running)} running, {kv.num_free_blocks} of "
-                f"{self.num_gpu_blocks} blocks free")
+                f"{self.num_gpu_blocks} blocks free"
+            )
         return []
 
     def _scan(self, sched) -> tuple[list[Sequence], set[int], int]:
@@ -336,8 +385,9 @@ class LLMEngine:
                     prompt_rows.add(seq.seq_id)
         return sampling, prompt_rows, num_prompt_tokens
 
-    def _emit(self, items: list[TokenItem], touched: dict[str, _Request], previous: ProcessedBatch | None,
-              cumulative: bool) -> list:
+    def _emit(
+        self, items: list[TokenItem], touched: dict[str, _Request], previous: ProcessedBatch | None, cumulative: bool
+    ) -> list:
         """Hand a step's tokens to the output side (or process them inline); the outputs ready now."""
         batch = OutputBatch(items, list(touched.values()), cumulative)
         if self._output_side is not None and not touched:  # a step of prompt chunks only: nothing to hand over
@@ -401,9 +451,15 @@ class LLMEngine:
 
     def _fork_beam(self, parent: Sequence) -> Sequence:
         """A new beam sharing all of parent's blocks and tokens (before either appends its next token)."""
-        child = Sequence(request_id=parent.request_id, prompt_token_ids=parent.prompt_token_ids,
-                         params=parent.params, arrival_time=parent.arrival_time, prompt=parent.prompt,
-                         token_ids=list(parent.token_ids), group=parent.group)
+        child = Sequence(
+            request_id=parent.request_id,
+            prompt_token_ids=parent.prompt_token_ids,
+            params=parent.params,
+            arrival_time=parent.arrival_time,
+            prompt=parent.prompt,
+            token_ids=list(parent.token_ids),
+            group=parent.group,
+        )
         child.block_hashes = list(parent.block_hashes)
         child.first_scheduled_time = parent.first_scheduled_time
         self.scheduler.fork(parent, child)
@@ -413,18 +469,28 @@ class LLMEngine:
         req = self.requests[parent.request_id]
         children = []
         for _ in range(parent.num_forks_pending):
-            child = Sequence(request_id=parent.request_id, prompt_token_ids=parent.prompt_token_ids,
-                             params=parent.params, arrival_time=parent.arrival_time, prompt=parent.prompt,
-                             index=len(req.seqs), token_ids=list(parent.token_ids))
+            child = Sequence(
+                request_id=parent.request_id,
+                prompt_token_ids=parent.prompt_token_ids,
+                params=parent.params,
+                arrival_time=parent.arrival_time,
+                prompt=parent.prompt,
+                index=len(req.seqs),
+                token_ids=list(parent.token_ids),
+            )
             child.block_hashes = list(parent.block_hashes)
             child.first_scheduled_time = parent.first_scheduled_time
-            child.detok = IncrementalDetokenizer(self.output_tokenizer, parent.prompt_token_ids,
-                                                 parent.params.skip_special_tokens,
-                                                 self._pieces[parent.params.skip_special_tokens])
+            child.detok = IncrementalDetokenizer(
+                self.output_tokenizer,
+                parent.prompt_token_ids,
+                parent.params.skip_special_tokens,
+                self._pieces[parent.params.skip_special_tokens],
+            )
             # a fresh matcher, not a copy of the parent's: the grammar thread may still be filling this step's
             # masks, and llguidance holds each matcher it fills borrowed (the parent has consumed nothing yet)
-            child.grammar = self.structured.matcher_for(parent.params.structured_outputs) \
-                if parent.grammar is not None else None
+            child.grammar = (
+                self.structured.matcher_for(parent.params.structured_outputs) if parent.grammar is not None else None
+            )
             self.scheduler.fork(parent, child)
             req.seqs.append(child)
             children.append(child)
@@ -454,8 +520,9 @@ class LLMEngine:
         stop_token = None
         late: str | None = None
         # the grammar allows nothing more (complete) or rejected the token: the output ends with this token
-        if seq.grammar is not None and (not seq.grammar.consume_token(self.structured.eos.for_grammar(token))
-                                        or seq.grammar.is_stopped()):
+        if seq.grammar is not None and (
+            not seq.grammar.consume_token(self.structured.eos.for_grammar(token)) or seq.grammar.is_stopped()
+        ):
             late = "stop"
         if token in self.eos_token_ids and not p.ignore_eos and num_output_tokens >= p.min_tokens:
             early = "stop"
@@ -475,8 +542,10 @@ class LLMEngine:
         kv = self.kv.stats()
         requests = self.scheduler.num_requests()
         return EngineStats(
-            num_total_blocks=kv.num_total_blocks, num_used_blocks=kv.num_used_blocks,
-            num_free_blocks=kv.num_free_blocks, num_cached_free_blocks=kv.num_cached_free_blocks,
+            num_total_blocks=kv.num_total_blocks,
+            num_used_blocks=kv.num_used_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            num_cached_free_blocks=kv.num_cached_free_blocks,
             kv_usage=kv.num_used_blocks / kv.num_total_blocks,
             prefix_cache_query_tokens=kv.prefix_cache_query_tokens,
             prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens,
@@ -484,13 +553,18 @@ class LLMEngine:
             prefix_cache_preempted_hit_tokens=kv.prefix_cache_preempted_hit_tokens,
             num_allocation_failures=self.scheduler.counters.num_allocation_failures,
             num_preemptions=dict(self.scheduler.counters.num_preemptions),
-            num_running_reqs=requests.running, num_waiting_reqs=requests.waiting,
+            num_running_reqs=requests.running,
+            num_waiting_reqs=requests.waiting,
             num_swapped_reqs=requests.swapped,
             num_waiting_seqs=sum(self.scheduler.seats(s) for s in self.scheduler.waiting),  # n, beam_width
-            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
-            kv_offload_num_blocks=kv.tier.num_blocks, kv_offload_cached_blocks=kv.tier.num_cached_blocks,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_generation_tokens,
+            kv_offload_num_blocks=kv.tier.num_blocks,
+            kv_offload_cached_blocks=kv.tier.num_cached_blocks,
             prefix_cache_offload_hit_tokens=kv.tier.hit_tokens,
-            kv_offload_bytes={STORE: kv.tier.num_stored_blocks * self.bytes_per_block,
-                              LOAD: kv.tier.num_loaded_blocks * self.bytes_per_block},
-            kv_offload_copy_seconds=self.runner.tier_copier.seconds())
-
+            kv_offload_bytes={
+                STORE: kv.tier.num_stored_blocks * self.bytes_per_block,
+                LOAD: kv.tier.num_loaded_blocks * self.bytes_per_block,
+            },
+            kv_offload_copy_seconds=self.runner.tier_copier.seconds(),
+        )

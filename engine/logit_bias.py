@@ -26,5 +26,6 @@ def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     if not rows:
         return
     index = torch.tensor([rows, cols], dtype=torch.long, device=logits.device)
-    logits.index_put_((index[0], index[1]), torch.tensor(values, dtype=logits.dtype, device=logits.device),
-                      accumulate=True)
+    logits.index_put_(
+        (index[0], index[1]), torch.tensor(values, dtype=logits.dtype, device=logits.device), accumulate=True
+    )

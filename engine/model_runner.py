@@ -16,8 +16,9 @@ attention metadata and positions from it with array operations.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,20 +29,21 @@ from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.batch.step_inputs import IndexBuffer
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu.compiled_forward import CompiledForward
-from pagedinfer.engine.cuda_graphs.decode_graphs import DecodeGraphs
-from pagedinfer.engine.cuda_graphs.setup import make_decode_graphs
 from pagedinfer.engine.cpu.fused_layers import LayerFusionReport, causal_lm_logits, fuse_layers, fuses_causal_lm
 from pagedinfer.engine.cpu.fused_projections import FusionReport, fuse_projections
 from pagedinfer.engine.cpu.linear import PackingReport, pack_linear_weights
+from pagedinfer.engine.cuda_graphs.decode_graphs import DecodeGraphs
+from pagedinfer.engine.cuda_graphs.setup import make_decode_graphs
 from pagedinfer.engine.distributed import sharding
 from pagedinfer.engine.distributed.group import TPGroup
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
-from pagedinfer.engine.gpu_forward.select import choose_decoder
 from pagedinfer.engine.engine_setup import resolve_max_model_len
+from pagedinfer.engine.gpu_forward.select import choose_decoder
 from pagedinfer.engine.hf_config import load_hf_config
 from pagedinfer.engine.kv_offload.copies import TierCopier
 from pagedinfer.engine.kv_offload.tier import LOAD, STORE
-from pagedinfer.engine.model_shape import ModelShape, resolve_dtype as resolve_dtype_name
+from pagedinfer.engine.model_shape import ModelShape
+from pagedinfer.engine.model_shape import resolve_dtype as resolve_dtype_name
 from pagedinfer.engine.scheduler import SchedulerOutput
 from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata
@@ -68,8 +70,10 @@ def tp_device(config: EngineConfig, rank: int) -> torch.device:
     if device.type != "cuda" or config.tensor_parallel_size == 1:
         return device
     if torch.cuda.device_count() < config.tensor_parallel_size:
-        raise ValueError(f"tensor_parallel_size: {config.tensor_parallel_size} GPUs per replica, but"
-                         f" {torch.cuda.device_count()} are visible")
+        raise ValueError(
+            f"tensor_parallel_size: {config.tensor_parallel_size} GPUs per replica, but"
+            f" {torch.cuda.device_count()} are visible"
+        )
     return torch.device("cuda", rank)
 
 
@@ -97,7 +101,8 @@ def check_rope(model_config: dict) -> None:
                 continue
             raise ValueError(
                 f"model: rope type {kind!r} picks its scaling from the longest sequence in a batch, which"
-                " packed batches break; use a model with default/linear/llama3/yarn RoPE")
+                " packed batches break; use a model with default/linear/llama3/yarn RoPE"
+            )
 
 
 class ModelRunner:
@@ -117,10 +122,12 @@ class ModelRunner:
         attn_name = register()
         try:
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                config.model, dtype=self.dtype, attn_implementation=attn_name)
+                config.model, dtype=self.dtype, attn_implementation=attn_name
+            )
         except (OSError, ValueError, TypeError, KeyError, RuntimeError) as exc:
-            raise ValueError(f"model: cannot load {config.model!r} with transformers:"
-                             f" {type(exc).__name__}: {exc}") from None
+            raise ValueError(
+                f"model: cannot load {config.model!r} with transformers: {type(exc).__name__}: {exc}"
+            ) from None
         except Exception as exc:  # e.g. safetensors' or huggingface_hub's own error types
             raise ValueError(f"model: cannot load {config.model!r}: {type(exc).__name__}: {exc}") from None
         if group is not None:
@@ -130,8 +137,9 @@ class ModelRunner:
         self.sharded_weight_bytes = sharding.planned_parameter_bytes(self.model)
         # our Triton decoder (--forward; engine/gpu_forward/: on CUDA by default for the families it runs), its
         # q/k/v and gate/up fused into one GEMM each
-        choice = choose_decoder(self.model, config.forward, self.device, config.tensor_parallel_size,
-                                self._rope_positions())
+        choice = choose_decoder(
+            self.model, config.forward, self.device, config.tensor_parallel_size, self._rope_positions()
+        )
         self.triton_decoder = choice.decoder
         cpu_layers = self.device.type == "cpu" and self.triton_decoder is None
         # on CPU, q/k/v and gate/up fused into one GEMM each, then every linear weight packed once for
@@ -139,8 +147,9 @@ class ModelRunner:
         self.fusion: FusionReport | None = fuse_projections(self.model) if cpu_layers else choice.fusion
         self.linear_packing: PackingReport | None = pack_linear_weights(self.model) if cpu_layers else None
         # on CPU, norms, RoPE, SiLU-and-multiply and the residual adds as native ops (the decoder's forward replaced)
-        self.layer_fusion: LayerFusionReport | None = fuse_layers(self.model, self._rope_positions()) \
-            if cpu_layers else None
+        self.layer_fusion: LayerFusionReport | None = (
+            fuse_layers(self.model, self._rope_positions()) if cpu_layers else None
+        )
         # eager steps of a fused causal LM skip transformers' outer forward (same ops: `causal_lm_logits`)
         self.fused_lm = self.layer_fusion is not None and self.layer_fusion.fused and fuses_causal_lm(self.model)
         if self.model.config._attn_implementation != attn_name:
@@ -151,15 +160,16 @@ class ModelRunner:
         # this rank's KV heads (all of them without tensor parallelism; all of them too where the plan gathers the
         # keys, as Phi-3's does): its pool holds only these
         self.num_kv_heads = sharding.kv_heads_per_rank(
-            self.model, int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads), tp)
-        self.head_dim = int(getattr(text_cfg, "head_dim", None)
-                            or text_cfg.hidden_size // text_cfg.num_attention_heads)
+            self.model, int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads), tp
+        )
+        self.head_dim = int(getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads)
         self.hidden_size = int(text_cfg.hidden_size)
         self.vocab_size = int(text_cfg.vocab_size)
         self.max_position_embeddings = getattr(text_cfg, "max_position_embeddings", None)
         self.block_size = config.block_size
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + \
-            sum(b.numel() * b.element_size() for b in self.model.buffers())
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
+            b.numel() * b.element_size() for b in self.model.buffers()
+        )
         self.kv_cache: torch.Tensor | None = None
         self.cpu_cache: torch.Tensor | None = None  # the host pool: swap space and the prefix cache's tier
         self.tier_copier = TierCopier(self.device)
@@ -183,10 +193,15 @@ class ModelRunner:
     # ----- sizing --------------------------------------------------------------------
     def model_shape(self) -> ModelShape:
         return ModelShape(
-            num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            num_layers=self.num_layers,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
             num_parameters=max(1, sum(p.numel() for p in self.model.parameters())),
-            dtype=str(self.dtype).removeprefix("torch."), hidden_size=self.hidden_size,
-            max_position_embeddings=self.max_position_embeddings, vocab_size=self.vocab_size)
+            dtype=str(self.dtype).removeprefix("torch."),
+            hidden_size=self.hidden_size,
+            max_position_embeddings=self.max_position_embeddings,
+            vocab_size=self.vocab_size,
+        )
 
     def plan_kv_cache(self, max_model_len: int) -> sizing.SizingResult:
         """Profile (on CUDA) or estimate (on CPU) activations, then size the pool with `sizing`."""
@@ -197,13 +212,20 @@ class ModelRunner:
         else:
             total_bytes = self.config.cpu_memory_budget_bytes
             reserve = sizing.estimate_activation_reserve_bytes(shape, self.config.max_num_batched_tokens, "cpu")
-        return sizing.plan_kv_cache(sizing.SizingInputs(
-            shape=shape, gpu_memory_bytes=total_bytes,
-            gpu_memory_utilization=self.config.gpu_memory_utilization, block_size=self.block_size,
-            max_num_batched_tokens=self.config.max_num_batched_tokens, max_model_len=max_model_len,
-            activation_reserve_bytes=reserve, weight_bytes_per_gpu=self.weight_bytes,
-            max_num_seqs=self.config.max_num_seqs,
-            max_cudagraph_capture_size=self.config.max_cudagraph_capture_size))
+        return sizing.plan_kv_cache(
+            sizing.SizingInputs(
+                shape=shape,
+                gpu_memory_bytes=total_bytes,
+                gpu_memory_utilization=self.config.gpu_memory_utilization,
+                block_size=self.block_size,
+                max_num_batched_tokens=self.config.max_num_batched_tokens,
+                max_model_len=max_model_len,
+                activation_reserve_bytes=reserve,
+                weight_bytes_per_gpu=self.weight_bytes,
+                max_num_seqs=self.config.max_num_seqs,
+                max_cudagraph_capture_size=self.config.max_cudagraph_capture_size,
+            )
+        )
 
     def _profile_cuda_activation_bytes(self, max_model_len: int) -> int:
         """Peak memory of a forward at max_num_batched_tokens, plus non-torch usage (CUDA context)."""
@@ -223,8 +245,9 @@ class ModelRunner:
             next_block += nb
         # as many logits rows as a real step may keep (one per running sequence), not one per profiled sequence
         keep = list(range(num_tokens - min(self.config.max_num_seqs, num_tokens), num_tokens))
-        self.run_step(StepInputs([0] * num_tokens, list(range(len(lens))), lens, lens, keep,
-                                 TableDeltas(tuple(tables)))).float()
+        self.run_step(
+            StepInputs([0] * num_tokens, list(range(len(lens))), lens, lens, keep, TableDeltas(tuple(tables)))
+        ).float()
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         self.kv_cache, self.key_caches, self.value_caches = None, [], []
@@ -251,14 +274,19 @@ class ModelRunner:
         self.value_caches = [self.kv_cache[1, i] for i in range(self.num_layers)]
         if num_cpu_blocks:
             cpu_shape = (2, self.num_layers, num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-            self.cpu_cache = torch.empty(cpu_shape, dtype=self.dtype, device="cpu",
-                                         pin_memory=self.device.type == "cuda")
+            self.cpu_cache = torch.empty(
+                cpu_shape, dtype=self.dtype, device="cpu", pin_memory=self.device.type == "cuda"
+            )
         if self.compiled is not None and num_gpu_blocks:
             self.compiled.warm_up(self._one_token_step)
         if decode_graphs and num_gpu_blocks:
             self.decode_graphs = make_decode_graphs(
-                self.config, self.device, self._forward,
-                resolve_max_model_len(self.config, self.max_position_embeddings), self.model_shape())
+                self.config,
+                self.device,
+                self._forward,
+                resolve_max_model_len(self.config, self.max_position_embeddings),
+                self.model_shape(),
+            )
 
     def _one_token_step(self) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
         """A step of one token writing block 0 (free at start-up), for the compiled forward's warm-up."""
@@ -269,12 +297,14 @@ class ModelRunner:
         return torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), ctx
 
     # ----- one step ----------------------------------------------------------------------
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                 logits_index: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, logits_index: torch.Tensor
+    ) -> torch.Tensor:
         if self.triton_decoder is not None:  # every layer runs by construction (no attention-registry check)
             with torch.inference_mode():
-                return self.triton_decoder(input_ids[0], positions[0], meta, self.key_caches, self.value_caches,
-                                           logits_index)
+                return self.triton_decoder(
+                    input_ids[0], positions[0], meta, self.key_caches, self.value_caches, logits_index
+                )
         ctx = StepContext(metadata=meta, key_caches=self.key_caches, value_caches=self.value_caches)
         with torch.inference_mode():
             if self.compiled is not None:
@@ -282,17 +312,26 @@ class ModelRunner:
             elif self.fused_lm:
                 logits = causal_lm_logits(self.model, input_ids[0], positions[0], logits_index, ctx)
             else:
-                logits = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
-                                    logits_to_keep=logits_index, pagedinfer_step=ctx).logits[0]
+                logits = self.model(
+                    input_ids=input_ids,
+                    position_ids=positions,
+                    use_cache=False,
+                    logits_to_keep=logits_index,
+                    pagedinfer_step=ctx,
+                ).logits[0]
         if len(ctx.layers_seen) != self.num_layers:
             raise RuntimeError(
                 f"paged attention ran in {len(ctx.layers_seen)} of {self.num_layers} layers; the model does"
-                " not route attention through transformers' AttentionInterface")
+                " not route attention through transformers' AttentionInterface"
+            )
         return logits
 
-    def execute(self, sched: SchedulerOutput, sample_seq_ids: set[int],
-                prompt_logprob_seq_ids: frozenset[int] | set[int] = frozenset()
-                ) -> tuple[torch.Tensor, list[int], dict[int, PromptLogits]]:
+    def execute(
+        self,
+        sched: SchedulerOutput,
+        sample_seq_ids: set[int],
+        prompt_logprob_seq_ids: frozenset[int] | set[int] = frozenset(),
+    ) -> tuple[torch.Tensor, list[int], dict[int, PromptLogits]]:
         """Run the block copies and the forward of one step.
 
         Returns float32 logits [num_sampling, vocab] and the seq_ids of their
@@ -304,8 +343,12 @@ class ModelRunner:
         prepared = self.prepare(sched, sample_seq_ids, prompt_logprob_seq_ids)
         return prepared.split(self.run_step(prepared.inputs))
 
-    def prepare(self, sched: SchedulerOutput, sample_seq_ids: set[int],
-                prompt_logprob_seq_ids: frozenset[int] | set[int] = frozenset()) -> PreparedStep:
+    def prepare(
+        self,
+        sched: SchedulerOutput,
+        sample_seq_ids: set[int],
+        prompt_logprob_seq_ids: frozenset[int] | set[int] = frozenset(),
+    ) -> PreparedStep:
         """`execute`'s host half: the step's inputs, read from the sequences now (async scheduling runs the
         forward later, on its own thread: engine/async_step/)."""
         # decodes (one new token) first, as the attention metadata requires
@@ -331,15 +374,27 @@ class ModelRunner:
             if it.seq.seq_id in sample_seq_ids:
                 keep.append(len(ids) - 1)
                 keep_ids.append(it.seq.seq_id)
-        num_sampled = len(keep_ids)
         for _, _, flat, count in prompt_keep:
             keep.extend(range(flat, flat + count))
         if not keep:
             keep, keep_ids = [len(ids) - 1], []  # logits_to_keep must select something
-        return PreparedStep(StepInputs(ids, seq_ids, seq_lens, query_lens, keep, sched.table_deltas,
-                                       sched.blocks_to_copy, sched.blocks_to_swap_out, sched.blocks_to_swap_in,
-                                       sched.tier_copies.stores, sched.tier_copies.loads),
-                            keep_ids, tuple(prompt_keep))
+        return PreparedStep(
+            StepInputs(
+                ids,
+                seq_ids,
+                seq_lens,
+                query_lens,
+                keep,
+                sched.table_deltas,
+                sched.blocks_to_copy,
+                sched.blocks_to_swap_out,
+                sched.blocks_to_swap_in,
+                sched.tier_copies.stores,
+                sched.tier_copies.loads,
+            ),
+            keep_ids,
+            tuple(prompt_keep),
+        )
 
     def run_step(self, step: StepInputs, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """Table deltas and block moves, then the forward; logits of step.logits_rows (whole rows on every rank).
@@ -398,7 +453,7 @@ class PreparedStep:
         prompt_logits: dict[int, PromptLogits] = {}
         row = num_sampled
         for seq_id, first_target, _, count in self.prompt_keep:
-            prompt_logits[seq_id] = PromptLogits(first_target, logits[row: row + count])
+            prompt_logits[seq_id] = PromptLogits(first_target, logits[row : row + count])
             row += count
         return logits[:num_sampled].float(), self.sampled_seq_ids, prompt_logits
 

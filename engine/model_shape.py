@@ -15,8 +15,9 @@ dtype, so the three callers size the same pool.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 DEVICE_TYPES = ("cpu", "cuda")
 # The dtypes the engine runs a model in (EngineConfig's --dtype choices besides auto).
@@ -45,10 +46,18 @@ CONFIG_FIELD_BOUNDS = {
 DEFAULT_VOCAB_SIZE = 32000
 
 _DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "float16": 2, "fp16": 2, "half": 2,
-    "bfloat16": 2, "bf16": 2,
-    "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float8": 1,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
 }
 
 
@@ -144,7 +153,9 @@ class ModelShape:
     hidden_size: int | None = None  # None: estimated from num_parameters
     max_position_embeddings: int | None = None
     num_attention_heads: int | None = None  # from a config.json; None when given inline (spec.model.architecture)
-    vocab_size: int | None = None  # from a config.json or the loaded model; None: unknown (the graph estimate's default)
+    vocab_size: int | None = (
+        None  # from a config.json or the loaded model; None: unknown (the graph estimate's default)
+    )
 
     def __post_init__(self) -> None:
         bounds = CONFIG_FIELD_BOUNDS
@@ -156,7 +167,9 @@ class ModelShape:
         if self.hidden_size is not None:
             check_positive_int("hidden_size", self.hidden_size, bounds["hidden_size"])
         if self.max_position_embeddings is not None:
-            check_positive_int("max_position_embeddings", self.max_position_embeddings, bounds["max_position_embeddings"])
+            check_positive_int(
+                "max_position_embeddings", self.max_position_embeddings, bounds["max_position_embeddings"]
+            )
         if self.vocab_size is not None:
             check_positive_int("vocab_size", self.vocab_size, bounds["vocab_size"])
 
@@ -172,7 +185,7 @@ class ModelShape:
         return max(1, int(math.sqrt(self.num_parameters / (12 * self.num_layers))))
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any], dtype: str = "auto", device: str = "cuda") -> "ModelShape":
+    def from_hf_config(cls, config: Mapping[str, Any], dtype: str = "auto", device: str = "cuda") -> ModelShape:
         """Build from a Hugging Face config.json (as parsed), for an engine on `device`.
 
         Every field read is checked (`_config_int`); InvalidModelConfigError
@@ -186,8 +199,9 @@ class ModelShape:
         heads = _config_int(cfg, "num_attention_heads")
         kv_heads = _config_int(cfg, "num_key_value_heads", heads)
         if cfg.get("head_dim") is None and hidden < heads:
-            raise InvalidModelConfigError("num_attention_heads", heads,
-                                          f"must be at most hidden_size ({hidden}) when head_dim is not set")
+            raise InvalidModelConfigError(
+                "num_attention_heads", heads, f"must be at most hidden_size ({hidden}) when head_dim is not set"
+            )
         head_dim = _config_int(cfg, "head_dim", hidden // heads)
         num_parameters = cfg.get("num_parameters")
         if num_parameters is None:

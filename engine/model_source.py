@@ -35,19 +35,25 @@ def resolve_model_dir(model: str, revision: str | None = None, name: str = "mode
     if path.is_dir():
         return str(path)
     if model.startswith(("/", ".", "~")) or not _REPO_ID.match(model):
-        raise ValueError(f"{name}: {model!r} is not a local directory (expected config.json, safetensors weights"
-                         " and a tokenizer) nor a Hugging Face id like 'org/name'")
+        raise ValueError(
+            f"{name}: {model!r} is not a local directory (expected config.json, safetensors weights"
+            " and a tokenizer) nor a Hugging Face id like 'org/name'"
+        )
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - transformers depends on it
         raise ValueError(f"{name}: {model!r} looks like a Hub id but huggingface_hub is not installed") from None
     try:
-        folder = snapshot_download(repo_id=model, revision=revision, allow_patterns=[*_METADATA, "*.safetensors"],
-                                   ignore_patterns=_NOT_SERVED)
+        folder = snapshot_download(
+            repo_id=model, revision=revision, allow_patterns=[*_METADATA, "*.safetensors"], ignore_patterns=_NOT_SERVED
+        )
         if not any(Path(folder).glob("*.safetensors")):  # an older repo with PyTorch pickles only
-            folder = snapshot_download(repo_id=model, revision=revision, allow_patterns=[*_METADATA, "*.bin"],
-                                       ignore_patterns=_NOT_SERVED)
+            folder = snapshot_download(
+                repo_id=model, revision=revision, allow_patterns=[*_METADATA, "*.bin"], ignore_patterns=_NOT_SERVED
+            )
         return folder
     except Exception as exc:  # offline cache miss, unknown repo, network error
-        raise ValueError(f"{name}: could not resolve Hub model {model!r} (revision {revision or 'main'}):"
-                         f" {exc}. Mount the model directory instead, or allow downloads") from None
+        raise ValueError(
+            f"{name}: could not resolve Hub model {model!r} (revision {revision or 'main'}):"
+            f" {exc}. Mount the model directory instead, or allow downloads"
+        ) from None

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 _MISSING = dataclasses.MISSING
 _SAME = object()  # Flag.cli_default unset: the flag defaults to the field's default
@@ -82,8 +83,12 @@ def flag_default(field: dataclasses.Field, flag: Flag) -> Any:
     return None if field.default is _MISSING else field.default
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
-              names: Iterable[str] | None = None, help_for: dict[str, str] | None = None) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    names: Iterable[str] | None = None,
+    help_for: dict[str, str] | None = None,
+) -> None:
     """Add the flags of `cls`'s fields (those in `names`, in that order; all when None).
 
     `help_for` replaces the help text of a field (by name) where a command means

@@ -134,13 +134,23 @@ class OutputAccumulator:
         """The request's output with delta applied; forgotten here once finished (the caller keeps it)."""
         out = self.outputs.get(delta.request_id)
         if out is None:
-            out = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, delta.num_cached_tokens,
-                                outputs=[], finished=False, metrics=delta.metrics)
+            out = RequestOutput(
+                delta.request_id,
+                delta.prompt,
+                delta.prompt_token_ids,
+                delta.num_cached_tokens,
+                outputs=[],
+                finished=False,
+                metrics=delta.metrics,
+            )
             self.outputs[delta.request_id] = out
         while len(out.outputs) < len(delta.outputs):
             i = len(out.outputs)
-            out.outputs.append(CompletionOutput(index=delta.outputs[i].index,
-                                                logprobs=[] if delta.outputs[i].new_logprobs is not None else None))
+            out.outputs.append(
+                CompletionOutput(
+                    index=delta.outputs[i].index, logprobs=[] if delta.outputs[i].new_logprobs is not None else None
+                )
+            )
         for c, d in zip(out.outputs, delta.outputs):
             c.index = d.index
             c.text += d.new_text

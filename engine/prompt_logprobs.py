@@ -54,7 +54,7 @@ def record_prompt_logprobs(sched, prompt_logits: dict, requests: dict, tokenizer
             continue
         count = part.logits.shape[0]
         rows.append(part.logits)
-        targets.extend(seq.prompt_token_ids[part.first_target: part.first_target + count])
+        targets.extend(seq.prompt_token_ids[part.first_target : part.first_target + count])
         ks.extend([seq.params.prompt_logprobs] * count)
         slots.extend((req, part.first_target + i) for i in range(count))
     if not rows:

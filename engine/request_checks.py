@@ -8,12 +8,19 @@ from pagedinfer.engine.beam.params import BeamSearchParams
 from pagedinfer.engine.sampling_params import SamplingParams
 
 
-def check_request(prompt_token_ids: list[int], params: SamplingParams | BeamSearchParams, *, max_model_len: int,
-                  vocab_size: int, max_num_seqs: int, num_gpu_blocks: int, block_size: int) -> None:
+def check_request(
+    prompt_token_ids: list[int],
+    params: SamplingParams | BeamSearchParams,
+    *,
+    max_model_len: int,
+    vocab_size: int,
+    max_num_seqs: int,
+    num_gpu_blocks: int,
+    block_size: int,
+) -> None:
     """Raise ValueError (naming the parameter) if the request can never run."""
     if not isinstance(params, (SamplingParams, BeamSearchParams)):
-        raise ValueError(f"sampling_params: expected SamplingParams or BeamSearchParams,"
-                         f" got {type(params).__name__}")
+        raise ValueError(f"sampling_params: expected SamplingParams or BeamSearchParams, got {type(params).__name__}")
     n = len(prompt_token_ids)
     if n >= max_model_len:
         raise ValueError(f"prompt: {n} tokens; must be shorter than max_model_len={max_model_len}")
@@ -21,10 +28,10 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams | BeamSear
         raise ValueError(
             f"max_tokens: prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens}"
             f" exceeds max_model_len={max_model_len}; lower max_tokens to at most"
-            f" {max_model_len - n}")
+            f" {max_model_len - n}"
+        )
     if isinstance(params, BeamSearchParams):
-        beam_group.check_beam_request(n, params, max_num_seqs, num_gpu_blocks,
-                                      block_size)
+        beam_group.check_beam_request(n, params, max_num_seqs, num_gpu_blocks, block_size)
         return
     if params.n > max_num_seqs:
         raise ValueError(f"n: {params.n} completions exceed max_num_seqs={max_num_seqs}")
@@ -32,8 +39,7 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams | BeamSear
         raise ValueError(f"logprobs: must be <= vocabulary size {vocab_size}")
     biased = sorted(t for t in params.logit_bias or {} if t >= vocab_size)
     if biased:
-        raise ValueError(f"logit_bias: token ids {biased} are outside the vocabulary "
-                         f"(ids < {vocab_size})")
+        raise ValueError(f"logit_bias: token ids {biased} are outside the vocabulary (ids < {vocab_size})")
     outside = [t for t in params.stop_token_ids or () if t >= vocab_size]
     if outside:
         raise ValueError(f"stop_token_ids: {outside} are outside the vocabulary (ids < {vocab_size})")

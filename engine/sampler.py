@@ -20,7 +20,8 @@ options reach the device in one non-blocking transfer, `engine/draw.py`);
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -65,8 +66,9 @@ class Sampler:
             self.seq_generators[seq.seq_id] = gen
         return gen
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence],
-               on_tokens: Callable[[torch.Tensor], None] | None = None) -> list[SampleResult]:
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], on_tokens: Callable[[torch.Tensor], None] | None = None
+    ) -> list[SampleResult]:
         """One token per row; `on_tokens` (async scheduling) gets the tokens as a tensor on the logits' device
         before the step's one sync brings them to the host."""
         tokens = self.sample_device(logits, seqs)
@@ -111,7 +113,7 @@ class Sampler:
             if banned:
                 row[torch.tensor(sorted(banned), device=row.device)] = float("-inf")
         if p.repetition_penalty != 1.0:
-            known = seq.token_ids[:len(seq.token_ids) - seq.num_placeholders]  # no async-scheduling placeholder
+            known = seq.token_ids[: len(seq.token_ids) - seq.num_placeholders]  # no async-scheduling placeholder
             seen = torch.tensor(sorted(set(known)), device=row.device)
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
@@ -122,8 +124,9 @@ class Sampler:
 
     def _draw(self, rows: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """One token per row of `rows` [n, vocab]: temperature, top-k, top-p, min-p, then a draw (`engine/draw.py`)."""
-        return draw(rows, draw_columns([s.params for s in seqs], rows.shape[1], rows.device),
-                    self._uniforms(seqs, rows.device))
+        return draw(
+            rows, draw_columns([s.params for s in seqs], rows.shape[1], rows.device), self._uniforms(seqs, rows.device)
+        )
 
     def sample_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor | None:
         """The rows' tokens as a device tensor `[n]` (int64), with no host sync, when every row is drawn on the
@@ -151,16 +154,18 @@ class Sampler:
         unseeded = [i for i, s in enumerate(seqs) if s.params.seed is None]
         draws = torch.empty(len(seqs), device=device)
         if unseeded:
-            draws[torch.tensor(unseeded, device=device)] = torch.rand(len(unseeded), generator=self.generator,
-                                                                       device=device)
+            draws[torch.tensor(unseeded, device=device)] = torch.rand(
+                len(unseeded), generator=self.generator, device=device
+            )
         for i, seq in enumerate(seqs):
             if seq.params.seed is not None:
                 draws[i] = torch.rand(1, generator=self._seq_generator(seq), device=device)[0]
         return draws
 
 
-def _with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor, rows: list[int], ks: list[int]
-                   ) -> tuple[list[int], list[dict[int, Logprob]]]:
+def _with_logprobs(
+    tokens: torch.Tensor, raw_logprobs: torch.Tensor, rows: list[int], ks: list[int]
+) -> tuple[list[int], list[dict[int, Logprob]]]:
     """The sampled tokens, and for each of `rows` its token's logprob and rank plus the top ks[i], in ONE sync.
 
     Everything is computed on the device for all rows at once and moved to the
@@ -181,9 +186,9 @@ def _with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor, rows: list[
     stride = 2 + 2 * width
     entries = []
     for i, (row, k) in enumerate(zip(rows, ks)):
-        words = flat[tokens.shape[0] + i * stride: tokens.shape[0] + (i + 1) * stride]
+        words = flat[tokens.shape[0] + i * stride : tokens.shape[0] + (i + 1) * stride]
         out = {token_list[row]: Logprob(words[0], int(words[1]))}
-        for r, (value, tid) in enumerate(zip(words[2: 2 + k], words[2 + width: 2 + width + k]), start=1):
+        for r, (value, tid) in enumerate(zip(words[2 : 2 + k], words[2 + width : 2 + width + k]), start=1):
             out.setdefault(int(tid), Logprob(value, r))
         entries.append(out)
     return token_list, entries

@@ -106,8 +106,9 @@ class SamplingParams:
             raise ValueError(f"prompt_logprobs: must be <= 20, got {self.prompt_logprobs}")
         _check_logit_bias(self.logit_bias)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise ValueError(f"structured_outputs: expected StructuredOutputsParams, got "
-                             f"{type(self.structured_outputs).__name__}")
+            raise ValueError(
+                f"structured_outputs: expected StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
+            )
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         for s in stops:
             if not isinstance(s, str) or not s:
@@ -128,8 +129,14 @@ class SamplingParams:
         """Nothing the sampler applies to a row before its argmax or draw (logprobs, logit bias, min_tokens,
         penalties). The sampler's per-row work (`engine/sampler.py`) is what this names; a new option there
         must be named here."""
-        return (self.logprobs is None and not self.logit_bias and self.min_tokens == 0
-                and self.repetition_penalty == 1.0 and not self.presence_penalty and not self.frequency_penalty)
+        return (
+            self.logprobs is None
+            and not self.logit_bias
+            and self.min_tokens == 0
+            and self.repetition_penalty == 1.0
+            and not self.presence_penalty
+            and not self.frequency_penalty
+        )
 
     @cached_property
     def argmax_only(self) -> bool:

@@ -181,12 +181,15 @@ class Scheduler:
                 seq = self.swapped[0]
                 if seats_taken + self.seats(seq) > self.config.max_num_seqs:
                     break
-                unit = [seq] if seq.group is None else \
-                    [s for s in seq.group.seqs if s.status is SequenceStatus.SWAPPED]
+                unit = [seq] if seq.group is None else [s for s in seq.group.seqs if s.status is SequenceStatus.SWAPPED]
                 writes = []
                 for member in unit:
-                    writes.append((member, min(member.num_tokens - member.num_computed_tokens,
-                                               budget - sum(n for _, n in writes))))
+                    writes.append(
+                        (
+                            member,
+                            min(member.num_tokens - member.num_computed_tokens, budget - sum(n for _, n in writes)),
+                        )
+                    )
                 if not self.kv.can_swap_in(writes, use_watermark=bool(self.running)):
                     break
                 self.swapped.popleft()
@@ -222,8 +225,9 @@ class Scheduler:
                     break
                 self.waiting.popleft()
                 copies.extend(self.kv.allocate(seq, num_new, hits))
-                self.kv.record_admission(seq, num_hit_tokens, readmitted=seq.was_admitted,
-                                         num_tier_hit_tokens=num_tier_hit_tokens)
+                self.kv.record_admission(
+                    seq, num_hit_tokens, readmitted=seq.was_admitted, num_tier_hit_tokens=num_tier_hit_tokens
+                )
                 if not seq.was_admitted:
                     seq.num_cached_tokens = num_hit_tokens
                     seq.was_admitted = True
@@ -267,7 +271,7 @@ class Scheduler:
         else:
             while end + 1 < len(self.running) and self.running[end + 1].group is group:
                 end += 1
-        return self.running[start:end + 1]
+        return self.running[start : end + 1]
 
     def _preempt(self, unit: list[Sequence], swap_out: list[tuple[int, int]]) -> None:
         """Preempt a unit: swap it out whole, or free it for recompute. Only its leader is queued."""
@@ -338,10 +342,13 @@ class Scheduler:
         if seq.status is SequenceStatus.FINISHED:
             return
         if seq.num_placeholders:
-            del seq.token_ids[-seq.num_placeholders:]
+            del seq.token_ids[-seq.num_placeholders :]
             seq.num_placeholders = 0
-        queue = {SequenceStatus.RUNNING: self.running, SequenceStatus.WAITING: self.waiting,
-                 SequenceStatus.SWAPPED: self.swapped}.get(seq.status)
+        queue = {
+            SequenceStatus.RUNNING: self.running,
+            SequenceStatus.WAITING: self.waiting,
+            SequenceStatus.SWAPPED: self.swapped,
+        }.get(seq.status)
         if queue is not None and seq in queue:  # a step that raised may have left seq between queues
             queue.remove(seq)
         self.kv.free(seq)

@@ -61,7 +61,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-    group: "SequenceGroup | None" = None  # the beam group this sequence is a live beam of
+    group: SequenceGroup | None = None  # the beam group this sequence is a live beam of
     # derived from params (frozen) at construction, read per token on the hot path:
     # len(token_ids) at which max_tokens ends the sequence: prompt + max_tokens (the engine also stops it
     # at max_model_len when that comes first)
@@ -83,7 +83,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):len(self.token_ids) - self.num_placeholders]
+        return self.token_ids[len(self.prompt_token_ids) : len(self.token_ids) - self.num_placeholders]
 
     @property
     def num_output_tokens(self) -> int:

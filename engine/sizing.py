@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape, check_positive_int
+from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape, check_positive_int, dtype_bytes
 
 VALID_BLOCK_SIZES = (8, 16, 32, 64, 128)
 # No GPU, MIG slice or CPU budget is larger than this (1 PiB): a bigger size is a typo.
@@ -53,9 +53,24 @@ FIXED_OVERHEAD_BYTES = 1 << 30
 ACTIVATION_HIDDEN_MULTIPLE = 16
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 2**10,
+    "kib": 2**10,
+    "mi": 2**20,
+    "mib": 2**20,
+    "gi": 2**30,
+    "gib": 2**30,
+    "ti": 2**40,
+    "tib": 2**40,
 }
 
 
@@ -90,8 +105,9 @@ def kv_bytes_per_token(shape: ModelShape, tensor_parallel_size: int = 1, kv_dtyp
     return 2 * shape.num_layers * (shape.num_kv_heads // tensor_parallel_size) * shape.head_dim * elem
 
 
-def kv_bytes_per_block(shape: ModelShape, block_size: int, tensor_parallel_size: int = 1,
-                       kv_dtype: str | None = None) -> int:
+def kv_bytes_per_block(
+    shape: ModelShape, block_size: int, tensor_parallel_size: int = 1, kv_dtype: str | None = None
+) -> int:
     """Bytes of one KV block (block_size tokens) on one GPU."""
     check_block_size(block_size)
     return kv_bytes_per_token(shape, tensor_parallel_size, kv_dtype) * block_size
@@ -136,8 +152,9 @@ GRAPH_INDEX_BYTES_PER_ROW = 4 * 8 + 2 * 4
 GRAPH_OVERHEAD_BYTES = 2 << 20
 
 
-def estimate_cuda_graph_bytes(shape: ModelShape, max_cudagraph_capture_size: int, max_num_seqs: int,
-                              max_model_len: int | None, block_size: int) -> int:
+def estimate_cuda_graph_bytes(
+    shape: ModelShape, max_cudagraph_capture_size: int, max_num_seqs: int, max_model_len: int | None, block_size: int
+) -> int:
     """Device memory of the decode graphs; 0 when max_cudagraph_capture_size is 0.
 
     With B the largest bucket (`cuda_graphs.buckets.capture_sizes`), W = ceil(max_model_len / block_size) and
@@ -179,20 +196,26 @@ class SizingInputs:
     max_cudagraph_capture_size: int = 0  # 0: no decode graphs, no graph memory
 
     def __post_init__(self) -> None:
-        if isinstance(self.gpu_memory_bytes, bool) or not isinstance(self.gpu_memory_bytes, int) \
-                or self.gpu_memory_bytes < 1:
+        if (
+            isinstance(self.gpu_memory_bytes, bool)
+            or not isinstance(self.gpu_memory_bytes, int)
+            or self.gpu_memory_bytes < 1
+        ):
             raise ValueError(f"gpu_memory_bytes: must be an integer >= 1, got {self.gpu_memory_bytes!r}")
-        if not (isinstance(self.gpu_memory_utilization, (int, float))
-                and 0.0 < self.gpu_memory_utilization <= 1.0):
-            raise ValueError(
-                f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
         check_block_size(self.block_size)
         check_positive_int("tensor_parallel_size", self.tensor_parallel_size)
         check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         check_positive_int("max_num_seqs", self.max_num_seqs)
-        if isinstance(self.max_cudagraph_capture_size, bool) or not isinstance(self.max_cudagraph_capture_size, int) \
-                or self.max_cudagraph_capture_size < 0:
-            raise ValueError(f"max_cudagraph_capture_size: must be an integer >= 0, got {self.max_cudagraph_capture_size!r}")
+        if (
+            isinstance(self.max_cudagraph_capture_size, bool)
+            or not isinstance(self.max_cudagraph_capture_size, int)
+            or self.max_cudagraph_capture_size < 0
+        ):
+            raise ValueError(
+                f"max_cudagraph_capture_size: must be an integer >= 0, got {self.max_cudagraph_capture_size!r}"
+            )
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
         for name in ("activation_reserve_bytes", "weight_bytes_per_gpu"):
@@ -257,8 +280,9 @@ def least_fitting_tensor_parallel_size(inputs: SizingInputs, weights: int, reser
     budget = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
     tp = inputs.tensor_parallel_size * 2
     while tp <= MAX_SUGGESTED_TENSOR_PARALLEL_SIZE:
-        if inputs.shape.num_kv_heads % tp == 0 \
-                and budget - _weights_at(inputs, weights, tp) - reserve >= _needed_kv_bytes(inputs, tp):
+        if inputs.shape.num_kv_heads % tp == 0 and budget - _weights_at(
+            inputs, weights, tp
+        ) - reserve >= _needed_kv_bytes(inputs, tp):
             return tp
         tp *= 2
     return None
@@ -284,16 +308,22 @@ def shortfall_advice(inputs: SizingInputs, weights: int, reserve: int) -> str:
     tp = inputs.tensor_parallel_size
     fixes, preface = [], ""
     if weights >= inputs.gpu_memory_bytes:
-        preface = (f"The weights alone ({_human_bytes(weights)} per GPU at tensor_parallel_size={tp}) exceed the"
-                   f" GPU's {_human_bytes(inputs.gpu_memory_bytes)}, so no gpu_memory_utilization can help. ")
+        preface = (
+            f"The weights alone ({_human_bytes(weights)} per GPU at tensor_parallel_size={tp}) exceed the"
+            f" GPU's {_human_bytes(inputs.gpu_memory_bytes)}, so no gpu_memory_utilization can help. "
+        )
     else:
         utilization = least_fitting_gpu_memory_utilization(inputs, weights, reserve)
         if utilization is not None:
             fixes.append(f"raise gpu_memory_utilization to {utilization:.2f}")
         if inputs.activation_reserve_bytes is None:
             per_token = activation_bytes_per_token(inputs.shape)
-            room = (int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization) - weights - FIXED_OVERHEAD_BYTES
-                    - _needed_kv_bytes(inputs, tp))
+            room = (
+                int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
+                - weights
+                - FIXED_OVERHEAD_BYTES
+                - _needed_kv_bytes(inputs, tp)
+            )
             if room >= per_token:
                 fixes.append(f"lower max_num_batched_tokens to at most {room // per_token}")
     more_ranks = least_fitting_tensor_parallel_size(inputs, weights, reserve)
@@ -312,14 +342,19 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
     tp = inputs.tensor_parallel_size
     per_token = kv_bytes_per_token(shape, tp, inputs.kv_dtype)
     per_block = per_token * inputs.block_size
-    weights = inputs.weight_bytes_per_gpu if inputs.weight_bytes_per_gpu is not None \
-        else weight_bytes_per_gpu(shape, tp)
-    reserve = inputs.activation_reserve_bytes if inputs.activation_reserve_bytes is not None \
+    weights = (
+        inputs.weight_bytes_per_gpu if inputs.weight_bytes_per_gpu is not None else weight_bytes_per_gpu(shape, tp)
+    )
+    reserve = (
+        inputs.activation_reserve_bytes
+        if inputs.activation_reserve_bytes is not None
         else estimate_activation_reserve_bytes(shape, inputs.max_num_batched_tokens)
+    )
     budget = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
     max_model_len = inputs.max_model_len or shape.max_position_embeddings
-    graphs = estimate_cuda_graph_bytes(shape, inputs.max_cudagraph_capture_size, inputs.max_num_seqs, max_model_len,
-                                       inputs.block_size)
+    graphs = estimate_cuda_graph_bytes(
+        shape, inputs.max_cudagraph_capture_size, inputs.max_num_seqs, max_model_len, inputs.block_size
+    )
     usable = budget - weights - reserve - graphs
     numbers = (
         f"{_human_bytes(inputs.gpu_memory_bytes)} per GPU x gpu_memory_utilization {inputs.gpu_memory_utilization}"
@@ -327,8 +362,9 @@ def plan_kv_cache(inputs: SizingInputs) -> SizingResult:
         f" activation reserve {_human_bytes(reserve)} (max_num_batched_tokens={inputs.max_num_batched_tokens})"
     )
     if graphs:
-        numbers += (f"; decode graphs {_human_bytes(graphs)}"
-                    f" (max_cudagraph_capture_size={inputs.max_cudagraph_capture_size})")
+        numbers += (
+            f"; decode graphs {_human_bytes(graphs)} (max_cudagraph_capture_size={inputs.max_cudagraph_capture_size})"
+        )
     if usable < per_block:
         raise InsufficientMemoryError(
             f"No room for the KV cache: {numbers} leaves {_human_bytes(max(usable, 0))}, less than one"

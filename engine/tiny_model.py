@@ -33,8 +33,9 @@ CHAT_TEMPLATE = (
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 
 
-def train_tokenizer(out_dir: str | Path, vocab_size: int = 384, corpus: list[str] | None = None,
-                    model_max_length: int = 2048) -> Any:
+def train_tokenizer(
+    out_dir: str | Path, vocab_size: int = 384, corpus: list[str] | None = None, model_max_length: int = 2048
+) -> Any:
     """Train a byte-level BPE tokenizer offline and save it as a transformers tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -43,11 +44,21 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 384, corpus: list[str
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator((corpus or _CORPUS) * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", model_max_length=model_max_length)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=model_max_length,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
     return fast
@@ -58,9 +69,17 @@ def tiny_config(arch: str = "llama", vocab_size: int = 384, **overrides: Any) ->
     import transformers
 
     base: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
     )
     classes = {
         "llama": transformers.LlamaConfig,
@@ -81,8 +100,14 @@ def tiny_config(arch: str = "llama", vocab_size: int = 384, **overrides: Any) ->
     return classes[arch](**base)
 
 
-def make_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0, dtype: str = "float32",
-                    tokenizer_dir: str | Path | None = None, **config_overrides: Any) -> Path:
+def make_tiny_model(
+    out_dir: str | Path,
+    arch: str = "llama",
+    seed: int = 0,
+    dtype: str = "float32",
+    tokenizer_dir: str | Path | None = None,
+    **config_overrides: Any,
+) -> Path:
     """Create (or reuse) a random-weight model directory and return its path.
 
     `vocab_size` in the overrides sets the model's vocabulary (embeddings and

@@ -39,11 +39,33 @@ _PER_STEP_INTS = ["first_seq", "num_q_tiles", "num_splits", "stride_bt"]
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, tile, seq, kv_head, seq_len, row_pos, sliding_window,
-                 key_cache_ptr, value_cache_ptr, block_tables_ptr, scale_log2,
-                 stride_cb, stride_cs, stride_ch, stride_bt, dims, dim_valid,
-                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    tile,
+    seq,
+    kv_head,
+    seq_len,
+    row_pos,
+    sliding_window,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    scale_log2,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    dims,
+    dim_valid,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """One key tile of the online softmax: (acc, m, l) updated. Without MASKED every key of the tile is
     visible to every row (the caller's unmasked range): no causal mask and no bounds on the keys."""
     key_pos = tile * TILE_N + tl.arange(0, TILE_N)
@@ -75,34 +97,38 @@ def _attend_tile(acc, m_i, l_i, q, tile, seq, kv_head, seq_len, row_pos, sliding
 
 @triton.jit(do_not_specialize=_PER_STEP_INTS)
 def paged_attention_kernel(
-    out_ptr,                 # [num_tokens, num_heads, head_dim], query dtype
-    partial_out_ptr,         # float32 [num_tokens, num_heads, num_splits, head_dim] (USE_SPLITS only)
-    partial_max_ptr,         # float32 [num_tokens, num_heads, num_splits], base-2 running max
-    partial_sum_ptr,         # float32 [num_tokens, num_heads, num_splits]
-    query_ptr,               # [num_tokens, num_heads, head_dim]
-    key_cache_ptr,           # [num_blocks, BLOCK_SIZE, num_kv_heads, head_dim]
-    value_cache_ptr,         # same shape and strides as the key cache
-    block_tables_ptr,        # int32 [num_seqs, max_blocks_per_seq]
-    seq_lens_ptr,            # int32 [num_seqs], context including the new tokens
-    query_start_loc_ptr,     # int32 [num_seqs + 1]
-    scale_log2,              # softmax scale * log2(e)
-    sliding_window,          # keys at positions <= p - sliding_window are hidden (HAS_WINDOW only)
-    first_seq,               # the sequence of grid row 0 (0 for decodes, num_decode_seqs for prefills)
-    num_q_tiles,             # query tiles per sequence along grid axis 0
-    num_splits,              # grid axis 2
+    out_ptr,  # [num_tokens, num_heads, head_dim], query dtype
+    partial_out_ptr,  # float32 [num_tokens, num_heads, num_splits, head_dim] (USE_SPLITS only)
+    partial_max_ptr,  # float32 [num_tokens, num_heads, num_splits], base-2 running max
+    partial_sum_ptr,  # float32 [num_tokens, num_heads, num_splits]
+    query_ptr,  # [num_tokens, num_heads, head_dim]
+    key_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, head_dim]
+    value_cache_ptr,  # same shape and strides as the key cache
+    block_tables_ptr,  # int32 [num_seqs, max_blocks_per_seq]
+    seq_lens_ptr,  # int32 [num_seqs], context including the new tokens
+    query_start_loc_ptr,  # int32 [num_seqs + 1]
+    scale_log2,  # softmax scale * log2(e)
+    sliding_window,  # keys at positions <= p - sliding_window are hidden (HAS_WINDOW only)
+    first_seq,  # the sequence of grid row 0 (0 for decodes, num_decode_seqs for prefills)
+    num_q_tiles,  # query tiles per sequence along grid axis 0
+    num_splits,  # grid axis 2
     num_heads,
-    stride_qt, stride_qh,    # query strides (head_dim stride is 1)
-    stride_ot, stride_oh,    # out strides (head_dim stride is 1)
-    stride_cb, stride_cs, stride_ch,   # cache strides: block, slot in block, KV head (head_dim stride is 1)
-    stride_bt,               # block table row stride
-    GROUP: tl.constexpr,         # query heads per KV head
-    GROUP_PAD: tl.constexpr,     # next power of two of GROUP
-    BLOCK_Q: tl.constexpr,       # query tokens per program
-    BLOCK_M: tl.constexpr,       # rows per program, >= BLOCK_Q * GROUP_PAD and >= 16
+    stride_qt,
+    stride_qh,  # query strides (head_dim stride is 1)
+    stride_ot,
+    stride_oh,  # out strides (head_dim stride is 1)
+    stride_cb,
+    stride_cs,
+    stride_ch,  # cache strides: block, slot in block, KV head (head_dim stride is 1)
+    stride_bt,  # block table row stride
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_PAD: tl.constexpr,  # next power of two of GROUP
+    BLOCK_Q: tl.constexpr,  # query tokens per program
+    BLOCK_M: tl.constexpr,  # rows per program, >= BLOCK_Q * GROUP_PAD and >= 16
     HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,       # next power of two of HEAD_DIM
-    BLOCK_SIZE: tl.constexpr,    # cache block size in tokens
-    TILE_N: tl.constexpr,        # key positions per loop iteration
+    BLOCK_D: tl.constexpr,  # next power of two of HEAD_DIM
+    BLOCK_SIZE: tl.constexpr,  # cache block size in tokens
+    TILE_N: tl.constexpr,  # key positions per loop iteration
     HAS_WINDOW: tl.constexpr,
     USE_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 caches (no TF32), None otherwise
@@ -130,8 +156,11 @@ def paged_attention_kernel(
     dims = tl.arange(0, BLOCK_D)
     dim_valid = dims < HEAD_DIM
 
-    q = tl.load(query_ptr + row_token[:, None] * stride_qt + row_head[:, None] * stride_qh + dims[None, :],
-                mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+    q = tl.load(
+        query_ptr + row_token[:, None] * stride_qt + row_head[:, None] * stride_qh + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
     q = q.to(key_cache_ptr.dtype.element_ty)
 
     last_pos = ctx_len + tl.minimum(q_tile_start + BLOCK_Q, q_len) - 1
@@ -152,40 +181,93 @@ def paged_attention_kernel(
     if not HAS_WINDOW:
         unmasked_end = tl.minimum(tl.maximum((ctx_len + q_tile_start) // TILE_N, start_tile), end_tile)
     for tile in range(start_tile, unmasked_end):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, tile, seq, kv_head, seq_len, row_pos, sliding_window,
-                                     key_cache_ptr, value_cache_ptr, block_tables_ptr, scale_log2,
-                                     stride_cb, stride_cs, stride_ch, stride_bt, dims, dim_valid,
-                                     BLOCK_SIZE, TILE_N, False, HAS_WINDOW, DOT_PRECISION)
+        acc, m_i, l_i = _attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            tile,
+            seq,
+            kv_head,
+            seq_len,
+            row_pos,
+            sliding_window,
+            key_cache_ptr,
+            value_cache_ptr,
+            block_tables_ptr,
+            scale_log2,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_bt,
+            dims,
+            dim_valid,
+            BLOCK_SIZE,
+            TILE_N,
+            False,
+            HAS_WINDOW,
+            DOT_PRECISION,
+        )
     for tile in range(unmasked_end, end_tile):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, tile, seq, kv_head, seq_len, row_pos, sliding_window,
-                                     key_cache_ptr, value_cache_ptr, block_tables_ptr, scale_log2,
-                                     stride_cb, stride_cs, stride_ch, stride_bt, dims, dim_valid,
-                                     BLOCK_SIZE, TILE_N, True, HAS_WINDOW, DOT_PRECISION)
+        acc, m_i, l_i = _attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            tile,
+            seq,
+            kv_head,
+            seq_len,
+            row_pos,
+            sliding_window,
+            key_cache_ptr,
+            value_cache_ptr,
+            block_tables_ptr,
+            scale_log2,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_bt,
+            dims,
+            dim_valid,
+            BLOCK_SIZE,
+            TILE_N,
+            True,
+            HAS_WINDOW,
+            DOT_PRECISION,
+        )
 
     if USE_SPLITS:
         partial = (row_token * num_heads + row_head) * num_splits + split
         tl.store(partial_max_ptr + partial, m_i, mask=row_valid)
         tl.store(partial_sum_ptr + partial, l_i, mask=row_valid)
-        tl.store(partial_out_ptr + partial[:, None] * HEAD_DIM + dims[None, :], acc,
-                 mask=row_valid[:, None] & dim_valid[None, :])
+        tl.store(
+            partial_out_ptr + partial[:, None] * HEAD_DIM + dims[None, :],
+            acc,
+            mask=row_valid[:, None] & dim_valid[None, :],
+        )
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + row_token[:, None] * stride_ot + row_head[:, None] * stride_oh + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
+        tl.store(
+            out_ptr + row_token[:, None] * stride_ot + row_head[:, None] * stride_oh + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & dim_valid[None, :],
+        )
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 def merge_splits_kernel(
-    out_ptr,                 # [num_tokens, num_heads, head_dim]
-    partial_out_ptr,         # float32 [num_tokens, num_heads, num_splits, head_dim]
-    partial_max_ptr,         # float32 [num_tokens, num_heads, num_splits]
-    partial_sum_ptr,         # float32 [num_tokens, num_heads, num_splits]
+    out_ptr,  # [num_tokens, num_heads, head_dim]
+    partial_out_ptr,  # float32 [num_tokens, num_heads, num_splits, head_dim]
+    partial_max_ptr,  # float32 [num_tokens, num_heads, num_splits]
+    partial_sum_ptr,  # float32 [num_tokens, num_heads, num_splits]
     num_splits,
     num_heads,
-    stride_ot, stride_oh,
+    stride_ot,
+    stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,   # next power of two of num_splits
+    BLOCK_S: tl.constexpr,  # next power of two of num_splits
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -195,10 +277,12 @@ def merge_splits_kernel(
     dim_valid = dims < HEAD_DIM
     partial = (token * num_heads + head) * num_splits + splits
     m = tl.load(partial_max_ptr + partial, mask=split_valid, other=float("-inf"))
-    l = tl.load(partial_sum_ptr + partial, mask=split_valid, other=0.0)
+    split_sum = tl.load(partial_sum_ptr + partial, mask=split_valid, other=0.0)
     weight = tl.exp2(m - tl.max(m, 0))
-    acc = tl.load(partial_out_ptr + partial[:, None] * HEAD_DIM + dims[None, :],
-                  mask=split_valid[:, None] & dim_valid[None, :], other=0.0)
-    out = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty),
-             mask=dim_valid)
+    acc = tl.load(
+        partial_out_ptr + partial[:, None] * HEAD_DIM + dims[None, :],
+        mask=split_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
+    out = tl.sum(acc * weight[:, None], 0) / tl.sum(split_sum * weight, 0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_valid)

@@ -28,16 +28,16 @@ CHUNK = 1024
 
 @triton.jit
 def copy_blocks_kernel(
-    src_ptr,                 # first source cache
-    dst_ptr,                 # first destination cache
-    src_ids_ptr,             # int64 [num_pairs]: source block of each pair
-    dst_ids_ptr,             # int64 [num_pairs]: destination block of each pair
-    block_numel,             # elements in one block (contiguous)
-    src_cache_stride,        # elements between consecutive source caches
-    dst_cache_stride,        # elements between consecutive destination caches
-    src_block_stride,        # elements between consecutive source blocks
-    dst_block_stride,        # elements between consecutive destination blocks
-    CHUNK: tl.constexpr,     # elements per program
+    src_ptr,  # first source cache
+    dst_ptr,  # first destination cache
+    src_ids_ptr,  # int64 [num_pairs]: source block of each pair
+    dst_ids_ptr,  # int64 [num_pairs]: destination block of each pair
+    block_numel,  # elements in one block (contiguous)
+    src_cache_stride,  # elements between consecutive source caches
+    dst_cache_stride,  # elements between consecutive destination caches
+    src_block_stride,  # elements between consecutive source blocks
+    dst_block_stride,  # elements between consecutive destination blocks
+    CHUNK: tl.constexpr,  # elements per program
 ):
     pair = tl.program_id(0)
     cache = tl.program_id(1).to(tl.int64)
@@ -62,8 +62,9 @@ def _cache_spacing(caches: list[torch.Tensor]) -> int | None:
     return step_bytes // element_size
 
 
-def _copy(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], src_ids: torch.Tensor,
-          dst_ids: torch.Tensor) -> None:
+def _copy(
+    src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], src_ids: torch.Tensor, dst_ids: torch.Tensor
+) -> None:
     """Copy block src_ids[i] -> dst_ids[i] of src_caches[c] -> dst_caches[c] (each [num_blocks, ...])."""
     block_numel = src_caches[0][0].numel()
     num_pairs = src_ids.shape[0]
@@ -75,8 +76,18 @@ def _copy(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], src_id
             _copy([src], [dst], src_ids, dst_ids)
         return
     grid = (num_pairs, len(src_caches), triton.cdiv(block_numel, CHUNK))
-    copy_blocks_kernel[grid](src_caches[0], dst_caches[0], src_ids, dst_ids, block_numel, src_spacing,
-                             dst_spacing, src_caches[0].stride(0), dst_caches[0].stride(0), CHUNK=CHUNK)
+    copy_blocks_kernel[grid](
+        src_caches[0],
+        dst_caches[0],
+        src_ids,
+        dst_ids,
+        block_numel,
+        src_spacing,
+        dst_spacing,
+        src_caches[0].stride(0),
+        dst_caches[0].stride(0),
+        CHUNK=CHUNK,
+    )
 
 
 def _check_caches(caches: list[torch.Tensor], name: str) -> None:
@@ -88,8 +99,9 @@ def _check_caches(caches: list[torch.Tensor], name: str) -> None:
             raise ValueError(f"{name}: caches must be contiguous")
 
 
-def copy_blocks_triton(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
-                       block_mapping: torch.Tensor) -> None:
+def copy_blocks_triton(
+    key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor
+) -> None:
     """Copy-on-write in every layer: block src -> dst for each `(src, dst)` row, one launch when possible."""
     caches = [*key_caches, *value_caches]
     if not caches:
@@ -109,16 +121,19 @@ def _as_caches(cache: torch.Tensor, block_dim: int, name: str) -> list[torch.Ten
     return list(cache.reshape(-1, *cache.shape[block_dim:]).unbind(0))
 
 
-def swap_blocks_triton(src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping: torch.Tensor,
-                       block_dim: int = 0) -> None:
+def swap_blocks_triton(
+    src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping: torch.Tensor, block_dim: int = 0
+) -> None:
     """Copy blocks `(src, dst)` between caches, possibly across devices (device <-> pinned host)."""
     if src_cache.dtype != dst_cache.dtype:
         raise ValueError(f"src_cache and dst_cache dtypes differ: {src_cache.dtype} vs {dst_cache.dtype}")
     src_caches = _as_caches(src_cache, block_dim, "src_cache")
     dst_caches = _as_caches(dst_cache, block_dim, "dst_cache")
     if len(src_caches) != len(dst_caches) or src_caches[0][0].shape != dst_caches[0][0].shape:
-        raise ValueError(f"src_cache {tuple(src_cache.shape)} and dst_cache {tuple(dst_cache.shape)} differ "
-                         f"outside the block dimension {block_dim}")
+        raise ValueError(
+            f"src_cache {tuple(src_cache.shape)} and dst_cache {tuple(dst_cache.shape)} differ "
+            f"outside the block dimension {block_dim}"
+        )
     check_block_mapping(block_mapping, src_caches[0].shape[0], dst_caches[0].shape[0], disjoint=False)
     num_pairs = block_mapping.shape[0]
     if num_pairs == 0:

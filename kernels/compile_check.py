@@ -25,8 +25,15 @@ STRIDE_ARGS = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cb", 
 TRITON_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def _compile(fn, pointer_types: dict, constants: dict, arch: int, num_warps: int = 4, num_stages: int = 2,
-             aligned_ints: tuple = ()) -> dict:
+def _compile(
+    fn,
+    pointer_types: dict,
+    constants: dict,
+    arch: int,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    aligned_ints: tuple = (),
+) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -37,8 +44,9 @@ def _compile(fn, pointer_types: dict, constants: dict, arch: int, num_warps: int
         if signature[name].startswith("*") or name in aligned_ints:
             attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn, signature, constexprs=constants, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
+    )
     return {"shared_bytes": compiled.metadata.shared}
 
 
@@ -50,7 +58,9 @@ def attention_variants() -> list[tuple[str, dict]]:
 
     variants = []
     for dtype, heads, kv_heads, head_dim, block_size in [
-        (torch.bfloat16, 32, 8, 128, 16), (torch.float32, 32, 8, 128, 16), (torch.bfloat16, 16, 4, 256, 16),
+        (torch.bfloat16, 32, 8, 128, 16),
+        (torch.float32, 32, 8, 128, 16),
+        (torch.bfloat16, 16, 4, 256, 16),
         (torch.float16, 12, 4, 80, 8),
     ]:
         prefill_launch = prefill_warps_stages(head_dim, dtype)
@@ -61,9 +71,23 @@ def attention_variants() -> list[tuple[str, dict]]:
             ("prefill no window", prefill_tile_shape(heads, kv_heads, head_dim), False, False, prefill_launch),
         ]:
             name = f"{phase} {str(dtype)[6:]} heads {heads}/{kv_heads} head_dim {head_dim} block {block_size}"
-            variants.append((name, dict(dtype=dtype, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                        block_size=block_size, tiles=tiles, window=window, splits=splits,
-                                        num_warps=warps, num_stages=stages)))
+            variants.append(
+                (
+                    name,
+                    dict(
+                        dtype=dtype,
+                        heads=heads,
+                        kv_heads=kv_heads,
+                        head_dim=head_dim,
+                        block_size=block_size,
+                        tiles=tiles,
+                        window=window,
+                        splits=splits,
+                        num_warps=warps,
+                        num_stages=stages,
+                    ),
+                )
+            )
     return variants
 
 
@@ -78,22 +102,61 @@ def layer_kernel_jobs() -> list[tuple]:
     jobs = []
     for dtype in ("bf16", "fp32"):
         for residual in (False, True):
-            jobs.append((f"rms_norm {dtype} hidden 4096 residual {residual}", rms_norm_kernel,
-                         dict(x_ptr=f"*{dtype}", residual_ptr=f"*{dtype}", weight_ptr=f"*{dtype}",
-                              out_ptr=f"*{dtype}", eps="fp32"),
-                         dict(HIDDEN=4096, BLOCK_N=4096, HAS_RESIDUAL=residual), ()))
-        jobs.append((f"silu_mul {dtype} inter 14336", silu_mul_kernel, dict(x_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),
-                     dict(INTER=14336, BLOCK_N=1024), ()))
+            jobs.append(
+                (
+                    f"rms_norm {dtype} hidden 4096 residual {residual}",
+                    rms_norm_kernel,
+                    dict(
+                        x_ptr=f"*{dtype}",
+                        residual_ptr=f"*{dtype}",
+                        weight_ptr=f"*{dtype}",
+                        out_ptr=f"*{dtype}",
+                        eps="fp32",
+                    ),
+                    dict(HIDDEN=4096, BLOCK_N=4096, HAS_RESIDUAL=residual),
+                    (),
+                )
+            )
+        jobs.append(
+            (
+                f"silu_mul {dtype} inter 14336",
+                silu_mul_kernel,
+                dict(x_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),
+                dict(INTER=14336, BLOCK_N=1024),
+                (),
+            )
+        )
         for heads, kv_heads, head_dim, qk_norm in ((32, 8, 128, False), (40, 8, 128, True), (12, 4, 80, False)):
-            jobs.append((f"rotary_write_kv {dtype} heads {heads}/{kv_heads} head_dim {head_dim} qk_norm {qk_norm}",
-                         rotary_write_kv_kernel,
-                         dict(qkv_ptr=f"*{dtype}", positions_ptr="*i64", cos_sin_ptr="*fp32", q_norm_ptr=f"*{dtype}",
-                              k_norm_ptr=f"*{dtype}", key_cache_ptr=f"*{dtype}", value_cache_ptr=f"*{dtype}",
-                              slot_mapping_ptr="*i64", eps="fp32"),
-                         dict(NUM_Q_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, HALF=head_dim // 2,
-                              BLOCK_HQ=pow2(heads), BLOCK_HK=pow2(kv_heads), BLOCK_HALF=pow2(head_dim // 2),
-                              BLOCK_D=pow2(head_dim), BLOCK_SIZE=16, HAS_QK_NORM=qk_norm),
-                         ("stride_t", "stride_cb", "stride_cs", "stride_ch")))
+            jobs.append(
+                (
+                    f"rotary_write_kv {dtype} heads {heads}/{kv_heads} head_dim {head_dim} qk_norm {qk_norm}",
+                    rotary_write_kv_kernel,
+                    dict(
+                        qkv_ptr=f"*{dtype}",
+                        positions_ptr="*i64",
+                        cos_sin_ptr="*fp32",
+                        q_norm_ptr=f"*{dtype}",
+                        k_norm_ptr=f"*{dtype}",
+                        key_cache_ptr=f"*{dtype}",
+                        value_cache_ptr=f"*{dtype}",
+                        slot_mapping_ptr="*i64",
+                        eps="fp32",
+                    ),
+                    dict(
+                        NUM_Q_HEADS=heads,
+                        NUM_KV_HEADS=kv_heads,
+                        HEAD_DIM=head_dim,
+                        HALF=head_dim // 2,
+                        BLOCK_HQ=pow2(heads),
+                        BLOCK_HK=pow2(kv_heads),
+                        BLOCK_HALF=pow2(head_dim // 2),
+                        BLOCK_D=pow2(head_dim),
+                        BLOCK_SIZE=16,
+                        HAS_QK_NORM=qk_norm,
+                    ),
+                    ("stride_t", "stride_cb", "stride_cs", "stride_ch"),
+                )
+            )
     return jobs
 
 
@@ -107,26 +170,74 @@ def check(arch: int) -> list[dict]:
     for name, v in attention_variants():
         element = TRITON_DTYPES[str(v["dtype"])[6:]]
         scratch = "fp32" if v["splits"] else element
-        pointers = dict(out_ptr=f"*{element}", partial_out_ptr=f"*{scratch}", partial_max_ptr=f"*{scratch}",
-                        partial_sum_ptr=f"*{scratch}", query_ptr=f"*{element}", key_cache_ptr=f"*{element}",
-                        value_cache_ptr=f"*{element}", block_tables_ptr="*i32", seq_lens_ptr="*i32",
-                        query_start_loc_ptr="*i32", scale_log2="fp32")
-        constants = kernel_constants(v["heads"], v["kv_heads"], v["head_dim"], v["block_size"], v["dtype"],
-                                     v["tiles"], v["window"], v["splits"])
-        jobs.append((f"attention {name}", paged_attention_kernel, pointers, constants, STRIDE_ARGS,
-                     (v["num_warps"], v["num_stages"])))
-    jobs.append(("merge_splits bfloat16 head_dim 128 x 64 splits", merge_splits_kernel,
-                 dict(out_ptr="*bf16", partial_out_ptr="*fp32", partial_max_ptr="*fp32", partial_sum_ptr="*fp32"),
-                 dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=64), ()))
-    jobs.append(("write_kv bfloat16 8 x 128", write_kv_kernel,
-                 dict(key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16",
-                      slot_mapping_ptr="*i64"),
-                 dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=8, BLOCK_D=128), ()))
-    jobs.append(("copy_blocks bfloat16", copy_blocks_kernel,
-                 dict(src_ptr="*bf16", dst_ptr="*bf16", src_ids_ptr="*i64", dst_ids_ptr="*i64",
-                      src_cache_stride="i64", dst_cache_stride="i64", src_block_stride="i64",
-                      dst_block_stride="i64"),
-                 dict(CHUNK=CHUNK), ()))
+        pointers = dict(
+            out_ptr=f"*{element}",
+            partial_out_ptr=f"*{scratch}",
+            partial_max_ptr=f"*{scratch}",
+            partial_sum_ptr=f"*{scratch}",
+            query_ptr=f"*{element}",
+            key_cache_ptr=f"*{element}",
+            value_cache_ptr=f"*{element}",
+            block_tables_ptr="*i32",
+            seq_lens_ptr="*i32",
+            query_start_loc_ptr="*i32",
+            scale_log2="fp32",
+        )
+        constants = kernel_constants(
+            v["heads"], v["kv_heads"], v["head_dim"], v["block_size"], v["dtype"], v["tiles"], v["window"], v["splits"]
+        )
+        jobs.append(
+            (
+                f"attention {name}",
+                paged_attention_kernel,
+                pointers,
+                constants,
+                STRIDE_ARGS,
+                (v["num_warps"], v["num_stages"]),
+            )
+        )
+    jobs.append(
+        (
+            "merge_splits bfloat16 head_dim 128 x 64 splits",
+            merge_splits_kernel,
+            dict(out_ptr="*bf16", partial_out_ptr="*fp32", partial_max_ptr="*fp32", partial_sum_ptr="*fp32"),
+            dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=64),
+            (),
+        )
+    )
+    jobs.append(
+        (
+            "write_kv bfloat16 8 x 128",
+            write_kv_kernel,
+            dict(
+                key_ptr="*bf16",
+                value_ptr="*bf16",
+                key_cache_ptr="*bf16",
+                value_cache_ptr="*bf16",
+                slot_mapping_ptr="*i64",
+            ),
+            dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=8, BLOCK_D=128),
+            (),
+        )
+    )
+    jobs.append(
+        (
+            "copy_blocks bfloat16",
+            copy_blocks_kernel,
+            dict(
+                src_ptr="*bf16",
+                dst_ptr="*bf16",
+                src_ids_ptr="*i64",
+                dst_ids_ptr="*i64",
+                src_cache_stride="i64",
+                dst_cache_stride="i64",
+                src_block_stride="i64",
+                dst_block_stride="i64",
+            ),
+            dict(CHUNK=CHUNK),
+            (),
+        )
+    )
     jobs.extend(layer_kernel_jobs())
     results = []
     for name, fn, pointers, constants, aligned, *launch in jobs:

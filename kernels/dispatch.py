@@ -21,8 +21,8 @@ process never imports triton and a CUDA process never builds the CPU kernels.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -43,8 +43,7 @@ def backend_for(device: torch.device) -> str:
     if choice == "native" and device.type != "cpu":
         raise ValueError(f"{ENV_VAR}=native runs on CPU tensors only, got {device.type} tensors")
     if choice == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"{ENV_VAR}=triton on CPU tensors needs TRITON_INTERPRET=1 "
-                         "set before triton is imported")
+        raise ValueError(f"{ENV_VAR}=triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
     return choice
 
 
@@ -79,14 +78,25 @@ def check_sliding_window(sliding_window: int | None) -> None:
         raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Scatter the step's K/V `[num_tokens, num_kv_heads, head_dim]` into the paged caches; slot -1 is skipped."""
     kernels_for(key_cache.device).write_kv(key, value, key_cache, value_cache, slot_mapping)
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    metadata: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """Attention of the packed queries `[num_tokens, num_heads, head_dim]` over the paged K/V.
 
     The decodes (first `num_decode_seqs` sequences) and the prefill chunks (the
@@ -96,8 +106,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     return kernels_for(query.device).paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
 
 
-def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
-                block_mapping: torch.Tensor) -> None:
+def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
     """Copy-on-write: block `src` -> block `dst` for each `(src, dst)` row, in every layer."""
     if backend_for(key_caches[0].device) != "triton":
         reference.copy_blocks(key_caches, value_caches, block_mapping)
@@ -107,8 +116,9 @@ def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]
     copy_blocks_triton(key_caches, value_caches, block_mapping)
 
 
-def swap_blocks(src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping: torch.Tensor,
-                block_dim: int = 0) -> None:
+def swap_blocks(
+    src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping: torch.Tensor, block_dim: int = 0
+) -> None:
     """Move blocks between a device cache and a pinned host cache, `(src, dst)` rows."""
     device = src_cache.device if src_cache.device.type != "cpu" else dst_cache.device
     if backend_for(device) != "triton":

@@ -31,15 +31,15 @@ import torch
 
 @dataclass(frozen=True, eq=False)
 class AttentionMetadata:
-    slot_mapping: torch.Tensor      # int64 [num_tokens]: cache slot of each new token, -1 = skip
-    block_tables: torch.Tensor      # int32 [num_seqs, max_blocks_per_seq]: physical block ids, 0-padded
-    seq_lens: torch.Tensor          # int32 [num_seqs]: context length including this step's tokens
-    query_start_loc: torch.Tensor   # int32 [num_seqs + 1]: cumulative new-token counts
-    max_seq_len: int                # >= max(seq_lens_cpu)
-    max_query_len: int              # >= max(query_lens_cpu)
-    num_decode_seqs: int            # the first num_decode_seqs sequences have q_len 1
-    seq_lens_cpu: list[int]         # host copy of seq_lens
-    query_lens_cpu: list[int]       # host copy of the per-sequence new-token counts
+    slot_mapping: torch.Tensor  # int64 [num_tokens]: cache slot of each new token, -1 = skip
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]: physical block ids, 0-padded
+    seq_lens: torch.Tensor  # int32 [num_seqs]: context length including this step's tokens
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]: cumulative new-token counts
+    max_seq_len: int  # >= max(seq_lens_cpu)
+    max_query_len: int  # >= max(query_lens_cpu)
+    num_decode_seqs: int  # the first num_decode_seqs sequences have q_len 1
+    seq_lens_cpu: list[int]  # host copy of seq_lens
+    query_lens_cpu: list[int]  # host copy of the per-sequence new-token counts
 
     def __post_init__(self) -> None:
         num_seqs = len(self.seq_lens_cpu)
@@ -48,19 +48,20 @@ class AttentionMetadata:
         _check_tensor("seq_lens", self.seq_lens, torch.int32, 1)
         _check_tensor("query_start_loc", self.query_start_loc, torch.int32, 1)
         if len(self.query_lens_cpu) != num_seqs:
-            raise ValueError(f"query_lens_cpu has {len(self.query_lens_cpu)} entries, "
-                             f"seq_lens_cpu has {num_seqs}")
+            raise ValueError(f"query_lens_cpu has {len(self.query_lens_cpu)} entries, seq_lens_cpu has {num_seqs}")
         if self.seq_lens.shape[0] != num_seqs:
             raise ValueError(f"seq_lens has {self.seq_lens.shape[0]} entries, seq_lens_cpu has {num_seqs}")
         if self.block_tables.shape[0] != num_seqs:
             raise ValueError(f"block_tables has {self.block_tables.shape[0]} rows, expected {num_seqs}")
         if self.query_start_loc.shape[0] != num_seqs + 1:
-            raise ValueError(f"query_start_loc has {self.query_start_loc.shape[0]} entries, "
-                             f"expected num_seqs + 1 = {num_seqs + 1}")
+            raise ValueError(
+                f"query_start_loc has {self.query_start_loc.shape[0]} entries, expected num_seqs + 1 = {num_seqs + 1}"
+            )
         num_tokens = sum(self.query_lens_cpu)
         if self.slot_mapping.shape[0] != num_tokens:
-            raise ValueError(f"slot_mapping has {self.slot_mapping.shape[0]} entries, "
-                             f"expected sum(query_lens_cpu) = {num_tokens}")
+            raise ValueError(
+                f"slot_mapping has {self.slot_mapping.shape[0]} entries, expected sum(query_lens_cpu) = {num_tokens}"
+            )
         for i, (seq_len, query_len) in enumerate(zip(self.seq_lens_cpu, self.query_lens_cpu)):
             if not 1 <= query_len <= seq_len:
                 raise ValueError(f"query_lens_cpu[{i}] = {query_len} must be in [1, seq_lens_cpu[{i}] = {seq_len}]")
@@ -71,8 +72,7 @@ class AttentionMetadata:
         if num_seqs and self.max_seq_len < max(self.seq_lens_cpu):
             raise ValueError(f"max_seq_len = {self.max_seq_len} < max(seq_lens_cpu) = {max(self.seq_lens_cpu)}")
         if num_seqs and self.max_query_len < max(self.query_lens_cpu):
-            raise ValueError(f"max_query_len = {self.max_query_len} < max(query_lens_cpu) = "
-                             f"{max(self.query_lens_cpu)}")
+            raise ValueError(f"max_query_len = {self.max_query_len} < max(query_lens_cpu) = {max(self.query_lens_cpu)}")
 
     @property
     def num_seqs(self) -> int:

@@ -66,26 +66,31 @@ def decode_visible_keys(metadata: AttentionMetadata, sliding_window: int | None)
     return longest if sliding_window is None else min(longest, sliding_window)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
 
-def check_attention_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           metadata: AttentionMetadata) -> None:
+def check_attention_inputs(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
+) -> None:
     """Shapes, dtypes, strides and devices the kernels rely on; ValueError naming the argument."""
     if query.dim() != 3:
         raise ValueError(f"query must be [num_tokens, num_heads, head_dim], got shape {tuple(query.shape)}")
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
-        raise ValueError("key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
-                         f"head_dim], got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}")
+        raise ValueError(
+            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
+            f"head_dim], got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
     if key_cache.stride() != value_cache.stride():
         raise ValueError(f"key_cache and value_cache strides differ: {key_cache.stride()} vs {value_cache.stride()}")
     if key_cache.dtype not in CACHE_DTYPES or value_cache.dtype != key_cache.dtype:
-        raise ValueError(f"key_cache/value_cache dtype must be one of {CACHE_DTYPES} and equal, "
-                         f"got {key_cache.dtype} and {value_cache.dtype}")
+        raise ValueError(
+            f"key_cache/value_cache dtype must be one of {CACHE_DTYPES} and equal, "
+            f"got {key_cache.dtype} and {value_cache.dtype}"
+        )
     if query.dtype not in CACHE_DTYPES:
         raise ValueError(f"query dtype must be one of {CACHE_DTYPES}, got {query.dtype}")
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -98,8 +103,10 @@ def check_attention_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_c
         raise ValueError("query and the caches must have a unit stride along head_dim")
     if query.shape[0] != metadata.num_tokens:
         raise ValueError(f"query has {query.shape[0]} tokens, metadata has {metadata.num_tokens}")
-    devices = {t.device for t in (query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens,
-                                  metadata.query_start_loc)}
+    devices = {
+        t.device
+        for t in (query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens, metadata.query_start_loc)
+    }
     if len(devices) != 1:
         raise ValueError(f"query, caches and metadata tensors must share one device, got {sorted(map(str, devices))}")
     if metadata.block_tables.shape[1] and metadata.block_tables.stride(1) != 1:
@@ -108,9 +115,9 @@ def check_attention_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_c
 
 @dataclass(frozen=True)
 class TileShape:
-    block_q: int    # query tokens per program
-    block_m: int    # rows per program: block_q x the group's heads (padded to a power of two), >= 16
-    tile_n: int     # key positions per loop iteration
+    block_q: int  # query tokens per program
+    block_m: int  # rows per program: block_q x the group's heads (padded to a power of two), >= 16
+    tile_n: int  # key positions per loop iteration
 
 
 def decode_tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, tile_n: int | None = None) -> TileShape:
@@ -118,13 +125,15 @@ def decode_tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, tile_n: 
     return TileShape(block_q=1, block_m=max(16, group_pad), tile_n=tile_n or (64 if head_dim <= 128 else 32))
 
 
-def prefill_tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_m: int | None = None,
-                       tile_n: int | None = None) -> TileShape:
+def prefill_tile_shape(
+    num_heads: int, num_kv_heads: int, head_dim: int, block_m: int | None = None, tile_n: int | None = None
+) -> TileShape:
     group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
     block_m = block_m or (128 if head_dim <= 128 else 32)
     block_q = max(1, block_m // group_pad)
-    return TileShape(block_q=block_q, block_m=max(block_m, group_pad * block_q, 16),
-                     tile_n=tile_n or (64 if head_dim <= 128 else 32))
+    return TileShape(
+        block_q=block_q, block_m=max(block_m, group_pad * block_q, 16), tile_n=tile_n or (64 if head_dim <= 128 else 32)
+    )
 
 
 def prefill_warps_stages(head_dim: int, cache_dtype: torch.dtype) -> tuple[int, int]:
@@ -135,54 +144,127 @@ def prefill_warps_stages(head_dim: int, cache_dtype: torch.dtype) -> tuple[int, 
     return 8, (2 if cache_dtype == torch.float32 else 3)
 
 
-def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, cache_dtype: torch.dtype,
-                     tiles: TileShape, has_window: bool, use_splits: bool) -> dict:
+def kernel_constants(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    cache_dtype: torch.dtype,
+    tiles: TileShape,
+    has_window: bool,
+    use_splits: bool,
+) -> dict:
     """The compile-time constants of `paged_attention_kernel` for one launch."""
     group = num_heads // num_kv_heads
     return dict(
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=tiles.block_q, BLOCK_M=tiles.block_m,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
-        HAS_WINDOW=has_window, USE_SPLITS=use_splits,
+        GROUP=group,
+        GROUP_PAD=triton.next_power_of_2(group),
+        BLOCK_Q=tiles.block_q,
+        BLOCK_M=tiles.block_m,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=block_size,
+        TILE_N=tiles.tile_n,
+        HAS_WINDOW=has_window,
+        USE_SPLITS=use_splits,
         DOT_PRECISION="ieee" if cache_dtype == torch.float32 else None,
     )
 
 
-def _launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata,
-            out: torch.Tensor, scale: float, sliding_window: int | None, first_seq: int, num_seqs: int,
-            tiles: TileShape, num_splits: int, num_q_tiles: int, num_warps: int, num_stages: int) -> None:
+def _launch(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    out: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    first_seq: int,
+    num_seqs: int,
+    tiles: TileShape,
+    num_splits: int,
+    num_q_tiles: int,
+    num_warps: int,
+    num_stages: int,
+) -> None:
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     use_splits = num_splits > 1
     if use_splits:
-        partial_out = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32,
-                                  device=query.device)
+        partial_out = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
         partial_max = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=query.device)
         partial_sum = torch.empty_like(partial_max)
     else:
         partial_out = partial_max = partial_sum = out
     grid = (num_seqs * num_q_tiles, num_kv_heads, num_splits)
     paged_attention_kernel[grid](
-        out, partial_out, partial_max, partial_sum,
-        query, key_cache, value_cache,
-        metadata.block_tables, metadata.seq_lens, metadata.query_start_loc,
-        scale * LOG2_E, sliding_window or 0, first_seq, num_q_tiles, num_splits, num_heads,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), metadata.block_tables.stride(0),
-        **kernel_constants(num_heads, num_kv_heads, head_dim, block_size, key_cache.dtype, tiles,
-                           sliding_window is not None, use_splits),
-        num_warps=num_warps, num_stages=num_stages,
+        out,
+        partial_out,
+        partial_max,
+        partial_sum,
+        query,
+        key_cache,
+        value_cache,
+        metadata.block_tables,
+        metadata.seq_lens,
+        metadata.query_start_loc,
+        scale * LOG2_E,
+        sliding_window or 0,
+        first_seq,
+        num_q_tiles,
+        num_splits,
+        num_heads,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        metadata.block_tables.stride(0),
+        **kernel_constants(
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            key_cache.dtype,
+            tiles,
+            sliding_window is not None,
+            use_splits,
+        ),
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if use_splits:
         merge_splits_kernel[(num_tokens, num_heads)](
-            out, partial_out, partial_max, partial_sum, num_splits, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
+            out,
+            partial_out,
+            partial_max,
+            partial_sum,
+            num_splits,
+            num_heads,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_S=triton.next_power_of_2(num_splits),
         )
 
 
-def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     metadata: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                     out: torch.Tensor | None = None, *, num_splits: int | None = None, tile_n: int | None = None,
-                     num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+def decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+    tile_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
     """Attention of the step's decodes (its first `num_decode_seqs` sequences, one query token each).
 
     `query` may hold the whole step; rows past the decodes are left untouched in `out`.
@@ -193,19 +275,43 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     if num_seqs == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, key_cache.shape[2], decode_visible_keys(metadata, sliding_window),
-                                       _num_sms(query.device))
+        num_splits = choose_num_splits(
+            num_seqs, key_cache.shape[2], decode_visible_keys(metadata, sliding_window), _num_sms(query.device)
+        )
     tiles = decode_tile_shape(query.shape[1], key_cache.shape[2], query.shape[2], tile_n)
-    _launch(query[:num_seqs], key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=0,
-            num_seqs=num_seqs, tiles=tiles, num_splits=num_splits, num_q_tiles=1, num_warps=num_warps,
-            num_stages=num_stages)
+    _launch(
+        query[:num_seqs],
+        key_cache,
+        value_cache,
+        metadata,
+        out,
+        scale,
+        sliding_window,
+        first_seq=0,
+        num_seqs=num_seqs,
+        tiles=tiles,
+        num_splits=num_splits,
+        num_q_tiles=1,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out
 
 
-def prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      metadata: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                      out: torch.Tensor | None = None, *, block_m: int | None = None, tile_n: int | None = None,
-                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+def prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    block_m: int | None = None,
+    tile_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
     """Attention of the step's prefill chunks (sequences `num_decode_seqs` onwards), causal over cache + chunk.
 
     Rows of the decodes are left untouched in `out`.
@@ -220,15 +326,33 @@ def prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     default_warps, default_stages = prefill_warps_stages(query.shape[2], key_cache.dtype)
     num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
     num_q_tiles = triton.cdiv(max(metadata.query_lens_cpu[first_seq:]), tiles.block_q)
-    _launch(query, key_cache, value_cache, metadata, out, scale, sliding_window, first_seq=first_seq,
-            num_seqs=num_seqs, tiles=tiles, num_splits=1, num_q_tiles=num_q_tiles, num_warps=num_warps,
-            num_stages=num_stages)
+    _launch(
+        query,
+        key_cache,
+        value_cache,
+        metadata,
+        out,
+        scale,
+        sliding_window,
+        first_seq=first_seq,
+        num_seqs=num_seqs,
+        tiles=tiles,
+        num_splits=1,
+        num_q_tiles=num_q_tiles,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out
 
 
-def paged_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           metadata: AttentionMetadata, scale: float,
-                           sliding_window: int | None = None) -> torch.Tensor:
+def paged_attention_triton(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """The step's attention: decode kernel for the decodes, prefill kernel for the rest, one output."""
     out = torch.empty_like(query)
     decode_attention(query, key_cache, value_cache, metadata, scale, sliding_window, out)

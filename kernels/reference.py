@@ -21,8 +21,14 @@ import torch
 from pagedinfer.kernels.metadata import AttentionMetadata
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    metadata: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """Attention of the packed queries `[num_tokens, num_heads, head_dim]` over the paged K/V.
 
     Returns `[num_tokens, num_heads, value_dim]` in the query's dtype, computed in float32.
@@ -32,10 +38,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     outputs = []
     start = 0
     for i, (seq_len, query_len) in enumerate(zip(metadata.seq_lens_cpu, metadata.query_lens_cpu)):
-        blocks = metadata.block_tables[i, :-(-seq_len // block_size)].long()
+        blocks = metadata.block_tables[i, : -(-seq_len // block_size)].long()
         k = key_cache[blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(num_heads // num_kv_heads, dim=1)
         v = value_cache[blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(num_heads // num_kv_heads, dim=1)
-        q = query[start:start + query_len].float()
+        q = query[start : start + query_len].float()
         query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)[:, None]
         key_pos = torch.arange(seq_len, device=q.device)[None, :]
         visible = key_pos <= query_pos
@@ -50,8 +56,13 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     return torch.cat(outputs).to(query.dtype)
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Scatter `key`/`value` `[num_tokens, num_kv_heads, head_dim]` into the caches at `slot_mapping`.
 
     A slot of -1 marks a padding token: nothing is written for it.
@@ -63,9 +74,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value[keep].to(value_cache.dtype))
 
 
-
-def check_block_mapping(block_mapping: torch.Tensor, num_src_blocks: int, num_dst_blocks: int,
-                        disjoint: bool) -> None:
+def check_block_mapping(block_mapping: torch.Tensor, num_src_blocks: int, num_dst_blocks: int, disjoint: bool) -> None:
     """A `[n, 2]` int64 mapping of `(src, dst)` block ids; ValueError naming what is wrong.
 
     Destinations must be distinct (and, with `disjoint`, never also a source:
@@ -73,8 +82,10 @@ def check_block_mapping(block_mapping: torch.Tensor, num_src_blocks: int, num_ds
     the mapping is on the host: checking a device tensor would stall the GPU.
     """
     if block_mapping.dtype != torch.int64 or block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
-        raise ValueError(f"block_mapping must be an int64 [n, 2] tensor of (src, dst) block ids, "
-                         f"got {block_mapping.dtype} {tuple(block_mapping.shape)}")
+        raise ValueError(
+            f"block_mapping must be an int64 [n, 2] tensor of (src, dst) block ids, "
+            f"got {block_mapping.dtype} {tuple(block_mapping.shape)}"
+        )
     if block_mapping.device.type != "cpu" or block_mapping.numel() == 0:
         return
     src, dst = block_mapping[:, 0], block_mapping[:, 1]
@@ -88,8 +99,7 @@ def check_block_mapping(block_mapping: torch.Tensor, num_src_blocks: int, num_ds
         raise ValueError("block_mapping: a destination block is also a source block")
 
 
-def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
-                block_mapping: torch.Tensor) -> None:
+def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
     """Copy block `src` to block `dst` for each row `(src, dst)` of `block_mapping`, in every layer.
 
     Copy-on-write hands out fresh blocks: destinations are distinct and never sources.
@@ -105,8 +115,9 @@ def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]
         cache.index_copy_(0, dst, cache.index_select(0, src))
 
 
-def swap_blocks(src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping: torch.Tensor,
-                block_dim: int = 0) -> None:
+def swap_blocks(
+    src_cache: torch.Tensor, dst_cache: torch.Tensor, block_mapping: torch.Tensor, block_dim: int = 0
+) -> None:
     """Copy blocks between two caches (device <-> pinned host), `(src, dst)` rows of `block_mapping`.
 
     The blocks are gathered into one contiguous buffer on the source's device,

@@ -23,11 +23,13 @@ import triton.language as tl
 
 @triton.jit
 def rms_norm_kernel(
-    x_ptr,                   # [tokens, hidden]
-    residual_ptr,            # [tokens, hidden], read and written in place (HAS_RESIDUAL only)
-    weight_ptr,              # [hidden]
-    out_ptr,                 # [tokens, hidden]
-    stride_x, stride_r, stride_o,
+    x_ptr,  # [tokens, hidden]
+    residual_ptr,  # [tokens, hidden], read and written in place (HAS_RESIDUAL only)
+    weight_ptr,  # [hidden]
+    out_ptr,  # [tokens, hidden]
+    stride_x,
+    stride_r,
+    stride_o,
     eps,
     HIDDEN: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -48,29 +50,42 @@ def rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed rows, the new residual) of `x` `[tokens, hidden]` (see the module docstring); `x` is not written."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"x must be [tokens, hidden] with a unit stride along hidden, got {tuple(x.shape)}")
     if weight.shape != (x.shape[1],):
         raise ValueError(f"weight must be [hidden = {x.shape[1]}], got {tuple(weight.shape)}")
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
-        raise ValueError(f"residual must be {tuple(x.shape)} with a unit stride along hidden, "
-                         f"got {tuple(residual.shape)}")
+        raise ValueError(
+            f"residual must be {tuple(x.shape)} with a unit stride along hidden, got {tuple(residual.shape)}"
+        )
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         has_residual = residual is not None
         block_n = triton.next_power_of_2(x.shape[1])
         rms_norm_kernel[(x.shape[0],)](
-            x, residual if has_residual else x, weight, out, x.stride(0),
-            residual.stride(0) if has_residual else 0, out.stride(0), eps,
-            HIDDEN=x.shape[1], BLOCK_N=block_n, HAS_RESIDUAL=has_residual, num_warps=4 if block_n <= 2048 else 8)
+            x,
+            residual if has_residual else x,
+            weight,
+            out,
+            x.stride(0),
+            residual.stride(0) if has_residual else 0,
+            out.stride(0),
+            eps,
+            HIDDEN=x.shape[1],
+            BLOCK_N=block_n,
+            HAS_RESIDUAL=has_residual,
+            num_warps=4 if block_n <= 2048 else 8,
+        )
     return out, (residual if residual is not None else x)
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                       residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' `residual + hidden` then LlamaRMSNorm, as plain torch (out of place)."""
     summed = x if residual is None else (x.float() + residual.float()).to(residual.dtype)
     s = summed.float()

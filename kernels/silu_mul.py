@@ -15,9 +15,10 @@ import triton.language as tl
 
 @triton.jit
 def silu_mul_kernel(
-    x_ptr,                   # [tokens, 2 * INTER]
-    out_ptr,                 # [tokens, INTER]
-    stride_x, stride_o,
+    x_ptr,  # [tokens, 2 * INTER]
+    out_ptr,  # [tokens, INTER]
+    stride_x,
+    stride_o,
     INTER: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -39,7 +40,8 @@ def silu_mul(x: torch.Tensor, block_n: int = 1024) -> torch.Tensor:
     block_n = min(block_n, triton.next_power_of_2(inter))
     if x.shape[0]:
         silu_mul_kernel[(x.shape[0], triton.cdiv(inter, block_n))](
-            x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK_N=block_n)
+            x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK_N=block_n
+        )
     return out
 
 

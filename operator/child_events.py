@@ -36,19 +36,20 @@ all, to the one its owner label names (an orphan the operator built:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import kopf
 
-from pagedinfer.operator.status import conditions
-from pagedinfer.operator.children.builders import built_for_generation
 from pagedinfer.operator.children.apply import adoptable
+from pagedinfer.operator.children.builders import built_for_generation
 from pagedinfer.operator.children.drift import fingerprint
 from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError
 from pagedinfer.operator.reconciler import reconcile
 from pagedinfer.operator.routing.builders import router_name
 from pagedinfer.operator.routing.status import router_ready
 from pagedinfer.operator.settings import Runtime
+from pagedinfer.operator.status import conditions
 from pagedinfer.operator.status.writer import write_conditions
 
 
@@ -70,8 +71,14 @@ async def _live_owner(runtime: Runtime, namespace: str, name: str, uid: str | No
     return owner if uid is None or owner["metadata"]["uid"] == uid else None
 
 
-async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], event_type: str | None,
-                         logger: Any, nodes: Iterable[Mapping[str, Any]]) -> None:
+async def on_child_event(
+    runtime: Runtime,
+    kind: str,
+    child: Mapping[str, Any],
+    event_type: str | None,
+    logger: Any,
+    nodes: Iterable[Mapping[str, Any]],
+) -> None:
     """One watch event of a managed `kind` ("Deployment" or "Service") child."""
     meta = child["metadata"]
     what, namespace, uid = f"{kind} {meta['name']}", meta["namespace"], meta["uid"]
@@ -105,18 +112,21 @@ async def on_child_event(runtime: Runtime, kind: str, child: Mapping[str, Any], 
             await report_router_rollout(runtime, child, name, owner_uid)
 
 
-async def report_router_rollout(runtime: Runtime, deployment: Mapping[str, Any], owner_name: str,
-                                owner_uid: str) -> None:
+async def report_router_rollout(
+    runtime: Runtime, deployment: Mapping[str, Any], owner_name: str, owner_uid: str
+) -> None:
     """The router Deployment's ready pods into its owner's status.routing.readyReplicas."""
     try:
         owner = await _live_owner(runtime, deployment["metadata"]["namespace"], owner_name, owner_uid)
         if owner is None or not (owner.get("status") or {}).get("routing", {}).get("enabled"):
             return
-        await write_conditions(runtime.kube, owner, [], None,
-                               routing={**owner["status"]["routing"], **router_ready(deployment)})
+        await write_conditions(
+            runtime.kube, owner, [], None, routing={**owner["status"]["routing"], **router_ready(deployment)}
+        )
     except KubeApiError as exc:
-        raise kopf.TemporaryError(f"cannot write the routing status: {exc}",
-                                  delay=runtime.config.retry_delay_seconds) from exc
+        raise kopf.TemporaryError(
+            f"cannot write the routing status: {exc}", delay=runtime.config.retry_delay_seconds
+        ) from exc
 
 
 async def report_rollout(runtime: Runtime, deployment: Mapping[str, Any], owner_name: str, owner_uid: str) -> None:
@@ -131,8 +141,14 @@ async def report_rollout(runtime: Runtime, deployment: Mapping[str, Any], owner_
         owner = await _live_owner(runtime, deployment["metadata"]["namespace"], owner_name, owner_uid)
         if owner is None:
             return
-        await write_conditions(runtime.kube, owner, list(conditions.rollout_conditions(rollout)),
-                               built_for_generation(deployment), **conditions.rollout_status(rollout))
+        await write_conditions(
+            runtime.kube,
+            owner,
+            list(conditions.rollout_conditions(rollout)),
+            built_for_generation(deployment),
+            **conditions.rollout_status(rollout),
+        )
     except KubeApiError as exc:
-        raise kopf.TemporaryError(f"cannot write the rollout status: {exc}",
-                                  delay=runtime.config.retry_delay_seconds) from exc
+        raise kopf.TemporaryError(
+            f"cannot write the rollout status: {exc}", delay=runtime.config.retry_delay_seconds
+        ) from exc

@@ -14,7 +14,8 @@ status and counted its error; it is logged and waits for the next change.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import kopf
 
@@ -23,8 +24,14 @@ from pagedinfer.operator.reconciler import reconcile
 from pagedinfer.operator.settings import Runtime
 
 
-async def on_config_map_event(runtime: Runtime, config_map: Mapping[str, Any], event_type: str | None,
-                              services: list[str], nodes: Iterable[Mapping[str, Any]], logger: Any) -> None:
+async def on_config_map_event(
+    runtime: Runtime,
+    config_map: Mapping[str, Any],
+    event_type: str | None,
+    services: list[str],
+    nodes: Iterable[Mapping[str, Any]],
+    logger: Any,
+) -> None:
     """One watch event of a ConfigMap that `services` (in its namespace) read their model config from."""
     if event_type is None:
         return

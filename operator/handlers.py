@@ -29,19 +29,18 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator.autoscaling import daemon, demand  # noqa: F401  (registers the autoscaler's daemon, demand)
 from pagedinfer.operator import child_events, config_map_events, reconciler, settings  # noqa: F401  (startup/login)
+from pagedinfer.operator.autoscaling import daemon, demand  # noqa: F401  (registers the autoscaler's daemon, demand)
 from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.indexes import nodes_in, referencing
 from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 
 
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)
-async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, gpu_nodes: kopf.Index,
-                                      **_: Any) -> None:
+async def reconcile_inference_service(body: kopf.Body, memo: Any, logger: Any, gpu_nodes: kopf.Index, **_: Any) -> None:
     await reconciler.reconcile(settings.runtime_of(memo), body, logger, nodes_in(gpu_nodes))
 
 
@@ -49,26 +48,29 @@ MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=REGISTRY)
-async def deployment_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index,
-                           **_: Any) -> None:
-    await child_events.on_child_event(settings.runtime_of(memo), "Deployment", body, type, logger,
-                                      nodes_in(gpu_nodes))
+async def deployment_event(
+    body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index, **_: Any
+) -> None:
+    await child_events.on_child_event(settings.runtime_of(memo), "Deployment", body, type, logger, nodes_in(gpu_nodes))
 
 
 @kopf.on.event("", "v1", "services", labels=MANAGED, registry=REGISTRY)
-async def service_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index,
-                        **_: Any) -> None:
+async def service_event(
+    body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index, **_: Any
+) -> None:
     await child_events.on_child_event(settings.runtime_of(memo), "Service", body, type, logger, nodes_in(gpu_nodes))
 
 
 @kopf.on.event("", "v1", "serviceaccounts", labels=MANAGED, registry=REGISTRY)
 @kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED, registry=REGISTRY)
 @kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED, registry=REGISTRY)
-async def router_rbac_event(body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index,
-                            **_: Any) -> None:
+async def router_rbac_event(
+    body: kopf.Body, type: str | None, memo: Any, logger: Any, gpu_nodes: kopf.Index, **_: Any
+) -> None:
     """The router's ServiceAccount, Role and RoleBinding (operator/routing): repaired as the other children."""
-    await child_events.on_child_event(settings.runtime_of(memo), body.get("kind", "RBAC object"), body, type, logger,
-                                      nodes_in(gpu_nodes))
+    await child_events.on_child_event(
+        settings.runtime_of(memo), body.get("kind", "RBAC object"), body, type, logger, nodes_in(gpu_nodes)
+    )
 
 
 def _referenced(name: str, namespace: str, model_config_maps: kopf.Index, **_: Any) -> bool:
@@ -76,9 +78,22 @@ def _referenced(name: str, namespace: str, model_config_maps: kopf.Index, **_: A
 
 
 @kopf.on.event("", "v1", "configmaps", when=_referenced, registry=REGISTRY)
-async def config_map_event(body: kopf.Body, type: str | None, name: str, namespace: str, memo: Any, logger: Any,
-                           model_config_maps: kopf.Index, gpu_nodes: kopf.Index, **_: Any) -> None:
-    await config_map_events.on_config_map_event(settings.runtime_of(memo), body, type,
-                                                referencing(model_config_maps, namespace, name),
-                                                nodes_in(gpu_nodes), logger)
-
+async def config_map_event(
+    body: kopf.Body,
+    type: str | None,
+    name: str,
+    namespace: str,
+    memo: Any,
+    logger: Any,
+    model_config_maps: kopf.Index,
+    gpu_nodes: kopf.Index,
+    **_: Any,
+) -> None:
+    await config_map_events.on_config_map_event(
+        settings.runtime_of(memo),
+        body,
+        type,
+        referencing(model_config_maps, namespace, name),
+        nodes_in(gpu_nodes),
+        logger,
+    )

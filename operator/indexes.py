@@ -16,13 +16,14 @@ Handlers get each index as a keyword argument named after its function
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import kopf
 
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.kv_plan.node_memory import node_facts
 from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 
 ALL_NODES = "all"
 

@@ -15,13 +15,13 @@ ResourceQuota (`quota_exceeded`) is reported and retried after a longer wait.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import ssl
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -32,6 +32,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 class KubeApiError(Exception):
     """A Kubernetes API request that failed: its HTTP status (None: no response), reason and message."""
+
     def __init__(self, status: int | None, reason: str, message: str) -> None:
         super().__init__(f"{status or 'no response'} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
@@ -140,7 +141,9 @@ class KubeApi:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=_ssl_context(self._info), limit=32)
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._timeout, headers=self._info.as_http_headers(),
+                connector=connector,
+                timeout=self._timeout,
+                headers=self._info.as_http_headers(),
                 trust_env=self._info.trust_env,
             )
         return self._session
@@ -149,21 +152,30 @@ class KubeApi:
         if self._session is not None:
             await self._session.close()
 
-    async def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, str] | None = None,
-                      content_type: str = "application/json") -> dict[str, Any]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
         session = await self._ensure()
         self.calls += 1
         headers = {"Content-Type": content_type} if body is not None else {}
         try:
-            async with session.request(method, self.server + path, json=body, params=params,
-                                       headers=headers) as response:
+            async with session.request(
+                method, self.server + path, json=body, params=params, headers=headers
+            ) as response:
                 payload = await response.json(content_type=None) if response.content_length != 0 else {}
                 if response.status >= 400:
                     payload = payload if isinstance(payload, dict) else {}
-                    raise KubeApiError(response.status, payload.get("reason", response.reason or ""),
-                                   payload.get("message", ""))
+                    raise KubeApiError(
+                        response.status, payload.get("reason", response.reason or ""), payload.get("message", "")
+                    )
                 return payload if isinstance(payload, dict) else {}
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise KubeApiError(None, type(exc).__name__, f"{method} {path}: {exc!r}") from exc
 
     async def get(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -175,21 +187,26 @@ class KubeApi:
                 return None
             raise
 
-    async def list(self, ref: ResourceRef, namespace: str | None = None,
-                   label_selector: str | None = None) -> list[dict[str, Any]]:
+    async def list(
+        self, ref: ResourceRef, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         params = {"labelSelector": label_selector} if label_selector else None
         return list((await self.request("GET", ref.path(namespace), params=params)).get("items") or [])
 
     async def create(self, ref: ResourceRef, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("POST", ref.path(namespace), body=body)
 
-    async def patch(self, ref: ResourceRef, namespace: str | None, name: str, body: Mapping[str, Any],
-                    subresource: str | None = None) -> dict[str, Any]:
-        return await self.request("PATCH", ref.path(namespace, name, subresource), body=body,
-                                  content_type=MERGE_PATCH)
+    async def patch(
+        self,
+        ref: ResourceRef,
+        namespace: str | None,
+        name: str,
+        body: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        return await self.request("PATCH", ref.path(namespace, name, subresource), body=body, content_type=MERGE_PATCH)
 
-    async def delete(self, ref: ResourceRef, namespace: str | None, name: str,
-                     uid: str | None = None) -> bool:
+    async def delete(self, ref: ResourceRef, namespace: str | None, name: str, uid: str | None = None) -> bool:
         """Delete in the background (the garbage collector takes dependants); False when already gone.
 
         uid: delete only that object (a precondition: a 409 if the name now holds another)."""

@@ -24,19 +24,26 @@ class OperatorMetrics:
         self.reconciles = Counter(
             m.OPERATOR_RECONCILES.name,
             "InferenceService reconciles by result (applied, invalid, unsized, retry).",
-            ["result"], registry=self.registry)
+            ["result"],
+            registry=self.registry,
+        )
         self.errors = Counter(
             m.OPERATOR_RECONCILE_ERRORS.name,
             "Reconciles that ended in an error to retry, by reason.",
-            ["reason"], registry=self.registry)
+            ["reason"],
+            registry=self.registry,
+        )
         self.duration = Histogram(
             m.OPERATOR_RECONCILE_DURATION_SECONDS.name,
             "Wall time of one InferenceService reconcile.",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=self.registry)
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
         self.api_requests = Counter(
             m.OPERATOR_API_REQUESTS.name,
             "Kubernetes API requests made by the operator's handlers (not kopf's own watches and patches).",
-            registry=self.registry)
+            registry=self.registry,
+        )
         for result in RESULTS:
             self.reconciles.labels(result=result)
 

@@ -37,28 +37,30 @@ reconcile carries it to the Deployment.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import kopf
 
 from pagedinfer.operator.children import apply, builders
-from pagedinfer.operator.kv_plan import resolver
-from pagedinfer.operator.status import conditions
-from pagedinfer.operator.spec.crd_model import InferenceServiceSpec, SpecError
 from pagedinfer.operator.children.drift import fingerprint
-from pagedinfer.operator.kube_api import DEPLOYMENTS, KubeApiError, KubeApi
+from pagedinfer.operator.kube_api import DEPLOYMENTS, KubeApi, KubeApiError
+from pagedinfer.operator.kv_plan import resolver
 from pagedinfer.operator.routing import builders as routing_builders
 from pagedinfer.operator.routing.children import remove_router_children
 from pagedinfer.operator.routing.status import routing_status
 from pagedinfer.operator.settings import Runtime
+from pagedinfer.operator.spec.crd_model import InferenceServiceSpec, SpecError
 from pagedinfer.operator.spec.parser import parse_spec
+from pagedinfer.operator.status import conditions
 from pagedinfer.operator.status.writer import is_news, write_conditions
 
-APPLIED = conditions.true(conditions.APPLIED, conditions.REASON_CHILDREN_APPLIED, "The Deployment and Service match the spec.")
+APPLIED = conditions.true(
+    conditions.APPLIED, conditions.REASON_CHILDREN_APPLIED, "The Deployment and Service match the spec."
+)
 
 
-async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
-                    nodes: Iterable[Mapping[str, Any]]) -> None:
+async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any, nodes: Iterable[Mapping[str, Any]]) -> None:
     """One reconcile of `body`; `nodes` are the cluster's nodes as the node index holds them."""
     started = time.monotonic()
     api = runtime.kube
@@ -68,8 +70,9 @@ async def reconcile(runtime: Runtime, body: Mapping[str, Any], logger: Any,
         result = await _reconcile(runtime, api, body, logger, nodes)
     except KubeApiError as exc:
         runtime.metrics.errors.labels(reason=f"api_{exc.status or 'network'}").inc()
-        raise kopf.TemporaryError(f"Kubernetes API error, will retry: {exc}",
-                                  delay=runtime.config.retry_delay_seconds) from exc
+        raise kopf.TemporaryError(
+            f"Kubernetes API error, will retry: {exc}", delay=runtime.config.retry_delay_seconds
+        ) from exc
     except kopf.TemporaryError:
         runtime.metrics.errors.labels(reason="temporary").inc()
         raise
@@ -91,8 +94,9 @@ def autoscaling_enabled(spec: InferenceServiceSpec) -> bool:
     return spec.autoscaling is not None and spec.autoscaling.enabled
 
 
-async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], logger: Any,
-                     nodes: Iterable[Mapping[str, Any]]) -> str:
+async def _reconcile(
+    runtime: Runtime, api: KubeApi, body: Mapping[str, Any], logger: Any, nodes: Iterable[Mapping[str, Any]]
+) -> str:
     meta = body["metadata"]
     name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
     try:
@@ -113,8 +117,9 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
             invalid = conditions.false(conditions.VALID, failure.reason, f"Invalid spec: {message}")
             await _report_failure(api, body, [conditions.not_sized(invalid)], invalid, deployed, logger)
             return "invalid"
-        await _report_failure(api, body, [valid], conditions.false(conditions.SIZED, failure.reason, message),
-                              deployed, logger)
+        await _report_failure(
+            api, body, [valid], conditions.false(conditions.SIZED, failure.reason, message), deployed, logger
+        )
         if failure.reason == conditions.REASON_MODEL_CONFIG_INVALID:
             runtime.metrics.errors.labels(reason="model_config_invalid").inc()
         if failure.retry_seconds is not None:
@@ -127,22 +132,47 @@ async def _reconcile(runtime: Runtime, api: KubeApi, body: Mapping[str, Any], lo
         runtime.child_fingerprints[child["metadata"]["uid"]] = fingerprint(child)
 
     try:
-        ownership = apply.Ownership(owner_uid=uid, owner_name=name, keep_replicas=autoscaling_enabled(spec),
-                                       wait_retry_seconds=runtime.config.no_nodes_retry_seconds)
-        router = (routing_builders.router_children(owner, spec, runtime.config.router_image)
-                  if spec.router.enabled else [])
-        applied = await apply.apply_children(api, ownership, builders.build_deployment(owner, spec, plan, runtime.config.engine_images),
-                                                routing_builders.build_front_service(owner, spec), logger,
-                                                on_applied=remember, extra=router)
+        ownership = apply.Ownership(
+            owner_uid=uid,
+            owner_name=name,
+            keep_replicas=autoscaling_enabled(spec),
+            wait_retry_seconds=runtime.config.no_nodes_retry_seconds,
+        )
+        router = (
+            routing_builders.router_children(owner, spec, runtime.config.router_image) if spec.router.enabled else []
+        )
+        applied = await apply.apply_children(
+            api,
+            ownership,
+            builders.build_deployment(owner, spec, plan, runtime.config.engine_images),
+            routing_builders.build_front_service(owner, spec),
+            logger,
+            on_applied=remember,
+            extra=router,
+        )
     except apply.NotApplied as failure:
-        await _report_failure(api, body, [valid, sized], conditions.false(conditions.APPLIED, failure.reason,
-                                                                      failure.message), failure.deployed, logger)
+        await _report_failure(
+            api,
+            body,
+            [valid, sized],
+            conditions.false(conditions.APPLIED, failure.reason, failure.message),
+            failure.deployed,
+            logger,
+        )
         if failure.retry_seconds is None:
             raise kopf.PermanentError(failure.message) from failure
         raise kopf.TemporaryError(failure.message, delay=failure.retry_seconds) from failure
-    await write_conditions(api, body, [valid, sized, APPLIED], generation, observedGeneration=generation,
-                           kvCache=plan.to_status(), selector=builders.selector_string(name),
-                           url=builders.service_url(owner), routing=routing_status(spec.router, applied[-1]))
+    await write_conditions(
+        api,
+        body,
+        [valid, sized, APPLIED],
+        generation,
+        observedGeneration=generation,
+        kvCache=plan.to_status(),
+        selector=builders.selector_string(name),
+        url=builders.service_url(owner),
+        routing=routing_status(spec.router, applied[-1]),
+    )
     if not spec.router.enabled:  # after the status write: the Service already selects the engines
         await remove_router_children(api, namespace, name, uid, logger)
     return "applied"
@@ -154,8 +184,14 @@ async def _deployed(api: KubeApi, namespace: str, name: str, uid: str) -> bool:
     return deployment is not None and (apply.owned_by(deployment, uid) or apply.adoptable(deployment, name))
 
 
-async def _report_failure(api: KubeApi, body: Mapping[str, Any], others: list[conditions.Condition],
-                          failed: conditions.Condition, deployed: bool, logger: Any) -> None:
+async def _report_failure(
+    api: KubeApi,
+    body: Mapping[str, Any],
+    others: list[conditions.Condition],
+    failed: conditions.Condition,
+    deployed: bool,
+    logger: Any,
+) -> None:
     """Write why this generation is not applied (a Warning Event when that is news).
 
     `others`: the conditions decided before `failed` (or, for an invalid spec, the Sized it blocks).
@@ -166,11 +202,14 @@ async def _report_failure(api: KubeApi, body: Mapping[str, Any], others: list[co
     not_deployed: list[conditions.Condition] = []
     fields: dict[str, Any] = {}
     if not deployed:
-        not_deployed = [conditions.false(conditions.APPLIED, conditions.REASON_NOT_DEPLOYED, "Nothing is applied."),
-                        *conditions.rollout_conditions(None)]
+        not_deployed = [
+            conditions.false(conditions.APPLIED, conditions.REASON_NOT_DEPLOYED, "Nothing is applied."),
+            *conditions.rollout_conditions(None),
+        ]
         fields = {"kvCache": None, **conditions.rollout_status(None)}
     if is_news(body, failed):
         kopf.warn(dict(body), reason=failed.reason, message=failed.message)
         logger.warning(f"{failed.reason}: {failed.message}")
-    await write_conditions(api, body, [*not_deployed, *others, failed], generation, observedGeneration=generation,
-                           **fields)
+    await write_conditions(
+        api, body, [*not_deployed, *others, failed], generation, observedGeneration=generation, **fields
+    )

@@ -15,11 +15,11 @@ from typing import Any
 
 import kopf
 
-from pagedinfer.operator.spec.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE, EngineImages
-from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher
 from pagedinfer.operator.kube_api import KubeApi
+from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher
 from pagedinfer.operator.metrics import OperatorMetrics
 from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.spec.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE, EngineImages
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,18 @@ class OperatorConfig:
     engine_images: EngineImages = EngineImages()
 
     def __post_init__(self) -> None:
-        for name in ("hf_timeout_seconds", "api_timeout_seconds", "retry_delay_seconds",
-                     "no_nodes_retry_seconds", "watch_timeout_seconds"):
+        for name in (
+            "hf_timeout_seconds",
+            "api_timeout_seconds",
+            "retry_delay_seconds",
+            "no_nodes_retry_seconds",
+            "watch_timeout_seconds",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "OperatorConfig":
+    def from_env(cls, **overrides: Any) -> OperatorConfig:
         env = os.environ
         values: dict[str, Any] = {
             "hf_endpoint": env.get("PAGEDINFER_HF_ENDPOINT", env.get("HF_ENDPOINT", cls.hf_endpoint)),
@@ -56,8 +61,9 @@ class OperatorConfig:
         }
         engine_image = overrides.pop("engine_image", None) or env.get("PAGEDINFER_ENGINE_IMAGE")
         engine_cpu_image = overrides.pop("engine_cpu_image", None) or env.get("PAGEDINFER_ENGINE_CPU_IMAGE")
-        values["engine_images"] = EngineImages(gpu=engine_image or EngineImages.gpu,
-                                               cpu=engine_cpu_image or EngineImages.cpu)
+        values["engine_images"] = EngineImages(
+            gpu=engine_image or EngineImages.gpu, cpu=engine_cpu_image or EngineImages.cpu
+        )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -74,8 +80,11 @@ class Runtime:
 
     def __post_init__(self) -> None:
         if self.fetcher is None:
-            self.fetcher = HubConfigFetcher(endpoint=self.config.hf_endpoint, token=self.config.hf_token,
-                                            timeout_seconds=self.config.hf_timeout_seconds)
+            self.fetcher = HubConfigFetcher(
+                endpoint=self.config.hf_endpoint,
+                token=self.config.hf_token,
+                timeout_seconds=self.config.hf_timeout_seconds,
+            )
 
     @property
     def kube(self) -> KubeApi:
@@ -107,7 +116,8 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # schema would prune kopf's default `status.kopf` field.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=API_GROUP, key="last-handled-configuration")
+        prefix=API_GROUP, key="last-handled-configuration"
+    )
     # Only warnings become Kubernetes Events; the reconciler posts its own for
     # InvalidSpec and InsufficientGPUMemory, with the numbers.
     settings.posting.level = logging.WARNING

@@ -41,20 +41,19 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
-from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.errors import error_body, error_response
+from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
+from pagedinfer.router import upstream as bounds
 from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slices
+from pagedinfer.router.engine_tokenizer import RouterTokenizer
+from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.hold.capacity import Capacity
 from pagedinfer.router.hold.demand import DemandSignal, DemandTarget
 from pagedinfer.router.hold.queue import HoldQueue, HoldSettings, QueueFull
-from pagedinfer.router.hold.waiting import (CLOSED, EXPIRED, GONE, KEEPALIVE, READY, held_stream, sse,
-                                            wait_for_engine)
-from pagedinfer.router.hashing import prefix_block_hashes
+from pagedinfer.router.hold.waiting import CLOSED, EXPIRED, GONE, KEEPALIVE, READY, held_stream, sse, wait_for_engine
 from pagedinfer.router.metrics import RouterMetrics
 from pagedinfer.router.policy import Decision, pick
-from pagedinfer.router.engine_tokenizer import RouterTokenizer
 from pagedinfer.router.state import ASLEEP_STATUS, RouterState
-from pagedinfer.router import upstream as bounds
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS, EngineLost, unless_lost
 from pagedinfer.router.warmup.coordinator import WarmupCoordinator
 from pagedinfer.router.warmup.replay import Warmer
@@ -67,9 +66,12 @@ RETRY_AFTER_SECONDS = 1
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client (it left while held), only in logs
 DEFAULT_BLOCK_SIZE = 16  # until an engine's discovery says otherwise
 MAX_ATTEMPTS = 2
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=bounds.UPSTREAM_CONNECT_TIMEOUT_SECONDS,
-                                 read=bounds.UPSTREAM_READ_TIMEOUT_SECONDS,
-                                 write=bounds.UPSTREAM_WRITE_TIMEOUT_SECONDS, pool=bounds.UPSTREAM_POOL_TIMEOUT_SECONDS)
+UPSTREAM_TIMEOUT = httpx.Timeout(
+    connect=bounds.UPSTREAM_CONNECT_TIMEOUT_SECONDS,
+    read=bounds.UPSTREAM_READ_TIMEOUT_SECONDS,
+    write=bounds.UPSTREAM_WRITE_TIMEOUT_SECONDS,
+    pool=bounds.UPSTREAM_POOL_TIMEOUT_SECONDS,
+)
 FORWARDED_HEADERS = ("authorization", "content-type", "accept")
 
 
@@ -111,19 +113,27 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=1000))
         hold = HoldQueue(settings.hold)
         admin = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        warmup = WarmupCoordinator(settings.warmup, Warmer(client, admin, lambda e, n: holder["metrics"].warmup_tokens
-                                                           .labels(e).inc(n)),
-                                   lambda url: state.engines[url].view() if url in state.engines else None)
-        state = RouterState(list(settings.engines), client,
-                            on_discovery=lambda url, info: tokenizer.offer(client, url, info.tokenizer_sha256),
-                            on_routable=hold.release, admin_headers=admin,
-                            on_new_engine=warmup.warm_new_engine if settings.warmup.enabled else None,
-                            on_leaving=warmup.hand_off)
+        warmup = WarmupCoordinator(
+            settings.warmup,
+            Warmer(client, admin, lambda e, n: holder["metrics"].warmup_tokens.labels(e).inc(n)),
+            lambda url: state.engines[url].view() if url in state.engines else None,
+        )
+        state = RouterState(
+            list(settings.engines),
+            client,
+            on_discovery=lambda url, info: tokenizer.offer(client, url, info.tokenizer_sha256),
+            on_routable=hold.release,
+            admin_headers=admin,
+            on_new_engine=warmup.warm_new_engine if settings.warmup.enabled else None,
+            on_leaving=warmup.hand_off,
+        )
         demand = DemandSignal(settings.demand) if settings.demand is not None else None
-        capacity = Capacity(hold, lambda: bool(state.views()), lambda: _wake_order(state, settings.policy),
-                            state.wake, demand)
-        holder.update(client=client, state=state, warmup=warmup, metrics=RouterMetrics(state, hold), hold=hold,
-                      capacity=capacity)
+        capacity = Capacity(
+            hold, lambda: bool(state.views()), lambda: _wake_order(state, settings.policy), state.wake, demand
+        )
+        holder.update(
+            client=client, state=state, warmup=warmup, metrics=RouterMetrics(state, hold), hold=hold, capacity=capacity
+        )
         app.state.tokenizer = tokenizer
         app.state.router = state
         app.state.hold = hold
@@ -195,14 +205,23 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         message, code = held_error(outcome)
         return sse(error_body(503, message, code=code)) + sse("[DONE]")
 
-    async def held(request: Request | None, headers: dict[str, str], raw: bytes, ids, path: str, stream: bool,
-                   ticket, at_most_seconds: float | None) -> Any:
+    async def held(
+        request: Request | None,
+        headers: dict[str, str],
+        raw: bytes,
+        ids,
+        path: str,
+        stream: bool,
+        ticket,
+        at_most_seconds: float | None,
+    ) -> Any:
         """Wait for an engine, then forward; the Response, or EXPIRED / GONE / KEEPALIVE. request: whose
         disconnect ends the wait (None once its response streams: starlette cancels it then)."""
         state: RouterState = holder["state"]
         while True:
-            outcome = await wait_for_engine(holder["hold"], ticket, lambda: bool(state.views()), request,
-                                            at_most_seconds)
+            outcome = await wait_for_engine(
+                holder["hold"], ticket, lambda: bool(state.views()), request, at_most_seconds
+            )
             if outcome != READY:
                 return outcome
             response = await forward(headers, raw, ids, path, stream)
@@ -220,7 +239,8 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             response.headers[ROUTE_HEADER] = route_header(None, "invalid-request")
             return response
         ids = await asyncio.get_running_loop().run_in_executor(
-            tokenize_thread, tokenizer.current.prompt_ids, body, chat)
+            tokenize_thread, tokenizer.current.prompt_ids, body, chat
+        )
         stream = body.get("stream") is True
         holder["warmup"].observe(body.get("model"), ids, holder["state"].block_size or DEFAULT_BLOCK_SIZE)
         headers = _forwarded(request)
@@ -253,9 +273,11 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         body_iterator = held_stream(
             lambda: held(None, headers, raw, ids, path, stream, ticket, keepalive),
             held_event,
-            lambda: hold.leave(ticket))
-        return StreamingResponse(body_iterator, 200, {ROUTE_HEADER: route_header(None, "held")},
-                                 media_type="text/event-stream")
+            lambda: hold.leave(ticket),
+        )
+        return StreamingResponse(
+            body_iterator, 200, {ROUTE_HEADER: route_header(None, "held")}, media_type="text/event-stream"
+        )
 
     async def forward(headers_in: dict[str, str], raw: bytes, ids, path: str, stream: bool) -> Response | None:
         """Send the request to the best engine (once more elsewhere if nothing came back); None if no engine
@@ -279,14 +301,15 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             engine.num_inflight += 1
             lost = engine.lost
             sent = client.send(
-                client.build_request("POST", decision.engine + path, content=raw, headers=headers_in),
-                stream=True)
+                client.build_request("POST", decision.engine + path, content=raw, headers=headers_in), stream=True
+            )
             try:
                 upstream = await unless_lost(sent, lost, first_byte_timeout, "first byte")
             except EngineLost as exc:
                 engine.num_inflight -= 1
-                logger.warning("request to %s given up before its first byte, tried elsewhere: %s",
-                               decision.engine, exc)
+                logger.warning(
+                    "request to %s given up before its first byte, tried elsewhere: %s", decision.engine, exc
+                )
                 metrics.retries.inc()
                 continue
             except httpx.TransportError as exc:
@@ -304,10 +327,15 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
                     engine.num_inflight -= 1
                     state.mark_asleep(decision.engine)
                     continue
-                refused = Response(content, 503, media_type=upstream.headers.get("content-type"),
-                                   headers={"Retry-After": upstream.headers.get("retry-after",
-                                                                                str(RETRY_AFTER_SECONDS)),
-                                            ROUTE_HEADER: route_header(decision)})
+                refused = Response(
+                    content,
+                    503,
+                    media_type=upstream.headers.get("content-type"),
+                    headers={
+                        "Retry-After": upstream.headers.get("retry-after", str(RETRY_AFTER_SECONDS)),
+                        ROUTE_HEADER: route_header(decision),
+                    },
+                )
                 await upstream.aclose()
                 engine.num_inflight -= 1
                 metrics.retries.inc()
@@ -317,8 +345,9 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             headers = {ROUTE_HEADER: route_header(decision)}
             media_type = upstream.headers.get("content-type", "application/json")
             if media_type.startswith("text/event-stream"):
-                return StreamingResponse(_passthrough(upstream, engine, lost), upstream.status_code, headers,
-                                         media_type=media_type)
+                return StreamingResponse(
+                    _passthrough(upstream, engine, lost), upstream.status_code, headers, media_type=media_type
+                )
             try:  # the status line has arrived: the engine ran the request, which is never run twice
                 content = await unless_lost(upstream.aread(), lost, None, "whole body")
             except (httpx.HTTPError, EngineLost) as exc:
@@ -343,8 +372,11 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await proxy(request, "/v1/chat/completions", chat=True)
 
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
-                       body_timeout_seconds=settings.body_timeout_seconds)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.max_request_body_bytes,
+        body_timeout_seconds=settings.body_timeout_seconds,
+    )
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     return app
 

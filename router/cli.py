@@ -9,12 +9,15 @@ import sys
 from pagedinfer.engine.server import cli_types
 from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
 from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
-from pagedinfer.router.hold.queue import (DEFAULT_KEEPALIVE_SECONDS, DEFAULT_MAX_QUEUED_REQUESTS,
-                                          DEFAULT_QUEUE_TIMEOUT_SECONDS)
+from pagedinfer.router.hold.queue import (
+    DEFAULT_KEEPALIVE_SECONDS,
+    DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_QUEUE_TIMEOUT_SECONDS,
+)
 from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
 from pagedinfer.router.policy import POLICIES
-from pagedinfer.router.warmup.settings import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS
+from pagedinfer.router.warmup.settings import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
 
 # Libraries whose INFO lines are one per upstream request (httpx logs each, health checks included: 4 lines a
 # second with 2 engines); quiet below WARNING unless the router itself logs at DEBUG.
@@ -23,66 +26,127 @@ CHATTY_LOGGERS = ("httpx", "httpcore")
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "router", help="route OpenAI requests across engines by cached prefix",
+        "router",
+        help="route OpenAI requests across engines by cached prefix",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics, sending each"
-                    " request to one of the --engine servers (start them with --kv-events). See docs/router.md.")
-    p.add_argument("--engine", dest="engines", action="append", type=cli_types.http_url, default=[],
-                   metavar="URL", help="an engine's base URL, e.g. http://127.0.0.2:8000 (repeat for each)")
+        " request to one of the --engine servers (start them with --kv-events). See docs/router.md.",
+    )
+    p.add_argument(
+        "--engine",
+        dest="engines",
+        action="append",
+        type=cli_types.http_url,
+        default=[],
+        metavar="URL",
+        help="an engine's base URL, e.g. http://127.0.0.2:8000 (repeat for each)",
+    )
     k = p.add_argument_group("in a cluster (instead of --engine)")
-    k.add_argument("--discover-service", default=None, metavar="NAME",
-                   help="follow the ready endpoints of this Service's EndpointSlices (the engines' headless"
-                        " Service); needs namespace-scoped list on endpointslices")
-    k.add_argument("--namespace", default=None,
-                   help="the Service's namespace (default: the pod's own, from its service account)")
+    k.add_argument(
+        "--discover-service",
+        default=None,
+        metavar="NAME",
+        help="follow the ready endpoints of this Service's EndpointSlices (the engines' headless"
+        " Service); needs namespace-scoped list on endpointslices",
+    )
+    k.add_argument(
+        "--namespace", default=None, help="the Service's namespace (default: the pod's own, from its service account)"
+    )
     k.add_argument("--engine-port-name", default="http", help="the EndpointSlice port of the engines' HTTP server")
-    k.add_argument("--kube-api", type=cli_types.http_url, default=None,
-                   help="the API server's URL (default: in-cluster, with the service-account token)")
-    k.add_argument("--discovery-poll-interval-seconds", type=cli_types.positive_seconds,
-                   default=DISCOVERY_POLL_INTERVAL_SECONDS,
-                   help="list the EndpointSlices this often; a terminating engine leaves the candidates within it"
-                        " (the operator sizes the engines' preStop wait from the default,"
-                        f" {DISCOVERY_POLL_INTERVAL_SECONDS:g})")
-    p.add_argument("--policy", choices=POLICIES, default="prefix",
-                   help="prefix: longest cached prefix, spread under saturation (default); least-load;"
-                        " round-robin")
+    k.add_argument(
+        "--kube-api",
+        type=cli_types.http_url,
+        default=None,
+        help="the API server's URL (default: in-cluster, with the service-account token)",
+    )
+    k.add_argument(
+        "--discovery-poll-interval-seconds",
+        type=cli_types.positive_seconds,
+        default=DISCOVERY_POLL_INTERVAL_SECONDS,
+        help="list the EndpointSlices this often; a terminating engine leaves the candidates within it"
+        " (the operator sizes the engines' preStop wait from the default,"
+        f" {DISCOVERY_POLL_INTERVAL_SECONDS:g})",
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="prefix",
+        help="prefix: longest cached prefix, spread under saturation (default); least-load; round-robin",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=cli_types.port, default=8080, help="port to listen on (default 8080)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: env PAGEDINFER_API_KEY, else"
-                        " none); the header is passed on to the engines")
-    p.add_argument("--max-request-body-bytes", type=cli_types.positive_int, default=1 << 20,
-                   help="answer 413 to bodies larger than this (default 1 MiB)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: env PAGEDINFER_API_KEY, else"
+        " none); the header is passed on to the engines",
+    )
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=cli_types.positive_int,
+        default=1 << 20,
+        help="answer 413 to bodies larger than this (default 1 MiB)",
+    )
     add_read_timeout_args(p)
-    p.add_argument("--upstream-first-byte-timeout-seconds", type=cli_types.positive_seconds,
-                   default=DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS,
-                   help="a streamed request's headers must come from its engine within this many seconds, else it"
-                        " is tried on another engine (nothing was received, so it never runs twice); non-streamed"
-                        f" requests have no such bound (default {DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS:g})")
+    p.add_argument(
+        "--upstream-first-byte-timeout-seconds",
+        type=cli_types.positive_seconds,
+        default=DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS,
+        help="a streamed request's headers must come from its engine within this many seconds, else it"
+        " is tried on another engine (nothing was received, so it never runs twice); non-streamed"
+        f" requests have no such bound (default {DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS:g})",
+    )
     q = p.add_argument_group("holding requests while no engine is ready (scale to zero; docs/router.md)")
-    q.add_argument("--queue-timeout-seconds", type=cli_types.positive_seconds, default=DEFAULT_QUEUE_TIMEOUT_SECONDS,
-                   help="a request that finds no ready engine waits this long, from its arrival, for one; then 503"
-                        f" + Retry-After naming why (default {DEFAULT_QUEUE_TIMEOUT_SECONDS:g})")
-    q.add_argument("--max-queued-requests", type=cli_types.positive_int, default=DEFAULT_MAX_QUEUED_REQUESTS,
-                   help="most requests held at once; one more gets 503 + Retry-After at once"
-                        f" (default {DEFAULT_MAX_QUEUED_REQUESTS})")
-    q.add_argument("--queue-keepalive-seconds", type=cli_types.positive_seconds, default=DEFAULT_KEEPALIVE_SECONDS,
-                   help="a held stream gets its headers and an SSE comment line (': keep-alive') every this many"
-                        f" seconds while it waits (default {DEFAULT_KEEPALIVE_SECONDS:g})")
-    q.add_argument("--demand-inferenceservice", default=None, metavar="NAMESPACE/NAME",
-                   help="annotate this InferenceService with pagedinfer.io/demand-at while requests wait and no"
-                        " engine can be woken (default: env"
-                        f" {INFERENCESERVICE_NAMESPACE_ENV}/{INFERENCESERVICE_NAME_ENV}, which the operator sets;"
-                        " unset: no signal); talks to --kube-api, else in-cluster")
+    q.add_argument(
+        "--queue-timeout-seconds",
+        type=cli_types.positive_seconds,
+        default=DEFAULT_QUEUE_TIMEOUT_SECONDS,
+        help="a request that finds no ready engine waits this long, from its arrival, for one; then 503"
+        f" + Retry-After naming why (default {DEFAULT_QUEUE_TIMEOUT_SECONDS:g})",
+    )
+    q.add_argument(
+        "--max-queued-requests",
+        type=cli_types.positive_int,
+        default=DEFAULT_MAX_QUEUED_REQUESTS,
+        help="most requests held at once; one more gets 503 + Retry-After at once"
+        f" (default {DEFAULT_MAX_QUEUED_REQUESTS})",
+    )
+    q.add_argument(
+        "--queue-keepalive-seconds",
+        type=cli_types.positive_seconds,
+        default=DEFAULT_KEEPALIVE_SECONDS,
+        help="a held stream gets its headers and an SSE comment line (': keep-alive') every this many"
+        f" seconds while it waits (default {DEFAULT_KEEPALIVE_SECONDS:g})",
+    )
+    q.add_argument(
+        "--demand-inferenceservice",
+        default=None,
+        metavar="NAMESPACE/NAME",
+        help="annotate this InferenceService with pagedinfer.io/demand-at while requests wait and no"
+        " engine can be woken (default: env"
+        f" {INFERENCESERVICE_NAMESPACE_ENV}/{INFERENCESERVICE_NAME_ENV}, which the operator sets;"
+        " unset: no signal); talks to --kube-api, else in-cluster",
+    )
     w = p.add_argument_group("warm-up: hot prefixes replayed to a new engine and, on scale-in, to the survivors")
-    w.add_argument("--warmup-prefixes", type=cli_types.non_negative_int, default=DEFAULT_PREFIXES, metavar="K",
-                   help="replay the K hottest prefixes the router has seen (0: no warm-up; default"
-                        f" {DEFAULT_PREFIXES})")
-    w.add_argument("--warmup-token-budget", type=cli_types.non_negative_int, default=DEFAULT_TOKEN_BUDGET,
-                   metavar="TOKENS", help="at most this many prompt tokens replayed to one engine per event"
-                                          f" (default {DEFAULT_TOKEN_BUDGET})")
-    p.add_argument("--tokenizer", default=None,
-                   help="the engines' tokenizer directory (default: the engines' own, fetched from the first that"
-                        " publishes KV events; the embedded model's until then)")
+    w.add_argument(
+        "--warmup-prefixes",
+        type=cli_types.non_negative_int,
+        default=DEFAULT_PREFIXES,
+        metavar="K",
+        help=f"replay the K hottest prefixes the router has seen (0: no warm-up; default {DEFAULT_PREFIXES})",
+    )
+    w.add_argument(
+        "--warmup-token-budget",
+        type=cli_types.non_negative_int,
+        default=DEFAULT_TOKEN_BUDGET,
+        metavar="TOKENS",
+        help=f"at most this many prompt tokens replayed to one engine per event (default {DEFAULT_TOKEN_BUDGET})",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the engines' tokenizer directory (default: the engines' own, fetched from the first that"
+        " publishes KV events; the embedded model's until then)",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run_router)
 
@@ -94,8 +158,8 @@ def run_router(args: argparse.Namespace) -> int:
     from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
     from pagedinfer.engine.server.read_timeouts import header_timeout_protocol
     from pagedinfer.router.app import RouterSettings, create_router_app
-    from pagedinfer.router.warmup.settings import WarmupSettings
     from pagedinfer.router.hold.queue import HoldSettings
+    from pagedinfer.router.warmup.settings import WarmupSettings
 
     configure_logging(args.log_level)
     if len(set(args.engines)) != len(args.engines):
@@ -109,22 +173,37 @@ def run_router(args: argparse.Namespace) -> int:
         namespace = args.namespace or in_cluster_namespace()
         if not namespace:
             raise ValueError("--namespace: required outside a pod (no service-account namespace file)")
-        discovery = DiscoverySettings(args.discover_service, namespace, args.engine_port_name, args.kube_api,
-                                      args.discovery_poll_interval_seconds)
-    settings = RouterSettings(tuple(args.engines), args.policy, resolve_api_key(args.api_key), args.tokenizer,
-                              discovery, args.max_request_body_bytes, args.request_body_timeout_seconds,
-                              args.upstream_first_byte_timeout_seconds,
-                              HoldSettings(args.queue_timeout_seconds, args.max_queued_requests,
-                                           args.queue_keepalive_seconds),
-                              demand_target(args.demand_inferenceservice, args.kube_api),
-                              WarmupSettings(args.warmup_prefixes, args.warmup_token_budget))
+        discovery = DiscoverySettings(
+            args.discover_service, namespace, args.engine_port_name, args.kube_api, args.discovery_poll_interval_seconds
+        )
+    settings = RouterSettings(
+        tuple(args.engines),
+        args.policy,
+        resolve_api_key(args.api_key),
+        args.tokenizer,
+        discovery,
+        args.max_request_body_bytes,
+        args.request_body_timeout_seconds,
+        args.upstream_first_byte_timeout_seconds,
+        HoldSettings(args.queue_timeout_seconds, args.max_queued_requests, args.queue_keepalive_seconds),
+        demand_target(args.demand_inferenceservice, args.kube_api),
+        WarmupSettings(args.warmup_prefixes, args.warmup_token_budget),
+    )
     app = create_router_app(settings)
     upstream = ", ".join(args.engines) or f"service {args.discover_service}"
-    print(f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})",
-          file=sys.stderr, flush=True)
+    print(
+        f"pagedinfer router: http://{args.host}:{args.port} -> {upstream} ({args.policy})", file=sys.stderr, flush=True
+    )
     exit_zero_after_sigterm()
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            timeout_keep_alive=5, http=header_timeout_protocol(args.request_header_timeout_seconds))
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_keep_alive=5,
+        http=header_timeout_protocol(args.request_header_timeout_seconds),
+    )
     router_server_class()(config, app).run()
     return 0
 

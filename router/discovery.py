@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import httpx
 
@@ -108,8 +109,7 @@ async def follow_endpoint_slices(settings: DiscoverySettings, on_change: Callabl
                 r.raise_for_status()
                 urls = ready_engine_urls(r.json().get("items") or [], settings.port_name)
             except (httpx.HTTPError, ValueError) as exc:
-                logger.warning("cannot list the EndpointSlices of %s/%s: %s", settings.namespace, settings.service,
-                               exc)
+                logger.warning("cannot list the EndpointSlices of %s/%s: %s", settings.namespace, settings.service, exc)
             else:
                 if urls != last:
                     on_change(urls)

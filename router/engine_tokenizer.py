@@ -52,8 +52,12 @@ class RouterTokenizer:
             try:
                 tokenizer = await self._fetch(client, url, sha256)
             except (httpx.HTTPError, ValueError) as exc:
-                logger.warning("the tokenizer of engine %s could not be taken (%s); still tokenizing with %s",
-                               url, exc, self.source)
+                logger.warning(
+                    "the tokenizer of engine %s could not be taken (%s); still tokenizing with %s",
+                    url,
+                    exc,
+                    self.source,
+                )
                 return
             self.current, self.sha256, self.source = tokenizer, sha256, f"engine {url}"
             logger.info("tokenizing with the tokenizer of engine %s (sha256 %s)", url, sha256[:12])

@@ -8,7 +8,7 @@ the longest cached prefix is the first miss.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pagedinfer.engine.block_pool import hash_block_tokens
 
@@ -18,7 +18,7 @@ def prefix_block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes
     hashes: list[bytes] = []
     parent = None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start:start + block_size])
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes
 

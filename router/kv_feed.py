@@ -27,14 +27,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httpx
 
-from pagedinfer.engine.kv_events.events import (END_OF_REPLAY_SEQ, EventBatch, apply_event, decode_batch,
-                                                seq_from_bytes, seq_to_bytes)
+from pagedinfer.engine.kv_events.events import (
+    END_OF_REPLAY_SEQ,
+    EventBatch,
+    apply_event,
+    decode_batch,
+    seq_from_bytes,
+    seq_to_bytes,
+)
 from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ, decode_heartbeat
 from pagedinfer.router import feed_sync
 
@@ -63,20 +69,27 @@ async def discover(client: httpx.AsyncClient, url: str) -> Discovery:
     host = urlsplit(url).hostname
     sha256 = body.get("tokenizer_sha256")
     interval = body.get("heartbeat_interval_seconds")
-    return Discovery(f"tcp://{host}:{body['pub_port']}", f"tcp://{host}:{body['replay_port']}",
-                     str(body.get("topic", "")).encode(), int(body["block_size"]),
-                     sha256 if isinstance(sha256, str) else None,
-                     float(interval) if isinstance(interval, (int, float)) and interval > 0 else None)
+    return Discovery(
+        f"tcp://{host}:{body['pub_port']}",
+        f"tcp://{host}:{body['replay_port']}",
+        str(body.get("topic", "")).encode(),
+        int(body["block_size"]),
+        sha256 if isinstance(sha256, str) else None,
+        float(interval) if isinstance(interval, (int, float)) and interval > 0 else None,
+    )
 
 
-async def fetch_snapshot(client: httpx.AsyncClient, url: str
-                         ) -> tuple[int | None, set[bytes], str | None, set[bytes]]:
+async def fetch_snapshot(client: httpx.AsyncClient, url: str) -> tuple[int | None, set[bytes], str | None, set[bytes]]:
     """(sequence, hashes, epoch, tier hashes); epoch None from an engine that predates heartbeats; the tier's
     hashes (medium CPU) empty from one without a tier."""
     body = (await client.get(url + "/kv_events/snapshot", timeout=HTTP_TIMEOUT_SECONDS)).raise_for_status().json()
     epoch = body.get("epoch")
-    return (body["sequence"], {bytes.fromhex(h) for h in body["block_hashes"]}, epoch if isinstance(epoch, str) else None,
-            {bytes.fromhex(h) for h in body.get("cpu_block_hashes", ())})
+    return (
+        body["sequence"],
+        {bytes.fromhex(h) for h in body["block_hashes"]},
+        epoch if isinstance(epoch, str) else None,
+        {bytes.fromhex(h) for h in body.get("cpu_block_hashes", ())},
+    )
 
 
 async def replay(ctx, endpoint: str, start_seq: int) -> list[EventBatch] | None:
@@ -95,17 +108,21 @@ async def replay(ctx, endpoint: str, start_seq: int) -> list[EventBatch] | None:
             if seq == END_OF_REPLAY_SEQ:
                 return batches
             batches.append(decode_batch(seq, frames[-1]))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None
     finally:
         sock.close()
 
 
 class KVFeed:
-    def __init__(self, url: str, on_update: Callable[[set[bytes], int | None, int], None],
-                 client: httpx.AsyncClient,
-                 on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None,
-                 on_stale: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        on_update: Callable[[set[bytes], int | None, int], None],
+        client: httpx.AsyncClient,
+        on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None,
+        on_stale: Callable[[bool], None] | None = None,
+    ) -> None:
         self.url = url
         self.on_update = on_update  # (hashes, seq, block_size); hashes is the feed's own set: copy to keep
         self.client = client
@@ -160,8 +177,11 @@ class KVFeed:
         if not self.stale and self.liveness.is_silent(time.monotonic()):
             self.stale = True
             self.num_silences += 1
-            logger.warning("KV events of %s silent for over %.2f s: its cache is not scored until they resume",
-                           self.url, self.liveness.quiet_limit_seconds)
+            logger.warning(
+                "KV events of %s silent for over %.2f s: its cache is not scored until they resume",
+                self.url,
+                self.liveness.quiet_limit_seconds,
+            )
             if self.on_stale is not None:
                 self.on_stale(True)
 

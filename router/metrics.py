@@ -14,18 +14,23 @@ class _EngineCollector:
         self.state = state
 
     def collect(self):
-        healthy = GaugeMetricFamily(m.ROUTER_ENGINE_HEALTHY.name, "1 if the engine passes /health.",
-                                    labels=["engine"])
-        blocks = GaugeMetricFamily(m.ROUTER_ENGINE_CACHED_BLOCKS.name,
-                                   "Prefix blocks the engine holds, per its KV events.", labels=["engine"])
-        inflight = GaugeMetricFamily(m.ROUTER_ENGINE_INFLIGHT_REQUESTS.name,
-                                     "Requests sent to the engine and not finished.", labels=["engine"])
-        stale = GaugeMetricFamily(m.ROUTER_ENGINE_KV_STALE.name,
-                                  "1 while the engine's KV events are silent past its heartbeats: its blocks"
-                                  " are not scored.", labels=["engine"])
-        sequence = GaugeMetricFamily(m.ROUTER_ENGINE_KV_SEQUENCE.name,
-                                     "The newest KV-event batch the router's view of the engine reflects"
-                                     " (-1: none yet).", labels=["engine"])
+        healthy = GaugeMetricFamily(m.ROUTER_ENGINE_HEALTHY.name, "1 if the engine passes /health.", labels=["engine"])
+        blocks = GaugeMetricFamily(
+            m.ROUTER_ENGINE_CACHED_BLOCKS.name, "Prefix blocks the engine holds, per its KV events.", labels=["engine"]
+        )
+        inflight = GaugeMetricFamily(
+            m.ROUTER_ENGINE_INFLIGHT_REQUESTS.name, "Requests sent to the engine and not finished.", labels=["engine"]
+        )
+        stale = GaugeMetricFamily(
+            m.ROUTER_ENGINE_KV_STALE.name,
+            "1 while the engine's KV events are silent past its heartbeats: its blocks are not scored.",
+            labels=["engine"],
+        )
+        sequence = GaugeMetricFamily(
+            m.ROUTER_ENGINE_KV_SEQUENCE.name,
+            "The newest KV-event batch the router's view of the engine reflects (-1: none yet).",
+            labels=["engine"],
+        )
         for e in self.state.engines.values():
             healthy.add_metric([e.url], float(e.healthy))
             blocks.add_metric([e.url], float(len(e.hashes)))
@@ -44,10 +49,16 @@ class _HoldCollector:
         self.hold = hold
 
     def collect(self):
-        length = GaugeMetricFamily(m.ROUTER_QUEUE_LENGTH.name, "Requests held in the router's queue, waiting for"
-                                   " a ready engine.", value=float(len(self.hold)))
-        oldest = GaugeMetricFamily(m.ROUTER_QUEUE_OLDEST_WAIT_SECONDS.name, "How long the oldest held request has"
-                                   " waited (0 with none held).", value=self.hold.oldest_wait_seconds())
+        length = GaugeMetricFamily(
+            m.ROUTER_QUEUE_LENGTH.name,
+            "Requests held in the router's queue, waiting for a ready engine.",
+            value=float(len(self.hold)),
+        )
+        oldest = GaugeMetricFamily(
+            m.ROUTER_QUEUE_OLDEST_WAIT_SECONDS.name,
+            "How long the oldest held request has waited (0 with none held).",
+            value=self.hold.oldest_wait_seconds(),
+        )
         yield length
         yield oldest
 
@@ -57,16 +68,26 @@ class RouterMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(state))
         self.registry.register(_HoldCollector(hold))
-        self.decisions = Counter(m.ROUTER_DECISIONS.name, "Routing decisions, by reason and engine.",
-                                 ["reason", "engine"], registry=self.registry)
-        self.retries = Counter(m.ROUTER_RETRIES.name, "Requests retried on another engine before any byte.",
-                               registry=self.registry)
-        self.warmup_tokens = Counter(m.ROUTER_WARMUP_PROMPT_TOKENS.name,
-                                     "Prompt tokens replayed to warm engines, by event (new-engine, hand-off).",
-                                     ["event"], registry=self.registry)
-        self.matched_tokens = Counter(m.ROUTER_MATCHED_PROMPT_TOKENS.name,
-                                      "Prompt tokens cached on the chosen engine at decision time.",
-                                      registry=self.registry)
+        self.decisions = Counter(
+            m.ROUTER_DECISIONS.name,
+            "Routing decisions, by reason and engine.",
+            ["reason", "engine"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            m.ROUTER_RETRIES.name, "Requests retried on another engine before any byte.", registry=self.registry
+        )
+        self.warmup_tokens = Counter(
+            m.ROUTER_WARMUP_PROMPT_TOKENS.name,
+            "Prompt tokens replayed to warm engines, by event (new-engine, hand-off).",
+            ["event"],
+            registry=self.registry,
+        )
+        self.matched_tokens = Counter(
+            m.ROUTER_MATCHED_PROMPT_TOKENS.name,
+            "Prompt tokens cached on the chosen engine at decision time.",
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

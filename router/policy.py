@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from pagedinfer.router.hashing import num_cached_blocks
 
@@ -64,8 +64,12 @@ def tier_hit_cost(copy_seconds_per_block: float, compute_seconds_per_block: floa
     return min(1.0, copy_seconds_per_block / compute_seconds_per_block)
 
 
-def score_tiered_prefix(block_hashes: Sequence[bytes], device: set[bytes] | frozenset[bytes],
-                        tier: set[bytes] | frozenset[bytes], cost: float = TIER_HIT_COST) -> float:
+def score_tiered_prefix(
+    block_hashes: Sequence[bytes],
+    device: set[bytes] | frozenset[bytes],
+    tier: set[bytes] | frozenset[bytes],
+    cost: float = TIER_HIT_COST,
+) -> float:
     """The prompt's leading cached blocks, each worth 1 on the device and 1 - cost in the host tier.
 
     The prefix ends at the first block held in neither (hashes chain: a later block cannot be reused
@@ -121,8 +125,9 @@ def bounded_load_capacity(loads: Sequence[int]) -> int:
     return math.ceil((sum(loads) + 1) / len(loads) * BOUNDED_LOAD_FACTOR)
 
 
-def pick(policy: str, views: Sequence[EngineView], block_hashes: Sequence[bytes], block_size: int,
-         key: bytes, turn: int) -> Decision:
+def pick(
+    policy: str, views: Sequence[EngineView], block_hashes: Sequence[bytes], block_size: int, key: bytes, turn: int
+) -> Decision:
     """The engine for one request. views: healthy engines only (non-empty); turn: the round-robin counter."""
     if not views:
         raise ValueError("no healthy engine to pick from")

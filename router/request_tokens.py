@@ -36,22 +36,29 @@ class RequestTokenizer:
         root = Path(tokenizer_dir)
         try:
             tokenizer_json = (root / "tokenizer.json").read_text()
-            config = json.loads((root / "tokenizer_config.json").read_text()) \
-                if (root / "tokenizer_config.json").is_file() else {}
-            template_file = (root / "chat_template.jinja").read_text() \
-                if (root / "chat_template.jinja").is_file() else None
+            config = (
+                json.loads((root / "tokenizer_config.json").read_text())
+                if (root / "tokenizer_config.json").is_file()
+                else {}
+            )
+            template_file = (
+                (root / "chat_template.jinja").read_text() if (root / "chat_template.jinja").is_file() else None
+            )
             self._load(tokenizer_json, config, template_file)
         except Exception as exc:  # noqa: BLE001 - any loading failure names the directory
             raise ValueError(f"--tokenizer: cannot load {root / 'tokenizer.json'}: {exc}") from None
 
     @classmethod
-    def from_files(cls, files: dict[str, str], source: str) -> "RequestTokenizer":
+    def from_files(cls, files: dict[str, str], source: str) -> RequestTokenizer:
         """From an engine's `GET /kv_events/tokenizer` files (engine/kv_events/tokenizer_files.py); a ValueError
         naming `source` if they do not load."""
         self = cls.__new__(cls)
         try:
-            self._load(files["tokenizer.json"], json.loads(files.get("tokenizer_config.json", "{}")),
-                       files.get("chat_template.jinja"))
+            self._load(
+                files["tokenizer.json"],
+                json.loads(files.get("tokenizer_config.json", "{}")),
+                files.get("chat_template.jinja"),
+            )
         except Exception as exc:  # noqa: BLE001 - any loading failure names where the files came from
             raise ValueError(f"the tokenizer from {source} does not load: {type(exc).__name__}: {exc}") from None
         return self

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import httpx
 
@@ -65,11 +65,16 @@ class EngineRecord:
 
 
 class RouterState:
-    def __init__(self, urls: list[str], client: httpx.AsyncClient,
-                 on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None,
-                 on_routable: Callable[[], None] | None = None, admin_headers: dict[str, str] | None = None,
-                 on_new_engine: Callable[[str], Awaitable[None]] | None = None,
-                 on_leaving: Callable[[EngineView, list[EngineView]], None] | None = None) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        client: httpx.AsyncClient,
+        on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None,
+        on_routable: Callable[[], None] | None = None,
+        admin_headers: dict[str, str] | None = None,
+        on_new_engine: Callable[[str], Awaitable[None]] | None = None,
+        on_leaving: Callable[[EngineView, list[EngineView]], None] | None = None,
+    ) -> None:
         """on_discovery(url, info): each engine's GET /kv_events, read when its feed starts; on_routable():
         an engine became routable; admin_headers: sent with POST /wake_up (the engines' API key);
         on_new_engine(url): awaited when an engine is healthy for the first time (its warm-up), which is

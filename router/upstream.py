@@ -26,7 +26,8 @@ and a non-streamed request with a 502 `upstream_broken`.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 # No httpx here: `pagedinfer router`'s parser reads the defaults where the router's extra is not installed.
 DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS = 10.0  # a stream's headers: measured at most 0.12 s at load (docs/router.md)
@@ -42,8 +43,9 @@ class EngineLost(Exception):
     """The engine was marked dead, or missed the first-byte bound, while this request waited on it."""
 
 
-async def unless_lost(awaitable: Awaitable[T], lost: asyncio.Event, timeout_seconds: float | None = None,
-                      what: str = "answer") -> T:
+async def unless_lost(
+    awaitable: Awaitable[T], lost: asyncio.Event, timeout_seconds: float | None = None, what: str = "answer"
+) -> T:
     """The awaitable's result; EngineLost if `lost` is set or `timeout_seconds` pass first (it is cancelled).
 
     A result that arrives as it is cancelled is closed if it is a response,

@@ -57,7 +57,7 @@ def _comment_blocks(text: str) -> dict[tuple[str, ...], tuple[str, Any]]:
             elif in_block:
                 schema.append(stripped[1:].removeprefix(" "))
             elif body.startswith("@schema "):
-                schema.append(body[len("@schema "):])
+                schema.append(body[len("@schema ") :])
             else:
                 prose.append(body)
             continue
@@ -123,8 +123,14 @@ def render(values_text: str) -> tuple[str, str]:
         if required:
             need.append(key)
     properties["global"] = _GLOBAL
-    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "pagedinfer chart values",
-              "type": "object", "additionalProperties": False, "properties": properties, "required": need}
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "pagedinfer chart values",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+        "required": need,
+    }
     lines = ["| value | default | what it does |", "| --- | --- | --- |"]
     lines += [f"| `{path}` | {_default_cell(default)} | {_markdown_text(prose)} |" for path, default, prose in rows]
     return json.dumps(schema, indent=2) + "\n", "\n".join(lines)
@@ -138,8 +144,11 @@ def _markdown_text(prose: str) -> str:
 def _default_cell(default: Any) -> str:
     if isinstance(default, str) and default:
         return f"`{default}`"
-    text = json.dumps(default) if not isinstance(default, (dict, list)) or not default else \
-        yaml.safe_dump(default, default_flow_style=True, width=1000).strip()
+    text = (
+        json.dumps(default)
+        if not isinstance(default, (dict, list)) or not default
+        else yaml.safe_dump(default, default_flow_style=True, width=1000).strip()
+    )
     return f"`{text}`"
 
 

@@ -48,14 +48,52 @@ MAX_OUTPUT_BYTES = 5 * 1000 * 1000
 
 # Modules with import-time side effects (opening a browser, printing, GUI,
 # spawning) or that only exist for the interpreter's own tests.
-SKIPPED_MODULES = frozenset({
-    "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3",
-    "ensurepip", "venv", "pydoc_data", "__main__", "__phello__", "_pydev_bundle", "xxsubtype",
-    "xxlimited", "xxlimited_35", "_testcapi", "_testinternalcapi", "_testbuffer", "_testimportmultiple",
-    "_testmultiphase", "_xxtestfuzz", "_ctypes_test", "msilib", "winreg", "winsound", "_winapi",
-    "_msi", "msvcrt", "nt", "_overlapped", "_tkinter", "curses", "_curses", "_curses_panel",
-    "readline", "_scproxy", "sre_compile", "sre_parse", "sre_constants", "asyncio.__main__",
-})
+SKIPPED_MODULES = frozenset(
+    {
+        "antigravity",
+        "this",
+        "idlelib",
+        "tkinter",
+        "turtle",
+        "turtledemo",
+        "test",
+        "lib2to3",
+        "ensurepip",
+        "venv",
+        "pydoc_data",
+        "__main__",
+        "__phello__",
+        "_pydev_bundle",
+        "xxsubtype",
+        "xxlimited",
+        "xxlimited_35",
+        "_testcapi",
+        "_testinternalcapi",
+        "_testbuffer",
+        "_testimportmultiple",
+        "_testmultiphase",
+        "_xxtestfuzz",
+        "_ctypes_test",
+        "msilib",
+        "winreg",
+        "winsound",
+        "_winapi",
+        "_msi",
+        "msvcrt",
+        "nt",
+        "_overlapped",
+        "_tkinter",
+        "curses",
+        "_curses",
+        "_curses_panel",
+        "readline",
+        "_scproxy",
+        "sre_compile",
+        "sre_parse",
+        "sre_constants",
+        "asyncio.__main__",
+    }
+)
 
 MIN_DOC_CHARS = 40
 MAX_DOC_CHARS = 2000
@@ -132,13 +170,13 @@ def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int, max_length
     return train_bpe(out_dir, vocab_size=vocab_size, corpus=texts, model_max_length=max_length_tokens)
 
 
-def pack(token_streams: list[list[int]], seq_len_tokens: int) -> "torch.Tensor":
+def pack(token_streams: list[list[int]], seq_len_tokens: int) -> torch.Tensor:  # noqa: F821 (torch is imported inside: the script starts without it)
     """Concatenate documents (each already ends with eos) and cut into rows of seq_len_tokens + 1."""
     import torch
 
     flat = [t for stream in token_streams for t in stream]
     num_rows = (len(flat) - 1) // seq_len_tokens
-    rows = [flat[i * seq_len_tokens: i * seq_len_tokens + seq_len_tokens + 1] for i in range(num_rows)]
+    rows = [flat[i * seq_len_tokens : i * seq_len_tokens + seq_len_tokens + 1] for i in range(num_rows)]
     return torch.tensor(rows, dtype=torch.long)
 
 
@@ -166,8 +204,10 @@ def main() -> int:
     torch.use_deterministic_algorithms(True)
     random.seed(args.seed)
     started = time.monotonic()
-    print(f"corpus: {len(docs)} docstrings, {len(chats)} chat pairs, "
-          f"{sum(map(len, docs)) + sum(map(len, chats))} chars", flush=True)
+    print(
+        f"corpus: {len(docs)} docstrings, {len(chats)} chat pairs, {sum(map(len, docs)) + sum(map(len, chats))} chars",
+        flush=True,
+    )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.iterdir():
@@ -183,17 +223,24 @@ def main() -> int:
     print(f"tokens: {data.numel()} in {len(data)} rows of {args.seq_len_tokens + 1}", flush=True)
 
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.hidden_size, intermediate_size=3 * args.hidden_size,
-        num_hidden_layers=args.num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_position_tokens, rope_theta=10000.0, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden_size,
+        intermediate_size=3 * args.hidden_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_tokens,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id,
     )
     model = transformers.LlamaForCausalLM(config)
     num_params = sum(p.numel() for p in model.parameters())
     print(f"model: {num_params} parameters", flush=True)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, betas=(0.9, 0.95),
-                                  weight_decay=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
     warmup_steps = max(1, args.steps // 20)
 
     def lr_factor(step: int) -> float:
@@ -211,7 +258,7 @@ def main() -> int:
         if cursor + args.batch_size > len(permutation):
             permutation = torch.randperm(len(data), generator=order)
             cursor = 0
-        batch = data[permutation[cursor: cursor + args.batch_size]]
+        batch = data[permutation[cursor : cursor + args.batch_size]]
         cursor += args.batch_size
         logits = model(input_ids=batch[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
@@ -232,8 +279,11 @@ def main() -> int:
     record = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python scripts/train_default_model.py",
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
-        "python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
-        "num_parameters": num_params, "num_training_tokens": args.steps * args.batch_size * args.seq_len_tokens,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "num_parameters": num_params,
+        "num_training_tokens": args.steps * args.batch_size * args.seq_len_tokens,
         "final_loss": round(loss.item(), 4),
         "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
     }

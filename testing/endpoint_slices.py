@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any
 
 import kmock
 
@@ -34,8 +35,10 @@ SLICE_API_VERSION = "discovery.k8s.io/v1"
 
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def _selected(pod: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
@@ -58,24 +61,42 @@ def _target_port(port: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> 
 def endpoint_slice(service: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The EndpointSlice the controller keeps for `service` given the namespace's `pods`."""
     meta, spec = service["metadata"], service.get("spec") or {}
-    selected = sorted((p for p in pods if _selected(p, spec.get("selector") or {})
-                       and (p.get("status") or {}).get("podIP")), key=lambda p: p["metadata"]["name"])
+    selected = sorted(
+        (p for p in pods if _selected(p, spec.get("selector") or {}) and (p.get("status") or {}).get("podIP")),
+        key=lambda p: p["metadata"]["name"],
+    )
     publish = bool(spec.get("publishNotReadyAddresses"))
     endpoints = []
     for pod in selected:
         serving = _pod_ready(pod)
         terminating = bool(pod["metadata"].get("deletionTimestamp"))
-        endpoints.append({"addresses": [pod["status"]["podIP"]],
-                          "conditions": {"ready": publish or (serving and not terminating), "serving": serving,
-                                         "terminating": terminating},
-                          "targetRef": {"kind": "Pod", "name": pod["metadata"]["name"],
-                                        "namespace": meta["namespace"]}})
-    ports = [{"name": p.get("name", ""), "port": _target_port(p, selected), "protocol": p.get("protocol", "TCP")}
-             for p in spec.get("ports") or []]
-    return {"apiVersion": SLICE_API_VERSION, "kind": "EndpointSlice", "addressType": "IPv4",
-            "metadata": {"name": f"{meta['name']}-emulated", "namespace": meta["namespace"],
-                         "labels": {SERVICE_NAME_LABEL: meta["name"]}},
-            "ports": [p for p in ports if p["port"] is not None], "endpoints": endpoints}
+        endpoints.append(
+            {
+                "addresses": [pod["status"]["podIP"]],
+                "conditions": {
+                    "ready": publish or (serving and not terminating),
+                    "serving": serving,
+                    "terminating": terminating,
+                },
+                "targetRef": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": meta["namespace"]},
+            }
+        )
+    ports = [
+        {"name": p.get("name", ""), "port": _target_port(p, selected), "protocol": p.get("protocol", "TCP")}
+        for p in spec.get("ports") or []
+    ]
+    return {
+        "apiVersion": SLICE_API_VERSION,
+        "kind": "EndpointSlice",
+        "addressType": "IPv4",
+        "metadata": {
+            "name": f"{meta['name']}-emulated",
+            "namespace": meta["namespace"],
+            "labels": {SERVICE_NAME_LABEL: meta["name"]},
+        },
+        "ports": [p for p in ports if p["port"] is not None],
+        "endpoints": endpoints,
+    }
 
 
 @dataclass
@@ -107,15 +128,16 @@ class EndpointSliceController:
         if live is None:
             await self.emulator.create(self.slices, desired)
         elif (live.get("endpoints"), live.get("ports")) != (desired["endpoints"], desired["ports"]):
-            await self.emulator.merge(self.slices, self.namespace, name,
-                                      {"endpoints": desired["endpoints"], "ports": desired["ports"]})
+            await self.emulator.merge(
+                self.slices, self.namespace, name, {"endpoints": desired["endpoints"], "ports": desired["ports"]}
+            )
         else:
             return False
         self.writes += 1
         return True
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator["EndpointSliceController"]:
+    async def running(self) -> AsyncIterator[EndpointSliceController]:
         stop = asyncio.Event()
 
         async def loop() -> None:

@@ -47,19 +47,34 @@ import datetime
 import json
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp.web
 import attrs
 import kmock
 from kmock._internal import rendering
 
-from pagedinfer.testing.kube_emulator_schema import (FieldValidationError, crd_schema, field_validation, prune,
-                                                     strict_error, warning_header)
-from pagedinfer.testing.kube_emulator_rules import (PatchError, SelectorError, canonical_pod_spec, field_selector,
-                                                    json_patch, label_selector, merge_patch, scale_down_order,
-                                                    selector_from_match_labels,
-                                                    spec_changed)
+from pagedinfer.testing.kube_emulator_rules import (
+    PatchError,
+    SelectorError,
+    canonical_pod_spec,
+    field_selector,
+    json_patch,
+    label_selector,
+    merge_patch,
+    scale_down_order,
+    selector_from_match_labels,
+    spec_changed,
+)
+from pagedinfer.testing.kube_emulator_schema import (
+    FieldValidationError,
+    crd_schema,
+    field_validation,
+    prune,
+    strict_error,
+    warning_header,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +102,11 @@ class Fault:
     message: str | None = None  # the Status message (default: says the fault was injected)
 
     def matches(self, access: Access) -> bool:
-        return ((self.verb is None or self.verb == access.verb)
-                and (self.resource is None or self.resource == access.resource)
-                and (self.subresource is None or self.subresource == access.subresource))
+        return (
+            (self.verb is None or self.verb == access.verb)
+            and (self.resource is None or self.resource == access.resource)
+            and (self.subresource is None or self.subresource == access.subresource)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,20 +129,37 @@ class Validation:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
-_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
-            415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
-            503: "ServiceUnavailable"}
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
 
 
 class StatusError(Exception):
     """A request the emulated API server refuses: answered as a metav1.Status with `code` (Kubernetes' StatusError)."""
+
     def __init__(self, code: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.reason = code, message, reason or _REASONS.get(code, "Unknown")
 
     def status(self) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
+        return {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
 
 
 def _dig(obj: Any, path: tuple[str, ...]) -> Any:
@@ -135,7 +169,7 @@ def _dig(obj: Any, path: tuple[str, ...]) -> Any:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @attrs.define(kw_only=True)
@@ -148,16 +182,30 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _log: list[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(factory=list, init=False)
     _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
 
-    def register(self, api_version: str, kind: str, plural: str, *, namespaced: bool = True,
-                 subresources: tuple[str, ...] = (), scale_paths: Any = None,
-                 pod_spec_path: tuple[str, ...] | None = None, schema: Any = None) -> kmock.resource:
+    def register(
+        self,
+        api_version: str,
+        kind: str,
+        plural: str,
+        *,
+        namespaced: bool = True,
+        subresources: tuple[str, ...] = (),
+        scale_paths: Any = None,
+        pod_spec_path: tuple[str, ...] | None = None,
+        schema: Any = None,
+    ) -> kmock.resource:
         group, _, version = api_version.rpartition("/")
         res = kmock.resource(group, version, plural)
         self.resources[res] = kmock.ResourceInfo(
-            kind=kind, namespaced=namespaced, singular=kind.lower(), subresources=set(subresources),
-            verbs={"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
-        self._kinds[res] = Kind(api_version, kind, namespaced, frozenset(subresources), scale_paths, pod_spec_path,
-                                schema)
+            kind=kind,
+            namespaced=namespaced,
+            singular=kind.lower(),
+            subresources=set(subresources),
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
+        )
+        self._kinds[res] = Kind(
+            api_version, kind, namespaced, frozenset(subresources), scale_paths, pod_spec_path, schema
+        )
         return res
 
     # ----------------------------------------------------------------- test helpers (no HTTP)
@@ -168,21 +216,31 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return copy.deepcopy(self._objects[key].raw)
 
     def read_all(self, res: kmock.resource, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o.raw) for (r, ns, _), o in self._objects.items()
-                if r == res and not o.deleted and (namespace is None or ns == namespace)]
+        return [
+            copy.deepcopy(o.raw)
+            for (r, ns, _), o in self._objects.items()
+            if r == res and not o.deleted and (namespace is None or ns == namespace)
+        ]
 
     async def create(self, res: kmock.resource, body: dict[str, Any]) -> dict[str, Any]:
         async with self._changed:
             return self._create(res, body.get("metadata", {}).get("namespace"), copy.deepcopy(body))
 
-    async def merge(self, res: kmock.resource, namespace: str | None, name: str, patch: dict[str, Any],
-                    subresource: str | None = None) -> dict[str, Any]:
+    async def merge(
+        self,
+        res: kmock.resource,
+        namespace: str | None,
+        name: str,
+        patch: dict[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         """What `kubectl patch --type=merge [--subresource=...]` does, without HTTP."""
         async with self._changed:
             return self._write(res, namespace, name, subresource, lambda cur: merge_patch(cur, patch))
 
-    async def set_status(self, res: kmock.resource, namespace: str | None, name: str,
-                         status: dict[str, Any]) -> dict[str, Any]:
+    async def set_status(
+        self, res: kmock.resource, namespace: str | None, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
         """Play a controller: merge `status` into the object's status."""
         async with self._changed:
             return self._write(res, namespace, name, "status", lambda cur: merge_patch(cur, {"status": status}))
@@ -202,8 +260,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return current
             grace = int((current.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
             meta["deletionGracePeriodSeconds"] = grace
-            meta["deletionTimestamp"] = (datetime.datetime.now(datetime.timezone.utc)
-                                         + datetime.timedelta(seconds=grace)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta["deletionTimestamp"] = (
+                datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=grace)
+            ).strftime("%Y-%m-%dT%H:%M:%SZ")
             return self._commit(pods, "MODIFIED", current)
 
     async def collect_garbage(self) -> list[tuple[str, str]]:
@@ -222,16 +281,22 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """Play the ReplicaSet controller scaling down: delete the pods matching `match_labels` beyond
         `replicas`, in its order (`scale_down_order`: pod-deletion-cost honoured). Returns the deleted names."""
         pods = kmock.resource("", "v1", "pods")
-        selected = [p for p in self.read_all(pods, namespace)
-                    if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in match_labels.items())]
-        doomed = [p["metadata"]["name"] for p in scale_down_order(selected)[:max(0, len(selected) - replicas)]]
+        selected = [
+            p
+            for p in self.read_all(pods, namespace)
+            if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in match_labels.items())
+        ]
+        doomed = [p["metadata"]["name"] for p in scale_down_order(selected)[: max(0, len(selected) - replicas)]]
         for name in doomed:
             await self.remove(pods, namespace, name)
         return doomed
 
     def count(self, verb: str | None = None, resource: str | None = None) -> int:
-        return sum(1 for a, _ in self.calls if (verb is None or a.verb == verb)
-                   and (resource is None or a.resource == resource))
+        return sum(
+            1
+            for a, _ in self.calls
+            if (verb is None or a.verb == verb) and (resource is None or a.resource == resource)
+        )
 
     # ----------------------------------------------------------------- HTTP entry point
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -245,10 +310,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 raise StatusError(404, f"the server could not find the requested resource ({res.plural})")
             if self.authorizer is not None and not self.authorizer(access):
                 scope = f' in the namespace "{access.namespace}"' if access.namespace else " at the cluster scope"
-                raise StatusError(403, f'{access.resource}{"." + access.group if access.group else ""} is forbidden: '
-                                    f'cannot {access.verb} resource "{access.resource}"'
-                                    f'{"/" + access.subresource if access.subresource else ""}'
-                                    f' in API group "{access.group}"{scope}')
+                raise StatusError(
+                    403,
+                    f"{access.resource}{'.' + access.group if access.group else ''} is forbidden: "
+                    f'cannot {access.verb} resource "{access.resource}"'
+                    f"{'/' + access.subresource if access.subresource else ''}"
+                    f' in API group "{access.group}"{scope}',
+                )
             await self._inject_fault(access)
             if access.verb == "watch":
                 self.calls.append((access, 200))
@@ -258,16 +326,21 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.calls.append((access, exc.code))
             return aiohttp.web.json_response(exc.status(), status=exc.code)
         self.calls.append((access, code))
-        return aiohttp.web.json_response(body, status=code,
-                                         headers=[("Warning", warning_header(path)) for path in warnings])
+        return aiohttp.web.json_response(
+            body, status=code, headers=[("Warning", warning_header(path)) for path in warnings]
+        )
 
     def _access(self, request: rendering.Request, res: kmock.resource) -> Access:
         method, name = str(request.method.value).upper(), request.name
         if method == "GET":
             verb = "watch" if request.params.get("watch") in ("true", "1") else ("get" if name else "list")
         else:
-            verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
-                    "DELETE": "delete" if name else "deletecollection"}.get(method, method.lower())
+            verb = {
+                "POST": "create",
+                "PUT": "update",
+                "PATCH": "patch",
+                "DELETE": "delete" if name else "deletecollection",
+            }.get(method, method.lower())
         return Access(verb, res.group or "", res.plural or "", request.namespace, name, request.subresource)
 
     async def _inject_fault(self, access: Access) -> None:
@@ -280,12 +353,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if fault.delay_seconds:
                     await asyncio.sleep(fault.delay_seconds)
                 if fault.status is not None:
-                    raise StatusError(fault.status, fault.message
-                                   or f"injected fault: {fault.status} for {access.verb} {access.resource}")
+                    raise StatusError(
+                        fault.status,
+                        fault.message or f"injected fault: {fault.status} for {access.verb} {access.resource}",
+                    )
                 return
 
-    async def _serve(self, request: rendering.Request, res: kmock.resource,
-                     access: Access) -> tuple[int, Any, list[str]]:
+    async def _serve(
+        self, request: rendering.Request, res: kmock.resource, access: Access
+    ) -> tuple[int, Any, list[str]]:
         """(status code, body, the unknown fields to warn about)."""
         kind = self._kinds[res]
         sub = request.subresource
@@ -346,8 +422,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if validation.mode == "Warn":
             validation.warnings.extend(dropped)
 
-    def _create(self, res: kmock.resource, namespace: str | None, body: dict[str, Any],
-                validation: Validation | None = None) -> dict[str, Any]:
+    def _create(
+        self, res: kmock.resource, namespace: str | None, body: dict[str, Any], validation: Validation | None = None
+    ) -> dict[str, Any]:
         kind = self._kinds[res]
         meta = body.setdefault("metadata", {})
         if kind.namespaced:
@@ -385,12 +462,22 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if not isinstance(data, dict):
                 raise StatusError(400, "a merge patch must be a JSON object")
             return lambda current: merge_patch(current, data)
-        raise StatusError(415, f"the body of the request was in an unknown format - accepted media types include: "
-                            f"application/json-patch+json, application/merge-patch+json, "
-                            f"application/strategic-merge-patch+json (got {content_type!r})")
+        raise StatusError(
+            415,
+            f"the body of the request was in an unknown format - accepted media types include: "
+            f"application/json-patch+json, application/merge-patch+json, "
+            f"application/strategic-merge-patch+json (got {content_type!r})",
+        )
 
-    def _write(self, res: kmock.resource, namespace: str | None, name: str | None, sub: str | None,
-               transform: Callable[[dict], dict], validation: Validation | None = None) -> dict[str, Any]:
+    def _write(
+        self,
+        res: kmock.resource,
+        namespace: str | None,
+        name: str | None,
+        sub: str | None,
+        transform: Callable[[dict], dict],
+        validation: Validation | None = None,
+    ) -> dict[str, Any]:
         kind = self._kinds[res]
         current = self._current(res, namespace, name)
         base = self._as_scale(kind, current) if sub == "scale" else current
@@ -402,8 +489,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise StatusError(422, "the patched object is not a JSON object")
         sent_version = (wanted.get("metadata") or {}).get("resourceVersion")
         if sent_version is not None and sent_version != current["metadata"]["resourceVersion"]:
-            raise StatusError(409, f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
-                                f'modified; please apply your changes to the latest version and try again')
+            raise StatusError(
+                409,
+                f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                f"modified; please apply your changes to the latest version and try again",
+            )
         if sub == "scale":
             replicas = _dig(wanted, ("spec", "replicas"))
             if not isinstance(replicas, int) or replicas < 0:
@@ -465,11 +555,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if isinstance(selector, dict):
             selector = selector_from_match_labels(selector)
         meta = obj["metadata"]
-        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
-                                                  "creationTimestamp") if k in meta},
-                "spec": {"replicas": _dig(obj, spec_path) or 0},
-                "status": {"replicas": _dig(obj, status_path) or 0, **({"selector": selector} if selector else {})}}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
+            },
+            "spec": {"replicas": _dig(obj, spec_path) or 0},
+            "status": {"replicas": _dig(obj, status_path) or 0, **({"selector": selector} if selector else {})},
+        }
 
     def _matcher(self, request: rendering.Request) -> Callable[[dict[str, Any]], bool]:
         try:
@@ -478,16 +572,22 @@ class KubeEmulator(kmock.KubernetesEmulator):
         except SelectorError as exc:
             raise StatusError(400, str(exc)) from None
         namespace = request.namespace
-        return lambda obj: ((namespace is None or obj["metadata"].get("namespace") == namespace)
-                            and labels(obj["metadata"].get("labels") or {}) and fields(obj))
+        return lambda obj: (
+            (namespace is None or obj["metadata"].get("namespace") == namespace)
+            and labels(obj["metadata"].get("labels") or {})
+            and fields(obj)
+        )
 
     def _list(self, request: rendering.Request, res: kmock.resource) -> dict[str, Any]:
         kind = self._kinds[res]
         match = self._matcher(request)
         items = [copy.deepcopy(o.raw) for (r, _, _), o in self._objects.items() if r == res and not o.deleted]
-        return {"apiVersion": kind.api_version, "kind": f"{kind.kind}List",
-                "metadata": {"resourceVersion": str(self._revision)},
-                "items": [obj for obj in items if match(obj)]}
+        return {
+            "apiVersion": kind.api_version,
+            "kind": f"{kind.kind}List",
+            "metadata": {"resourceVersion": str(self._revision)},
+            "items": [obj for obj in items if match(obj)],
+        }
 
     async def _watch(self, request: rendering.Request, res: kmock.resource) -> aiohttp.web.StreamResponse:
         match = self._matcher(request)
@@ -519,7 +619,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     if not events:
                         try:
                             await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
-                        except asyncio.TimeoutError:
+                        except TimeoutError:
                             pass
                         continue
                 for rv, event in events:
@@ -547,10 +647,20 @@ def default_emulator(**kwargs: Any) -> KubeEmulator:
     emulator.register("rbac.authorization.k8s.io/v1", "Role", "roles")
     emulator.register("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
     emulator.register("v1", "Pod", "pods", subresources=("status",), pod_spec_path=("spec",))
-    emulator.register("apps/v1", "Deployment", "deployments", subresources=("status", "scale"),
-                      scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")),
-                      pod_spec_path=("spec", "template", "spec"))
-    emulator.register("serving.pagedinfer.dev/v1alpha1", "InferenceService", "inferenceservices",
-                      subresources=("status", "scale"), schema=crd_schema(),
-                      scale_paths=(("spec", "replicas"), ("status", "replicas"), ("status", "selector")))
+    emulator.register(
+        "apps/v1",
+        "Deployment",
+        "deployments",
+        subresources=("status", "scale"),
+        scale_paths=(("spec", "replicas"), ("status", "replicas"), ("spec", "selector", "matchLabels")),
+        pod_spec_path=("spec", "template", "spec"),
+    )
+    emulator.register(
+        "serving.pagedinfer.dev/v1alpha1",
+        "InferenceService",
+        "inferenceservices",
+        subresources=("status", "scale"),
+        schema=crd_schema(),
+        scale_paths=(("spec", "replicas"), ("status", "replicas"), ("status", "selector")),
+    )
     return emulator

@@ -24,8 +24,9 @@ from __future__ import annotations
 import copy
 import math
 import re
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any, Callable, Mapping
+from typing import Any
 
 _MISSING = object()
 
@@ -143,7 +144,9 @@ def json_patch(target: Any, ops: Any) -> Any:
     return doc
 
 
-_REQUIREMENT = re.compile(r"\s*(!?)\s*([-A-Za-z0-9_./]+)\s*(?:(==|=|!=)\s*([-A-Za-z0-9_.]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*")
+_REQUIREMENT = re.compile(
+    r"\s*(!?)\s*([-A-Za-z0-9_./]+)\s*(?:(==|=|!=)\s*([-A-Za-z0-9_.]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*"
+)
 
 
 def _split_selector(selector: str) -> list[str]:
@@ -195,12 +198,16 @@ def field_selector(selector: str | None) -> Callable[[Mapping[str, Any]], bool]:
     for requirement in _split_selector(selector or ""):
         m = re.fullmatch(r"\s*([A-Za-z.]+)\s*(==|=|!=)\s*(\S*)\s*", requirement)
         if m is None or m.group(1) not in _FIELDS:
-            raise SelectorError(f"field selector {requirement!r} is not supported "
-                                f"(only {', '.join(_FIELDS)} with =, ==, !=)")
+            raise SelectorError(
+                f"field selector {requirement!r} is not supported (only {', '.join(_FIELDS)} with =, ==, !=)"
+            )
         outer, inner = _FIELDS[m.group(1)]
         equal = m.group(2) != "!="
-        checks.append(lambda obj, o=outer, i=inner, v=m.group(3), eq=equal:
-                      ((obj.get(o) or {}).get(i) or "") == v if eq else ((obj.get(o) or {}).get(i) or "") != v)
+        checks.append(
+            lambda obj, o=outer, i=inner, v=m.group(3), eq=equal: (
+                ((obj.get(o) or {}).get(i) or "") == v if eq else ((obj.get(o) or {}).get(i) or "") != v
+            )
+        )
     return lambda obj: all(check(obj) for check in checks)
 
 
@@ -228,8 +235,8 @@ def canonical_quantity(quantity: Any) -> Any:
     if suffix in _BINARY[1:]:
         value = number * 1024 ** _BINARY.index(suffix)
         if value.denominator == 1 and value >= 1024:
-            power = max(p for p in range(len(_BINARY)) if value % 1024 ** p == 0)
-            return f"{value // 1024 ** power}{_BINARY[power]}"
+            power = max(p for p in range(len(_BINARY)) if value % 1024**p == 0)
+            return f"{value // 1024**power}{_BINARY[power]}"
     else:
         value = number * Fraction(10) ** _DECIMAL[suffix]
     milli = math.ceil(value * 1000)  # precision ends at milli; finer values round up
@@ -261,8 +268,10 @@ _PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
 
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def _deletion_cost(pod: Mapping[str, Any]) -> int:
@@ -278,10 +287,18 @@ def scale_down_order(pods: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     ActivePodsWithRanks): unscheduled before scheduled, Pending < Unknown < Running, not ready before
     ready, then LOWER `controller.kubernetes.io/pod-deletion-cost` first, then newer before older
     (ties: the later name first). Restart counts and ready-since times are not modelled."""
+
     def key(pod: Mapping[str, Any]) -> tuple:
         meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-        return (bool(spec.get("nodeName")), _PHASE_RANK.get(status.get("phase"), 1), _pod_ready(pod),
-                _deletion_cost(pod), _negated(meta.get("creationTimestamp") or ""), _negated(meta.get("name") or ""))
+        return (
+            bool(spec.get("nodeName")),
+            _PHASE_RANK.get(status.get("phase"), 1),
+            _pod_ready(pod),
+            _deletion_cost(pod),
+            _negated(meta.get("creationTimestamp") or ""),
+            _negated(meta.get("name") or ""),
+        )
+
     return sorted(pods, key=key)
 
 

@@ -30,8 +30,9 @@ not modelled: a JSON body reaches the emulator as a dict, where the last one won
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -51,8 +52,9 @@ def field_validation(directive: str | None) -> str:
     if directive in (None, ""):
         return DEFAULT_FIELD_VALIDATION
     if directive not in FIELD_VALIDATIONS:
-        raise FieldValidationError(f'invalid or unsupported fieldValidation directive: "{directive}" '
-                                   f"(one of {', '.join(FIELD_VALIDATIONS)})")
+        raise FieldValidationError(
+            f'invalid or unsupported fieldValidation directive: "{directive}" (one of {", ".join(FIELD_VALIDATIONS)})'
+        )
     return directive
 
 
@@ -104,8 +106,10 @@ def warning_header(path: str) -> str:
 def crd_schema(path: Path = INFERENCESERVICES_CRD) -> dict[str, Any]:
     """The openAPIV3Schema of a CRD manifest's served storage version."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: the CRD the emulator prunes by is missing (pagedinfer.testing reads it "
-                                f"from a source checkout; pass the schema to KubeEmulator.register otherwise)")
+        raise FileNotFoundError(
+            f"{path}: the CRD the emulator prunes by is missing (pagedinfer.testing reads it "
+            f"from a source checkout; pass the schema to KubeEmulator.register otherwise)"
+        )
     crd = yaml.safe_load(path.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
     return version["schema"]["openAPIV3Schema"]

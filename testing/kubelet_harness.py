@@ -38,9 +38,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import kmock
@@ -86,12 +87,23 @@ def pod_manifest(name: str, instance: str, ip: str, ready: bool = True) -> dict[
     from pagedinfer.operator.children.builders import selector_labels
 
     return {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": name, "labels": selector_labels(instance)},
-        "spec": {"containers": [{"name": "engine", "image": "pagedinfer-engine",
-                                 "ports": [{"name": "http", "containerPort": ENGINE_PORT}]}]},
-        "status": {"phase": "Running", "podIP": ip,
-                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        "spec": {
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "pagedinfer-engine",
+                    "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
+                }
+            ]
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
     }
 
 
@@ -99,9 +111,13 @@ def pod_from_template(name: str, template: dict[str, Any], ip: str) -> dict[str,
     """A Running, Ready pod as a ReplicaSet would create it from `template`, at `ip`."""
     metadata = template.get("metadata") or {}
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": dict(metadata.get("labels") or {}),
-                     "annotations": dict(metadata.get("annotations") or {})},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": dict(metadata.get("labels") or {}),
+            "annotations": dict(metadata.get("annotations") or {}),
+        },
         "spec": copy.deepcopy(template["spec"]),
         "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
     }
@@ -188,7 +204,7 @@ class KubeletHarness:
         return 0 if deployment is None else int((deployment.get("spec") or {}).get("replicas", 1))
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator["KubeletHarness"]:
+    async def running(self) -> AsyncIterator[KubeletHarness]:
         """run() in a task of its own for the block, watched by every `eventually` in it; then stopped.
 
         Enter it before `running_operator()`: kopf, exiting, cancels the tasks created after it. The
@@ -220,8 +236,11 @@ class KubeletHarness:
         for engine in self.engines:
             code = engine.process.poll()
             if code is not None and self.emulator.read(PODS, self.namespace, engine.pod_name) is not None:
-                return exit_report(f"pod {self.namespace}/{engine.pod_name}'s process (pid {engine.process.pid})",
-                                   code, engine.log_path)
+                return exit_report(
+                    f"pod {self.namespace}/{engine.pod_name}'s process (pid {engine.process.pid})",
+                    code,
+                    engine.log_path,
+                )
         return None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -293,8 +312,7 @@ class KubeletHarness:
         pod_name = f"{self.instance}-engine-{self._counter}"
         pod_dir = self.log_dir / pod_name
         local = local_process(template["spec"], ip, pod_dir, self.bin_dir)
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   TORCH_EXTENSIONS_DIR=native_kernels_cache())
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=native_kernels_cache())
         env.pop("PAGEDINFER_API_KEY", None)
         env.update(local.env)
         for value in local.env.values():
@@ -337,12 +355,17 @@ class KubeletHarness:
                 await pause(stop, 0.3)
         if stop.is_set():
             return False
-        raise RuntimeError(f"{name} not ready after {self.ready_timeout_seconds:g} s; the last lines of its log "
-                           f"{engine.log_path}:\n{log_tail(engine.log_path)}")
+        raise RuntimeError(
+            f"{name} not ready after {self.ready_timeout_seconds:g} s; the last lines of its log "
+            f"{engine.log_path}:\n{log_tail(engine.log_path)}"
+        )
 
     def _grace_seconds(self) -> float:
-        return float((((self.deployment() or {}).get("spec") or {}).get("template", {}).get("spec") or {})
-                     .get("terminationGracePeriodSeconds", 30))
+        return float(
+            (((self.deployment() or {}).get("spec") or {}).get("template", {}).get("spec") or {}).get(
+                "terminationGracePeriodSeconds", 30
+            )
+        )
 
     def _stop_bound_seconds(self) -> float:
         """Long enough for run() to stop every engine it holds (each SIGTERM, grace, SIGKILL) and one starting."""
@@ -404,14 +427,18 @@ class LoadGenerator:
                 await asyncio.sleep(0.1)
                 continue
             index, self._next = self._next, self._next + 1
-            body = {"model": self.harness.instance, "prompt": self.prompt_of(index), "max_tokens": self.max_tokens,
-                    "ignore_eos": True, "temperature": 0.0}
+            body = {
+                "model": self.harness.instance,
+                "prompt": self.prompt_of(index),
+                "max_tokens": self.max_tokens,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            }
             try:
-                async with session.post(f"{urls[index % len(urls)]}/v1/completions",
-                                        json=body) as response:
+                async with session.post(f"{urls[index % len(urls)]}/v1/completions", json=body) as response:
                     await response.read()
                     ok = response.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 ok = False
             if ok:
                 self.num_completed += 1

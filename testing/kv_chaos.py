@@ -66,7 +66,7 @@ class KVChaosProxy:
         """The engine's URL as the router should know it."""
         return f"http://{self.proxy_host}:{self.http_port}"
 
-    def start(self) -> "KVChaosProxy":
+    def start(self) -> KVChaosProxy:
         self._thread.start()
         self._ready.wait(30)
         if self._error is not None:
@@ -100,8 +100,10 @@ class KVChaosProxy:
         import zmq.asyncio
 
         self._stop = asyncio.Event()
-        servers = [await asyncio.start_server(self._relay_to(port), self.proxy_host, port)
-                   for port in (self.http_port, self.replay_port)]
+        servers = [
+            await asyncio.start_server(self._relay_to(port), self.proxy_host, port)
+            for port in (self.http_port, self.replay_port)
+        ]
         ctx = zmq.asyncio.Context()
         sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
         for s in (sub, pub):

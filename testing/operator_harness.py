@@ -12,19 +12,20 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import kmock
 import kopf
 import yaml
 
-from pagedinfer.testing.kube_emulator import KubeEmulator, default_emulator
-from pagedinfer.testing.watched import Died, TaskWatch, raise_if_died, stop_task, watching
 from pagedinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.settings import OperatorConfig, Runtime
 from pagedinfer.operator.spec.crd_model import API_GROUP
+from pagedinfer.testing.kube_emulator import KubeEmulator, default_emulator
+from pagedinfer.testing.watched import Died, TaskWatch, raise_if_died, stop_task, watching
 
 FAST_CONFIG = OperatorConfig(
     fetch_hf_config=False,
@@ -43,13 +44,20 @@ EVENTS = kmock.resource("", "v1", "events")
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
-        "users": [{"name": "operator", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "operator",
-                                                       "namespace": "default"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "emulator",
+                "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+                "users": [{"name": "operator", "user": {"token": "test-token"}}],
+                "contexts": [
+                    {"name": "emulator", "context": {"cluster": "emulator", "user": "operator", "namespace": "default"}}
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -68,9 +76,13 @@ async def serving_emulator(**kwargs: Any) -> AsyncIterator[tuple[KubeEmulator, s
 
 
 @contextlib.asynccontextmanager
-async def running_operator(config: OperatorConfig = FAST_CONFIG, *, namespaces: tuple[str, ...] = ("default",),
-                           startup_timeout_seconds: float = 60.0,
-                           stop_timeout_seconds: float = 20.0) -> AsyncIterator[Runtime]:
+async def running_operator(
+    config: OperatorConfig = FAST_CONFIG,
+    *,
+    namespaces: tuple[str, ...] = ("default",),
+    startup_timeout_seconds: float = 60.0,
+    stop_timeout_seconds: float = 20.0,
+) -> AsyncIterator[Runtime]:
     """kopf.operator in this event loop; $KUBECONFIG must point at the emulator. Stopped as on SIGTERM.
 
     Inside the block the operator's task is watched (watched.py): should it end before the block does,
@@ -82,10 +94,17 @@ async def running_operator(config: OperatorConfig = FAST_CONFIG, *, namespaces: 
     failed for its own reason, which stays the error)."""
     runtime = Runtime(config=config)
     stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(kopf.operator(
-        registry=REGISTRY, memo=kopf.Memo(pagedinfer=runtime), standalone=True,
-        namespaces=list(namespaces), stop_flag=stop, ready_flag=ready,
-    ), name="kopf.operator")
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=REGISTRY,
+            memo=kopf.Memo(pagedinfer=runtime),
+            standalone=True,
+            namespaces=list(namespaces),
+            stop_flag=stop,
+            ready_flag=ready,
+        ),
+        name="kopf.operator",
+    )
     try:
         with watching(TaskWatch("the operator (its kopf.operator task)", task, stop.is_set)):
             await until_ready(ready, startup_timeout_seconds)
@@ -133,15 +152,25 @@ async def eventually(check: Callable[[], Any], timeout_seconds: float = 20.0, in
     raise AssertionError(f"not true within {timeout_seconds}s")
 
 
-def gpu_node(name: str, memory_mib: int | None, *, product: str = "NVIDIA-H100-80GB-HBM3", gpus: int = 8,
-             taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+def gpu_node(
+    name: str,
+    memory_mib: int | None,
+    *,
+    product: str = "NVIDIA-H100-80GB-HBM3",
+    gpus: int = 8,
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     """A node as NVIDIA GPU Feature Discovery labels it."""
     labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus)}
     if memory_mib is not None:
         labels["nvidia.com/gpu.memory"] = str(memory_mib)
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "spec": {"taints": taints or []},
-            "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": taints or []},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti"}},
+    }
 
 
 async def add_gpu_node(emulator: KubeEmulator, name: str, memory_mib: int | None, **kwargs: Any) -> None:
@@ -166,12 +195,17 @@ def deployment_of(emulator: KubeEmulator, name: str = "llama", namespace: str = 
 
 
 def inference_service(name: str, spec: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
-    return {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    return {
+        "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
-async def roll_out(emulator: KubeEmulator, name: str, ready: int, *, replicas: int | None = None,
-                   namespace: str = "default") -> None:
+async def roll_out(
+    emulator: KubeEmulator, name: str, ready: int, *, replicas: int | None = None, namespace: str = "default"
+) -> None:
     """Play the Deployment controller: it has seen the Deployment's spec, and `ready` of its pods are ready.
 
     replicas: the pods that exist (default the Deployment's spec.replicas), all of the current template.
@@ -179,9 +213,18 @@ async def roll_out(emulator: KubeEmulator, name: str, ready: int, *, replicas: i
     deployment = emulator.read(DEPLOYMENTS, namespace, name)
     assert deployment is not None, f"no Deployment {namespace}/{name}"
     count = deployment["spec"]["replicas"] if replicas is None else replicas
-    await emulator.set_status(DEPLOYMENTS, namespace, name, {
-        "observedGeneration": deployment["metadata"]["generation"], "replicas": count, "updatedReplicas": count,
-        "readyReplicas": ready, "availableReplicas": ready})
+    await emulator.set_status(
+        DEPLOYMENTS,
+        namespace,
+        name,
+        {
+            "observedGeneration": deployment["metadata"]["generation"],
+            "replicas": count,
+            "updatedReplicas": count,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+        },
+    )
 
 
 def reconciles(runtime: Runtime) -> float:
@@ -189,8 +232,9 @@ def reconciles(runtime: Runtime) -> float:
     return sum(s.value for s in runtime.metrics.reconciles.collect()[0].samples if s.name.endswith("_total"))
 
 
-async def reconciles_once_handled(emulator: KubeEmulator, runtime: Runtime, name: str = "llama",
-                                  namespace: str = "default") -> float:
+async def reconciles_once_handled(
+    emulator: KubeEmulator, runtime: Runtime, name: str = "llama", namespace: str = "default"
+) -> float:
     """The reconcile count once kopf has finished handling the creation of InferenceService `name`.
 
     Conditions (Applied, Sized) are written in the middle of that reconcile: it is counted after its status
@@ -199,8 +243,9 @@ async def reconciles_once_handled(emulator: KubeEmulator, runtime: Runtime, name
     reconciled again, so a count read as soon as a condition shows is not yet the settled one.
     """
     annotation = f"{API_GROUP}/last-handled-configuration"
-    await eventually(lambda: annotation in ((isvc_of(emulator, name, namespace) or {}).get("metadata", {})
-                                            .get("annotations") or {}))
+    await eventually(
+        lambda: annotation in ((isvc_of(emulator, name, namespace) or {}).get("metadata", {}).get("annotations") or {})
+    )
     return await eventually(lambda: reconciles(runtime) >= 1 and reconciles(runtime))
 
 

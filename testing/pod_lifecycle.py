@@ -19,7 +19,8 @@ import contextlib
 import hashlib
 import json
 import subprocess
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def template_key(template: Mapping[str, Any]) -> str:

@@ -26,9 +26,10 @@ rather than guessed. Pure: no I/O beyond checking the executable exists.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping
+from typing import Any
 
 PATH_FLAGS = ("--model", "--tokenizer")
 
@@ -67,8 +68,10 @@ def local_path(path: str, pod_spec: Mapping[str, Any], container: Mapping[str, A
         if "emptyDir" in volume:
             return str(pod_dir / mount["name"] / rest)
         kind = next((k for k in volume if k != "name"), "?")
-        raise ValueError(f"{path!r} is on volume {mount['name']!r} of kind {kind}, which cannot be mounted "
-                         "for a local process (only hostPath and emptyDir)")
+        raise ValueError(
+            f"{path!r} is on volume {mount['name']!r} of kind {kind}, which cannot be mounted "
+            "for a local process (only hostPath and emptyDir)"
+        )
     return path
 
 

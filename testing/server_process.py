@@ -12,7 +12,6 @@ import httpx
 
 from pagedinfer.testing.watched import exit_report
 
-
 # Ports for children are drawn from [_FIRST_PORT, the kernel's ephemeral range): every outgoing connection of
 # every process takes its local port from that range, so a port found free there (as binding port 0 finds one)
 # can be taken by some connection before the child binds it (seen in CI: "address already in use").
@@ -49,16 +48,18 @@ def free_port() -> int:
     raise RuntimeError(f"no free port of 127.0.0.1 in [{_FIRST_PORT}, {high})")
 
 
-def wait_process_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 120.0,
-                         log_path: Path | None = None) -> None:
+def wait_process_healthy(
+    url: str, proc: subprocess.Popen, timeout_seconds: float = 120.0, log_path: Path | None = None
+) -> None:
     """Poll url/health until 200; fail at once if the process exits first, with its exit code and, given
     the file its output goes to, the tail of that log (watched.exit_report)."""
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None:
-            raise AssertionError(exit_report(f"server {url} (pid {proc.pid})", code, log_path,
-                                             " before it was healthy"))
+            raise AssertionError(
+                exit_report(f"server {url} (pid {proc.pid})", code, log_path, " before it was healthy")
+            )
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return

@@ -33,14 +33,15 @@ import contextvars
 import signal
 import subprocess
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 LOG_TAIL_LINES = 30
 _TAIL_BYTES = 64 * 1024  # read no more than this of a log's end: 30 lines of an engine's log fit easily
 
-_WATCHED: contextvars.ContextVar[tuple["Watch", ...]] = contextvars.ContextVar("pagedinfer_watched", default=())
+_WATCHED: contextvars.ContextVar[tuple[Watch, ...]] = contextvars.ContextVar("pagedinfer_watched", default=())
 
 
 class Watch(Protocol):
@@ -151,5 +152,7 @@ async def stop_task(task: asyncio.Task, grace_seconds: float, cancel_seconds: fl
     task.cancel()
     await asyncio.wait({task}, timeout=cancel_seconds)
     if not task.done():
-        raise TimeoutError(f"task {task.get_name()!r} still running {grace_seconds:g} s after it was asked to stop "
-                           f"and {cancel_seconds:g} s after it was cancelled")
+        raise TimeoutError(
+            f"task {task.get_name()!r} still running {grace_seconds:g} s after it was asked to stop "
+            f"and {cancel_seconds:g} s after it was cancelled"
+        )

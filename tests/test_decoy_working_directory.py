@@ -37,8 +37,9 @@ def decoy_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("decoys")
     for name in DECOYS:
         (root / name).mkdir()
-        (root / name / "__init__.py").write_text(f"raise ImportError('decoy {name}: imported from the working"
-                                                 " directory')\n")
+        (root / name / "__init__.py").write_text(
+            f"raise ImportError('decoy {name}: imported from the working directory')\n"
+        )
     return root
 
 
@@ -50,10 +51,31 @@ def server(tiny_llama, decoy_dir, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [str(CLI), "serve", "--model", str(tiny_llama), "--served-model-name", "tiny", "--port", str(port),
-             "--device", "cpu", "--max-model-len", "256", "--num-gpu-blocks-override", "64",
-             "--tensor-parallel-size", "2", "--overlap", "process"],
-            cwd=decoy_dir, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+            [
+                str(CLI),
+                "serve",
+                "--model",
+                str(tiny_llama),
+                "--served-model-name",
+                "tiny",
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+                "--max-model-len",
+                "256",
+                "--num-gpu-blocks-override",
+                "64",
+                "--tensor-parallel-size",
+                "2",
+                "--overlap",
+                "process",
+            ],
+            cwd=decoy_dir,
+            env=ENV,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         try:
             wait_process_healthy(url, proc, timeout_seconds=180)
@@ -74,8 +96,11 @@ def server(tiny_llama, decoy_dir, tmp_path_factory):
 def test_serve_at_tp2_with_the_output_process_answers_a_completion(server):
     url, proc = server
     assert len(children(proc.pid)) == 2  # rank 1 and the output process
-    r = httpx.post(url + "/v1/completions", timeout=120,
-                   json={"model": "tiny", "prompt": "Hello", "max_tokens": 4, "ignore_eos": True})
+    r = httpx.post(
+        url + "/v1/completions",
+        timeout=120,
+        json={"model": "tiny", "prompt": "Hello", "max_tokens": 4, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 4
 
@@ -84,11 +109,17 @@ def test_the_router_answers_health_with_the_engine_healthy(server, decoy_dir, tm
     engine_url, _ = server
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_router_process(url, ["--engine", engine_url, "--port", str(port), "--policy", "round-robin"],
-                                tmp_path / "router.log", cwd=decoy_dir)
+    proc = start_router_process(
+        url,
+        ["--engine", engine_url, "--port", str(port), "--policy", "round-robin"],
+        tmp_path / "router.log",
+        cwd=decoy_dir,
+    )
     try:
-        wait_for(lambda: httpx.get(url + "/health", timeout=5).json().get("status") == "ok",  # not "holding"
-                 "the router never saw its engine healthy")
+        wait_for(
+            lambda: httpx.get(url + "/health", timeout=5).json().get("status") == "ok",  # not "holding"
+            "the router never saw its engine healthy",
+        )
     finally:
         proc.kill()
         proc.wait(30)
@@ -100,9 +131,22 @@ async def test_the_operator_starts_and_answers_liveness(decoy_dir, tmp_path):
         env = {k: v for k, v in ENV.items() if k != "KUBERNETES_SERVICE_HOST"}
         env["KUBECONFIG"] = str(write_kubeconfig(tmp_path / "kubeconfig", api_url))
         proc = subprocess.Popen(
-            [str(CLI), "operator", "--namespace", "default", "--metrics-port", str(free_port()),
-             "--liveness", f"127.0.0.1:{liveness_port}", "--no-fetch-hf-config"],
-            cwd=decoy_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                str(CLI),
+                "operator",
+                "--namespace",
+                "default",
+                "--metrics-port",
+                str(free_port()),
+                "--liveness",
+                f"127.0.0.1:{liveness_port}",
+                "--no-fetch-hf-config",
+            ],
+            cwd=decoy_dir,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             async with httpx.AsyncClient() as client:
                 for _ in range(600):
@@ -125,7 +169,13 @@ async def test_the_operator_starts_and_answers_liveness(decoy_dir, tmp_path):
 def test_the_cpu_kernels_build_installs_the_library(server, decoy_dir, tmp_path):
     """After the server: its ranks have loaded (built) the library, which the build reuses from the cache."""
     out = tmp_path / "cpu-kernels"
-    done = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.kernels.cpu.build", "--out", str(out)],
-                          cwd=decoy_dir, env=ENV, capture_output=True, text=True, timeout=build.BUILD_WAIT_S)
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "pagedinfer.kernels.cpu.build", "--out", str(out)],
+        cwd=decoy_dir,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=build.BUILD_WAIT_S,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == str(out / f"{build.extension_name()}.so")

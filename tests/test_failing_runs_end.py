@@ -31,13 +31,21 @@ def run_pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "test_generated.py").write_text(textwrap.dedent(source))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([str(PYTEST), "-v", "test_generated.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=HANG_BOUND_SECONDS, env=env)
+    return subprocess.run(
+        [str(PYTEST), "-v", "test_generated.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=HANG_BOUND_SECONDS,
+        env=env,
+    )
 
 
 @pytest.mark.slow
 def test_an_assertion_while_the_operator_runs_fails_the_test_and_the_run_ends(tmp_path):
-    run = run_pytest(tmp_path, """
+    run = run_pytest(
+        tmp_path,
+        """
         from pagedinfer.testing.operator_harness import (ISVC, LLAMA3_8B_SPEC, add_gpu_node, inference_service,
                                                          running_operator, serving_emulator, write_kubeconfig)
 
@@ -49,7 +57,8 @@ def test_an_assertion_while_the_operator_runs_fails_the_test_and_the_run_ends(tm
                 async with running_operator():
                     await emulator.create(ISVC, inference_service("llama", LLAMA3_8B_SPEC))
                     assert False, "deliberate: the operator is reconciling"
-    """)
+    """,
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 1, output[-4000:]
     assert "test_fails_inside_the_operator FAILED" in output and "deliberate: the operator is reconciling" in output
@@ -59,7 +68,9 @@ def test_an_assertion_while_the_operator_runs_fails_the_test_and_the_run_ends(tm
 def test_a_task_that_ignores_cancellation_fails_the_run_naming_it_instead_of_hanging_the_teardown(tmp_path):
     # The teardown closes the test's event loop, which waits for every task left in it; pytest-timeout
     # has stopped its timer once the failure was reported. The watchdog ends the run at the test's timeout.
-    run = run_pytest(tmp_path, """
+    run = run_pytest(
+        tmp_path,
+        """
         import asyncio
         import pytest
 
@@ -75,7 +86,8 @@ def test_a_task_that_ignores_cancellation_fails_the_run_naming_it_instead_of_han
             asyncio.get_running_loop().create_task(stubborn())
             await asyncio.sleep(0)
             assert False, "deliberate: a task is left that ignores cancellation"
-    """)
+    """,
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 1, output[-4000:]
     assert "teardown of test_generated.py::test_fails_leaving_a_stubborn_task still running after 2 s" in output
@@ -87,7 +99,9 @@ def test_a_wait_on_a_pod_whose_process_exits_at_once_fails_naming_it_and_the_run
     # The wait's timeout (600 s) is far past this run's bound (HANG_BOUND_SECONDS): the run can only end in
     # time, with this failure, if the wait ended on the pod's death. The operator runs meanwhile, so its
     # stop and the kubelet harness's are part of the teardown that must end too.
-    run = run_pytest(tmp_path, """
+    run = run_pytest(
+        tmp_path,
+        """
         import time
         import pytest
         from pagedinfer.testing.kubelet_harness import DEPLOYMENTS, KubeletHarness
@@ -119,12 +133,15 @@ def test_a_wait_on_a_pod_whose_process_exits_at_once_fails_naming_it_and_the_run
                         await eventually(lambda: harness.urls, timeout_seconds=600)
                     finally:
                         print(f"the wait ended after {time.monotonic() - started:.1f} s")
-    """)
+    """,
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 1, output[-4000:]
     assert "test_waits_on_a_crashing_pod FAILED" in output and "1 failed" in output
-    assert "pagedinfer.testing.watched.Died: the kubelet harness of default/crashy stopped: " \
-           "pod default/crashy-engine-1's process" in output, output[-4000:]
+    assert (
+        "pagedinfer.testing.watched.Died: the kubelet harness of default/crashy stopped: "
+        "pod default/crashy-engine-1's process" in output
+    ), output[-4000:]
     assert "exited with code 1 before it was ready; the last 30 lines of its log" in output
     assert "Task exception was never retrieved" not in output  # reported once, by the wait
     assert "no such model: crashy" in output

@@ -24,8 +24,12 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parent.parent
 LOCKS = REPO / "requirements"
 # Which extras each lock installs.
-LOCK_EXTRAS = {"dev.lock": ("dev",), "engine-cpu.lock": ("engine",), "operator.lock": ("operator",),
-               "router.lock": ("router",)}
+LOCK_EXTRAS = {
+    "dev.lock": ("dev",),
+    "engine-cpu.lock": ("engine",),
+    "operator.lock": ("operator",),
+    "router.lock": ("router",),
+}
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)")
 
 
@@ -79,8 +83,9 @@ def test_the_lock_meets_every_requirement_of_its_extras(lock):
             continue
         name = canonicalize_name(req.name)
         assert name in pins, f"{lock} lacks {req} (run bash scripts/lock.sh)"
-        assert req.specifier.contains(pins[name], prereleases=True), \
+        assert req.specifier.contains(pins[name], prereleases=True), (
             f"{lock} pins {name}=={pins[name]}, outside pyproject's {req} (run bash scripts/lock.sh)"
+        )
 
 
 @pytest.mark.parametrize("lock", ["engine-cpu.lock", "operator.lock", "router.lock"])
@@ -96,8 +101,9 @@ def test_the_venv_holds_exactly_dev_lock():
     pins = read_lock("dev.lock")
     # site-packages only: once setuptools is imported, its vendored packages (_vendor/*.dist-info) are on sys.path too.
     site = sysconfig.get_paths()["purelib"]
-    installed = {canonicalize_name(dist.metadata["Name"]): Version(dist.version)
-                 for dist in metadata.distributions(path=[site])}
+    installed = {
+        canonicalize_name(dist.metadata["Name"]): Version(dist.version) for dist in metadata.distributions(path=[site])
+    }
     installed.pop("pagedinfer", None)
     assert {name: installed.get(name) for name in pins} == pins
     assert set(installed) - set(pins) == set(), "installed but not locked"

@@ -27,8 +27,13 @@ def test_repo_root_is_not_on_sys_path():
 
 
 def test_the_folders_form_one_namespace():
-    for name, folder in (("engine", "engine"), ("kernels", "kernels"), ("operator", "operator"), ("router", "router"),
-                         ("testing", "testing")):
+    for name, folder in (
+        ("engine", "engine"),
+        ("kernels", "kernels"),
+        ("operator", "operator"),
+        ("router", "router"),
+        ("testing", "testing"),
+    ):
         module = importlib.import_module(f"pagedinfer.{name}")
         assert Path(module.__file__).resolve().parent == REPO / folder
 
@@ -50,8 +55,9 @@ def test_stdlib_operator_from_python_started_in_the_repo_root_with_the_cwd_on_sy
     `import operator` is still the stdlib's: the interpreter imports it while starting up (site), before the
     cwd is consulted. docs/design.md ("Packaging") says what the project cannot guarantee (`python -S`)."""
     code = "import operator, sys; print(sys.path[0] == ''); print(operator.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True,
-                         text=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split("\n")
     assert out[0] == "True", "the cwd is not on sys.path: this check would prove nothing"
     assert Path(out[1]).resolve().parent == Path(sysconfig.get_paths()["stdlib"]).resolve(), out[1]
 
@@ -60,15 +66,18 @@ def test_no_installed_path_or_finder_maps_plain_operator_to_our_folder():
     """With the cached module set aside, a fresh lookup of `operator` through every installed finder (the
     editable install's, .pth entries, site-packages) finds the stdlib; from the repo root only the cwd entry
     would find our folder."""
-    code = ("import importlib.util, sys\n"
-            "sys.modules.pop('operator')\n"
-            "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
-            "print(importlib.util.find_spec('operator').origin)\n"
-            "print(importlib.util.find_spec('pagedinfer.operator').origin)\n")
+    code = (
+        "import importlib.util, sys\n"
+        "sys.modules.pop('operator')\n"
+        "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+        "print(importlib.util.find_spec('operator').origin)\n"
+        "print(importlib.util.find_spec('pagedinfer.operator').origin)\n"
+    )
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
     for cwd in ("/", REPO):
-        plain, ours = subprocess.run([sys.executable, "-P", "-c", code], cwd=cwd, check=True, capture_output=True,
-                                     text=True).stdout.split("\n")[:2]
+        plain, ours = subprocess.run(
+            [sys.executable, "-P", "-c", code], cwd=cwd, check=True, capture_output=True, text=True
+        ).stdout.split("\n")[:2]
         assert Path(plain).resolve().parent == stdlib, (cwd, plain)
         assert Path(ours).resolve() == REPO / "operator" / "__init__.py", ours  # the lookup does reach our folder
 
@@ -157,13 +166,16 @@ def _extra_requirements(extra: str) -> list[str]:
 GPU_ONLY_IMPORTS = {"triton"}
 
 
-@pytest.mark.parametrize("extra, folders, absent_allowed", [
-    ("gpu", ["engine", "kernels"], set()),
-    ("engine", ["engine", "kernels"], GPU_ONLY_IMPORTS),
-    ("operator", ["operator"], set()),
-    ("router", ["router"], set()),
-    ("testing", ["testing"], set()),
-])
+@pytest.mark.parametrize(
+    "extra, folders, absent_allowed",
+    [
+        ("gpu", ["engine", "kernels"], set()),
+        ("engine", ["engine", "kernels"], GPU_ONLY_IMPORTS),
+        ("operator", ["operator"], set()),
+        ("router", ["router"], set()),
+        ("testing", ["testing"], set()),
+    ],
+)
 def test_every_module_the_code_imports_comes_with_its_extra(extra, folders, absent_allowed):
     """An image installs `.[gpu]`, `.[engine]` or `.[operator]` only: an import outside it fails there, not here."""
     requirements = _extra_requirements(extra)
@@ -178,19 +190,28 @@ def test_every_module_the_code_imports_comes_with_its_extra(extra, folders, abse
     assert not missing, f"imported but not installed by the [{extra}] extra: {missing}"
 
 
-@pytest.mark.parametrize("extra, folders", [
-    ("engine", ["engine", "kernels"]),
-    ("gpu", ["engine", "kernels"]),
-    ("operator", ["operator"]),
-    ("router", ["router"]),
-    ("testing", ["testing"]),
-])
+@pytest.mark.parametrize(
+    "extra, folders",
+    [
+        ("engine", ["engine", "kernels"]),
+        ("gpu", ["engine", "kernels"]),
+        ("operator", ["operator"]),
+        ("router", ["router"]),
+        ("testing", ["testing"]),
+    ],
+)
 def test_every_dependency_an_extra_declares_is_imported_by_the_code_it_serves(extra, folders):
     """The converse of the test above: a declared distribution that no module of the extra's code (or of ours
     that it imports) imports is dead weight in its image. Another extra it includes is checked on its own."""
     declared = [Requirement(r) for r in metadata.requires("pagedinfer") or ()]
-    direct = [r for r in declared if r.marker and r.marker.evaluate({"extra": extra})
-              and not r.marker.evaluate({"extra": ""}) and canonicalize_name(r.name) != "pagedinfer"]
+    direct = [
+        r
+        for r in declared
+        if r.marker
+        and r.marker.evaluate({"extra": extra})
+        and not r.marker.evaluate({"extra": ""})
+        and canonicalize_name(r.name) != "pagedinfer"
+    ]
     assert direct, f"no [{extra}] requirements in the installed metadata"
     modules_of: dict[str, set[str]] = {}
     for module, dists in metadata.packages_distributions().items():
@@ -211,14 +232,24 @@ def _venv_with_only(tmp_path: Path, extra: str) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-P", "-m", "venv", "--without-pip", str(venv)], check=True, cwd="/")
     python = venv / "bin" / "python"
-    target = Path(subprocess.run([str(python), "-P", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 check=True, capture_output=True, text=True, cwd="/").stdout.strip())
+    target = Path(
+        subprocess.run(
+            [str(python), "-P", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd="/",
+        ).stdout.strip()
+    )
     ours = metadata.distribution("pagedinfer")
     site = Path(ours.locate_file(""))
     entries = {p.name for p in site.iterdir() if "pagedinfer" in p.name}  # the dist-info and the editable finder
     declared = [Requirement(r) for r in metadata.requires("pagedinfer") or ()]
-    requirements = [str(r).split(";")[0] for r in declared if r.marker and r.marker.evaluate({"extra": extra})
-                    and not r.marker.evaluate({"extra": ""})]
+    requirements = [
+        str(r).split(";")[0]
+        for r in declared
+        if r.marker and r.marker.evaluate({"extra": extra}) and not r.marker.evaluate({"extra": ""})
+    ]
     for name in _with_dependencies(requirements):
         for file in metadata.distribution(name).files or ():
             if file.parts[0] != ".." and (site / file.parts[0]).exists():
@@ -233,8 +264,9 @@ def test_engine_commands_in_an_operator_only_install_name_the_extra(tmp_path):
     cli = "import sys; from pagedinfer.engine.cli import main; sys.exit(main())"  # what the console script runs
 
     def pagedinfer(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(python), "-P", "-c", cli, *argv], capture_output=True, text=True, cwd=tmp_path,
-                              timeout=120)
+        return subprocess.run(
+            [str(python), "-P", "-c", cli, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        )
 
     assert subprocess.run([str(python), "-P", "-c", "import torch"], capture_output=True, cwd=tmp_path).returncode != 0
     assert subprocess.run([str(python), "-P", "-c", "import kopf"], cwd=tmp_path).returncode == 0
@@ -255,11 +287,16 @@ def test_every_subpackage_is_listed_for_setuptools():
     """A folder with an __init__.py missing from [tool.setuptools] packages is left out of the wheel."""
     import re
 
-    listed = set(re.findall(r'"(pagedinfer\.[\w.]+)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1]
-                            .split("]")[0]))
-    found = {"pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
-             for folder in ("engine", "kernels", "operator", "router", "testing")
-             for init in (REPO / folder).rglob("__init__.py")}
+    listed = set(
+        re.findall(
+            r'"(pagedinfer\.[\w.]+)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1].split("]")[0]
+        )
+    )
+    found = {
+        "pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
+        for folder in ("engine", "kernels", "operator", "router", "testing")
+        for init in (REPO / folder).rglob("__init__.py")
+    }
     assert found == listed
 
 

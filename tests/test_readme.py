@@ -13,8 +13,8 @@ README = (REPO / "README.md").read_text()
 def section(title: str) -> str:
     """The README's text from the heading `title` to the next heading of any level."""
     start = README.index(f"\n{title}\n")
-    following = re.search(r"\n#{1,6} ", README[start + len(title) + 2:])
-    return README[start:start + len(title) + 2 + (following.start() if following else len(README))]
+    following = re.search(r"\n#{1,6} ", README[start + len(title) + 2 :])
+    return README[start : start + len(title) + 2 + (following.start() if following else len(README))]
 
 
 def test_the_printer_columns_listed_are_the_crds():
@@ -34,7 +34,9 @@ def test_every_variable_the_demo_reads_is_named_where_the_demo_is():
 
 def test_the_figures_keep_one_row_per_benchmark_command():
     rows = [line for line in section("## Figures").splitlines() if line.startswith("| ") and "`" in line]
-    scripts = [re.search(r"(bench/\w+\.py|scripts/\w+\.sh|tests/\S+\.py|pagedinfer plan)", row.rsplit(" | ", 1)[1])
-               for row in rows]
+    scripts = [
+        re.search(r"(bench/\w+\.py|scripts/\w+\.sh|tests/\S+\.py|pagedinfer plan)", row.rsplit(" | ", 1)[1])
+        for row in rows
+    ]
     names = [m.group(1) for m in scripts if m]
     assert len(names) == len(rows) and len(set(names)) == len(names), sorted(names)

@@ -69,7 +69,7 @@ class _InFlight:
 
 
 class AsyncStepper:
-    def __init__(self, engine: "LLMEngine") -> None:
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.thread = ForwardThread()
         self.in_flight: _InFlight | None = None
@@ -172,14 +172,14 @@ class AsyncStepper:
         elif rows:
             every_row = len(row_index) == logits.shape[0]
             results = e.sampler.sample(
-                logits if every_row else logits[torch.tensor(row_index, device=logits.device)], rows, hand_over)
+                logits if every_row else logits[torch.tensor(row_index, device=logits.device)], rows, hand_over
+            )
         else:
             results = []
         if not done.tokens.given:
             hand_over(torch.empty(0, dtype=torch.long, device=logits.device))
         # the output side's result for the job before: its stop strings end their sequences now
-        previous = e._take_previous_outputs() \
-            if e._output_side is not None and e._output_side.in_flight else None
+        previous = e._take_previous_outputs() if e._output_side is not None and e._output_side.in_flight else None
         touched: dict[str, Any] = {}
         items = []
         now = time.monotonic()
@@ -207,8 +207,9 @@ class AsyncStepper:
 
         return fill
 
-    def _hand_over(self, done: _InFlight, following: _InFlight | None, rows: list[Sequence],
-                   tokens: torch.Tensor) -> None:
+    def _hand_over(
+        self, done: _InFlight, following: _InFlight | None, rows: list[Sequence], tokens: torch.Tensor
+    ) -> None:
         """Give `following` the ids of its placeholders from `done`'s tokens (rows' order), on their device."""
         if following is None or not following.fills or done.greedy:  # greedy: it reads `done`'s argmax
             done.tokens.give()

@@ -47,12 +47,14 @@ class PersistentBatch:
                 row = self._take_row(update.seq_id)
             old_end = int(self.num_blocks[row])
             if update.start > old_end:
-                raise ValueError(f"block table update for sequence {update.seq_id} starts at {update.start},"
-                                 f" past its {old_end} known blocks: a delta was lost")
+                raise ValueError(
+                    f"block table update for sequence {update.seq_id} starts at {update.start},"
+                    f" past its {old_end} known blocks: a delta was lost"
+                )
             end = update.start + len(update.block_ids)
             if end > self.block_tables.shape[1]:
                 self._grow(self.block_tables.shape[0], end)
-            self.block_tables[row, update.start:end] = update.block_ids
+            self.block_tables[row, update.start : end] = update.block_ids
             if end < old_end:
                 self.block_tables[row, end:old_end] = 0
             self.num_blocks[row] = end
@@ -79,16 +81,20 @@ class PersistentBatch:
         self._free_rows = list(range(num_rows - 1, old_rows - 1, -1)) + self._free_rows
 
     # ----- one step's metadata ------------------------------------------------------------
-    def prepare(self, seq_ids: list[int], seq_lens: list[int], query_lens: list[int],
-                device: torch.device | str = "cpu") -> tuple[AttentionMetadata, torch.Tensor]:
+    def prepare(
+        self, seq_ids: list[int], seq_lens: list[int], query_lens: list[int], device: torch.device | str = "cpu"
+    ) -> tuple[AttentionMetadata, torch.Tensor]:
         """The step's AttentionMetadata and token positions [num_tokens] (int64), sequences in the given order.
 
         Equal, field by field, to `build_attention_metadata(seq_lens, query_lens, tables, block_size)` over
         these sequences' tables (tests/engine/test_persistent_batch.py checks it on random batches).
         """
         arrays = self.gather(seq_ids, seq_lens, query_lens)
-        on_device = (lambda a: torch.from_numpy(a)) if torch.device(device).type == "cpu" else \
-            (lambda a: torch.from_numpy(a).to(device))
+        on_device = (
+            (lambda a: torch.from_numpy(a))
+            if torch.device(device).type == "cpu"
+            else (lambda a: torch.from_numpy(a).to(device))
+        )
         meta = AttentionMetadata(
             slot_mapping=on_device(arrays.slot_mapping),
             block_tables=on_device(np.ascontiguousarray(arrays.block_tables)),
@@ -134,17 +140,23 @@ class PersistentBatch:
             blocks = tables[token_seq, positions // bs].astype(np.int64)
             not_decode = np.flatnonzero(q != 1)
             num_decode_seqs = int(not_decode[0]) if not_decode.size else num_seqs
-        return StepArrays(slot_mapping=blocks * bs + positions % bs, block_tables=tables, seq_lens=lens,
-                          query_start_loc=starts, positions=positions, num_decode_seqs=num_decode_seqs)
+        return StepArrays(
+            slot_mapping=blocks * bs + positions % bs,
+            block_tables=tables,
+            seq_lens=lens,
+            query_start_loc=starts,
+            positions=positions,
+            num_decode_seqs=num_decode_seqs,
+        )
 
 
 @dataclass(frozen=True)
 class StepArrays:
     """One step's attention inputs as host arrays, sequences in the step's order (`AttentionMetadata`'s fields)."""
 
-    slot_mapping: np.ndarray     # int64 [num_tokens]
-    block_tables: np.ndarray     # int32 [num_seqs, width]: the longest table's width, 0-padded (a gathered copy)
-    seq_lens: np.ndarray         # int64 [num_seqs]
+    slot_mapping: np.ndarray  # int64 [num_tokens]
+    block_tables: np.ndarray  # int32 [num_seqs, width]: the longest table's width, 0-padded (a gathered copy)
+    seq_lens: np.ndarray  # int64 [num_seqs]
     query_start_loc: np.ndarray  # int64 [num_seqs + 1]
-    positions: np.ndarray        # int64 [num_tokens]
+    positions: np.ndarray  # int64 [num_tokens]
     num_decode_seqs: int

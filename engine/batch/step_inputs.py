@@ -49,4 +49,3 @@ class IndexBuffer:
         self._array[:n] = values
         view = self._tensor[:n]
         return view if self.device.type == "cpu" else view.to(self.device)
-

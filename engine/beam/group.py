@@ -15,7 +15,8 @@ Finished hypotheses need no blocks: they are token lists in the search.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pagedinfer.engine.beam.params import BeamSearchParams
 from pagedinfer.engine.beam.search import BeamSearch, BeamStep
@@ -33,8 +34,14 @@ def max_group_blocks(num_prompt_tokens: int, params: BeamSearchParams, block_siz
     return total + (params.beam_width - 1) * own
 
 
-def check_beam_request(num_prompt_tokens: int, params: BeamSearchParams, max_num_seqs: int,
-                       num_gpu_blocks: int, block_size: int, width_name: str = "beam_width") -> None:
+def check_beam_request(
+    num_prompt_tokens: int,
+    params: BeamSearchParams,
+    max_num_seqs: int,
+    num_gpu_blocks: int,
+    block_size: int,
+    width_name: str = "beam_width",
+) -> None:
     """Raise ValueError (naming the parameter: width_name is what the caller calls the beam width)
     if the beam search could never run in this engine."""
     if params.beam_width > max_num_seqs:
@@ -44,12 +51,17 @@ def check_beam_request(num_prompt_tokens: int, params: BeamSearchParams, max_num
         raise ValueError(
             f"{width_name}: {params.beam_width} beams of up to {params.max_tokens} tokens after a"
             f" {num_prompt_tokens}-token prompt may need {needed} KV blocks; the pool has {num_gpu_blocks}."
-            f" Lower {width_name} or max_tokens")
+            f" Lower {width_name} or max_tokens"
+        )
 
 
 def new_search(params: BeamSearchParams, eos_token_ids: set[int]) -> BeamSearch:
-    return BeamSearch(params.beam_width, params.max_tokens, float(params.length_penalty),
-                      frozenset() if params.ignore_eos else frozenset(eos_token_ids))
+    return BeamSearch(
+        params.beam_width,
+        params.max_tokens,
+        float(params.length_penalty),
+        frozenset() if params.ignore_eos else frozenset(eos_token_ids),
+    )
 
 
 def top_candidates(logits: Any, k: int) -> list[list[tuple[int, float]]]:
@@ -90,9 +102,14 @@ def completions(search: BeamSearch, params: BeamSearchParams, tokenizer: Any) ->
     text unless include_stop_str_in_output; special tokens skipped)."""
     outs = []
     for i, h in enumerate(search.hypotheses):
-        shown = h.token_ids[:-1] if h.finish_reason == "stop" and not params.include_stop_str_in_output \
-            else h.token_ids
-        outs.append(CompletionOutput(index=i, text=tokenizer.decode(list(shown), skip_special_tokens=True),
-                                     token_ids=list(h.token_ids), finish_reason=h.finish_reason,
-                                     cumulative_logprob=h.cum_logprob))
+        shown = h.token_ids[:-1] if h.finish_reason == "stop" and not params.include_stop_str_in_output else h.token_ids
+        outs.append(
+            CompletionOutput(
+                index=i,
+                text=tokenizer.decode(list(shown), skip_special_tokens=True),
+                token_ids=list(h.token_ids),
+                finish_reason=h.finish_reason,
+                cumulative_logprob=h.cum_logprob,
+            )
+        )
     return outs

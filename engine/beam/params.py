@@ -40,8 +40,10 @@ class BeamSearchParams:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")
         if self.temperature != 0:
-            raise ValueError(f"temperature: beam search ranks by the model's log-probabilities and takes no"
-                             f" temperature; use 0, got {self.temperature!r}")
+            raise ValueError(
+                f"temperature: beam search ranks by the model's log-probabilities and takes no"
+                f" temperature; use 0, got {self.temperature!r}"
+            )
         lp = self.length_penalty
         if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
             raise ValueError(f"length_penalty: must be a finite number, got {lp!r}")
@@ -53,8 +55,13 @@ class BeamSearchParams:
 
     def beam_sampling_params(self) -> SamplingParams:
         """The parameters each beam's sequence carries through the scheduler (greedy, one completion)."""
-        return SamplingParams(n=1, temperature=0.0, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
-                              include_stop_str_in_output=self.include_stop_str_in_output)
+        return SamplingParams(
+            n=1,
+            temperature=0.0,
+            max_tokens=self.max_tokens,
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
 
 
 @dataclass

@@ -90,24 +90,34 @@ class BeamSearch:
         if not self.ready:
             raise RuntimeError(f"beam step: {len(self._reports)} of {len(self.live)} live beams reported")
         candidates = sorted(
-            ((beam.cum_logprob + logprob, b, token) for b, beam in enumerate(self.live)
-             for token, logprob in self._reports[b]),
-            key=lambda c: -c[0])[: self.num_candidates]
+            (
+                (beam.cum_logprob + logprob, b, token)
+                for b, beam in enumerate(self.live)
+                for token, logprob in self._reports[b]
+            ),
+            key=lambda c: -c[0],
+        )[: self.num_candidates]
         self._reports.clear()
         num_generated = len(self.live[0].token_ids) + 1
         at_max_tokens = num_generated >= self.max_tokens
-        norm = num_generated ** self.length_penalty
+        norm = num_generated**self.length_penalty
         next_live: list[tuple[int, int, float]] = []
         for rank, (cum_logprob, b, token) in enumerate(candidates):
             is_eos = token in self.eos_token_ids
             if is_eos or at_max_tokens:
                 if rank < self.beam_width:
-                    self.hypotheses.append(Hypothesis(self.live[b].token_ids + (token,), cum_logprob,
-                                                      cum_logprob / norm, "stop" if is_eos else "length"))
+                    self.hypotheses.append(
+                        Hypothesis(
+                            self.live[b].token_ids + (token,),
+                            cum_logprob,
+                            cum_logprob / norm,
+                            "stop" if is_eos else "length",
+                        )
+                    )
             elif len(next_live) < self.beam_width:
                 next_live.append((b, token, cum_logprob))
         self.hypotheses.sort(key=lambda h: -h.score)
-        del self.hypotheses[self.beam_width:]
+        del self.hypotheses[self.beam_width :]
         self.done = at_max_tokens or len(self.hypotheses) >= self.beam_width or not next_live
         if self.done:
             self.live = []

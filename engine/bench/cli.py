@@ -11,7 +11,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks", description="Benchmarks against a running server.")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     bench_serve = bench_sub.add_parser(
-        "serve", help="load a running server with timed requests; print throughput, TTFT, ITL, cache hit rate")
+        "serve", help="load a running server with timed requests; print throughput, TTFT, ITL, cache hit rate"
+    )
     add_bench_serve_args(bench_serve)
     bench_serve.set_defaults(func=run_bench_serve)
 

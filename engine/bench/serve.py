@@ -25,8 +25,13 @@ import time
 from typing import Any
 
 from pagedinfer.engine.bench.scrape import sample_totals
-from pagedinfer.engine.bench.workload import (RequestResult, ScheduledChatRequest, build_workload, format_summary,
-                                              summarize)
+from pagedinfer.engine.bench.workload import (
+    RequestResult,
+    ScheduledChatRequest,
+    build_workload,
+    format_summary,
+    summarize,
+)
 from pagedinfer.engine.server import metric_names
 
 PROBE_TIMEOUT_SECONDS = 10.0
@@ -51,23 +56,32 @@ async def _served_models(http: Any, url: str, headers: dict[str, str]) -> list[s
     except httpx.HTTPError as exc:
         raise ValueError(f"--url: no server answers at {url} ({type(exc).__name__}: {exc})") from None
     if r.status_code == 401:
-        raise ValueError(f"--api-key: the server at {url} refused the key (HTTP 401); pass --api-key or set "
-                         f"PAGEDINFER_API_KEY")
+        raise ValueError(
+            f"--api-key: the server at {url} refused the key (HTTP 401); pass --api-key or set PAGEDINFER_API_KEY"
+        )
     if r.status_code != 200:
-        raise ValueError(f"--url: GET {url}/v1/models answered HTTP {r.status_code}; is this an OpenAI-compatible "
-                         f"server's base URL?")
+        raise ValueError(
+            f"--url: GET {url}/v1/models answered HTTP {r.status_code}; is this an OpenAI-compatible server's base URL?"
+        )
     try:
         return [card["id"] for card in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"--url: {url}/v1/models did not answer with an OpenAI model list") from None
 
 
-async def _one(http: Any, url: str, model: str, req: ScheduledChatRequest,
-               headers: dict[str, str]) -> RequestResult:
-    messages = ([{"role": "system", "content": req.system_prompt}] if req.system_prompt else []) + \
-        [{"role": "user", "content": req.user_prompt}]
-    body = {"model": model, "messages": messages, "max_tokens": req.max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+async def _one(http: Any, url: str, model: str, req: ScheduledChatRequest, headers: dict[str, str]) -> RequestResult:
+    messages = ([{"role": "system", "content": req.system_prompt}] if req.system_prompt else []) + [
+        {"role": "user", "content": req.user_prompt}
+    ]
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": req.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     ttft = None
     last = None
@@ -95,10 +109,15 @@ async def _one(http: Any, url: str, model: str, req: ScheduledChatRequest,
     except Exception as exc:  # noqa: BLE001 - a failed request is a result, not a crash
         return RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}")
     details = usage.get("prompt_tokens_details") or {}
-    return RequestResult(ok=True, ttft_seconds=ttft, itl_seconds=tuple(gaps),
-                         latency_seconds=time.perf_counter() - start, prompt_tokens=usage.get("prompt_tokens", 0),
-                         completion_tokens=usage.get("completion_tokens", 0),
-                         cached_tokens=details.get("cached_tokens", 0) or 0)
+    return RequestResult(
+        ok=True,
+        ttft_seconds=ttft,
+        itl_seconds=tuple(gaps),
+        latency_seconds=time.perf_counter() - start,
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
+        cached_tokens=details.get("cached_tokens", 0) or 0,
+    )
 
 
 async def run_bench(args: argparse.Namespace) -> tuple[Any, list[RequestResult]]:
@@ -108,8 +127,15 @@ async def run_bench(args: argparse.Namespace) -> tuple[Any, list[RequestResult]]
     url = args.url.rstrip("/")
     key = args.api_key or os.environ.get("PAGEDINFER_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    workload = build_workload(args.dataset, args.num_prompts, args.request_rate, args.input_words,
-                              args.output_tokens, args.shared_prefix_words, args.seed)
+    workload = build_workload(
+        args.dataset,
+        args.num_prompts,
+        args.request_rate,
+        args.input_words,
+        args.output_tokens,
+        args.shared_prefix_words,
+        args.seed,
+    )
     limits = httpx.Limits(max_connections=args.max_concurrency or args.num_prompts + 8, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=args.timeout_seconds, limits=limits) as http:
         served = await _served_models(http, url, headers)

@@ -53,16 +53,26 @@ def _long_tailed(rng: random.Random, mean: int) -> int:
     return int(min(max(round(rng.lognormvariate(mu, sigma)), 4), 4 * max(mean, 4)))
 
 
-def build_workload(dataset: str, num_prompts: int, request_rate: float, input_words: int, output_tokens: int,
-                   shared_prefix_words: int, seed: int) -> list[ScheduledChatRequest]:
+def build_workload(
+    dataset: str,
+    num_prompts: int,
+    request_rate: float,
+    input_words: int,
+    output_tokens: int,
+    shared_prefix_words: int,
+    seed: int,
+) -> list[ScheduledChatRequest]:
     if dataset not in ("synthetic", "sharegpt-like"):
         raise ValueError(f"dataset: must be 'synthetic' or 'sharegpt-like', got {dataset!r}")
     if num_prompts < 1:
         raise ValueError(f"num_prompts: must be >= 1, got {num_prompts}")
     if not request_rate > 0:
         raise ValueError(f"request_rate: must be > 0 (inf for all at once), got {request_rate}")
-    for name, value, least in (("input_words", input_words, 1), ("output_tokens", output_tokens, 1),
-                               ("shared_prefix_words", shared_prefix_words, 0)):
+    for name, value, least in (
+        ("input_words", input_words, 1),
+        ("output_tokens", output_tokens, 1),
+        ("shared_prefix_words", shared_prefix_words, 0),
+    ):
         if value < least:
             raise ValueError(f"{name}: must be >= {least}, got {value}")
     rng = random.Random(seed)
@@ -133,8 +143,12 @@ def _distribution_ms(values: list[float]) -> dict[str, float | None]:
     return out
 
 
-def summarize(results: list[RequestResult], duration_seconds: float, cache_queries_delta: float | None,
-              cache_hits_delta: float | None) -> BenchSummary:
+def summarize(
+    results: list[RequestResult],
+    duration_seconds: float,
+    cache_queries_delta: float | None,
+    cache_hits_delta: float | None,
+) -> BenchSummary:
     ok = [r for r in results if r.ok]
     prompt = sum(r.prompt_tokens for r in ok)
     completion = sum(r.completion_tokens for r in ok)
@@ -143,8 +157,11 @@ def summarize(results: list[RequestResult], duration_seconds: float, cache_queri
     if cache_queries_delta:
         hit_rate = (cache_hits_delta or 0.0) / cache_queries_delta
     return BenchSummary(
-        num_ok=len(ok), num_failed=len(results) - len(ok), duration_seconds=duration_seconds,
-        mean_prompt_tokens=prompt / len(ok) if ok else None, mean_completion_tokens=completion / len(ok) if ok else None,
+        num_ok=len(ok),
+        num_failed=len(results) - len(ok),
+        duration_seconds=duration_seconds,
+        mean_prompt_tokens=prompt / len(ok) if ok else None,
+        mean_completion_tokens=completion / len(ok) if ok else None,
         request_throughput_per_second=len(ok) / duration,
         output_token_throughput_per_second=completion / duration,
         total_token_throughput_per_second=(prompt + completion) / duration,
@@ -163,15 +180,20 @@ def format_summary(s: BenchSummary) -> str:
     def share(x: float | None) -> str:
         return f"{x * 100:.1f}%" if x is not None else "n/a"
 
-    return "\n".join([
-        f"requests            ok {s.num_ok}, failed {s.num_failed}, in {s.duration_seconds:.2f} s"
-        + (f"; mean {s.mean_prompt_tokens:.0f} prompt + {s.mean_completion_tokens:.0f} output tokens"
-           if s.mean_prompt_tokens is not None else ""),
-        f"throughput          {s.request_throughput_per_second:.2f} req/s, "
-        f"{s.output_token_throughput_per_second:.1f} output tok/s, {s.total_token_throughput_per_second:.1f} total tok/s",
-        f"TTFT (ms)           {ms(s.ttft_ms)}",
-        f"ITL (ms)            {ms(s.itl_ms)}",
-        f"E2E latency (ms)    {ms(s.e2e_ms)}",
-        f"prefix cache        hit rate {share(s.prefix_cache_hit_rate)} (server /metrics), "
-        f"cached prompt tokens {share(s.cached_token_share)} (usage)",
-    ])
+    return "\n".join(
+        [
+            f"requests            ok {s.num_ok}, failed {s.num_failed}, in {s.duration_seconds:.2f} s"
+            + (
+                f"; mean {s.mean_prompt_tokens:.0f} prompt + {s.mean_completion_tokens:.0f} output tokens"
+                if s.mean_prompt_tokens is not None
+                else ""
+            ),
+            f"throughput          {s.request_throughput_per_second:.2f} req/s, "
+            f"{s.output_token_throughput_per_second:.1f} output tok/s, {s.total_token_throughput_per_second:.1f} total tok/s",
+            f"TTFT (ms)           {ms(s.ttft_ms)}",
+            f"ITL (ms)            {ms(s.itl_ms)}",
+            f"E2E latency (ms)    {ms(s.e2e_ms)}",
+            f"prefix cache        hit rate {share(s.prefix_cache_hit_rate)} (server /metrics), "
+            f"cached prompt tokens {share(s.cached_token_share)} (usage)",
+        ]
+    )

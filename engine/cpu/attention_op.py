@@ -44,8 +44,9 @@ def current_step(ctx: StepContext) -> Iterator[None]:
 
 
 @torch.library.custom_op("pagedinfer::paged_attention", mutates_args=())
-def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float,
-                    sliding_window: int | None) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float, sliding_window: int | None
+) -> torch.Tensor:
     """transformers' layout in ([1, heads, tokens, head_dim]), `[1, tokens, heads, v_head_dim]` out."""
     from pagedinfer.engine.attention import attend_layer
 
@@ -53,8 +54,15 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if ctx is None:
         raise RuntimeError("pagedinfer::paged_attention ran outside a compiled step (no current_step)")
     num_tokens = ctx.metadata.num_tokens
-    out = attend_layer(ctx, layer, query[..., :num_tokens, :], key[..., :num_tokens, :],
-                       value[..., :num_tokens, :], scale, sliding_window)
+    out = attend_layer(
+        ctx,
+        layer,
+        query[..., :num_tokens, :],
+        key[..., :num_tokens, :],
+        value[..., :num_tokens, :],
+        scale,
+        sliding_window,
+    )
     padding = query.shape[2] - num_tokens
     if padding:
         out = torch.cat([out, out.new_zeros(1, padding, *out.shape[2:])], dim=1)
@@ -62,6 +70,7 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 @paged_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float,
-      sliding_window: int | None) -> torch.Tensor:
+def _(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float, sliding_window: int | None
+) -> torch.Tensor:
     return query.new_empty(1, query.shape[2], query.shape[1], value.shape[3])

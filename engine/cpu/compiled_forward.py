@@ -73,12 +73,14 @@ class CompiledForward:
     def padded_size(self, num_tokens: int) -> int:
         """The token count the graph runs a step of `num_tokens` at."""
         if num_tokens > self.max_num_batched_tokens:
-            raise ValueError(f"a step of {num_tokens} tokens exceeds max_num_batched_tokens ="
-                             f" {self.max_num_batched_tokens}")
+            raise ValueError(
+                f"a step of {num_tokens} tokens exceeds max_num_batched_tokens = {self.max_num_batched_tokens}"
+            )
         return max(num_tokens, MIN_TOKENS)
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: StepContext,
-                 logits_index: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: StepContext, logits_index: torch.Tensor
+    ) -> torch.Tensor:
         """Logits `[len(logits_index), vocab]` of the packed step `input_ids`/`positions` `[1, num_tokens]`."""
         num_tokens = input_ids.shape[1]
         size = self.padded_size(num_tokens)
@@ -105,14 +107,20 @@ class CompiledForward:
         start = time.perf_counter()
         with torch.inference_mode():
             ids, positions, ctx = one_token_step()
-            eager = self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=0,
-                               pagedinfer_step=ctx).logits[0]
+            eager = self.model(
+                input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=0, pagedinfer_step=ctx
+            ).logits[0]
             ids, positions, ctx = one_token_step()
             logits = self(ids, positions, ctx, torch.tensor([0]))
             if not logits_agree(logits, eager):
-                raise ValueError(f"compile: {type(self.model).__name__}'s logits are not its LM head's output"
-                                 " on the final hidden state; run it without --compile")
+                raise ValueError(
+                    f"compile: {type(self.model).__name__}'s logits are not its LM head's output"
+                    " on the final hidden state; run it without --compile"
+                )
         self.startup_seconds = time.perf_counter() - start
-        logger.info("compiled the forward (one graph, 1 to %d tokens) in %.1f s", self.max_num_batched_tokens,
-                    self.startup_seconds)
+        logger.info(
+            "compiled the forward (one graph, 1 to %d tokens) in %.1f s",
+            self.max_num_batched_tokens,
+            self.startup_seconds,
+        )
         return self.startup_seconds

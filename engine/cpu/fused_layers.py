@@ -77,8 +77,8 @@ LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"
 class LayerFusionReport:
     """What `fuse_layers` did to a model."""
 
-    fused: bool   # the decoder's forward is now `_model_forward`
-    reason: str   # why not, when not ("" when fused)
+    fused: bool  # the decoder's forward is now `_model_forward`
+    reason: str  # why not, when not ("" when fused)
 
 
 def rotary_cos_sin(rotary_emb: nn.Module, num_positions: int) -> torch.Tensor:
@@ -136,8 +136,16 @@ def unfusable_structure(decoder: nn.Module) -> str:
     return ""
 
 
-def _layer_forward(plan: LayerPlan, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-                   cos_sin: torch.Tensor, step, attention, packed) -> tuple[torch.Tensor, torch.Tensor]:
+def _layer_forward(
+    plan: LayerPlan,
+    positions: torch.Tensor,
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    cos_sin: torch.Tensor,
+    step,
+    attention,
+    packed,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoder layer on packed `[tokens, hidden]` rows; returns (MLP output, residual) for the next."""
     weight, eps = plan.input_norm
     if residual is None:
@@ -147,28 +155,52 @@ def _layer_forward(plan: LayerPlan, positions: torch.Tensor, hidden: torch.Tenso
     qkv = plan.qkv.fn(hidden, *plan.qkv.args)
     head_dim = plan.head_dim
     if plan.qk_norms is not None:
-        layer_ops.rotary_embedding(positions, qkv, cos_sin, plan.num_query_heads, plan.num_key_heads, head_dim,
-                                   *plan.qk_norms)
+        layer_ops.rotary_embedding(
+            positions, qkv, cos_sin, plan.num_query_heads, plan.num_key_heads, head_dim, *plan.qk_norms
+        )
     else:
         layer_ops.rotary_embedding(positions, qkv, cos_sin, plan.num_query_heads, plan.num_key_heads, head_dim)
     tokens = qkv.shape[0]
     query, key, value = qkv.split(plan.qkv_sizes, dim=-1)
     if packed is not None:  # the attention's packed form (paged_attention_forward's scale and window)
-        out = packed(step, plan.layer_idx, query.view(tokens, -1, head_dim), key.view(tokens, -1, head_dim),
-                     value.view(tokens, -1, head_dim), plan.scale, plan.sliding_window)
+        out = packed(
+            step,
+            plan.layer_idx,
+            query.view(tokens, -1, head_dim),
+            key.view(tokens, -1, head_dim),
+            value.view(tokens, -1, head_dim),
+            plan.scale,
+            plan.sliding_window,
+        )
     else:
         query, key, value = (t.view(1, tokens, -1, head_dim).transpose(1, 2) for t in (query, key, value))
-        out, _ = attention(plan.attn, query, key, value, None, dropout=0.0, scaling=plan.scaling,
-                           sliding_window=plan.sliding_window, pagedinfer_step=step)
+        out, _ = attention(
+            plan.attn,
+            query,
+            key,
+            value,
+            None,
+            dropout=0.0,
+            scaling=plan.scaling,
+            sliding_window=plan.sliding_window,
+            pagedinfer_step=step,
+        )
     hidden = plan.o.fn(out.reshape(tokens, -1), *plan.o.args)
     weight, eps = plan.post_norm
     layer_ops.fused_add_rms_norm(hidden, residual, weight, eps)
     return chunked_mlp(hidden, plan.gate_up, plan.down, plan.mlp_max_rows), residual
 
 
-def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                   position_ids: torch.Tensor | None = None, cache=None, inputs_embeds: torch.Tensor | None = None,
-                   use_cache: bool | None = None, **kwargs):
+def _model_forward(
+    self: nn.Module,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache=None,
+    inputs_embeds: torch.Tensor | None = None,
+    use_cache: bool | None = None,
+    **kwargs,
+):
     """The decoder over one packed step (`[1, tokens]` ids and positions); `last_hidden_state` as transformers'."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
@@ -181,8 +213,9 @@ def _model_forward(self: nn.Module, input_ids: torch.Tensor | None = None, atten
         raise ValueError(f"the fused CPU decoder runs packed steps (batch 1), got batch {embeds.shape[0]}")
     hidden = embeds[0] if inputs_embeds is None else embeds[0].clone()  # updated in place: never the caller's
     tokens = hidden.shape[0]
-    positions = (torch.arange(tokens, device=hidden.device) if position_ids is None
-                 else position_ids.reshape(-1)).contiguous()
+    positions = (
+        torch.arange(tokens, device=hidden.device) if position_ids is None else position_ids.reshape(-1)
+    ).contiguous()
     hidden = _decoder_hidden(self, hidden, positions, kwargs.get("pagedinfer_step"))
     return BaseModelOutputWithPast(last_hidden_state=hidden[None])
 
@@ -194,8 +227,7 @@ def _decoder_hidden(decoder: nn.Module, hidden: torch.Tensor, positions: torch.T
     # once per forward; eager, its packed form when it has one
     first = plan.layers[0].attn
     attention = attention_function(first)
-    packed = getattr(attention, "packed", None) \
-        if step is not None and not torch.compiler.is_compiling() else None
+    packed = getattr(attention, "packed", None) if step is not None and not torch.compiler.is_compiling() else None
     cos_sin = decoder.fused_cos_sin
     residual = None
     for layer in plan.layers:
@@ -205,8 +237,9 @@ def _decoder_hidden(decoder: nn.Module, hidden: torch.Tensor, positions: torch.T
     return hidden
 
 
-def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
-                     logits_index: torch.Tensor, step) -> torch.Tensor:
+def causal_lm_logits(
+    model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, logits_index: torch.Tensor, step
+) -> torch.Tensor:
     """`model(input_ids=input_ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=logits_index,
     pagedinfer_step=step).logits[0]` for a model `fuse_layers` fused (`fuses_causal_lm`): the same ops on the
     same tensors, `[len(logits_index), vocab]` (packed `[tokens]` ids and positions in)."""
@@ -219,8 +252,12 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, positions: torch
 def fuses_causal_lm(model: nn.Module) -> bool:
     """Whether `causal_lm_logits` runs `model`: a causal LM of `CAUSAL_LM_CLASSES` whose decoder is fused."""
     decoder = getattr(model, "model", None)
-    return (type(model).__name__ in CAUSAL_LM_CLASSES and decoder is not None
-            and getattr(decoder.forward, "__func__", None) is _model_forward and "fused_lm_head" in vars(model))
+    return (
+        type(model).__name__ in CAUSAL_LM_CLASSES
+        and decoder is not None
+        and getattr(decoder.forward, "__func__", None) is _model_forward
+        and "fused_lm_head" in vars(model)
+    )
 
 
 def fuse_layers(model: nn.Module, num_positions: int, mlp_chunk_bytes: int = MLP_CHUNK_BYTES) -> LayerFusionReport:

@@ -55,7 +55,7 @@ MLP_CLASSES = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")  # down(act(gat
 class FusionReport:
     """What `fuse_projections` did to a model."""
 
-    qkv: tuple[str, ...]      # attention modules whose q/k/v projections are now one qkv_proj
+    qkv: tuple[str, ...]  # attention modules whose q/k/v projections are now one qkv_proj
     gate_up: tuple[str, ...]  # MLP modules whose gate/up projections are now one gate_up_proj
 
 
@@ -68,8 +68,9 @@ def _concatenated(linears: list[nn.Linear]) -> nn.Linear | None:
     if len({(w.dtype, w.device, w.shape[1]) for w in weights}) != 1 or len({b is None for b in biases}) != 1:
         return None
     out_features = sum(w.shape[0] for w in weights)
-    fused = nn.Linear(weights[0].shape[1], out_features, bias=biases[0] is not None, device="meta",
-                      dtype=weights[0].dtype)
+    fused = nn.Linear(
+        weights[0].shape[1], out_features, bias=biases[0] is not None, device="meta", dtype=weights[0].dtype
+    )
     with torch.no_grad():
         fused.weight = nn.Parameter(torch.cat([w.detach() for w in weights]), requires_grad=False)
         if biases[0] is not None:
@@ -99,9 +100,14 @@ def attention_function(module: nn.Module) -> Callable:
     return module.eager_attention if name == "eager" else functions[name]
 
 
-def _attention_forward(self: nn.Module, hidden_states: torch.Tensor,
-                       position_embeddings: tuple[torch.Tensor, torch.Tensor], attention_mask: torch.Tensor | None = None,
-                       cache=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _attention_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None = None,
+    cache=None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The Llama-family attention forward with q, k, v split from one GEMM."""
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -115,9 +121,17 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor,
     if cache is not None:
         key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
     attention = attention_function(self)
-    out, weights = attention(self, query, key, value, attention_mask,
-                             dropout=0.0 if not self.training else self.attention_dropout,
-                             scaling=self.scaling, sliding_window=self.fused_sliding_window, **kwargs)
+    out, weights = attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        sliding_window=self.fused_sliding_window,
+        **kwargs,
+    )
     out = out.reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), weights
 

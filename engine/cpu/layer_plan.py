@@ -57,23 +57,23 @@ def projection(module: nn.Module) -> Projection:
 class LayerPlan:
     """One decoder layer's tensors and numbers, as `_layer_forward` reads them."""
 
-    attn: nn.Module                 # the attention module (the non-packed attention function takes it)
+    attn: nn.Module  # the attention module (the non-packed attention function takes it)
     layer_idx: int
-    input_norm: tuple[torch.Tensor, float]       # (weight, eps) of input_layernorm
-    post_norm: tuple[torch.Tensor, float]        # (weight, eps) of post_attention_layernorm
+    input_norm: tuple[torch.Tensor, float]  # (weight, eps) of input_layernorm
+    post_norm: tuple[torch.Tensor, float]  # (weight, eps) of post_attention_layernorm
     qkv: Projection
-    qkv_sizes: tuple[int, int, int]              # q, k, v columns of qkv's output
+    qkv_sizes: tuple[int, int, int]  # q, k, v columns of qkv's output
     num_query_heads: int
     num_key_heads: int
     head_dim: int
     qk_norms: tuple[torch.Tensor, torch.Tensor, float] | None  # Qwen3's (q weight, k weight, eps)
-    scaling: float | None           # the module's own (None: the attention's default)
-    scale: float                    # what the packed attention gets: scaling, or head_dim ** -0.5
-    sliding_window: int | None      # None or positive
+    scaling: float | None  # the module's own (None: the attention's default)
+    scale: float  # what the packed attention gets: scaling, or head_dim ** -0.5
+    sliding_window: int | None  # None or positive
     o: Projection
     gate_up: Projection
     down: Projection
-    mlp_max_rows: int               # rows per MLP chunk (mlp_chunks.py: its gate_up output fits the chunk bytes)
+    mlp_max_rows: int  # rows per MLP chunk (mlp_chunks.py: its gate_up output fits the chunk bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,17 +96,29 @@ def plan_layer(layer: nn.Module, mlp_chunk_bytes: int = MLP_CHUNK_BYTES) -> Laye
     q_size, k_size, v_size = attn.qkv_sizes
     qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon) if attn.qk_norms else None
     return LayerPlan(
-        attn=attn, layer_idx=attn.layer_idx, input_norm=_norm(layer.input_layernorm),
-        post_norm=_norm(layer.post_attention_layernorm), qkv=projection(attn.qkv_proj),
-        qkv_sizes=(q_size, k_size, v_size), num_query_heads=q_size // head_dim, num_key_heads=k_size // head_dim,
-        head_dim=head_dim, qk_norms=qk_norms, scaling=attn.scaling,
-        scale=attn.scaling if attn.scaling is not None else head_dim ** -0.5,
-        sliding_window=attn.fused_sliding_window or None, o=projection(attn.o_proj),
-        gate_up=projection(mlp.gate_up_proj), down=projection(mlp.down_proj),
-        mlp_max_rows=max_chunk_rows(gate_up_weight.shape[0] * gate_up_weight.element_size(), mlp_chunk_bytes))
+        attn=attn,
+        layer_idx=attn.layer_idx,
+        input_norm=_norm(layer.input_layernorm),
+        post_norm=_norm(layer.post_attention_layernorm),
+        qkv=projection(attn.qkv_proj),
+        qkv_sizes=(q_size, k_size, v_size),
+        num_query_heads=q_size // head_dim,
+        num_key_heads=k_size // head_dim,
+        head_dim=head_dim,
+        qk_norms=qk_norms,
+        scaling=attn.scaling,
+        scale=attn.scaling if attn.scaling is not None else head_dim**-0.5,
+        sliding_window=attn.fused_sliding_window or None,
+        o=projection(attn.o_proj),
+        gate_up=projection(mlp.gate_up_proj),
+        down=projection(mlp.down_proj),
+        mlp_max_rows=max_chunk_rows(gate_up_weight.shape[0] * gate_up_weight.element_size(), mlp_chunk_bytes),
+    )
 
 
 def plan_decoder(decoder: nn.Module, mlp_chunk_bytes: int = MLP_CHUNK_BYTES) -> DecoderPlan:
-    return DecoderPlan(tuple(plan_layer(layer, mlp_chunk_bytes)
-                             for layer in decoder.layers[: decoder.config.num_hidden_layers]),
-                       _norm(decoder.norm), decoder.embed_tokens.forward)
+    return DecoderPlan(
+        tuple(plan_layer(layer, mlp_chunk_bytes) for layer in decoder.layers[: decoder.config.num_hidden_layers]),
+        _norm(decoder.norm),
+        decoder.embed_tokens.forward,
+    )

@@ -48,9 +48,11 @@ def backend() -> str:
 
 def onednn_available() -> bool:
     """Whether this torch build has oneDNN and its packed-linear ops."""
-    return bool(torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -104,8 +106,8 @@ class PackedLinear(nn.Module):
 class PackingReport:
     """What `pack_linear_weights` did to a model."""
 
-    backend: str                 # "onednn" when packed, else "aten" (F.linear)
-    packed: tuple[str, ...]      # names of the modules whose weight is now packed
+    backend: str  # "onednn" when packed, else "aten" (F.linear)
+    packed: tuple[str, ...]  # names of the modules whose weight is now packed
     skipped_shared: tuple[str, ...]  # linear layers left dense: their weight is shared (tied embeddings)
 
 

@@ -52,5 +52,9 @@ def chunked_mlp(hidden: torch.Tensor, gate_up, down, max_rows: int) -> torch.Ten
     chunks = 1 if torch.compiler.is_compiling() else num_chunks(hidden.shape[0], max_rows)
     if chunks <= 1:
         return down.fn(layer_ops.silu_and_mul(gate_up.fn(hidden, *gate_up.args)), *down.args)
-    return torch.cat([down.fn(layer_ops.silu_and_mul(gate_up.fn(part, *gate_up.args)), *down.args)
-                      for part in hidden.tensor_split(chunks)])
+    return torch.cat(
+        [
+            down.fn(layer_ops.silu_and_mul(gate_up.fn(part, *gate_up.args)), *down.args)
+            for part in hidden.tensor_split(chunks)
+        ]
+    )

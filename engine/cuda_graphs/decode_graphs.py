@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -50,8 +50,9 @@ WARM_UP_RUNS = 2  # eager runs per bucket before its capture (Triton compiles, c
 class DecodeGraphs:
     """The buckets of one runner: their static buffers, and their graphs once captured."""
 
-    def __init__(self, sizes: tuple[int, ...], forward: Forward, device: torch.device, max_model_len: int,
-                 block_size: int) -> None:
+    def __init__(
+        self, sizes: tuple[int, ...], forward: Forward, device: torch.device, max_model_len: int, block_size: int
+    ) -> None:
         if not sizes:
             raise ValueError("decode graphs: no bucket sizes (max_cudagraph_capture_size 0 means no graphs)")
         self.sizes = sizes
@@ -77,8 +78,14 @@ class DecodeGraphs:
             return None
         return bucket_for(num_seqs, self.sizes)
 
-    def run(self, bucket: int, token_ids: list[int], arrays: StepArrays, logits_rows: list[int],
-            fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    def run(
+        self,
+        bucket: int,
+        token_ids: list[int],
+        arrays: StepArrays,
+        logits_rows: list[int],
+        fill: Callable[[torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
         """Logits [len(logits_rows), vocab] of a pure-decode step at `bucket` (see the module docstring); `fill`
         (async scheduling) writes the placeholder tokens' ids into the static input ids on the device."""
         n = len(token_ids)
@@ -106,8 +113,7 @@ class DecodeGraphs:
         input_ids, positions, logits_index = self.static.views(bucket)
         out = self.forward(input_ids, positions, meta, logits_index)
         if self.static.logits is None:
-            self.static.logits = torch.empty(self.static.max_bucket, out.shape[-1], dtype=out.dtype,
-                                             device=self.device)
+            self.static.logits = torch.empty(self.static.max_bucket, out.shape[-1], dtype=out.dtype, device=self.device)
         self.static.logits[:bucket].copy_(out)
 
     def capture(self) -> None:
@@ -134,15 +140,21 @@ class DecodeGraphs:
                 raise RuntimeError(
                     f"max_cudagraph_capture_size (--max-cudagraph-capture-size): capturing the decode step of"
                     f" {bucket} sequences failed ({exc}); the model's forward does something a CUDA graph cannot"
-                    " hold (a host sync, a CPU tensor): serve it with the option at 0") from exc
+                    " hold (a host sync, a CPU tensor): serve it with the option at 0"
+                ) from exc
             pool = graph.pool() if pool is None else pool
             self.graphs[bucket] = graph
         torch.cuda.synchronize(self.device)
         # the pool, the graphs and the logits buffer (allocated at the first warm-up), and the index buffers
         self.captured_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0]) + index_bytes
         self.capture_seconds = time.monotonic() - began
-        logger.info("decode graphs: %d buckets (1..%d) captured in %.1f s, %.1f MiB", len(self.sizes),
-                    self.sizes[-1], self.capture_seconds, self.captured_bytes / 2**20)
+        logger.info(
+            "decode graphs: %d buckets (1..%d) captured in %.1f s, %.1f MiB",
+            len(self.sizes),
+            self.sizes[-1],
+            self.capture_seconds,
+            self.captured_bytes / 2**20,
+        )
 
 
 def _padding_row() -> StepArrays:
@@ -151,6 +163,11 @@ def _padding_row() -> StepArrays:
 
     from pagedinfer.engine.cuda_graphs.static_inputs import PAD_SLOT
 
-    return StepArrays(slot_mapping=np.array([PAD_SLOT], dtype=np.int64), block_tables=np.zeros((1, 1), np.int32),
-                      seq_lens=np.array([PAD_SEQ_LEN], dtype=np.int64), query_start_loc=np.arange(2, dtype=np.int64),
-                      positions=np.zeros(1, dtype=np.int64), num_decode_seqs=1)
+    return StepArrays(
+        slot_mapping=np.array([PAD_SLOT], dtype=np.int64),
+        block_tables=np.zeros((1, 1), np.int32),
+        seq_lens=np.array([PAD_SEQ_LEN], dtype=np.int64),
+        query_start_loc=np.arange(2, dtype=np.int64),
+        positions=np.zeros(1, dtype=np.int64),
+        num_decode_seqs=1,
+    )

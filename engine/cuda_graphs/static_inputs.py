@@ -40,8 +40,9 @@ class StaticInputs:
 
     def __init__(self, device: torch.device, max_bucket: int, max_blocks_per_seq: int) -> None:
         if max_bucket < 1 or max_blocks_per_seq < 1:
-            raise ValueError(f"static inputs: max_bucket ({max_bucket}) and max_blocks_per_seq"
-                             f" ({max_blocks_per_seq}) must be >= 1")
+            raise ValueError(
+                f"static inputs: max_bucket ({max_bucket}) and max_blocks_per_seq ({max_blocks_per_seq}) must be >= 1"
+            )
         self.device = device
         self.max_bucket = max_bucket
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -56,8 +57,9 @@ class StaticInputs:
             "logits_index": np.arange(b, dtype=np.int64),
         }
         on_cpu = device.type == "cpu"
-        self.tensors = {name: torch.from_numpy(a) if on_cpu else torch.from_numpy(a).to(device)
-                        for name, a in self.host.items()}
+        self.tensors = {
+            name: torch.from_numpy(a) if on_cpu else torch.from_numpy(a).to(device) for name, a in self.host.items()
+        }
         # the forward's logits of the bucket's rows are copied here (inside the graph on CUDA); allocated at the
         # first run (a warm-up, before any capture) in the dtype and width the forward returns
         self.logits: torch.Tensor | None = None
@@ -73,8 +75,9 @@ class StaticInputs:
             raise ValueError(f"static inputs: a batch of {n} does not fit bucket {bucket} (at most {self.max_bucket})")
         width = arrays.block_tables.shape[1]
         if width > self.max_blocks_per_seq:
-            raise ValueError(f"static inputs: a block table of {width} blocks exceeds max_model_len's"
-                             f" {self.max_blocks_per_seq}")
+            raise ValueError(
+                f"static inputs: a block table of {width} blocks exceeds max_model_len's {self.max_blocks_per_seq}"
+            )
         h = self.host
         h["input_ids"][:n] = token_ids
         h["positions"][:n] = arrays.positions
@@ -109,7 +112,13 @@ class StaticInputs:
             raise ValueError(f"static inputs: {len(seq_lens_cpu)} host lengths for bucket {bucket}")
         t = self.tensors
         return AttentionMetadata(
-            slot_mapping=t["slot_mapping"][:bucket], block_tables=t["block_tables"][:bucket],
-            seq_lens=t["seq_lens"][:bucket], query_start_loc=t["query_start_loc"][: bucket + 1],
-            max_seq_len=max(seq_lens_cpu), max_query_len=1, num_decode_seqs=bucket,
-            seq_lens_cpu=list(seq_lens_cpu), query_lens_cpu=[1] * bucket)
+            slot_mapping=t["slot_mapping"][:bucket],
+            block_tables=t["block_tables"][:bucket],
+            seq_lens=t["seq_lens"][:bucket],
+            query_start_loc=t["query_start_loc"][: bucket + 1],
+            max_seq_len=max(seq_lens_cpu),
+            max_query_len=1,
+            num_decode_seqs=bucket,
+            seq_lens_cpu=list(seq_lens_cpu),
+            query_lens_cpu=[1] * bucket,
+        )

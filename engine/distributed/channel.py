@@ -32,7 +32,7 @@ class StepChannel:
         self._buffer[:head] = words[:head]
         self.group.broadcast(self._buffer)
         if len(words) > self.capacity_words:
-            self.group.broadcast(words[self.capacity_words:].clone())
+            self.group.broadcast(words[self.capacity_words :].clone())
             self.num_broadcasts += 1
         self.num_broadcasts += 1
         self.broadcast_seconds += time.perf_counter() - start

@@ -25,8 +25,7 @@ STORE_TIMEOUT = datetime.timedelta(minutes=15)  # workers loading a large model 
 
 def create_store(world_size: int) -> dist.TCPStore:
     """Rank 0's store on a free loopback port (read `.port`); workers connect to it."""
-    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                         timeout=STORE_TIMEOUT)
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
 
 
 def connect_store(port: int, world_size: int | None) -> dist.TCPStore:
@@ -46,7 +45,7 @@ class TPGroup:
     compute: object  # ProcessGroupGloo (CPU) or ProcessGroupNCCL (CUDA)
 
     @classmethod
-    def join(cls, store: dist.Store, rank: int, world_size: int, device: torch.device) -> "TPGroup":
+    def join(cls, store: dist.Store, rank: int, world_size: int, device: torch.device) -> TPGroup:
         control = dist.ProcessGroupGloo(dist.PrefixStore("control/", store), rank, world_size, CONTROL_TIMEOUT)
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL communicators and Triton launches use the current device

@@ -85,42 +85,58 @@ class Kind(Enum):
 
 
 STYLES: dict[str, Kind] = {  # the transformers versions (of those read) that register the name
-    "colwise": Kind.COLUMN,                           # all
-    "local_colwise": Kind.COLUMN,                     # 4.56-5.0
-    "packed_colwise": Kind.PACKED_COLUMN,             # 5.12-5.25
-    "unit_colwise": Kind.UNIT_COLUMN,                 # 5.25
-    "colwise_rep": Kind.GATHER_COLUMN,                # 4.56-5.0, 5.20-5.25
-    "colwise_gather_output": Kind.GATHER_COLUMN,      # 5.12-5.25
-    "rowwise": Kind.ROW,                              # all
-    "rowwise_rep": Kind.SPLIT_ROW,                    # 4.56-5.0, 5.20-5.25
-    "rowwise_split_input": Kind.SPLIT_ROW,            # 5.12-5.25
-    "unit_rowwise": Kind.UNIT_ROW,                    # 5.25
-    "local_rowwise": Kind.PARTIAL_ROW,                # 4.56-5.0
+    "colwise": Kind.COLUMN,  # all
+    "local_colwise": Kind.COLUMN,  # 4.56-5.0
+    "packed_colwise": Kind.PACKED_COLUMN,  # 5.12-5.25
+    "unit_colwise": Kind.UNIT_COLUMN,  # 5.25
+    "colwise_rep": Kind.GATHER_COLUMN,  # 4.56-5.0, 5.20-5.25
+    "colwise_gather_output": Kind.GATHER_COLUMN,  # 5.12-5.25
+    "rowwise": Kind.ROW,  # all
+    "rowwise_rep": Kind.SPLIT_ROW,  # 4.56-5.0, 5.20-5.25
+    "rowwise_split_input": Kind.SPLIT_ROW,  # 5.12-5.25
+    "unit_rowwise": Kind.UNIT_ROW,  # 5.25
+    "local_rowwise": Kind.PARTIAL_ROW,  # 4.56-5.0
     "local_packed_rowwise": Kind.PACKED_PARTIAL_ROW,  # 4.56-5.0
-    "packed_rowwise": Kind.PACKED_PARTIAL_ROW,        # 5.12-5.25
-    "embedding_rowwise": Kind.VOCAB_EMBEDDING,        # 5.12-5.25
-    "embedding_colwise": Kind.HIDDEN_EMBEDDING,       # 5.12, 5.25
-    "gather": Kind.REDUCE_OUTPUT,                     # 4.56-5.0
-    "all_reduce": Kind.REDUCE_OUTPUT,                 # 5.12-5.25
-    "moe_tp_experts": Kind.REDUCE_OUTPUT,             # 5.12-5.25 (deprecated in 5.25)
-    "local": Kind.SCALED,                             # 4.56-5.0
-    "replicate": Kind.WHOLE,                          # 4.56-5.0, 5.25
-    "replicated_with_grad_allreduce": Kind.WHOLE,     # 5.12-5.25
-    "mla_kv_a_proj": Kind.WHOLE,                      # 5.12-5.25
-    "local_params": Kind.WHOLE,                       # 5.25
-    "sequence_parallel": Kind.WHOLE,                  # all
+    "packed_rowwise": Kind.PACKED_PARTIAL_ROW,  # 5.12-5.25
+    "embedding_rowwise": Kind.VOCAB_EMBEDDING,  # 5.12-5.25
+    "embedding_colwise": Kind.HIDDEN_EMBEDDING,  # 5.12, 5.25
+    "gather": Kind.REDUCE_OUTPUT,  # 4.56-5.0
+    "all_reduce": Kind.REDUCE_OUTPUT,  # 5.12-5.25
+    "moe_tp_experts": Kind.REDUCE_OUTPUT,  # 5.12-5.25 (deprecated in 5.25)
+    "local": Kind.SCALED,  # 4.56-5.0
+    "replicate": Kind.WHOLE,  # 4.56-5.0, 5.25
+    "replicated_with_grad_allreduce": Kind.WHOLE,  # 5.12-5.25
+    "mla_kv_a_proj": Kind.WHOLE,  # 5.12-5.25
+    "local_params": Kind.WHOLE,  # 5.25
+    "sequence_parallel": Kind.WHOLE,  # all
 }
-EXPERT_PARALLEL = ("grouped_gemm", "ep_router", "ep_dispatch_experts", "megamoe_router", "megamoe_experts",
-                   "moe_identity_expert")
-REFUSED: dict[str, str] = {name: "expert parallelism (experts routed to the rank holding them) is not implemented"
-                           for name in EXPERT_PARALLEL}
+EXPERT_PARALLEL = (
+    "grouped_gemm",
+    "ep_router",
+    "ep_dispatch_experts",
+    "megamoe_router",
+    "megamoe_experts",
+    "moe_identity_expert",
+)
+REFUSED: dict[str, str] = {
+    name: "expert parallelism (experts routed to the rank holding them) is not implemented" for name in EXPERT_PARALLEL
+}
 
 # kinds whose output chunk is this rank's heads when they hold the attention keys
 HEAD_SPLITTING = (Kind.COLUMN, Kind.UNIT_COLUMN)
 # transformers' names of the projections that hold the attention keys (get_kv_heads_per_rank's)
 KEY_PROJECTIONS = ("k_proj", "qkv_proj", "query_key_value")
-LINEAR_KINDS = (Kind.COLUMN, Kind.PACKED_COLUMN, Kind.UNIT_COLUMN, Kind.GATHER_COLUMN, Kind.ROW, Kind.SPLIT_ROW,
-                Kind.UNIT_ROW, Kind.PARTIAL_ROW, Kind.PACKED_PARTIAL_ROW)
+LINEAR_KINDS = (
+    Kind.COLUMN,
+    Kind.PACKED_COLUMN,
+    Kind.UNIT_COLUMN,
+    Kind.GATHER_COLUMN,
+    Kind.ROW,
+    Kind.SPLIT_ROW,
+    Kind.UNIT_ROW,
+    Kind.PARTIAL_ROW,
+    Kind.PACKED_PARTIAL_ROW,
+)
 EMBEDDING_KINDS = (Kind.VOCAB_EMBEDDING, Kind.HIDDEN_EMBEDDING)
 
 
@@ -129,8 +145,10 @@ def kind_of(style: str, where: str) -> Kind:
     if style in STYLES:
         return STYLES[style]
     why = REFUSED.get(style, "transformers style unknown to this engine")
-    raise ValueError(f"tensor_parallel_size: plan style {style!r} of {where} is not supported ({why});"
-                     f" supported: {', '.join(STYLES)}")
+    raise ValueError(
+        f"tensor_parallel_size: plan style {style!r} of {where} is not supported ({why});"
+        f" supported: {', '.join(STYLES)}"
+    )
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,7 @@ def cut_linear(module: nn.Linear, rows: Cut | None = None, cols: Cut | None = No
         weight = take(weight, 0, rows)
     if cols is not None:
         weight = take(weight, 1, cols)
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=module.bias is not None, dtype=weight.dtype,
-                    device="meta")
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=module.bias is not None, dtype=weight.dtype, device="meta")
     out.weight = _param(weight)
     if module.bias is not None:
         out.bias = _param(take(module.bias.data, 0, rows) if rows is not None else module.bias.data.clone())
@@ -59,8 +58,9 @@ class RowParallelLinear(nn.Module):
 
     packable_weight = True  # engine/cpu/linear.py may pack `weight` for oneDNN on a CPU
 
-    def __init__(self, module: nn.Linear, group: TPGroup, cols: Cut | None = None, split_input: bool = False,
-                 replicas: int = 1) -> None:
+    def __init__(
+        self, module: nn.Linear, group: TPGroup, cols: Cut | None = None, split_input: bool = False, replicas: int = 1
+    ) -> None:
         super().__init__()
         self.cols = cols if cols is not None else chunk(module.in_features, group.rank, group.world_size)
         self.in_features, self.out_features = self.cols.size, module.out_features
@@ -164,7 +164,9 @@ def reduce_output_hook(group: TPGroup):
             return group.all_reduce(output)
         if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
             return (group.all_reduce(output[0]),) + output[1:]
-        raise TypeError(f"tensor_parallel_size: a reduced-output module returned {type(output).__name__},"
-                        " not a tensor or a tuple starting with one")
+        raise TypeError(
+            f"tensor_parallel_size: a reduced-output module returned {type(output).__name__},"
+            " not a tensor or a tuple starting with one"
+        )
 
     return hook

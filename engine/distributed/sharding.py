@@ -48,13 +48,30 @@ from pagedinfer.engine.distributed.sharded_layers import (
     take,
 )
 
-__all__ = ["GatherOutputLinear", "HiddenParallelEmbedding", "RowParallelLinear", "VocabParallelEmbedding",
-           "check_divisible", "kv_heads_per_rank", "planned", "planned_parameter_bytes", "shard_model"]
+__all__ = [
+    "GatherOutputLinear",
+    "HiddenParallelEmbedding",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "check_divisible",
+    "kv_heads_per_rank",
+    "planned",
+    "planned_parameter_bytes",
+    "shard_model",
+]
 
 _DEFAULT_EMBEDDING_STYLE = "embedding_rowwise"  # the input embedding when the plan leaves it out
 # kinds a parameter rule can apply (a cut, a scale or nothing: no forward of its own)
-_CUT_PARAMETER_KINDS = (Kind.COLUMN, Kind.PACKED_COLUMN, Kind.UNIT_COLUMN, Kind.ROW, Kind.SPLIT_ROW, Kind.UNIT_ROW,
-                        Kind.PARTIAL_ROW, Kind.PACKED_PARTIAL_ROW)
+_CUT_PARAMETER_KINDS = (
+    Kind.COLUMN,
+    Kind.PACKED_COLUMN,
+    Kind.UNIT_COLUMN,
+    Kind.ROW,
+    Kind.SPLIT_ROW,
+    Kind.UNIT_ROW,
+    Kind.PARTIAL_ROW,
+    Kind.PACKED_PARTIAL_ROW,
+)
 _PARAMETER_KINDS = _CUT_PARAMETER_KINDS + (Kind.SCALED, Kind.WHOLE)
 
 
@@ -64,14 +81,16 @@ def check_divisible(num_attention_heads: int, num_kv_heads: int, tensor_parallel
     if num_attention_heads % n or num_kv_heads % n:
         raise ValueError(
             f"tensor_parallel_size: {n} must divide both num_attention_heads ({num_attention_heads}) and"
-            f" num_key_value_heads ({num_kv_heads}): each GPU holds whole heads")
+            f" num_key_value_heads ({num_kv_heads}): each GPU holds whole heads"
+        )
 
 
 def model_plan(model: nn.Module) -> dict[str, str]:
     """Rule globs under the model's own names -> style: the base model's (under its prefix), then the head's."""
     prefix = getattr(model, "base_model_prefix", "model")
-    plan = {f"{prefix}.{glob}": style
-            for glob, style in (getattr(model.config, "base_model_tp_plan", None) or {}).items()}
+    plan = {
+        f"{prefix}.{glob}": style for glob, style in (getattr(model.config, "base_model_tp_plan", None) or {}).items()
+    }
     plan.update(getattr(type(model), "_tp_plan", None) or {})
     return plan
 
@@ -85,7 +104,7 @@ class Planned:
     """What the plan changes: `modules` in the order they are sharded (the input embedding last, after
     the LM head it may share a shard with), `parameters` named by a rule of their own."""
 
-    modules: tuple[tuple[str, str], ...]     # (module name, style), WHOLE styles left out
+    modules: tuple[tuple[str, str], ...]  # (module name, style), WHOLE styles left out
     parameters: tuple[tuple[str, str], ...]  # (parameter name, style), WHOLE styles left out
 
 
@@ -132,8 +151,9 @@ def _linear_shard(name: str, module: nn.Linear, kind: Kind, group: TPGroup, head
     n, r = group.world_size, group.rank
     out_features, in_features = module.out_features, module.in_features
     if kind in (Kind.COLUMN, Kind.ROW, Kind.SPLIT_ROW, Kind.PARTIAL_ROW):
-        _divides(name, out_features if kind is Kind.COLUMN else in_features,
-                 "output" if kind is Kind.COLUMN else "input", n)
+        _divides(
+            name, out_features if kind is Kind.COLUMN else in_features, "output" if kind is Kind.COLUMN else "input", n
+        )
     if kind is Kind.COLUMN:
         return cut_linear(module, rows=chunk(out_features, r, n))
     if kind is Kind.PACKED_COLUMN:
@@ -153,8 +173,7 @@ def _linear_shard(name: str, module: nn.Linear, kind: Kind, group: TPGroup, head
     return cut_linear(module, cols=plan_styles.packed_chunk(in_features, r, n, name))  # PACKED_PARTIAL_ROW
 
 
-def _parameter_cut(name: str, param: nn.Parameter, kind: Kind, group: TPGroup,
-                   head_dim: int) -> tuple[int, Cut] | None:
+def _parameter_cut(name: str, param: nn.Parameter, kind: Kind, group: TPGroup, head_dim: int) -> tuple[int, Cut] | None:
     """(dim, cut) of a parameter under a parameter rule; None: kept whole."""
     n, r = group.world_size, group.rank
     leaf = name.rsplit(".", 1)[-1]
@@ -182,8 +201,10 @@ def shard_model(model: nn.Module, group: TPGroup) -> list[str]:
     """Apply the plan to this rank's copy of the model, in place; returns the module and parameter names changed."""
     plan = planned(model)
     if not plan.modules and not plan.parameters:
-        raise ValueError(f"tensor_parallel_size: {type(model).__name__} declares no tensor-parallel plan"
-                         " (config.base_model_tp_plan); it can only run with tensor_parallel_size 1")
+        raise ValueError(
+            f"tensor_parallel_size: {type(model).__name__} declares no tensor-parallel plan"
+            " (config.base_model_tp_plan); it can only run with tensor_parallel_size 1"
+        )
     n, head_dim = group.world_size, _head_dim(model)
     head = model.get_output_embeddings()
     tied_weight = head.weight if head is not None else None  # the embedding's own table when tied
@@ -193,12 +214,16 @@ def shard_model(model: nn.Module, group: TPGroup) -> list[str]:
         owner = name.rpartition(".")[0]
         owner_kind = plan_styles.STYLES.get(module_rules.get(owner, ""))
         if owner_kind in LINEAR_KINDS or owner_kind in EMBEDDING_KINDS:
-            raise ValueError(f"tensor_parallel_size: {name} has a plan rule ({style!r}) of its own inside"
-                             f" {owner}, which its rule ({module_rules[owner]!r}) replaces")
+            raise ValueError(
+                f"tensor_parallel_size: {name} has a plan rule ({style!r}) of its own inside"
+                f" {owner}, which its rule ({module_rules[owner]!r}) replaces"
+            )
         kind = plan_styles.kind_of(style, name)
         if kind not in _PARAMETER_KINDS:
-            raise ValueError(f"tensor_parallel_size: plan style {style!r} of parameter {name} needs a forward"
-                             f" of its own ({kind.value}); a parameter has none")
+            raise ValueError(
+                f"tensor_parallel_size: plan style {style!r} of parameter {name} needs a forward"
+                f" of its own ({kind.value}); a parameter has none"
+            )
         param = model.get_parameter(name)
         if kind is Kind.SCALED:
             _set(model, name, nn.Parameter(param.data / n, requires_grad=False))
@@ -211,19 +236,26 @@ def shard_model(model: nn.Module, group: TPGroup) -> list[str]:
         module = model.get_submodule(name)
         if kind in LINEAR_KINDS:
             if type(module) is not nn.Linear:
-                raise ValueError(f"tensor_parallel_size: plan style {style!r} for {name}, a"
-                                 f" {type(module).__name__}, is not supported (only nn.Linear layers are sharded)")
+                raise ValueError(
+                    f"tensor_parallel_size: plan style {style!r} for {name}, a"
+                    f" {type(module).__name__}, is not supported (only nn.Linear layers are sharded)"
+                )
             _set(model, name, _linear_shard(name, module, kind, group, head_dim))
         elif kind in EMBEDDING_KINDS:
             if type(module) is not nn.Embedding:
-                raise ValueError(f"tensor_parallel_size: plan style {style!r} for {name}, a"
-                                 f" {type(module).__name__}, is not supported (only nn.Embedding tables)")
+                raise ValueError(
+                    f"tensor_parallel_size: plan style {style!r} for {name}, a"
+                    f" {type(module).__name__}, is not supported (only nn.Embedding tables)"
+                )
             if kind is Kind.HIDDEN_EMBEDDING:
                 _set(model, name, HiddenParallelEmbedding(module, group))
                 continue
             head = model.get_output_embeddings()
-            tied = isinstance(head, GatherOutputLinear) and head.weight.shape[1] == module.embedding_dim \
+            tied = (
+                isinstance(head, GatherOutputLinear)
+                and head.weight.shape[1] == module.embedding_dim
                 and module.weight is tied_weight
+            )
             _set(model, name, VocabParallelEmbedding(module, group, head.weight if tied else None))
         elif kind is Kind.REDUCE_OUTPUT:
             module.register_forward_hook(reduce_output_hook(group))
@@ -238,9 +270,18 @@ def planned_parameter_bytes(model: nn.Module) -> int:
     """Bytes of the parameters the plan cuts (after sharding: this rank's shards); unknown styles count nothing."""
     plan = planned(model)
     cutting = LINEAR_KINDS + EMBEDDING_KINDS
-    params = {id(p): p for name, style in plan.modules if plan_styles.STYLES.get(style) in cutting
-              for p in model.get_submodule(name).parameters(recurse=False)}
-    params.update({id(p): p for name, style in plan.parameters
-                   if plan_styles.STYLES.get(style) in _CUT_PARAMETER_KINDS
-                   for p in (model.get_parameter(name),)})
+    params = {
+        id(p): p
+        for name, style in plan.modules
+        if plan_styles.STYLES.get(style) in cutting
+        for p in model.get_submodule(name).parameters(recurse=False)
+    }
+    params.update(
+        {
+            id(p): p
+            for name, style in plan.parameters
+            if plan_styles.STYLES.get(style) in _CUT_PARAMETER_KINDS
+            for p in (model.get_parameter(name),)
+        }
+    )
     return sum(p.numel() * p.element_size() for p in params.values())  # a tied head and embedding count once

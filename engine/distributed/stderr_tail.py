@@ -24,8 +24,7 @@ from typing import BinaryIO
 class StderrTail:
     def __init__(self, pipe: BinaryIO, name: str, max_lines: int = 12) -> None:
         self._lines: deque[bytes] = deque(maxlen=max_lines)
-        self._thread = threading.Thread(target=self._pump, args=(pipe,), name=f"pagedinfer-stderr-{name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._pump, args=(pipe,), name=f"pagedinfer-stderr-{name}", daemon=True)
         self._thread.start()
 
     def _pump(self, pipe: BinaryIO) -> None:
@@ -44,4 +43,4 @@ class StderrTail:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -34,17 +34,17 @@ _SPARE_TABLE_WORDS = 4096  # block-table and block-copy words a single broadcast
 class StepInputs:
     """One forward's inputs, identical on every rank."""
 
-    token_ids: list[int]            # the step's new tokens, packed, decodes first
-    seq_ids: list[int]              # per sequence: its id, the key of its block table in the persistent batch
-    seq_lens: list[int]             # per sequence: context length including this step's tokens
-    query_lens: list[int]           # per sequence: new tokens this step
-    logits_rows: list[int]          # token indices whose logits are kept (the last of each sampling sequence)
+    token_ids: list[int]  # the step's new tokens, packed, decodes first
+    seq_ids: list[int]  # per sequence: its id, the key of its block table in the persistent batch
+    seq_lens: list[int]  # per sequence: context length including this step's tokens
+    query_lens: list[int]  # per sequence: new tokens this step
+    logits_rows: list[int]  # token indices whose logits are kept (the last of each sampling sequence)
     table_deltas: TableDeltas = TableDeltas()  # block tables changed since the last step, applied first
     blocks_to_copy: tuple[tuple[int, int], ...] = ()
     blocks_to_swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block)
-    blocks_to_swap_in: tuple[tuple[int, int], ...] = ()   # (host block, device block)
+    blocks_to_swap_in: tuple[tuple[int, int], ...] = ()  # (host block, device block)
     tier_stores: tuple[tuple[int, int], ...] = ()  # (device block, host block): the host tier's, run first
-    tier_loads: tuple[tuple[int, int], ...] = ()   # (host block, device block): after the swap-ins
+    tier_loads: tuple[tuple[int, int], ...] = ()  # (host block, device block): after the swap-ins
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,26 @@ def capacity_words(max_num_batched_tokens: int, max_num_seqs: int) -> int:
 
 def pack(message: Message) -> torch.Tensor:
     if message.kind != STEP:
-        return torch.tensor([message.kind, _HEADER_WORDS, message.num_gpu_blocks, message.num_cpu_blocks]
-                            + [0] * (_HEADER_WORDS - 4), dtype=torch.int64)
+        return torch.tensor(
+            [message.kind, _HEADER_WORDS, message.num_gpu_blocks, message.num_cpu_blocks] + [0] * (_HEADER_WORDS - 4),
+            dtype=torch.int64,
+        )
     s = message.step
     deltas = s.table_deltas
-    words = [STEP, 0, len(s.token_ids), len(s.seq_lens), len(s.logits_rows), len(s.blocks_to_copy),
-             len(s.blocks_to_swap_out), len(s.blocks_to_swap_in), len(deltas.updates), len(deltas.freed_seq_ids),
-             len(s.tier_stores), len(s.tier_loads)]
+    words = [
+        STEP,
+        0,
+        len(s.token_ids),
+        len(s.seq_lens),
+        len(s.logits_rows),
+        len(s.blocks_to_copy),
+        len(s.blocks_to_swap_out),
+        len(s.blocks_to_swap_in),
+        len(deltas.updates),
+        len(deltas.freed_seq_ids),
+        len(s.tier_stores),
+        len(s.tier_loads),
+    ]
     words += s.token_ids + s.seq_ids + s.seq_lens + s.query_lens + s.logits_rows
     for pairs in (s.blocks_to_copy, s.blocks_to_swap_out, s.blocks_to_swap_in, s.tier_stores, s.tier_loads):
         for src, dst in pairs:
@@ -85,14 +98,15 @@ def unpack(words: torch.Tensor) -> Message:
     kind = w[0]
     if kind != STEP:
         return Message(kind, num_gpu_blocks=w[2], num_cpu_blocks=w[3])
-    num_tokens, num_seqs, num_rows, num_copy, num_out, num_in, num_updates, num_freed, num_stores, num_loads = \
-        w[2:_HEADER_WORDS]
+    num_tokens, num_seqs, num_rows, num_copy, num_out, num_in, num_updates, num_freed, num_stores, num_loads = w[
+        2:_HEADER_WORDS
+    ]
     at = _HEADER_WORDS
 
     def take(count: int) -> list[int]:
         nonlocal at
         at += count
-        return w[at - count:at]
+        return w[at - count : at]
 
     token_ids, seq_ids, seq_lens, query_lens = take(num_tokens), take(num_seqs), take(num_seqs), take(num_seqs)
     rows = take(num_rows)
@@ -103,5 +117,19 @@ def unpack(words: torch.Tensor) -> Message:
         seq_id, start, count = take(3)
         updates.append(BlockTableUpdate(seq_id, start, tuple(take(count))))
     copies, swaps_out, swaps_in, tier_stores, tier_loads = pairs
-    return Message(STEP, StepInputs(token_ids, seq_ids, seq_lens, query_lens, rows, TableDeltas(tuple(updates), freed),
-                                    copies, swaps_out, swaps_in, tier_stores, tier_loads))
+    return Message(
+        STEP,
+        StepInputs(
+            token_ids,
+            seq_ids,
+            seq_lens,
+            query_lens,
+            rows,
+            TableDeltas(tuple(updates), freed),
+            copies,
+            swaps_out,
+            swaps_in,
+            tier_stores,
+            tier_loads,
+        ),
+    )

@@ -56,11 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         config = pickle.loads(store.get("config"))
         group = TPGroup.join(store, args.rank, args.world_size, tp_device(config, args.rank))
         runner = ModelRunner(config, group)
-        store.set(f"rank{args.rank}/ready", json.dumps({
-            "weight_bytes": runner.weight_bytes, "sharded_weight_bytes": runner.sharded_weight_bytes,
-            "num_packed_linears": len(runner.linear_packing.packed) if runner.linear_packing else 0}))
-        channel = StepChannel(group, step_message.capacity_words(config.max_num_batched_tokens,
-                                                                 config.max_num_seqs))
+        store.set(
+            f"rank{args.rank}/ready",
+            json.dumps(
+                {
+                    "weight_bytes": runner.weight_bytes,
+                    "sharded_weight_bytes": runner.sharded_weight_bytes,
+                    "num_packed_linears": len(runner.linear_packing.packed) if runner.linear_packing else 0,
+                }
+            ),
+        )
+        channel = StepChannel(group, step_message.capacity_words(config.max_num_batched_tokens, config.max_num_seqs))
         while True:
             message = channel.recv()
             if message.kind == step_message.STOP:

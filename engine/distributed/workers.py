@@ -67,9 +67,9 @@ class RankReport:
     """What a rank says once its shard is loaded."""
 
     rank: int
-    weight_bytes: int          # all its parameters and buffers
+    weight_bytes: int  # all its parameters and buffers
     sharded_weight_bytes: int  # those of the layers the tensor-parallel plan splits
-    num_packed_linears: int    # its linear layers packed for oneDNN (engine/cpu/linear.py; CPU only)
+    num_packed_linears: int  # its linear layers packed for oneDNN (engine/cpu/linear.py; CPU only)
 
 
 class TensorParallelError(RuntimeError):
@@ -100,23 +100,35 @@ class WorkerSet:
         self._finalizer = weakref.finalize(self, _terminate, self.procs)
         self.store.set("config", pickle.dumps(config))
         for rank in range(1, n):
-            argv = child_python_argv(module="pagedinfer.engine.distributed.worker", args=(
-                "--rank", rank, "--world-size", n, "--store-port", self.store.port, "--parent-pid", os.getpid(),
-                "--num-threads", torch.get_num_threads()))
+            argv = child_python_argv(
+                module="pagedinfer.engine.distributed.worker",
+                args=(
+                    "--rank",
+                    rank,
+                    "--world-size",
+                    n,
+                    "--store-port",
+                    self.store.port,
+                    "--parent-pid",
+                    os.getpid(),
+                    "--num-threads",
+                    torch.get_num_threads(),
+                ),
+            )
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.procs.append(proc)
             self._stderr.append(StderrTail(proc.stderr, f"rank{rank}"))
         self._wait_for("started", "starting", STORE_TIMEOUT.total_seconds())
         self.group = self._while_alive(lambda: TPGroup.join(self.store, 0, n, device), "joining the process group")
-        self.channel = StepChannel(self.group, step_message.capacity_words(
-            config.max_num_batched_tokens, config.max_num_seqs))
+        self.channel = StepChannel(
+            self.group, step_message.capacity_words(config.max_num_batched_tokens, config.max_num_seqs)
+        )
 
     # ----- start-up -------------------------------------------------------------------
     def _while_alive(self, fn, what: str):
         """fn() in a thread, while watching the children: a child that dies is named, never waited on."""
         result: list = []
-        thread = threading.Thread(target=lambda: result.append(_capture(fn)), name="pagedinfer-tp-join",
-                                  daemon=True)
+        thread = threading.Thread(target=lambda: result.append(_capture(fn)), name="pagedinfer-tp-join", daemon=True)
         thread.start()
         while thread.is_alive():
             thread.join(_POLL_SECONDS)
@@ -141,8 +153,12 @@ class WorkerSet:
                 break
             if deadline is not None and time.monotonic() > deadline:
                 rank = min(set(range(1, self.world_size)) - set(values))
-                self._fail(TensorParallelError(f"tensor-parallel rank {rank} (pid {self.procs[rank - 1].pid}) is"
-                                               f" still alive but did not finish {what} in {timeout_seconds:.0f} s"))
+                self._fail(
+                    TensorParallelError(
+                        f"tensor-parallel rank {rank} (pid {self.procs[rank - 1].pid}) is"
+                        f" still alive but did not finish {what} in {timeout_seconds:.0f} s"
+                    )
+                )
             time.sleep(_POLL_SECONDS)
         return values
 
@@ -150,8 +166,9 @@ class WorkerSet:
         """Block until every child has loaded its shard (or raise naming the one that failed)."""
         for rank, value in sorted(self._wait_for("ready", "loading the model").items()):
             info = json.loads(value)
-            self.reports.append(RankReport(rank, info["weight_bytes"], info["sharded_weight_bytes"],
-                                           info["num_packed_linears"]))
+            self.reports.append(
+                RankReport(rank, info["weight_bytes"], info["sharded_weight_bytes"], info["num_packed_linears"])
+            )
 
     # ----- health ---------------------------------------------------------------------
     def _rank_error(self, rank: int, proc: subprocess.Popen) -> str:
@@ -168,9 +185,12 @@ class WorkerSet:
     def _raise_if_dead(self, what: str) -> None:
         for rank, proc in enumerate(self.procs, start=1):
             if proc.poll() is not None:
-                self._fail(TensorParallelError(
-                    f"tensor-parallel rank {rank} (pid {proc.pid}) failed while {what}: "
-                    f"{self._rank_error(rank, proc)}"))
+                self._fail(
+                    TensorParallelError(
+                        f"tensor-parallel rank {rank} (pid {proc.pid}) failed while {what}: "
+                        f"{self._rank_error(rank, proc)}"
+                    )
+                )
 
     def _fail(self, error: TensorParallelError) -> None:
         self.error = error
@@ -194,16 +214,18 @@ class WorkerSet:
             yield
         except BaseException as exc:
             if not isinstance(exc, Exception):  # e.g. KeyboardInterrupt mid-step: the ranks are out of step
-                self.error = TensorParallelError(f"tensor-parallel step interrupted while {what}"
-                                                 f" ({type(exc).__name__}); the replica was stopped")
+                self.error = TensorParallelError(
+                    f"tensor-parallel step interrupted while {what} ({type(exc).__name__}); the replica was stopped"
+                )
                 _terminate(self.procs)
                 raise
             deadline = time.monotonic() + _FAILURE_WAIT_SECONDS
             while time.monotonic() < deadline:
                 self._raise_if_dead(what)  # raises, naming the dead rank
                 time.sleep(_POLL_SECONDS)
-            self._fail(TensorParallelError(f"tensor-parallel step failed on rank 0 while {what}:"
-                                           f" {type(exc).__name__}: {exc}"))
+            self._fail(
+                TensorParallelError(f"tensor-parallel step failed on rank 0 while {what}: {type(exc).__name__}: {exc}")
+            )
 
     def send(self, message: Message) -> None:
         self.channel.send(message)

@@ -52,8 +52,14 @@ class TritonDecoder:
         self.lm_head = lm_head
         self.num_layers = len(plan.layers)
 
-    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
-               key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+        key_caches: list[torch.Tensor],
+        value_caches: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer over the packed step; (last MLP output, residual) `[tokens, hidden]`, the final norm not applied."""
         hidden = self.plan.embed(input_ids)
         residual = None
@@ -65,8 +71,18 @@ class TritonDecoder:
             normed, residual = rms_norm(hidden, weight, eps, residual)
             qkv = layer.qkv.fn(normed, *layer.qkv.args)
             key_cache, value_cache = key_caches[layer.layer_idx], value_caches[layer.layer_idx]
-            rotary_write_kv(qkv, positions, self.cos_sin, key_cache, value_cache, slots, layer.num_query_heads,
-                            layer.num_key_heads, layer.head_dim, layer.qk_norms)
+            rotary_write_kv(
+                qkv,
+                positions,
+                self.cos_sin,
+                key_cache,
+                value_cache,
+                slots,
+                layer.num_query_heads,
+                layer.num_key_heads,
+                layer.head_dim,
+                layer.qk_norms,
+            )
             query = qkv[:, : layer.qkv_sizes[0]].view(tokens, layer.num_query_heads, layer.head_dim)
             out = attention(query, key_cache, value_cache, metadata, layer.scale, layer.sliding_window)
             hidden = layer.o.fn(out.view(tokens, -1), *layer.o.args)
@@ -76,9 +92,15 @@ class TritonDecoder:
             hidden = layer.down.fn(silu_mul(gate_up), *layer.down.args)
         return hidden, residual
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
-                 key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
-                 logits_rows: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+        key_caches: list[torch.Tensor],
+        value_caches: list[torch.Tensor],
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
         """Logits `[len(logits_rows), vocab]` of the packed step `input_ids`/`positions` `[tokens]` (int64)."""
         hidden, residual = self.hidden(input_ids, positions, metadata, key_caches, value_caches)
         weight, eps = self.plan.final_norm

@@ -43,7 +43,7 @@ class DecoderChoice:
 
     decoder: TritonDecoder | None
     fusion: FusionReport | None  # the q/k/v and gate/up fusion it ran (None when it left the model alone)
-    reason: str                  # "" when the decoder runs
+    reason: str  # "" when the decoder runs
 
 
 def _unsupported(model: nn.Module) -> str:
@@ -65,15 +65,17 @@ def wants_triton_decoder(forward: str, device: torch.device, tensor_parallel_siz
     if forward == "auto":
         return device.type == "cuda" and tensor_parallel_size == 1
     if tensor_parallel_size != 1:
-        raise ValueError(f"forward (--forward) triton: the Triton decoder runs at tensor_parallel_size 1, got"
-                         f" {tensor_parallel_size}")
+        raise ValueError(
+            f"forward (--forward) triton: the Triton decoder runs at tensor_parallel_size 1, got {tensor_parallel_size}"
+        )
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("forward (--forward) triton on a CPU needs TRITON_INTERPRET=1 set before triton is imported")
     return True
 
 
-def choose_decoder(model: nn.Module, forward: str, device: torch.device, tensor_parallel_size: int,
-                   num_positions: int) -> DecoderChoice:
+def choose_decoder(
+    model: nn.Module, forward: str, device: torch.device, tensor_parallel_size: int, num_positions: int
+) -> DecoderChoice:
     """Build the Triton decoder over `model` (on `device` already) if `forward` asks for it and the model fits."""
     if not wants_triton_decoder(forward, device, tensor_parallel_size):
         return DecoderChoice(None, None, f"forward {forward!r} on {device.type}")
@@ -89,7 +91,8 @@ def choose_decoder(model: nn.Module, forward: str, device: torch.device, tensor_
         return DecoderChoice(None, fusion, reason)
     from pagedinfer.engine.gpu_forward.decoder import TritonDecoder
 
-    triton_decoder = TritonDecoder(plan_decoder(model.model), rotary_cos_sin(model.model.rotary_emb, num_positions),
-                                   projection(model.lm_head))
+    triton_decoder = TritonDecoder(
+        plan_decoder(model.model), rotary_cos_sin(model.model.rotary_emb, num_positions), projection(model.lm_head)
+    )
     logger.info("the Triton decoder runs %s (%d layers)", type(model).__name__, triton_decoder.num_layers)
     return DecoderChoice(triton_decoder, fusion, "")

@@ -29,8 +29,9 @@ snapshot already reflects.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Union
+from typing import Any
 
 MEDIUM_GPU = "GPU"  # the device pool
 MEDIUM_CPU = "CPU"  # the host-memory offload tier
@@ -62,7 +63,7 @@ class AllBlocksCleared:
     """The whole prefix cache was dropped."""
 
 
-KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,20 @@ def coalesce(events: Iterable[KVCacheEvent]) -> list[KVCacheEvent]:
     out: list[KVCacheEvent] = []
     for event in events:
         last = out[-1] if out else None
-        if (isinstance(event, BlockStored) and isinstance(last, BlockStored)
-                and event.parent_block_hash == last.block_hashes[-1] and event.block_size == last.block_size
-                and event.medium == last.medium):
-            out[-1] = BlockStored(last.block_hashes + event.block_hashes, last.parent_block_hash,
-                                  last.token_ids + event.token_ids, last.block_size, last.medium)
+        if (
+            isinstance(event, BlockStored)
+            and isinstance(last, BlockStored)
+            and event.parent_block_hash == last.block_hashes[-1]
+            and event.block_size == last.block_size
+            and event.medium == last.medium
+        ):
+            out[-1] = BlockStored(
+                last.block_hashes + event.block_hashes,
+                last.parent_block_hash,
+                last.token_ids + event.token_ids,
+                last.block_size,
+                last.medium,
+            )
         else:
             out.append(event)
     return out
@@ -105,8 +115,15 @@ def apply_event(hashes: set[bytes], event: KVCacheEvent, tier: set[bytes] | None
 
 def _event_to_wire(event: KVCacheEvent) -> list[Any]:
     if isinstance(event, BlockStored):
-        return ["BlockStored", list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
-                event.block_size, None, event.medium]
+        return [
+            "BlockStored",
+            list(event.block_hashes),
+            event.parent_block_hash,
+            list(event.token_ids),
+            event.block_size,
+            None,
+            event.medium,
+        ]
     if isinstance(event, BlockRemoved):
         return ["BlockRemoved", list(event.block_hashes), event.medium]
     return ["AllBlocksCleared"]
@@ -115,9 +132,11 @@ def _event_to_wire(event: KVCacheEvent) -> list[Any]:
 def _event_from_wire(raw: Any) -> KVCacheEvent:
     if isinstance(raw, dict):  # newer vLLM encodes a tagged event as a map with "type"
         tag = raw.get("type")
-        fields = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                  "medium"),
-                  "BlockRemoved": ("block_hashes", "medium"), "AllBlocksCleared": ()}.get(tag)
+        fields = {
+            "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+            "BlockRemoved": ("block_hashes", "medium"),
+            "AllBlocksCleared": (),
+        }.get(tag)
         if fields is None:
             raise ValueError(f"unknown KV event type {tag!r}")
         raw = [tag, *(raw.get(f) for f in fields)]
@@ -125,8 +144,13 @@ def _event_from_wire(raw: Any) -> KVCacheEvent:
         raise ValueError(f"a KV event must be an array led by its type name, got {raw!r:.80}")
     tag = raw[0]
     if tag == "BlockStored" and len(raw) >= 5:
-        return BlockStored(tuple(_hash(h) for h in raw[1]), None if raw[2] is None else _hash(raw[2]),
-                           tuple(int(t) for t in raw[3]), int(raw[4]), _medium(raw[6] if len(raw) > 6 else None))
+        return BlockStored(
+            tuple(_hash(h) for h in raw[1]),
+            None if raw[2] is None else _hash(raw[2]),
+            tuple(int(t) for t in raw[3]),
+            int(raw[4]),
+            _medium(raw[6] if len(raw) > 6 else None),
+        )
     if tag == "BlockRemoved" and len(raw) >= 2:
         return BlockRemoved(tuple(_hash(h) for h in raw[1]), _medium(raw[2] if len(raw) > 2 else None))
     if tag == "AllBlocksCleared":

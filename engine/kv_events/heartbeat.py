@@ -46,8 +46,10 @@ def new_epoch() -> str:
 def encode_heartbeat(ts: float, beat: Heartbeat) -> bytes:
     import msgpack
 
-    return msgpack.packb([ts, [], 0, {"last_seq": beat.last_seq, "epoch": beat.epoch,
-                                      "interval_seconds": beat.interval_seconds}], use_bin_type=True)
+    return msgpack.packb(
+        [ts, [], 0, {"last_seq": beat.last_seq, "epoch": beat.epoch, "interval_seconds": beat.interval_seconds}],
+        use_bin_type=True,
+    )
 
 
 def decode_heartbeat(payload: bytes) -> Heartbeat:
@@ -62,7 +64,10 @@ def decode_heartbeat(payload: bytes) -> Heartbeat:
     if not isinstance(body, dict) or not isinstance(body.get("epoch"), str):
         raise ValueError("KV event heartbeat: expected [ts, [], dp_rank, {last_seq, epoch, interval_seconds}]")
     last_seq, interval = body.get("last_seq"), body.get("interval_seconds")
-    if (last_seq is not None and not isinstance(last_seq, int)) or not isinstance(interval, (int, float)) \
-            or not interval > 0:
+    if (
+        (last_seq is not None and not isinstance(last_seq, int))
+        or not isinstance(interval, (int, float))
+        or not interval > 0
+    ):
         raise ValueError(f"KV event heartbeat: bad last_seq {last_seq!r} or interval_seconds {interval!r}")
     return Heartbeat(last_seq, body["epoch"], float(interval))

@@ -34,10 +34,22 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from pagedinfer.engine.kv_events.events import (END_OF_REPLAY_SEQ, KVCacheEvent, apply_event, coalesce,
-                                                encode_batch, seq_from_bytes, seq_to_bytes)
-from pagedinfer.engine.kv_events.heartbeat import (DEFAULT_HEARTBEAT_INTERVAL_SECONDS, HEARTBEAT_SEQ, Heartbeat,
-                                                   encode_heartbeat, new_epoch)
+from pagedinfer.engine.kv_events.events import (
+    END_OF_REPLAY_SEQ,
+    KVCacheEvent,
+    apply_event,
+    coalesce,
+    encode_batch,
+    seq_from_bytes,
+    seq_to_bytes,
+)
+from pagedinfer.engine.kv_events.heartbeat import (
+    DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+    HEARTBEAT_SEQ,
+    Heartbeat,
+    encode_heartbeat,
+    new_epoch,
+)
 
 logger = logging.getLogger("pagedinfer.kv_events")
 
@@ -61,8 +73,10 @@ class KVEventsConfig:
         if self.replay_buffer_batches < 1 or self.max_pending_events < 1:
             raise ValueError("replay_buffer_batches and max_pending_events: must be >= 1")
         if not 0 <= self.heartbeat_interval_seconds < float("inf"):
-            raise ValueError("--kv-events-heartbeat-seconds: must be a finite number >= 0 (0: no heartbeats),"
-                             f" got {self.heartbeat_interval_seconds}")
+            raise ValueError(
+                "--kv-events-heartbeat-seconds: must be a finite number >= 0 (0: no heartbeats),"
+                f" got {self.heartbeat_interval_seconds}"
+            )
 
 
 @dataclass(frozen=True)
@@ -127,8 +141,10 @@ class KVEventPublisher:
         self._thread.start()
         self._bound.wait()
         if self._bind_error is not None:
-            raise ValueError(f"--kv-events-port: cannot bind {self.config.host}:{self.config.port}"
-                             f" (and the replay port above it): {self._bind_error}")
+            raise ValueError(
+                f"--kv-events-port: cannot bind {self.config.host}:{self.config.port}"
+                f" (and the replay port above it): {self._bind_error}"
+            )
 
     def close(self) -> None:
         self._stop.set()

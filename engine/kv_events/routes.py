@@ -15,7 +15,8 @@ batches numbered above it (see docs/router.md).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pagedinfer.engine.block_pool import HASH_ALGORITHM, ROOT_HASH_SEED
 from pagedinfer.engine.kv_events.publisher import KVEventPublisher
@@ -25,17 +26,24 @@ from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH, Tokenize
 def discovery(publisher: KVEventPublisher | None, tokenizer: TokenizerFiles | None = None) -> dict[str, Any]:
     if publisher is None:
         return {"enabled": False}
-    return {"enabled": True, "format": "vllm-kv-events-msgpack", "pub_port": publisher.pub_port,
-            "replay_port": publisher.replay_port, "topic": publisher.config.topic,
-            "block_size": publisher.block_size, "hash_algorithm": HASH_ALGORITHM,
-            "hash_seed": ROOT_HASH_SEED.decode(),
-            "tokenizer_sha256": tokenizer.sha256 if tokenizer is not None else None,
-            "heartbeat_interval_seconds": publisher.config.heartbeat_interval_seconds or None,
-            "epoch": publisher.epoch}
+    return {
+        "enabled": True,
+        "format": "vllm-kv-events-msgpack",
+        "pub_port": publisher.pub_port,
+        "replay_port": publisher.replay_port,
+        "topic": publisher.config.topic,
+        "block_size": publisher.block_size,
+        "hash_algorithm": HASH_ALGORITHM,
+        "hash_seed": ROOT_HASH_SEED.decode(),
+        "tokenizer_sha256": tokenizer.sha256 if tokenizer is not None else None,
+        "heartbeat_interval_seconds": publisher.config.heartbeat_interval_seconds or None,
+        "epoch": publisher.epoch,
+    }
 
 
-def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None,
-                            loaded_tokenizer: Callable[[], Any] = lambda: None) -> None:
+def install_kv_event_routes(
+    app: Any, publisher: KVEventPublisher | None, loaded_tokenizer: Callable[[], Any] = lambda: None
+) -> None:
     """loaded_tokenizer: the server's transformers tokenizer once the model is loaded, else None."""
     from pagedinfer.engine.server.errors import ApiError
 
@@ -62,8 +70,12 @@ def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None,
             raise ApiError(404, "KV events are off: start the server with --kv-events", code="kv_events_disabled")
         found = files()
         if found is None:
-            raise ApiError(503, "the tokenizer is not loaded, or has no fast (tokenizer.json) form to serve",
-                           code="tokenizer_unavailable", headers={"Retry-After": "1"})
+            raise ApiError(
+                503,
+                "the tokenizer is not loaded, or has no fast (tokenizer.json) form to serve",
+                code="tokenizer_unavailable",
+                headers={"Retry-After": "1"},
+            )
         return found.body()
 
     @app.get("/kv_events/snapshot")
@@ -71,6 +83,10 @@ def install_kv_event_routes(app: Any, publisher: KVEventPublisher | None,
         if publisher is None:
             raise ApiError(404, "KV events are off: start the server with --kv-events", code="kv_events_disabled")
         snap = publisher.snapshot()
-        return {"sequence": snap.sequence, "epoch": publisher.epoch, "block_size": publisher.block_size,
-                "block_hashes": sorted(h.hex() for h in snap.block_hashes),
-                "cpu_block_hashes": sorted(h.hex() for h in snap.tier_block_hashes)}
+        return {
+            "sequence": snap.sequence,
+            "epoch": publisher.epoch,
+            "block_size": publisher.block_size,
+            "block_hashes": sorted(h.hex() for h in snap.block_hashes),
+            "cpu_block_hashes": sorted(h.hex() for h in snap.tier_block_hashes),
+        }

@@ -51,7 +51,7 @@ def copy_block_runs(src: torch.Tensor, dst: torch.Tensor, pairs: tuple[tuple[int
     sources, destinations = src.flatten(0, 1), dst.flatten(0, 1)
     for s, d, n in block_runs(pairs):
         for cache in range(sources.shape[0]):
-            destinations[cache, d:d + n].copy_(sources[cache, s:s + n], non_blocking=True)
+            destinations[cache, d : d + n].copy_(sources[cache, s : s + n], non_blocking=True)
 
 
 def _direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
@@ -74,8 +74,7 @@ class TierCopier:
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []  # CUDA copies not yet timed
 
-    def copy(self, direction: str, src: torch.Tensor, dst: torch.Tensor, pairs: tuple[tuple[int, int], ...]
-             ) -> None:
+    def copy(self, direction: str, src: torch.Tensor, dst: torch.Tensor, pairs: tuple[tuple[int, int], ...]) -> None:
         """Copy blocks `(src block, dst block)` of the `[2, layers, blocks, ...]` caches, every layer at once."""
         if not pairs:
             return

@@ -7,8 +7,8 @@ the step's copies for the runner: `take_copies()` once per step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pagedinfer.engine.block_pool import Block, BlockPool
 
@@ -118,9 +118,13 @@ class OffloadTier:
 
     # ----- introspection --------------------------------------------------------------------------
     def stats(self) -> TierStats:
-        return TierStats(num_blocks=self.host.num_blocks if self.enabled else 0,
-                         num_cached_blocks=len(self.host.cached), num_stored_blocks=self.num_stored_blocks,
-                         num_loaded_blocks=self.num_loaded_blocks, hit_tokens=self.hit_tokens)
+        return TierStats(
+            num_blocks=self.host.num_blocks if self.enabled else 0,
+            num_cached_blocks=len(self.host.cached),
+            num_stored_blocks=self.num_stored_blocks,
+            num_loaded_blocks=self.num_loaded_blocks,
+            hit_tokens=self.hit_tokens,
+        )
 
     def check_invariants(self, swapped_refs: dict[int, int]) -> None:
         """The package's invariants; swapped_refs: host block id -> swapped tables holding it."""

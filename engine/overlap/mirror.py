@@ -90,8 +90,17 @@ class MirrorSeq:
 class MirrorRequest:
     """What text.py reads and writes of the engine's `_Request` (metrics: attached by the engine)."""
 
-    __slots__ = ("request_id", "prompt", "prompt_token_ids", "metrics", "outputs", "seqs", "beam",
-                 "prompt_logprobs", "num_sent")
+    __slots__ = (
+        "request_id",
+        "prompt",
+        "prompt_token_ids",
+        "metrics",
+        "outputs",
+        "seqs",
+        "beam",
+        "prompt_logprobs",
+        "num_sent",
+    )
 
     def __init__(self, new: NewRequest, seqs: list[MirrorSeq], outputs: list[CompletionOutput]) -> None:
         self.request_id, self.prompt, self.prompt_token_ids = new.request_id, new.prompt, new.prompt_token_ids
@@ -120,8 +129,11 @@ class OutputMirror:
         items = []
         for key, index, token, logprobs, num_output_tokens, early, stop_reason, late in message.tokens:
             req = requests[key]
-            items.append(TokenItem(req.seqs[index], req.outputs[index], token, logprobs, num_output_tokens,
-                                   early, stop_reason, late))
+            items.append(
+                TokenItem(
+                    req.seqs[index], req.outputs[index], token, logprobs, num_output_tokens, early, stop_reason, late
+                )
+            )
         touched = []
         for key, num_cached_tokens, beam_outputs in message.touched:
             req = requests[key]
@@ -136,10 +148,16 @@ class OutputMirror:
             key = req.seqs[0].key
             if finished:
                 del requests[key]
-            outputs.append((key, finished, output.num_cached_tokens,
-                            [tuple(o.__dict__.values()) for o in output.outputs], output.prompt_logprobs))
-        return StepReply(outputs, [(seq.key, seq.index) for seq in processed.stopped], self.num_batches,
-                         len(requests))
+            outputs.append(
+                (
+                    key,
+                    finished,
+                    output.num_cached_tokens,
+                    [tuple(o.__dict__.values()) for o in output.outputs],
+                    output.prompt_logprobs,
+                )
+            )
+        return StepReply(outputs, [(seq.key, seq.index) for seq in processed.stopped], self.num_batches, len(requests))
 
     def _new_request(self, new: NewRequest) -> MirrorRequest:
         p = new.params
@@ -147,8 +165,14 @@ class OutputMirror:
             return MirrorRequest(new, [MirrorSeq(new.key, 0, None, None)], [])
         pieces = self._pieces[p.skip_special_tokens]
         # every completion of n > 1 starts from the prompt (forks happen before the first token)
-        seqs = [MirrorSeq(new.key, i, p, IncrementalDetokenizer(self.tokenizer, new.prompt_token_ids,
-                                                                p.skip_special_tokens, pieces))
-                for i in range(new.n)]
+        seqs = [
+            MirrorSeq(
+                new.key,
+                i,
+                p,
+                IncrementalDetokenizer(self.tokenizer, new.prompt_token_ids, p.skip_special_tokens, pieces),
+            )
+            for i in range(new.n)
+        ]
         outputs = [CompletionOutput(index=i, logprobs=[] if p.has_logprobs else None) for i in range(new.n)]
         return MirrorRequest(new, seqs, outputs)

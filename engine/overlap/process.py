@@ -77,7 +77,10 @@ class OutputProcess:
         try:
             self._proc = subprocess.Popen(
                 child_python_argv(code=_CHILD_CODE, args=(to_child_r, from_child_w, tokenizer_path)),
-                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
+                pass_fds=(to_child_r, from_child_w),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -170,8 +173,19 @@ class OutputProcess:
                 reqs[key] = req
                 news.append(_new_request(key, req))
             touched.append((key, req.seqs[0].num_cached_tokens, req.outputs if req.beam is not None else None))
-        tokens = [(keys[item.seq.request_id], item.seq.index, item.token, item.logprobs, item.num_output_tokens,
-                   item.early_finish, item.early_stop_reason, item.late_finish) for item in batch.items]
+        tokens = [
+            (
+                keys[item.seq.request_id],
+                item.seq.index,
+                item.token,
+                item.logprobs,
+                item.num_output_tokens,
+                item.early_finish,
+                item.early_stop_reason,
+                item.late_finish,
+            )
+            for item in batch.items
+        ]
         frees, self._frees = self._frees, []
         return StepMessage(batch.cumulative, frees, news, tokens, touched)
 
@@ -179,8 +193,9 @@ class OutputProcess:
         self.num_batches, self.num_child_requests = reply.num_batches, reply.num_requests
         reqs = self._reqs
         stopped = [reqs[key].seqs[index] for key, index in reply.stopped if key in reqs]  # before any is dropped
-        output_cls, completion_cls = (RequestOutput, CompletionOutput) if self._batch.cumulative \
-            else (RequestOutputDelta, CompletionDelta)
+        output_cls, completion_cls = (
+            (RequestOutput, CompletionOutput) if self._batch.cumulative else (RequestOutputDelta, CompletionDelta)
+        )
         outputs = []
         for key, finished, num_cached_tokens, completions, prompt_logprobs in reply.outputs:
             req = reqs.get(key)
@@ -189,10 +204,16 @@ class OutputProcess:
             if finished:
                 del reqs[key]
                 del self._keys[req.request_id]
-            output = output_cls(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
-                                num_cached_tokens=num_cached_tokens,
-                                outputs=[completion_cls(*fields) for fields in completions], finished=finished,
-                                metrics=req.metrics, prompt_logprobs=prompt_logprobs)
+            output = output_cls(
+                request_id=req.request_id,
+                prompt=req.prompt,
+                prompt_token_ids=req.prompt_token_ids,
+                num_cached_tokens=num_cached_tokens,
+                outputs=[completion_cls(*fields) for fields in completions],
+                finished=finished,
+                metrics=req.metrics,
+                prompt_logprobs=prompt_logprobs,
+            )
             outputs.append((req, output, finished))
         return ProcessedBatch(outputs, stopped)
 
@@ -222,10 +243,18 @@ def _new_request(key: int, req: Any) -> NewRequest:
     if req.beam is not None:
         return NewRequest(key, req.request_id, req.prompt, req.prompt_token_ids, None, 1, None)
     p = req.params
-    text = TextParams(p.stop_strings, p.include_stop_str_in_output, p.min_tokens, p.skip_special_tokens,
-                      p.logprobs is not None)
-    return NewRequest(key, req.request_id, req.prompt, req.prompt_token_ids, text, p.n,
-                      list(req.prompt_logprobs) if req.prompt_logprobs is not None else None)
+    text = TextParams(
+        p.stop_strings, p.include_stop_str_in_output, p.min_tokens, p.skip_special_tokens, p.logprobs is not None
+    )
+    return NewRequest(
+        key,
+        req.request_id,
+        req.prompt,
+        req.prompt_token_ids,
+        text,
+        p.n,
+        list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
+    )
 
 
 # ----- the child ---------------------------------------------------------------------------------

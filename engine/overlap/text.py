@@ -88,7 +88,7 @@ def _apply_token(item: TokenItem, tokenizer: Any) -> bool:
             hit = find_stop(seq.output_text, emitted, p.stop_strings)
             if hit is not None:
                 at, stop = hit
-                seq.output_text = seq.output_text[:at + len(stop) if p.include_stop_str_in_output else at]
+                seq.output_text = seq.output_text[: at + len(stop) if p.include_stop_str_in_output else at]
                 finish, stop_reason, text_stop = "stop", stop, True
     if finish is None:
         finish = item.late_finish
@@ -105,13 +105,28 @@ def _apply_token(item: TokenItem, tokenizer: Any) -> bool:
 def output_of(req: Any, finished: bool) -> RequestOutput:
     """req's cumulative output: a copy of everything so far."""
     first = req.seqs[0]
-    outs = [CompletionOutput(o.index, o.text, list(o.token_ids), o.finish_reason, o.stop_reason,
-                             list(o.logprobs) if o.logprobs is not None else None, o.cumulative_logprob)
-            for o in req.outputs]
-    return RequestOutput(request_id=req.request_id, prompt=req.prompt,
-                         prompt_token_ids=req.prompt_token_ids, num_cached_tokens=first.num_cached_tokens,
-                         outputs=outs, finished=finished, metrics=req.metrics,
-                         prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None)
+    outs = [
+        CompletionOutput(
+            o.index,
+            o.text,
+            list(o.token_ids),
+            o.finish_reason,
+            o.stop_reason,
+            list(o.logprobs) if o.logprobs is not None else None,
+            o.cumulative_logprob,
+        )
+        for o in req.outputs
+    ]
+    return RequestOutput(
+        request_id=req.request_id,
+        prompt=req.prompt,
+        prompt_token_ids=req.prompt_token_ids,
+        num_cached_tokens=first.num_cached_tokens,
+        outputs=outs,
+        finished=finished,
+        metrics=req.metrics,
+        prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
+    )
 
 
 def delta_of(req: Any, finished: bool) -> RequestOutputDelta:
@@ -120,15 +135,29 @@ def delta_of(req: Any, finished: bool) -> RequestOutputDelta:
     outs = []
     for position, o in enumerate(req.outputs):
         num_tokens, num_chars = req.num_sent.get(position, (0, 0))
-        outs.append(CompletionDelta(o.index, o.text[num_chars:], o.token_ids[num_tokens:],
-                                    o.logprobs[num_tokens:] if o.logprobs is not None else None,
-                                    o.finish_reason, o.stop_reason, o.cumulative_logprob))
+        outs.append(
+            CompletionDelta(
+                o.index,
+                o.text[num_chars:],
+                o.token_ids[num_tokens:],
+                o.logprobs[num_tokens:] if o.logprobs is not None else None,
+                o.finish_reason,
+                o.stop_reason,
+                o.cumulative_logprob,
+            )
+        )
         req.num_sent[position] = (len(o.token_ids), len(o.text))
     send_prompt_logprobs = req.prompt_logprobs is not None and (first_delta or finished)
     return RequestOutputDelta(
-        request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
-        num_cached_tokens=req.seqs[0].num_cached_tokens, outputs=outs, finished=finished, metrics=req.metrics,
-        prompt_logprobs=list(req.prompt_logprobs) if send_prompt_logprobs else None)
+        request_id=req.request_id,
+        prompt=req.prompt,
+        prompt_token_ids=req.prompt_token_ids,
+        num_cached_tokens=req.seqs[0].num_cached_tokens,
+        outputs=outs,
+        finished=finished,
+        metrics=req.metrics,
+        prompt_logprobs=list(req.prompt_logprobs) if send_prompt_logprobs else None,
+    )
 
 
 def find_stop(text: str, emitted: int, stops: tuple[str, ...]) -> tuple[int, str] | None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 POLL_SECONDS = 0.5
 _STOP = object()
@@ -71,8 +72,7 @@ class OutputThread:
                     raise OutputThreadError("output thread: died with a batch in flight") from None
                 if waited >= self._timeout_seconds:
                     self._in_flight = False
-                    raise OutputThreadError(
-                        f"output thread: no result within {self._timeout_seconds:.0f} s") from None
+                    raise OutputThreadError(f"output thread: no result within {self._timeout_seconds:.0f} s") from None
         self._in_flight = False
         if not ok:
             raise value

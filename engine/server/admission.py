@@ -42,9 +42,17 @@ def check_waiting_limit(num_waiting: int, num_prompts: int, n: int, limit: int |
     cost = num_prompts * n
     if cost > limit:
         param = "n" if num_prompts <= limit else "prompt"
-        return Refusal(400, f"{param}: {num_prompts} prompt(s) x n={n} = {cost} sequences exceed this server's "
-                            f"waiting-queue limit of {limit}; send fewer prompts or a smaller n", param)
+        return Refusal(
+            400,
+            f"{param}: {num_prompts} prompt(s) x n={n} = {cost} sequences exceed this server's "
+            f"waiting-queue limit of {limit}; send fewer prompts or a smaller n",
+            param,
+        )
     if num_waiting + cost > limit:
-        return Refusal(503, f"too many waiting requests ({num_waiting} sequences waiting, this request adds {cost}, "
-                            f"limit {limit}); retry later", None)
+        return Refusal(
+            503,
+            f"too many waiting requests ({num_waiting} sequences waiting, this request adds {cost}, "
+            f"limit {limit}); retry later",
+            None,
+        )
     return None

@@ -21,21 +21,28 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pagedinfer.engine.kv_events.routes import install_kv_event_routes
 from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH
 from pagedinfer.engine.options import field_default
-from pagedinfer.engine.server.warmup_requests import as_warmup, is_warmup
 from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed
 from pagedinfer.engine.server.errors import ApiError, error_body, error_response, install_error_handlers
 from pagedinfer.engine.server.metrics import ServerMetrics
-from pagedinfer.engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                               CompletionResponse, ErrorResponse, ModelCard, ModelList)
+from pagedinfer.engine.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
 from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
 from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
 from pagedinfer.engine.server.sleep_routes import SLEEP_PATHS, install_sleep_routes
 from pagedinfer.engine.server.tokenize_routes import install_tokenize_routes
+from pagedinfer.engine.server.warmup_requests import as_warmup, is_warmup
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in access logs
 
@@ -94,8 +101,9 @@ def require_json_body(request: Request) -> None:
     raise ApiError(415, f"Content-Type: must be application/json ({got})", code="unsupported_media_type")
 
 
-def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings,
-               kv_events: Any = None) -> FastAPI:
+def create_app(
+    engine_loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings, kv_events: Any = None
+) -> FastAPI:
     """kv_events: the started KVEventPublisher (`--kv-events`), or None; closed with the app."""
     serving = Serving(engine_loop, settings.max_waiting_requests)
     started = int(time.time())
@@ -134,8 +142,13 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         info = engine_loop.info
         if info is None:
             raise ApiError(503, "the model is still loading", code="model_loading", headers={"Retry-After": "1"})
-        return {"id": info.served_model_name, "object": "model", "created": started, "owned_by": "pagedinfer",
-                "max_model_len": info.max_model_len}
+        return {
+            "id": info.served_model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "pagedinfer",
+            "max_model_len": info.max_model_len,
+        }
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models() -> dict:
@@ -146,8 +159,12 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
     async def model(model_id: str) -> dict:
         card = model_card()
         if model_id != card["id"]:
-            raise ApiError(404, f"model: '{model_id}' does not exist; this server serves '{card['id']}'",
-                           "model", "model_not_found")
+            raise ApiError(
+                404,
+                f"model: '{model_id}' does not exist; this server serves '{card['id']}'",
+                "model",
+                "model_not_found",
+            )
         return card
 
     async def respond(plan: Any, request: Request, chat: bool) -> Response:
@@ -168,8 +185,7 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         plan = await serving.prepare_completion(body)
         return await respond(as_warmup(plan) if is_warmup(request.headers) else plan, request, chat=False)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS,
-              dependencies=json_only)
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS, dependencies=json_only)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await respond(await serving.prepare_chat(body), request, chat=True)
 
@@ -183,11 +199,17 @@ def create_app(engine_loop: EngineLoop, metrics: ServerMetrics, settings: Server
         return app.openapi_schema
 
     app.openapi = openapi
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
-                       body_timeout_seconds=settings.body_timeout_seconds)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.max_request_body_bytes,
+        body_timeout_seconds=settings.body_timeout_seconds,
+    )
     described_at = tuple(url for url in (app.openapi_url, app.docs_url, app.redoc_url) if url)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key,
-                       protected_prefixes=("/v1", TOKENIZER_PATH, *SLEEP_PATHS, *described_at))
+    app.add_middleware(
+        ApiKeyMiddleware,
+        api_key=settings.api_key,
+        protected_prefixes=("/v1", TOKENIZER_PATH, *SLEEP_PATHS, *described_at),
+    )
     return app
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hmac
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pagedinfer.engine.server.errors import error_response
 

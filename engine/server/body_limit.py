@@ -14,7 +14,8 @@ calls go to the real channel, so disconnect detection keeps working.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pagedinfer.engine.server.errors import error_response
 
@@ -49,7 +50,7 @@ class BodySizeLimitMiddleware:
         while True:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await self._time_out(scope, receive, send)
                 return
             if message["type"] == "http.disconnect":
@@ -74,11 +75,19 @@ class BodySizeLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _time_out(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(408, f"request body: not received within {self.body_timeout_seconds:g} seconds",
-                                  code="request_timeout", headers={"Connection": "close"})
+        response = error_response(
+            408,
+            f"request body: not received within {self.body_timeout_seconds:g} seconds",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
         await response(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(413, f"request body is larger than the limit of {self.max_body_bytes} bytes",
-                                  code="request_too_large", headers={"Connection": "close"})
+        response = error_response(
+            413,
+            f"request body is larger than the limit of {self.max_body_bytes} bytes",
+            code="request_too_large",
+            headers={"Connection": "close"},
+        )
         await response(scope, receive, send)

@@ -77,10 +77,11 @@ def http_url(text: str) -> str:
     """An http(s) base URL with a host and a valid port, without a trailing slash."""
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL such as http://127.0.0.1:8000, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be an http:// or https:// URL such as http://127.0.0.1:8000, got {text!r}"
+        )
     try:
-        parts.port
+        _ = parts.port  # parsing the port raises for one out of range
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"invalid port ({exc}), got {text!r}") from None
     if parts.query or parts.fragment:

@@ -29,8 +29,14 @@ class CompletionShape:
     @classmethod
     def of(cls, req, prompt_texts: list[str | None]) -> CompletionShape:
         best_of = req.best_of if req.best_of is not None and req.best_of > req.n else None
-        return cls(echo=req.echo, drop_generated=bool(req.echo and req.max_tokens == 0), best_of=best_of,
-                   n=req.n, prompt_logprobs=req.prompt_logprobs, prompt_texts=tuple(prompt_texts))
+        return cls(
+            echo=req.echo,
+            drop_generated=bool(req.echo and req.max_tokens == 0),
+            best_of=best_of,
+            n=req.n,
+            prompt_logprobs=req.prompt_logprobs,
+            prompt_texts=tuple(prompt_texts),
+        )
 
     def engine_max_tokens(self, max_tokens: int | None) -> int | None:
         return 1 if self.drop_generated else max_tokens

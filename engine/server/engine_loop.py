@@ -53,8 +53,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pagedinfer.engine.server.errors import from_value_error
 
@@ -185,8 +186,13 @@ class EngineLoop:
 
     @property
     def healthy(self) -> bool:
-        return (self.ready.is_set() and self.info is not None and self.engine_error is None and not self._draining
-                and self._thread.is_alive())
+        return (
+            self.ready.is_set()
+            and self.info is not None
+            and self.engine_error is None
+            and not self._draining
+            and self._thread.is_alive()
+        )
 
     @property
     def accepting(self) -> bool:
@@ -201,8 +207,9 @@ class EngineLoop:
         waiting = self.stats.num_waiting_seqs if self.stats is not None else 0
         return waiting + self._num_pending_seqs
 
-    def add(self, request_id: str, prompt: str | list[int], params: Any, arrival_time: float,
-            sink: RequestSink) -> None:
+    def add(
+        self, request_id: str, prompt: str | list[int], params: Any, arrival_time: float, sink: RequestSink
+    ) -> None:
         with self._inbox_lock:
             if self._inbox_closed:
                 sink.push(_unavailable())
@@ -215,7 +222,7 @@ class EngineLoop:
         self._inbox.put(_Abort(request_id))
         self._wake.set()
 
-    def call(self, function: Callable[[Any], Any]) -> "asyncio.Future":
+    def call(self, function: Callable[[Any], Any]) -> asyncio.Future:
         """function(engine), run on the engine thread between steps, after every command queued before it."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._inbox_lock:
@@ -282,8 +289,12 @@ class EngineLoop:
                 self._notify("on_ready", info)
                 self._notify("on_stats", self.stats)
                 self.ready.set()
-                logger.info("engine ready: model %s, %d KV blocks of %d tokens", info.served_model_name,
-                            info.num_gpu_blocks, info.block_size)
+                logger.info(
+                    "engine ready: model %s, %d KV blocks of %d tokens",
+                    info.served_model_name,
+                    info.num_gpu_blocks,
+                    info.block_size,
+                )
         if self.info is None:
             logger.info("the model loaded after shutdown began; stopping the engine")
             engine.shutdown()
@@ -385,8 +396,7 @@ class EngineLoop:
             return
         self._sinks[command.request_id] = command.sink  # before the call: a failure inside it answers this one too
         try:
-            engine.add_request(command.request_id, command.prompt, command.params,
-                               arrival_time=command.arrival_time)
+            engine.add_request(command.request_id, command.prompt, command.params, arrival_time=command.arrival_time)
         except ValueError as exc:
             del self._sinks[command.request_id]
             error = from_value_error(exc)

@@ -38,8 +38,14 @@ _CODE_TYPES = {"server_overloaded": "server_overloaded"}  # a 503 for load, not 
 class ApiError(Exception):
     """An error answered to the client as-is (status, message, offending param, code)."""
 
-    def __init__(self, status_code: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
@@ -65,10 +71,14 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def error_response(status_code: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return AsciiJSONResponse(error_body(status_code, message, param, code), status_code=status_code,
-                             headers=headers)
+def error_response(
+    status_code: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return AsciiJSONResponse(error_body(status_code, message, param, code), status_code=status_code, headers=headers)
 
 
 def from_value_error(exc: ValueError) -> ApiError:
@@ -127,8 +137,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
         param = union_param
         # Constraint violations (a negative token id) say more than type mismatches of other union members.
         ranked = sorted(related, key=lambda e: str(e.get("type", "")).endswith("_type"))
-        alternatives = list(dict.fromkeys(f"{e.get('msg', '')} at {_split_loc(tuple(e.get('loc', ())))[1]}"
-                                          for e in ranked))
+        alternatives = list(
+            dict.fromkeys(f"{e.get('msg', '')} at {_split_loc(tuple(e.get('loc', ())))[1]}" for e in ranked)
+        )
         msg = "matches none of the accepted forms: " + "; ".join(alternatives[:3])
     else:
         related = [first]
@@ -153,8 +164,7 @@ def unparsable_body_message(cause: BaseException | None) -> tuple[str, str]:
     if isinstance(cause, RecursionError):
         return "request body: JSON nested too deeply to parse", "invalid_request"
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
-        return (f"request body: a JSON integer has more than {sys.get_int_max_str_digits()} digits",
-                "invalid_request")
+        return (f"request body: a JSON integer has more than {sys.get_int_max_str_digits()} digits", "invalid_request")
     return f"request body: cannot be parsed as JSON ({type(cause).__name__})", "invalid_request"
 
 

@@ -26,10 +26,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator,
-                      model_validator)
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from pagedinfer.engine.sampling_params import LOGIT_BIAS_LIMIT
+
 MAX_LOGIT_BIAS_ENTRIES = 1024  # vLLM takes any number; bounded so one request cannot make every step slow
 MAX_BEST_OF = 16
 
@@ -116,8 +126,11 @@ class _CommonExtras(BaseModel):
 
     @model_validator(mode="after")
     def _one_structure(self):
-        asked = [name for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                   "structured_outputs") if getattr(self, name) is not None]
+        asked = [
+            name
+            for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+            if getattr(self, name) is not None
+        ]
         if self.response_format is not None and self.response_format.type != "text":
             asked.append("response_format")
         if len(asked) > 1:
@@ -212,8 +225,10 @@ class ChatExtras(_CommonExtras):
         if duplicate is not None:
             raise ValueError(f"tools: function {duplicate!r} is defined twice")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
-            raise ValueError(f"tool_choice: function {self.tool_choice.function.name!r} is not among the tools "
-                             f"({names or 'none given'})")
+            raise ValueError(
+                f"tool_choice: function {self.tool_choice.function.name!r} is not among the tools "
+                f"({names or 'none given'})"
+            )
         if self.tool_choice == "required" and not names:
             raise ValueError("tool_choice: 'required' needs at least one tool in tools")
         return self

@@ -40,9 +40,9 @@ from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
 from pagedinfer.engine.server.graceful_exit import absorb_reraised_signals, exit_now
-from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.prompt_chars import max_chars_per_token
+from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 
 logger = logging.getLogger("pagedinfer.server")
 
@@ -76,20 +76,27 @@ def engine_factory(engine_config: Any, served_model_name: str, kv_events: Any = 
             engine.kv.pool.event_sink = engine.kv.host.event_sink = kv_events.record  # device pool and host tier
         tokenizer = AutoTokenizer.from_pretrained(str(engine_config.tokenizer or engine_config.model))
         config = engine.config
-        info = ModelInfo(served_model_name=served_model_name, max_model_len=int(engine.max_model_len),
-                         max_num_seqs=config.max_num_seqs, vocab_size=int(engine.runner.vocab_size),
-                         block_size=config.block_size, num_gpu_blocks=int(engine.num_gpu_blocks),
-                         gpu_memory_utilization=config.gpu_memory_utilization,
-                         enable_prefix_caching=config.enable_prefix_caching, tokenizer=tokenizer,
-                         max_chars_per_token=max_chars_per_token(tokenizer),
-                         structured=engine.structured)
+        info = ModelInfo(
+            served_model_name=served_model_name,
+            max_model_len=int(engine.max_model_len),
+            max_num_seqs=config.max_num_seqs,
+            vocab_size=int(engine.runner.vocab_size),
+            block_size=config.block_size,
+            num_gpu_blocks=int(engine.num_gpu_blocks),
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            enable_prefix_caching=config.enable_prefix_caching,
+            tokenizer=tokenizer,
+            max_chars_per_token=max_chars_per_token(tokenizer),
+            structured=engine.structured,
+        )
         return engine, info
 
     return build
 
 
-def build_app(engine_config: Any, settings: ServerSettings, served_model_name: str | None = None,
-              kv_events: Any = None):
+def build_app(
+    engine_config: Any, settings: ServerSettings, served_model_name: str | None = None, kv_events: Any = None
+):
     """(app, engine_loop) for one model; nothing is loaded until the app's lifespan starts.
 
     kv_events: a KVEventsConfig (`--kv-events`): its sockets are bound here, so a
@@ -107,9 +114,15 @@ def build_app(engine_config: Any, settings: ServerSettings, served_model_name: s
     return create_app(loop, metrics, settings, publisher), loop
 
 
-def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float, log_level: str = "info",
-                   engine_loop: EngineLoop | None = None,
-                   header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS):
+def uvicorn_server(
+    app: Any,
+    host: str,
+    port: int,
+    shutdown_grace_seconds: float,
+    log_level: str = "info",
+    engine_loop: EngineLoop | None = None,
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
+):
     """A uvicorn server whose exit signal also starts draining the engine loop.
 
     HTTP/1.1 through h11 always (never httptools, whatever is installed), with
@@ -135,10 +148,17 @@ def uvicorn_server(app: Any, host: str, port: int, shutdown_grace_seconds: float
                 engine_loop.begin_drain(shutdown_grace_seconds)
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
-                            http=header_timeout_protocol(header_timeout_seconds),
-                            timeout_graceful_shutdown=shutdown_grace_seconds + SHUTDOWN_BACKSTOP_SECONDS,
-                            timeout_keep_alive=5)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        http=header_timeout_protocol(header_timeout_seconds),
+        timeout_graceful_shutdown=shutdown_grace_seconds + SHUTDOWN_BACKSTOP_SECONDS,
+        timeout_keep_alive=5,
+    )
     return DrainingServer(config)
 
 
@@ -169,9 +189,16 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(app: Any, engine_loop: EngineLoop, host: str, port: int, shutdown_grace_seconds: float,
-               log_level: str = "info", header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
-               listener: socket.socket | None = None) -> int:
+def run_server(
+    app: Any,
+    engine_loop: EngineLoop,
+    host: str,
+    port: int,
+    shutdown_grace_seconds: float,
+    log_level: str = "info",
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
+    listener: socket.socket | None = None,
+) -> int:
     """Serve until SIGTERM/SIGINT; `exit_status` after a graceful shutdown (0; 130 for Ctrl-C), 1 if the model
     failed to load or the engine failed.
 

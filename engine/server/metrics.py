@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -35,42 +36,108 @@ from pagedinfer.engine.server.warmup_requests import is_warmup_request_id
 
 FINISHED_REASONS = ("stop", "length", "abort")
 TIER_DIRECTIONS = ("device_to_host", "host_to_device")  # engine/kv_offload/tier.py: STORE, LOAD
-TTFT_BUCKETS_SECONDS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                        20.0, 40.0, 80.0)
-ITL_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                       0.5, 0.75, 1.0, 2.5)
+TTFT_BUCKETS_SECONDS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+ITL_BUCKETS_SECONDS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 E2E_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 _GAUGES = (
     (m.KV_CACHE_NUM_BLOCKS, "num_total_blocks", "KV cache blocks in the pool."),
     (m.KV_CACHE_USED_BLOCKS, "num_used_blocks", "KV cache blocks held by requests."),
     (m.KV_CACHE_FREE_BLOCKS, "num_free_blocks", "KV cache blocks not held by any request."),
-    (m.KV_CACHE_CACHED_BLOCKS, "num_cached_free_blocks",
-     "Free KV cache blocks that still hold a reusable prefix (evictable)."),
+    (
+        m.KV_CACHE_CACHED_BLOCKS,
+        "num_cached_free_blocks",
+        "Free KV cache blocks that still hold a reusable prefix (evictable).",
+    ),
     (m.KV_CACHE_USAGE_RATIO, "kv_usage", "Used KV cache blocks / total blocks (0-1)."),
-    (m.NUM_REQUESTS_RUNNING, "num_running_reqs",
-     "Requests with a sequence in the running batch (one per prompt: n completions count once)."),
-    (m.NUM_REQUESTS_WAITING, "num_waiting_reqs",
-     "Requests waiting to be scheduled, none of their sequences running or swapped (n completions count once)."),
-    (m.NUM_REQUESTS_SWAPPED, "num_swapped_reqs",
-     "Requests with a sequence swapped out to host memory and none running."),
-    (m.KV_OFFLOAD_NUM_BLOCKS, "kv_offload_num_blocks",
-     "Host blocks the prefix cache's tier may fill (the host pool, shared with the swap space; 0: off)."),
+    (
+        m.NUM_REQUESTS_RUNNING,
+        "num_running_reqs",
+        "Requests with a sequence in the running batch (one per prompt: n completions count once).",
+    ),
+    (
+        m.NUM_REQUESTS_WAITING,
+        "num_waiting_reqs",
+        "Requests waiting to be scheduled, none of their sequences running or swapped (n completions count once).",
+    ),
+    (
+        m.NUM_REQUESTS_SWAPPED,
+        "num_swapped_reqs",
+        "Requests with a sequence swapped out to host memory and none running.",
+    ),
+    (
+        m.KV_OFFLOAD_NUM_BLOCKS,
+        "kv_offload_num_blocks",
+        "Host blocks the prefix cache's tier may fill (the host pool, shared with the swap space; 0: off).",
+    ),
     (m.KV_OFFLOAD_CACHED_BLOCKS, "kv_offload_cached_blocks", "Blocks the prefix cache's host tier holds."),
     (m.KV_OFFLOAD_USAGE_RATIO, "kv_offload_usage", "Host tier blocks held / the blocks it may fill (0-1)."),
 )
 _COUNTERS = (
-    (m.PREFIX_CACHE_QUERIES, "prefix_cache_query_tokens",
-     "Prompt tokens looked up in the prefix cache, once per request at its first admission."),
+    (
+        m.PREFIX_CACHE_QUERIES,
+        "prefix_cache_query_tokens",
+        "Prompt tokens looked up in the prefix cache, once per request at its first admission.",
+    ),
     (m.PREFIX_CACHE_HITS, "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
-    (m.PREFIX_CACHE_PREEMPTED_QUERIES, "prefix_cache_preempted_query_tokens",
-     "Tokens of recompute-preempted requests looked up again when re-admitted (not in prefix_cache_queries)."),
-    (m.PREFIX_CACHE_PREEMPTED_HITS, "prefix_cache_preempted_hit_tokens",
-     "Of those, tokens found in the cache: recomputation saved, not prompt-cache hits."),
-    (m.KV_CACHE_ALLOCATION_FAILURES, "num_allocation_failures",
-     "Times a request could not get the KV blocks it needed."),
-    (m.PREFIX_CACHE_OFFLOAD_HITS, "prefix_cache_offload_hit_tokens",
-     "Of the prefix cache hits, prompt tokens loaded back from the host tier instead of recomputed."),
+    (
+        m.PREFIX_CACHE_PREEMPTED_QUERIES,
+        "prefix_cache_preempted_query_tokens",
+        "Tokens of recompute-preempted requests looked up again when re-admitted (not in prefix_cache_queries).",
+    ),
+    (
+        m.PREFIX_CACHE_PREEMPTED_HITS,
+        "prefix_cache_preempted_hit_tokens",
+        "Of those, tokens found in the cache: recomputation saved, not prompt-cache hits.",
+    ),
+    (
+        m.KV_CACHE_ALLOCATION_FAILURES,
+        "num_allocation_failures",
+        "Times a request could not get the KV blocks it needed.",
+    ),
+    (
+        m.PREFIX_CACHE_OFFLOAD_HITS,
+        "prefix_cache_offload_hit_tokens",
+        "Of the prefix cache hits, prompt tokens loaded back from the host tier instead of recomputed.",
+    ),
     (m.PROMPT_TOKENS, "num_prompt_tokens", "Prompt tokens processed (prefilled)."),
     (m.GENERATION_TOKENS, "num_generation_tokens", "Tokens generated."),
 )
@@ -96,15 +163,20 @@ class _EngineStatsCollector:
             family = CounterMetricFamily(metric.name, doc, labels=["model_name"])
             family.add_metric(labels, float(getattr(stats, field)))
             yield family
-        preemptions = CounterMetricFamily(m.NUM_PREEMPTIONS.name, "Requests preempted, by mode.",
-                                          labels=["model_name", "mode"])
+        preemptions = CounterMetricFamily(
+            m.NUM_PREEMPTIONS.name, "Requests preempted, by mode.", labels=["model_name", "mode"]
+        )
         for mode in sorted(set(stats.num_preemptions) | {"recompute", "swap"}):
             preemptions.add_metric(labels + [mode], float(stats.num_preemptions.get(mode, 0)))
         yield preemptions
         for metric, values, doc in (
-                (m.KV_OFFLOAD_BYTES, stats.kv_offload_bytes, "Bytes copied between the KV pool and its host tier."),
-                (m.KV_OFFLOAD_COPY_SECONDS, stats.kv_offload_copy_seconds,
-                 "Time spent copying between the KV pool and its host tier.")):
+            (m.KV_OFFLOAD_BYTES, stats.kv_offload_bytes, "Bytes copied between the KV pool and its host tier."),
+            (
+                m.KV_OFFLOAD_COPY_SECONDS,
+                stats.kv_offload_copy_seconds,
+                "Time spent copying between the KV pool and its host tier.",
+            ),
+        ):
             family = CounterMetricFamily(metric.name, doc, labels=["model_name", "direction"])
             for direction in TIER_DIRECTIONS:
                 family.add_metric(labels + [direction], float(values.get(direction, 0)))
@@ -120,24 +192,54 @@ class ServerMetrics:
         self._engine = _EngineStatsCollector(model_name)
         self.registry.register(self._engine)
         labels = ["model_name"]
-        self.ttft = Histogram(m.TIME_TO_FIRST_TOKEN_SECONDS.name, "Time from arrival to the first token.",
-                              labels, buckets=TTFT_BUCKETS_SECONDS, registry=self.registry)
-        self.itl = Histogram(m.INTER_TOKEN_LATENCY_SECONDS.name, "Time between two steps that added tokens.",
-                             labels, buckets=ITL_BUCKETS_SECONDS, registry=self.registry)
-        self.e2e = Histogram(m.E2E_REQUEST_LATENCY_SECONDS.name, "Time from arrival to finish.",
-                             labels, buckets=E2E_BUCKETS_SECONDS, registry=self.registry)
-        self.queue_time = Histogram(m.REQUEST_QUEUE_TIME_SECONDS.name,
-                                    "Time from arrival to first being scheduled.",
-                                    labels, buckets=TTFT_BUCKETS_SECONDS, registry=self.registry)
-        self.success = Counter(m.REQUEST_SUCCESS.name, "Finished requests, by finish reason.",
-                               labels + ["finished_reason"], registry=self.registry)
-        self.warmups = Counter(m.WARMUP_REQUESTS.name, "A router's warm-up prefills, finished (not in the request"
-                               " series).", labels, registry=self.registry)
+        self.ttft = Histogram(
+            m.TIME_TO_FIRST_TOKEN_SECONDS.name,
+            "Time from arrival to the first token.",
+            labels,
+            buckets=TTFT_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            m.INTER_TOKEN_LATENCY_SECONDS.name,
+            "Time between two steps that added tokens.",
+            labels,
+            buckets=ITL_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            m.E2E_REQUEST_LATENCY_SECONDS.name,
+            "Time from arrival to finish.",
+            labels,
+            buckets=E2E_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+        self.queue_time = Histogram(
+            m.REQUEST_QUEUE_TIME_SECONDS.name,
+            "Time from arrival to first being scheduled.",
+            labels,
+            buckets=TTFT_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+        self.success = Counter(
+            m.REQUEST_SUCCESS.name,
+            "Finished requests, by finish reason.",
+            labels + ["finished_reason"],
+            registry=self.registry,
+        )
+        self.warmups = Counter(
+            m.WARMUP_REQUESTS.name,
+            "A router's warm-up prefills, finished (not in the request series).",
+            labels,
+            registry=self.registry,
+        )
         self.warmups.labels(model_name)
-        self.cache_config = Info(m.CACHE_CONFIG.name, "KV cache configuration.", labels,
-                                 registry=self.registry)
-        self.sleeping = Gauge(m.ENGINE_SLEEPING.name, "1 while the engine is asleep (POST /sleep), else 0.", labels,
-                              registry=self.registry)
+        self.cache_config = Info(m.CACHE_CONFIG.name, "KV cache configuration.", labels, registry=self.registry)
+        self.sleeping = Gauge(
+            m.ENGINE_SLEEPING.name,
+            "1 while the engine is asleep (POST /sleep), else 0.",
+            labels,
+            registry=self.registry,
+        )
         self.sleeping.labels(model_name).set(0)
         for histogram in (self.ttft, self.itl, self.e2e, self.queue_time):
             histogram.labels(model_name)
@@ -152,11 +254,14 @@ class ServerMetrics:
 
     # ---- observer interface (engine thread) ----
     def on_ready(self, info: Any) -> None:
-        self.cache_config.labels(self.model_name).info({
-            "block_size": str(info.block_size), "num_gpu_blocks": str(info.num_gpu_blocks),
-            "gpu_memory_utilization": str(info.gpu_memory_utilization),
-            "enable_prefix_caching": str(info.enable_prefix_caching).lower(),
-        })
+        self.cache_config.labels(self.model_name).info(
+            {
+                "block_size": str(info.block_size),
+                "num_gpu_blocks": str(info.num_gpu_blocks),
+                "gpu_memory_utilization": str(info.gpu_memory_utilization),
+                "enable_prefix_caching": str(info.enable_prefix_caching).lower(),
+            }
+        )
 
     def on_stats(self, stats: Any) -> None:
         self._engine.stats = stats

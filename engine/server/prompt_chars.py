@@ -138,6 +138,7 @@ def max_chars_per_token(tokenizer: Any) -> int | None:
     added = spec.get("added_tokens") or []
     if any(token.get("lstrip") or token.get("rstrip") for token in added):
         return None
-    longest_token = max([len(piece) for piece in model.get("vocab", {})] + [len(t["content"]) for t in added],
-                        default=1)
+    longest_token = max(
+        [len(piece) for piece in model.get("vocab", {})] + [len(t["content"]) for t in added], default=1
+    )
     return shrink * max(1, longest_token)

@@ -16,8 +16,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pagedinfer.engine.server.extra_fields import AssistantToolCall, ChatExtras, CompletionExtras
 
@@ -84,8 +94,12 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(CompletionExtras, _SamplingFields):
-    prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1)] | TokenIds \
+    prompt: (
+        StrictStr
+        | Annotated[list[StrictStr], Field(min_length=1)]
+        | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1)]
+    )
     max_tokens: StrictInt | None = Field(default=16, ge=0)  # 0 only with echo (extra_fields.py)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 

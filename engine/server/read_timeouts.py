@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0  # the request line and headers, from the connection or the request's first byte
 DEFAULT_BODY_TIMEOUT_SECONDS = 30.0  # the whole body, from the end of the headers (1 MiB at 35 KB/s)
@@ -43,8 +44,10 @@ def request_timeout_bytes(message: str) -> bytes:
     from pagedinfer.engine.server.errors import error_body
 
     body = json.dumps(error_body(408, message, code="request_timeout"), separators=(",", ":")).encode("ascii")
-    head = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n\r\n")
+    head = (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: " + str(len(body)).encode("ascii") + b"\r\n\r\n"
+    )
     return head + body
 
 
@@ -69,10 +72,12 @@ def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Proto
             super().data_received(data)
             closing = self.transport.is_closing()
             # headers awaited: the first request's, or a later one's on a kept-alive connection once it began
-            self._keep_deadline("_header_deadline", self.conn.their_state is h11.IDLE and not closing,
-                                self._header_deadline_passed)
-            self._keep_deadline("_discard_deadline", self._discarding_body() and not closing,
-                                self._discard_deadline_passed)
+            self._keep_deadline(
+                "_header_deadline", self.conn.their_state is h11.IDLE and not closing, self._header_deadline_passed
+            )
+            self._keep_deadline(
+                "_discard_deadline", self._discarding_body() and not closing, self._discard_deadline_passed
+            )
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._keep_deadline("_header_deadline", False, self._header_deadline_passed)
@@ -111,12 +116,18 @@ def add_read_timeout_args(group: Any) -> None:
     """The two client read deadlines as flags, one definition for `serve` and `router`."""
     from pagedinfer.engine.server import cli_types
 
-    group.add_argument("--request-header-timeout-seconds", type=cli_types.positive_seconds,
-                       default=DEFAULT_HEADER_TIMEOUT_SECONDS,
-                       help="a request's line and headers must arrive within this many seconds of the connection"
-                            " opening (or of the request's first byte on a kept-alive connection), else 408 and"
-                            f" close (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})")
-    group.add_argument("--request-body-timeout-seconds", type=cli_types.positive_seconds,
-                       default=DEFAULT_BODY_TIMEOUT_SECONDS,
-                       help="a request's whole body must arrive within this many seconds of its headers, else 408"
-                            f" and close (default {DEFAULT_BODY_TIMEOUT_SECONDS:g})")
+    group.add_argument(
+        "--request-header-timeout-seconds",
+        type=cli_types.positive_seconds,
+        default=DEFAULT_HEADER_TIMEOUT_SECONDS,
+        help="a request's line and headers must arrive within this many seconds of the connection"
+        " opening (or of the request's first byte on a kept-alive connection), else 408 and"
+        f" close (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
+    )
+    group.add_argument(
+        "--request-body-timeout-seconds",
+        type=cli_types.positive_seconds,
+        default=DEFAULT_BODY_TIMEOUT_SECONDS,
+        help="a request's whole body must arrive within this many seconds of its headers, else 408"
+        f" and close (default {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+    )

@@ -23,8 +23,12 @@ def logit_bias(info: Any, req: Any) -> dict[int, float] | None:
     limit = info.num_token_ids
     outside = sorted(t for t in bias if t >= limit)
     if outside:
-        raise ApiError(400, f"logit_bias: token ids {outside[:8]} are outside the model's vocabulary "
-                            f"(ids 0-{limit - 1})", param="logit_bias", code="invalid_parameter")
+        raise ApiError(
+            400,
+            f"logit_bias: token ids {outside[:8]} are outside the model's vocabulary (ids 0-{limit - 1})",
+            param="logit_bias",
+            code="invalid_parameter",
+        )
     return bias
 
 
@@ -33,8 +37,12 @@ def completion_options(info: Any, req: Any, shape: Any) -> dict[str, Any]:
     options = _common_options(info, req)
     if shape.best_of is not None:
         if shape.best_of > info.max_num_seqs:
-            raise ApiError(400, f"best_of: {shape.best_of} completions exceed this server's max_num_seqs "
-                                f"({info.max_num_seqs})", param="best_of", code="invalid_parameter")
+            raise ApiError(
+                400,
+                f"best_of: {shape.best_of} completions exceed this server's max_num_seqs ({info.max_num_seqs})",
+                param="best_of",
+                code="invalid_parameter",
+            )
         options["n"] = shape.best_of
     options["prompt_logprobs"] = shape.engine_prompt_logprobs(req.logprobs)
     return options
@@ -51,9 +59,13 @@ def chat_options(info: Any, req: Any) -> tuple[dict[str, Any], Any]:
         raise from_value_error(exc) from None
     if schema is not None:
         if options["structured_outputs"] is not None:
-            raise ApiError(400, f"tool_choice: {req.effective_tool_choice()!r} constrains the output itself; "
-                                f"drop response_format and guided_* fields", param="tool_choice",
-                           code="invalid_parameter")
+            raise ApiError(
+                400,
+                f"tool_choice: {req.effective_tool_choice()!r} constrains the output itself; "
+                f"drop response_format and guided_* fields",
+                param="tool_choice",
+                code="invalid_parameter",
+            )
         options["structured_outputs"] = StructuredOutputsParams(json=schema, field="tools")
     return options, plan
 
@@ -74,8 +86,12 @@ def structured_outputs(req: Any) -> Any:
             return StructuredOutputsParams(json_object=True, field="response_format")
         if req.structured_outputs is not None:
             return StructuredOutputsParams(**req.structured_outputs.options(), field="structured_outputs")
-        for name, option in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                             ("guided_grammar", "grammar")):
+        for name, option in (
+            ("guided_json", "json"),
+            ("guided_regex", "regex"),
+            ("guided_choice", "choice"),
+            ("guided_grammar", "grammar"),
+        ):
             value = getattr(req, name)
             if value is not None:
                 return StructuredOutputsParams(**{option: value}, field=name)
@@ -98,9 +114,14 @@ def template_message(message: Any, text: str) -> dict[str, Any]:
     """A history message as chat templates take it: tool calls' arguments as objects (transformers' convention)."""
     out: dict[str, Any] = {"role": message.role, "content": text}
     if message.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function",
-                              "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                             for c in message.tool_calls]
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+            }
+            for c in message.tool_calls
+        ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:

@@ -29,12 +29,18 @@ MISSING_LOGPROB = -9999.0  # OpenAI's stand-in for "not in the top-k"; JSON has 
 
 def usage(plan: Plan, finals: list[Any]) -> dict:
     prompt_tokens = sum(len(p) for p in plan.prompts)
-    completion_tokens = 0 if plan.completion.drop_generated else \
-        sum(len(c.token_ids) for out in finals if out is not None for c in out.outputs)
+    completion_tokens = (
+        0
+        if plan.completion.drop_generated
+        else sum(len(c.token_ids) for out in finals if out is not None for c in out.outputs)
+    )
     cached_tokens = sum((out.num_cached_tokens or 0) for out in finals if out is not None)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 def _decoded(tokenizer: Any, token_id: int, entry: Any) -> str:
@@ -44,7 +50,7 @@ def _decoded(tokenizer: Any, token_id: int, entry: Any) -> str:
 
 def _top_entries(tokenizer: Any, step: dict, k: int) -> list[tuple[int, str, float]]:
     """(token id, text, logprob) of the k most likely tokens of one step."""
-    ranked = sorted(step.items(), key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 30))
+    ranked = sorted(step.items(), key=lambda item: item[1].rank if item[1].rank is not None else 1 << 30)
     return [(token_id, _decoded(tokenizer, token_id, entry), float(entry.logprob)) for token_id, entry in ranked[:k]]
 
 
@@ -68,10 +74,18 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], steps: list[dict], k: in
     for token_id, step in zip(token_ids, steps):
         entry = step.get(token_id)
         text = _decoded(tokenizer, token_id, entry)
-        top = [{"token": t, "logprob": lp, "bytes": list(token_bytes(tokenizer, top_id, t))}
-               for top_id, t, lp in _top_entries(tokenizer, step, k)]
-        content.append({"token": text, "logprob": float(entry.logprob) if entry is not None else MISSING_LOGPROB,
-                        "bytes": list(token_bytes(tokenizer, token_id, text)), "top_logprobs": top})
+        top = [
+            {"token": t, "logprob": lp, "bytes": list(token_bytes(tokenizer, top_id, t))}
+            for top_id, t, lp in _top_entries(tokenizer, step, k)
+        ]
+        content.append(
+            {
+                "token": text,
+                "logprob": float(entry.logprob) if entry is not None else MISSING_LOGPROB,
+                "bytes": list(token_bytes(tokenizer, token_id, text)),
+                "top_logprobs": top,
+            }
+        )
     return {"content": content}
 
 
@@ -128,13 +142,20 @@ def _prompt_part(plan: Plan, tokenizer: Any, prompt_index: int, out: Any) -> tup
 def _vllm_prompt_logprobs(out: Any) -> list | None:
     if out.prompt_logprobs is None:
         return None
-    return [None if step is None else
-            {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-             for t, lp in step.items()} for step in out.prompt_logprobs]
+    return [
+        None
+        if step is None
+        else {
+            str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in step.items()
+        }
+        for step in out.prompt_logprobs
+    ]
 
 
-def completion_choice(plan: Plan, tokenizer: Any, prompt_index: int, out: Any, c: Any, sent_chars: int = 0,
-                      sent_tokens: int = 0) -> tuple[str, dict | None]:
+def completion_choice(
+    plan: Plan, tokenizer: Any, prompt_index: int, out: Any, c: Any, sent_chars: int = 0, sent_tokens: int = 0
+) -> tuple[str, dict | None]:
     """(text, logprobs) of choice c from sent_chars/sent_tokens on, the echoed prompt leading a first part.
 
     With echo, the generated tokens' text_offset counts the prompt's text before them, in every part."""
@@ -159,13 +180,24 @@ def completion_response(plan: Plan, finals: list[Any], tokenizer: Any) -> dict:
     choices = []
     for index, prompt_index, c in _best_of(plan, finals):
         text, logprobs = completion_choice(plan, tokenizer, prompt_index, finals[prompt_index], c)
-        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                  "stop_reason": c.stop_reason}
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
         if plan.completion.prompt_logprobs is not None:
             choice["prompt_logprobs"] = _vllm_prompt_logprobs(finals[prompt_index])
         choices.append(choice)
-    return {"id": plan.request_id, "object": "text_completion", "created": plan.created, "model": plan.model,
-            "choices": choices, "usage": usage(plan, finals)}
+    return {
+        "id": plan.request_id,
+        "object": "text_completion",
+        "created": plan.created,
+        "model": plan.model,
+        "choices": choices,
+        "usage": usage(plan, finals),
+    }
 
 
 def chat_response(plan: Plan, finals: list[Any], tokenizer: Any) -> dict:
@@ -174,13 +206,29 @@ def chat_response(plan: Plan, finals: list[Any], tokenizer: Any) -> dict:
         logprobs = None
         if plan.num_logprobs is not None and c.logprobs is not None:
             logprobs = chat_logprobs(tokenizer, c.token_ids, c.logprobs, plan.num_logprobs)
-        message, called = ({"role": "assistant", "content": c.text}, False) if plan.tools is None \
+        message, called = (
+            ({"role": "assistant", "content": c.text}, False)
+            if plan.tools is None
             else tool_calls.message(plan.tools, c.text)
+        )
         finish_reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
-        choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
-                        "stop_reason": c.stop_reason})
-    return {"id": plan.request_id, "object": "chat.completion", "created": plan.created, "model": plan.model,
-            "choices": choices, "usage": usage(plan, finals)}
+        choices.append(
+            {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+        )
+    return {
+        "id": plan.request_id,
+        "object": "chat.completion",
+        "created": plan.created,
+        "model": plan.model,
+        "choices": choices,
+        "usage": usage(plan, finals),
+    }
 
 
 def sse(payload: dict | str) -> str:
@@ -203,8 +251,13 @@ class DeltaTracker:
 
     def _envelope(self, choices: list[dict]) -> dict:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        payload = {"id": self.plan.request_id, "object": kind, "created": self.plan.created,
-                   "model": self.plan.model, "choices": choices}
+        payload = {
+            "id": self.plan.request_id,
+            "object": kind,
+            "created": self.plan.created,
+            "model": self.plan.model,
+            "choices": choices,
+        }
         if self.plan.include_usage:
             payload["usage"] = None
         return payload
@@ -214,8 +267,21 @@ class DeltaTracker:
         if not self.chat:
             return []
         num_choices = len(self.plan.prompts) * self.plan.params.n
-        return [sse(self._envelope([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                     "logprobs": None, "finish_reason": None}])) for i in range(num_choices)]
+        return [
+            sse(
+                self._envelope(
+                    [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+            )
+            for i in range(num_choices)
+        ]
 
     def chunks(self, prompt_index: int, output: Any) -> list[str]:
         if output.finished:
@@ -233,8 +299,9 @@ class DeltaTracker:
                 continue
             logprobs = None
             if not self.chat:
-                delta_text, logprobs = completion_choice(self.plan, self.tokenizer, prompt_index, output, c,
-                                                         sent_chars, sent_tokens)
+                delta_text, logprobs = completion_choice(
+                    self.plan, self.tokenizer, prompt_index, output, c, sent_chars, sent_tokens
+                )
                 if logprobs is not None and not logprobs["tokens"]:
                     logprobs = None
             elif self.plan.num_logprobs is not None and c.logprobs is not None and new_tokens > 0:
@@ -281,11 +348,17 @@ class DeltaTracker:
         deltas = []
         for i, (name, arguments) in enumerate(calls):
             if i == len(sent):
-                deltas.append({"index": i, "id": tool_calls.new_call_id(), "type": "function",
-                               "function": {"name": name, "arguments": arguments}})
+                deltas.append(
+                    {
+                        "index": i,
+                        "id": tool_calls.new_call_id(),
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                )
                 sent.append(len(arguments))
             elif len(arguments) > sent[i]:
-                deltas.append({"index": i, "function": {"arguments": arguments[sent[i]:]}})
+                deltas.append({"index": i, "function": {"arguments": arguments[sent[i] :]}})
                 sent[i] = len(arguments)
         return deltas
 

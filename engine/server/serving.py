@@ -54,17 +54,22 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from pagedinfer.engine.outputs import OutputAccumulator
 from pagedinfer.engine.server import request_options
 from pagedinfer.engine.server.admission import check_waiting_limit
-from pagedinfer.engine.server.beam_request import (beam_search_params, check_beam_fits, check_beam_options,
-                                                   check_not_beam_fields)
+from pagedinfer.engine.server.beam_request import (
+    beam_search_params,
+    check_beam_fits,
+    check_beam_options,
+    check_not_beam_fields,
+)
 from pagedinfer.engine.server.completion_shape import CompletionShape
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
 from pagedinfer.engine.server.errors import ApiError, from_value_error
@@ -122,8 +127,9 @@ class Serving:
     def __init__(self, engine_loop: EngineLoop, max_waiting_requests: int | None) -> None:
         self.engine_loop = engine_loop
         self.max_waiting_requests = max_waiting_requests
-        self._tokenizer_threads = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS,
-                                                     thread_name_prefix="pagedinfer-tokenize")
+        self._tokenizer_threads = ThreadPoolExecutor(
+            max_workers=TOKENIZER_THREADS, thread_name_prefix="pagedinfer-tokenize"
+        )
 
     def close(self) -> None:
         self._tokenizer_threads.shutdown(wait=False, cancel_futures=True)
@@ -135,55 +141,109 @@ class Serving:
     def _admit(self, model: str) -> Any:
         loop = self.engine_loop
         if loop.load_error is not None or loop.engine_error is not None:
-            raise ApiError(503, "the engine is not available", code="engine_unavailable",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise ApiError(
+                503,
+                "the engine is not available",
+                code="engine_unavailable",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         if not loop.ready.is_set() or loop.info is None:
-            raise ApiError(503, "the model is still loading", code="model_loading",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise ApiError(
+                503,
+                "the model is still loading",
+                code="model_loading",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         if not loop.accepting:
-            raise ApiError(503, "the server is shutting down", code="shutting_down",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise ApiError(
+                503,
+                "the server is shutting down",
+                code="shutting_down",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         info = loop.info
         if model != info.served_model_name:
-            raise ApiError(404, f"model: '{model}' does not exist; this server serves '{info.served_model_name}'",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model: '{model}' does not exist; this server serves '{info.served_model_name}'",
+                param="model",
+                code="model_not_found",
+            )
         return info
 
     @staticmethod
     def _check_n(info: Any, n: int) -> None:
         if n > info.max_num_seqs:
-            raise ApiError(400, f"n: {n} completions exceed this server's max_num_seqs ({info.max_num_seqs})",
-                           param="n", code="invalid_parameter")
+            raise ApiError(
+                400,
+                f"n: {n} completions exceed this server's max_num_seqs ({info.max_num_seqs})",
+                param="n",
+                code="invalid_parameter",
+            )
 
-    def _check_lengths(self, info: Any, prompts: list[list[int]], max_tokens: int | None, param: str,
-                       max_tokens_param: str = "max_tokens") -> int:
+    def _check_lengths(
+        self,
+        info: Any,
+        prompts: list[list[int]],
+        max_tokens: int | None,
+        param: str,
+        max_tokens_param: str = "max_tokens",
+    ) -> int:
         """The max_tokens to use; 400 when a prompt plus it cannot fit max_model_len."""
         longest = max(len(p) for p in prompts)
         if longest >= info.max_model_len:
-            raise ApiError(400, f"{param}: {longest} tokens, but max_model_len is {info.max_model_len} "
-                                f"(prompt plus at least one generated token must fit)", param=param,
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"{param}: {longest} tokens, but max_model_len is {info.max_model_len} "
+                f"(prompt plus at least one generated token must fit)",
+                param=param,
+                code="context_length_exceeded",
+            )
         if max_tokens is None:
             return info.max_model_len - longest
         if longest + max_tokens > info.max_model_len:
-            raise ApiError(400, f"{max_tokens_param}: prompt ({longest} tokens) + {max_tokens_param} "
-                                f"({max_tokens}) = {longest + max_tokens} exceeds max_model_len "
-                                f"({info.max_model_len})", param=max_tokens_param, code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"{max_tokens_param}: prompt ({longest} tokens) + {max_tokens_param} "
+                f"({max_tokens}) = {longest + max_tokens} exceeds max_model_len "
+                f"({info.max_model_len})",
+                param=max_tokens_param,
+                code="context_length_exceeded",
+            )
         return max_tokens
 
-    def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int,
-                         num_logprobs: int | None, extra: dict[str, Any] | None = None) -> Any:
+    def _sampling_params(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        max_tokens: int,
+        num_logprobs: int | None,
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
         from pagedinfer.engine import SamplingParams
 
         if req.use_beam_search:
             check_beam_options(req, extra or {})
             return beam_search_params(req, max_tokens)
         check_not_beam_fields(req)
-        fields: dict[str, Any] = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
-                                      ignore_eos=req.ignore_eos, seed=req.seed, stop=req.stop, logprobs=num_logprobs)
+        fields: dict[str, Any] = dict(
+            n=req.n,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+            seed=req.seed,
+            stop=req.stop,
+            logprobs=num_logprobs,
+        )
         fields.update(extra or {})
-        for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             value = getattr(req, name)
             if value is not None:
                 fields[name] = value
@@ -197,9 +257,13 @@ class Serving:
         """400 when text is too long for max_model_len tokens whatever it tokenizes to (no tokenizing)."""
         limit = info.max_prompt_chars
         if limit is not None and len(text) > limit:
-            raise ApiError(400, f"{param}: {len(text)} characters, more than max_model_len ({info.max_model_len}) "
-                                f"tokens can hold with this tokenizer (at most {limit} characters)", param=param,
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"{param}: {len(text)} characters, more than max_model_len ({info.max_model_len}) "
+                f"tokens can hold with this tokenizer (at most {limit} characters)",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     @staticmethod
     def _tokenize(info: Any, prompt: str | list[int], param: str, add_special_tokens: bool) -> list[int]:
@@ -216,8 +280,12 @@ class Serving:
         bad = next((t for t in token_ids if t >= limit), None)
         if bad is not None:
             what = "the text tokenizes to token id" if isinstance(prompt, str) else "token id"
-            raise ApiError(400, f"{param}: {what} {bad}, outside the model's vocabulary (ids 0-{limit - 1})",
-                           param=param, code="invalid_parameter")
+            raise ApiError(
+                400,
+                f"{param}: {what} {bad}, outside the model's vocabulary (ids 0-{limit - 1})",
+                param=param,
+                code="invalid_parameter",
+            )
         return token_ids
 
     @staticmethod
@@ -227,16 +295,25 @@ class Serving:
         for i, m in enumerate(req.messages):
             text = m.text()
             if text is None:
-                raise ApiError(400, f"messages.{i}.content: may be null only for role 'assistant'",
-                               param=f"messages.{i}.content", code="invalid_parameter")
+                raise ApiError(
+                    400,
+                    f"messages.{i}.content: may be null only for role 'assistant'",
+                    param=f"messages.{i}.content",
+                    code="invalid_parameter",
+                )
             _check_unicode(text, f"messages.{i}.content")
             messages.append(request_options.template_message(m, text))
         try:
-            return info.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tokenize=False, **request_options.template_tools(req))
+            return info.tokenizer.apply_chat_template(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **request_options.template_tools(req),
+            )
         except Exception as exc:  # noqa: BLE001 - template errors are about the messages
-            raise ApiError(400, f"messages: the chat template rejected them: {exc}", param="messages",
-                           code="invalid_parameter") from None
+            raise ApiError(
+                400, f"messages: the chat template rejected them: {exc}", param="messages", code="invalid_parameter"
+            ) from None
 
     # ---- for /tokenize and /detokenize (tokenize_routes.py) ----
     def admit_model(self, model: str | None) -> Any:
@@ -256,7 +333,8 @@ class Serving:
             if isinstance(prompt, str):
                 self._check_chars(info, prompt, "prompt")  # on the loop: refused without queueing for a thread
         prompts = await self._off_loop(
-            lambda: [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()])
+            lambda: [self._tokenize(info, p, "prompt", add_special_tokens=True) for p in req.prompts()]
+        )
         shape = CompletionShape.of(req, [p if isinstance(p, str) else None for p in req.prompts()])
         options = request_options.completion_options(info, req, shape)
         max_tokens = self._check_lengths(info, prompts, shape.engine_max_tokens(req.max_tokens), "prompt")
@@ -269,7 +347,8 @@ class Serving:
         self._check_n(info, req.n)
         self._check_waiting_limit(1, req.n)  # shed load before rendering and tokenizing; submit decides
         prompts = await self._off_loop(
-            lambda: [self._tokenize(info, self._render_chat(info, req), "messages", add_special_tokens=False)])
+            lambda: [self._tokenize(info, self._render_chat(info, req), "messages", add_special_tokens=False)]
+        )
         requested, max_tokens_param = req.requested_max_tokens()
         max_tokens = self._check_lengths(info, prompts, requested, "messages", max_tokens_param)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -284,22 +363,38 @@ class Serving:
         await self._off_loop(lambda: request_options.compile_structured(info, spec))
 
     @staticmethod
-    def _plan(kind: str, info: Any, prompts: list[list[int]], params: Any, num_logprobs: int | None,
-              req: CompletionRequest | ChatCompletionRequest) -> Plan:
+    def _plan(
+        kind: str,
+        info: Any,
+        prompts: list[list[int]],
+        params: Any,
+        num_logprobs: int | None,
+        req: CompletionRequest | ChatCompletionRequest,
+    ) -> Plan:
         if req.use_beam_search:
             check_beam_fits(info, prompts, params)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return Plan(request_id=f"{kind}-{uuid.uuid4().hex}", created=int(time.time()),
-                    model=info.served_model_name, prompts=prompts, params=params, num_logprobs=num_logprobs,
-                    stream=req.stream, include_usage=include_usage, arrival_time=time.monotonic())
+        return Plan(
+            request_id=f"{kind}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=info.served_model_name,
+            prompts=prompts,
+            params=params,
+            num_logprobs=num_logprobs,
+            stream=req.stream,
+            include_usage=include_usage,
+            arrival_time=time.monotonic(),
+        )
 
     # ---- running ----
     def _check_waiting_limit(self, num_prompts: int, n: int) -> None:
-        refusal = check_waiting_limit(self.engine_loop.num_waiting_sequences(), num_prompts, n,
-                                      self.max_waiting_requests)
+        refusal = check_waiting_limit(
+            self.engine_loop.num_waiting_sequences(), num_prompts, n, self.max_waiting_requests
+        )
         if refusal is not None and refusal.status_code == 503:
-            raise ApiError(503, refusal.message, code="server_overloaded",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise ApiError(
+                503, refusal.message, code="server_overloaded", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+            )
         if refusal is not None:
             raise ApiError(refusal.status_code, refusal.message, param=refusal.param, code="invalid_parameter")
 
@@ -308,8 +403,12 @@ class Serving:
 
         An asleep engine refuses it first: 503 `asleep`, before a stream's headers (a router wakes the engine)."""
         if self.engine_loop.sleeping:
-            raise ApiError(503, "the engine is asleep; POST /wake_up wakes it", code="asleep",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise ApiError(
+                503,
+                "the engine is asleep; POST /wake_up wakes it",
+                code="asleep",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         self._check_waiting_limit(len(plan.prompts), plan.params.n)
         submission = Submission(plan, self.engine_loop, RequestSink(asyncio.get_running_loop()))
         for request_id, prompt in zip(submission.request_ids, plan.prompts):
@@ -379,8 +478,12 @@ def _check_unicode(text: str, param: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ApiError(400, f"{param}: not valid Unicode: lone surrogate \\u{ord(text[exc.start]):04x} at "
-                            f"character {exc.start}", param=param, code="invalid_parameter") from None
+        raise ApiError(
+            400,
+            f"{param}: not valid Unicode: lone surrogate \\u{ord(text[exc.start]):04x} at character {exc.start}",
+            param=param,
+            code="invalid_parameter",
+        ) from None
 
 
 async def watch_disconnect(request: Request) -> None:

@@ -68,8 +68,12 @@ def install_sleep_routes(app: FastAPI, engine_loop: EngineLoop) -> None:
     @app.post("/sleep", **ADMIN)
     async def sleep(level: int = 1) -> dict:
         if level != 1:
-            raise ApiError(400, f"level: only sleep level 1 exists (KV pool released, weights to host memory),"
-                                f" got {level}", "level", "invalid_parameter")
+            raise ApiError(
+                400,
+                f"level: only sleep level 1 exists (KV pool released, weights to host memory), got {level}",
+                "level",
+                "invalid_parameter",
+            )
         return await run(go_to_sleep)
 
     @app.post("/wake_up", **ADMIN)

@@ -40,7 +40,7 @@ _BYTE_LEVEL_CHARS = _printable_byte_level_chars()
 
 
 def _decoder_kind(tokenizer: Any) -> str | None:
-    """"byte_level", "byte_fallback" or None, from the fast tokenizer's declared decoder (cached)."""
+    """ "byte_level", "byte_fallback" or None, from the fast tokenizer's declared decoder (cached)."""
     try:
         return _decoder_kinds[tokenizer]
     except (KeyError, TypeError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from pagedinfer.engine.server.errors import ApiError
@@ -60,13 +60,15 @@ def install_tokenize_routes(app: FastAPI, serving: Serving, dependencies: list[A
     async def tokenize(body: TokenizeRequest) -> dict:
         info = serving.admit_model(body.model)
         if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "prompt: give exactly one of prompt and messages", param="prompt",
-                           code="invalid_parameter")
+            raise ApiError(
+                400, "prompt: give exactly one of prompt and messages", param="prompt", code="invalid_parameter"
+            )
 
         def work() -> tuple[list[int], list[str] | None]:
             if body.messages is not None:
-                chat = ChatCompletionRequest.model_construct(messages=body.messages, model=info.served_model_name,
-                                                             tools=body.tools, tool_choice=None)
+                chat = ChatCompletionRequest.model_construct(
+                    messages=body.messages, model=info.served_model_name, tools=body.tools, tool_choice=None
+                )
                 text = serving.render_chat(info, chat, body.add_generation_prompt)
                 ids = serving.tokenize_text(info, text, "messages", bool(body.add_special_tokens))
             else:
@@ -84,6 +86,10 @@ def install_tokenize_routes(app: FastAPI, serving: Serving, dependencies: list[A
         limit = info.num_token_ids
         bad = next((t for t in body.tokens if t >= limit), None)
         if bad is not None:
-            raise ApiError(400, f"tokens: token id {bad} is outside the model's vocabulary (ids 0-{limit - 1})",
-                           param="tokens", code="invalid_parameter")
+            raise ApiError(
+                400,
+                f"tokens: token id {bad} is outside the model's vocabulary (ids 0-{limit - 1})",
+                param="tokens",
+                code="invalid_parameter",
+            )
         return {"prompt": await serving.off_loop(lambda: info.tokenizer.decode(body.tokens))}

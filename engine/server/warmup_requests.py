@@ -12,7 +12,8 @@ router imports the header from here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 WARMUP_HEADER = "x-pagedinfer-warmup"
 WARMUP_REQUEST_KIND = "warmup"

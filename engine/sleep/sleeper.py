@@ -66,8 +66,7 @@ class EngineSleep:
             _empty_device_cache(runner.device)
         self._weights = weights
         self.sleeping = True
-        return SleepReport(True, self._kv_bytes(), weights.num_bytes if weights else 0,
-                           time.perf_counter() - start)
+        return SleepReport(True, self._kv_bytes(), weights.num_bytes if weights else 0, time.perf_counter() - start)
 
     def wake(self) -> SleepReport:
         if not self.sleeping:

@@ -16,8 +16,8 @@ live in host memory and stay where they are.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

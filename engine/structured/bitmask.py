@@ -70,8 +70,9 @@ class GrammarBitmask:
         words_per_row = (vocab + 31) // 32
         host = torch.empty((len(matchers), words_per_row), dtype=torch.int32, pin_memory=pin)
         # one contiguous int32 row of words_per_row words per matcher, at row i (llguidance drops the GIL)
-        self._llexecutor().unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], host.data_ptr(),
-                                                   words_per_row * 4, len(matchers))
+        self._llexecutor().unsafe_compute_mask_ptr(
+            [(m, i) for i, m in enumerate(matchers)], host.data_ptr(), words_per_row * 4, len(matchers)
+        )
         return host
 
     def prefetch(self, matchers: list[Any], vocab: int, device: torch.device) -> None:
@@ -79,8 +80,10 @@ class GrammarBitmask:
         if not matchers:
             self._pending = None
             return
-        self._pending = (list(matchers), self._prefetch_thread().submit(self._fill, list(matchers), vocab,
-                                                             device.type == "cuda"))
+        self._pending = (
+            list(matchers),
+            self._prefetch_thread().submit(self._fill, list(matchers), vocab, device.type == "cuda"),
+        )
 
     def apply(self, logits: torch.Tensor, rows: list[tuple[int, Any]]) -> None:
         """Mask logits [n, vocab] in place for each (row, matcher)."""
@@ -94,8 +97,11 @@ class GrammarBitmask:
             prefetched = pending[1].result()
             position = {id(m): i for i, m in enumerate(pending[0])}
             if all(id(m) in position for m in matchers):
-                host = prefetched[[position[id(m)] for m in matchers]] if len(matchers) != len(pending[0]) or \
-                    any(position[id(m)] != i for i, m in enumerate(matchers)) else prefetched
+                host = (
+                    prefetched[[position[id(m)] for m in matchers]]
+                    if len(matchers) != len(pending[0]) or any(position[id(m)] != i for i, m in enumerate(matchers))
+                    else prefetched
+                )
         if host is None:
             host = self._fill(matchers, vocab, logits.device.type == "cuda")
         mask = host.to(logits.device, non_blocking=True)

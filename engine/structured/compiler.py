@@ -54,8 +54,9 @@ class StructuredOutputs:
         if self._tokenizer is None:
             import llguidance.hf
 
-            self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size,
-                                                           eos_token=self.eos.primary)
+            self._tokenizer = llguidance.hf.from_tokenizer(
+                self._hf_tokenizer, n_vocab=self._vocab_size, eos_token=self.eos.primary
+            )
         return self._tokenizer
 
     def warm_up(self) -> None:

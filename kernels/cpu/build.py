@@ -71,11 +71,21 @@ from pathlib import Path
 CSRC = Path(__file__).parent / "csrc"
 # Baseline translation units first: the linker keeps the first copy of an inline function that
 # several define, so never one compiled for a wider instruction set (see csrc/target_avx2.h).
-SOURCES = [CSRC / name
-           for name in ("paged_attention.cpp", "isa.cpp", "attention_vec_default.cpp", "attention_avx512.cpp",
-                        "layer_ops.cpp", "layer_ops_default.cpp",
-                        "attention_vec_avx2.cpp", "attention_vec_avx512.cpp", "layer_ops_avx2.cpp",
-                        "layer_ops_avx512.cpp")]
+SOURCES = [
+    CSRC / name
+    for name in (
+        "paged_attention.cpp",
+        "isa.cpp",
+        "attention_vec_default.cpp",
+        "attention_avx512.cpp",
+        "layer_ops.cpp",
+        "layer_ops_default.cpp",
+        "attention_vec_avx2.cpp",
+        "attention_vec_avx512.cpp",
+        "layer_ops_avx2.cpp",
+        "layer_ops_avx512.cpp",
+    )
+]
 
 CFLAGS = ["-O3"]
 
@@ -216,8 +226,14 @@ def build_and_load(name: str) -> tuple[Path, bool]:
     directory = library.parent
     with _exclusive_build(directory, BUILD_WAIT_S):
         before = library.stat().st_mtime_ns if library.exists() else None
-        cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
-                           build_directory=str(directory), is_python_module=False, verbose=False)
+        cpp_extension.load(
+            name=name,
+            sources=[str(s) for s in SOURCES],
+            extra_cflags=CFLAGS,
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
         _write_stamp(library)
     return library, before != library.stat().st_mtime_ns
 
@@ -232,8 +248,11 @@ def load_prebuilt(name: str) -> Path | None:
     try:
         torch.ops.load_library(str(library))
     except OSError as error:  # a truncated or foreign file: the build path may still work
-        warnings.warn(f"pagedinfer: the prebuilt native CPU kernels {library} did not load ({error}); "
-                      "building them instead", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"pagedinfer: the prebuilt native CPU kernels {library} did not load ({error}); building them instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
     return library
 
@@ -255,14 +274,19 @@ def load() -> bool:
                 kind = "compiled" if compiled else "cached"
             _origin = KernelsOrigin(kind, library, time.monotonic() - start)
             _loaded = True
-            logger.info("native CPU kernels: %s library %s, loaded in %.0f ms", kind, library, 1e3 * _origin.load_seconds)
+            logger.info(
+                "native CPU kernels: %s library %s, loaded in %.0f ms", kind, library, 1e3 * _origin.load_seconds
+            )
         except Exception as error:  # a missing compiler or ninja, or a compile error: all mean "fall back"
             _loaded, _origin = False, None
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             searched = ", ".join(str(d) for d in prebuilt_dirs())
-            warnings.warn(f"pagedinfer: the native CPU kernels (attention, layer ops) could not be built ({first_line}) "
-                          f"and none prebuilt for these sources is in {searched}; using the slower torch path",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"pagedinfer: the native CPU kernels (attention, layer ops) could not be built ({first_line}) "
+                f"and none prebuilt for these sources is in {searched}; using the slower torch path",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return _loaded
 
 

@@ -39,12 +39,21 @@ def install(library: Path, out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedinfer.kernels.cpu.build",
-                                     description="Build the native CPU kernels and install them prebuilt.")
-    parser.add_argument("--out", type=Path, default=build.PACKAGE_PREBUILT_DIR,
-                        help="the folder to install the library into (default: %(default)s)")
-    parser.add_argument("--check", action="store_true",
-                        help="only load the prebuilt library the engine would find; exit 1 if there is none")
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedinfer.kernels.cpu.build",
+        description="Build the native CPU kernels and install them prebuilt.",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=build.PACKAGE_PREBUILT_DIR,
+        help="the folder to install the library into (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only load the prebuilt library the engine would find; exit 1 if there is none",
+    )
     args = parser.parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         print(f"build: --out {args.out} is not a directory", file=sys.stderr)

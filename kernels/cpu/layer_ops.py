@@ -40,8 +40,10 @@ NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _LIBRARY = torch.library.Library("pagedinfer", "FRAGMENT")
 _LIBRARY.define("cpu_rms_norm(Tensor input, Tensor weight, float eps) -> Tensor")
 _LIBRARY.define("cpu_fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()")
-_LIBRARY.define("cpu_rotary_embedding(Tensor positions, Tensor(a!) qkv, Tensor cos_sin_cache, int num_query_heads, "
-                "int num_key_heads, int head_dim, Tensor? query_norm, Tensor? key_norm, float eps) -> ()")
+_LIBRARY.define(
+    "cpu_rotary_embedding(Tensor positions, Tensor(a!) qkv, Tensor cos_sin_cache, int num_query_heads, "
+    "int num_key_heads, int head_dim, Tensor? query_norm, Tensor? key_norm, float eps) -> ()"
+)
 _LIBRARY.define("cpu_silu_and_mul(Tensor input) -> Tensor")
 
 
@@ -56,8 +58,9 @@ def _fused_add_rms_norm_fake(input, residual, weight, eps):
 
 
 @torch.library.register_fake("pagedinfer::cpu_rotary_embedding", lib=_LIBRARY)
-def _rotary_embedding_fake(positions, qkv, cos_sin_cache, num_query_heads, num_key_heads, head_dim, query_norm,
-                           key_norm, eps):
+def _rotary_embedding_fake(
+    positions, qkv, cos_sin_cache, num_query_heads, num_key_heads, head_dim, query_norm, key_norm, eps
+):
     return None
 
 
@@ -79,11 +82,20 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     torch.ops.pagedinfer.cpu_fused_add_rms_norm(x, residual, weight, eps)
 
 
-def rotary_embedding(positions: torch.Tensor, qkv: torch.Tensor, cos_sin_cache: torch.Tensor, num_query_heads: int,
-                     num_key_heads: int, head_dim: int, query_norm: torch.Tensor | None = None,
-                     key_norm: torch.Tensor | None = None, eps: float = 1e-6) -> None:
-    torch.ops.pagedinfer.cpu_rotary_embedding(positions, qkv, cos_sin_cache, num_query_heads, num_key_heads,
-                                              head_dim, query_norm, key_norm, eps)
+def rotary_embedding(
+    positions: torch.Tensor,
+    qkv: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    num_query_heads: int,
+    num_key_heads: int,
+    head_dim: int,
+    query_norm: torch.Tensor | None = None,
+    key_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> None:
+    torch.ops.pagedinfer.cpu_rotary_embedding(
+        positions, qkv, cos_sin_cache, num_query_heads, num_key_heads, head_dim, query_norm, key_norm, eps
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -34,15 +34,19 @@ NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ISA_LEVELS = ("portable", "avx2", "avx512", "avx512_bf16")  # csrc/isa.h's levels, each needing those before it
 
 _LIBRARY = torch.library.Library("pagedinfer", "FRAGMENT")
-_LIBRARY.define("cpu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
-                "Tensor seq_lens, Tensor query_start_loc, float scale, int? sliding_window) -> Tensor")
-_LIBRARY.define("cpu_write_kv(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
-                "Tensor slot_mapping) -> ()")
+_LIBRARY.define(
+    "cpu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
+    "Tensor seq_lens, Tensor query_start_loc, float scale, int? sliding_window) -> Tensor"
+)
+_LIBRARY.define(
+    "cpu_write_kv(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping) -> ()"
+)
 
 
 @torch.library.register_fake("pagedinfer::cpu_paged_attention", lib=_LIBRARY)
-def _paged_attention_fake(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                          sliding_window):
+def _paged_attention_fake(
+    query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
+):
     return query.new_empty(query.shape[0], query.shape[1], value_cache.shape[3])
 
 
@@ -57,14 +61,32 @@ def native_available() -> bool:
     return build.load()
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    metadata: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """Paged attention over CPU tensors: the native kernel, or the torch path where it cannot run."""
-    if (query.dtype in NATIVE_DTYPES and key_cache.dtype == query.dtype == value_cache.dtype
-            and key_cache.is_contiguous() and value_cache.is_contiguous() and native_available()):
+    if (
+        query.dtype in NATIVE_DTYPES
+        and key_cache.dtype == query.dtype == value_cache.dtype
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and native_available()
+    ):
         return torch.ops.pagedinfer.cpu_paged_attention(
-            query.contiguous(), key_cache, value_cache, metadata.block_tables,
-            metadata.seq_lens, metadata.query_start_loc, scale, sliding_window)
+            query.contiguous(),
+            key_cache,
+            value_cache,
+            metadata.block_tables,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            scale,
+            sliding_window,
+        )
     return torch_attention.paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
 
 
@@ -78,11 +100,20 @@ def attention_isa(request: str = "") -> str:
     return torch.ops.pagedinfer.cpu_attention_isa(request)
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Scatter the step's K/V into CPU caches at `slot_mapping` (-1 skipped), natively when loaded."""
-    if (key_cache.dtype in NATIVE_DTYPES and key_cache.is_contiguous() and value_cache.is_contiguous()
-            and native_available()):
+    if (
+        key_cache.dtype in NATIVE_DTYPES
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and native_available()
+    ):
         if key.stride(-1) != 1:
             key = key.contiguous()
         if value.stride(-1) != 1:

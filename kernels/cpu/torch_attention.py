@@ -56,15 +56,15 @@ from pagedinfer.kernels.metadata import AttentionMetadata
 class _GroupPlan:
     """Index tensors of one group of sequences (all decodes, or all prefill chunks) of a step."""
 
-    rows: slice | torch.Tensor          # the group's packed tokens: a slice, or int64 [num_tokens] when scattered
+    rows: slice | torch.Tensor  # the group's packed tokens: a slice, or int64 [num_tokens] when scattered
     max_query_len: int
     max_seq_len: int
     num_seqs: int
-    slot_ids: torch.Tensor              # int64 [n * max_seq_len]: cache slot of each key; padding -> position 0
-    query_pos: torch.Tensor             # int64 [n, max_query_len, 1]; padded rows point at position 0
-    query_valid: torch.Tensor           # bool [n, max_query_len, 1]
-    token_index: torch.Tensor | None    # int64 [num_tokens]: row of each packed token in [n * max_query_len]
-    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)   # sliding window -> bool [n, q, L]
+    slot_ids: torch.Tensor  # int64 [n * max_seq_len]: cache slot of each key; padding -> position 0
+    query_pos: torch.Tensor  # int64 [n, max_query_len, 1]; padded rows point at position 0
+    query_valid: torch.Tensor  # bool [n, max_query_len, 1]
+    token_index: torch.Tensor | None  # int64 [num_tokens]: row of each packed token in [n * max_query_len]
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # sliding window -> bool [n, q, L]
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         cached = self.masks.get(sliding_window)
@@ -78,7 +78,7 @@ class _GroupPlan:
         return cached
 
 
-_PLANS: "weakref.WeakKeyDictionary[AttentionMetadata, dict[int, list[_GroupPlan]]]" = weakref.WeakKeyDictionary()
+_PLANS: weakref.WeakKeyDictionary[AttentionMetadata, dict[int, list[_GroupPlan]]] = weakref.WeakKeyDictionary()
 
 # Relative costs of a group, in units of one (query, key) score on this path:
 # gathering one padded key position per sequence, and the fixed
@@ -140,7 +140,7 @@ def _build_group(metadata: AttentionMetadata, seqs: list[int], starts: list[int]
     num_blocks = -(-max_seq_len // block_size)
     if seqs[-1] - seqs[0] == len(seqs) - 1:
         rows: slice | torch.Tensor = slice(starts[seqs[0]], starts[seqs[-1] + 1])
-        block_ids = metadata.block_tables[seqs[0]:seqs[-1] + 1, :num_blocks]
+        block_ids = metadata.block_tables[seqs[0] : seqs[-1] + 1, :num_blocks]
     else:
         rows = torch.tensor([t for i in seqs for t in range(starts[i], starts[i + 1])], device=device)
         block_ids = metadata.block_tables.index_select(0, torch.tensor(seqs, device=device))[:, :num_blocks]
@@ -168,8 +168,14 @@ def _build_group(metadata: AttentionMetadata, seqs: list[int], starts: list[int]
     )
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    metadata: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """Attention of the step's packed queries `[num_tokens, num_heads, head_dim]` over the paged K/V.
 
     Mixed decode and prefill in one call; grouped-query attention when
@@ -194,8 +200,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         k = k.view(n, seq_max, num_kv_heads, head_dim).transpose(1, 2).float()
         v = v.view(n, seq_max, num_kv_heads, -1).transpose(1, 2).float()
         mask = plan.mask(sliding_window)[:, None, None].expand(n, 1, group, q_max, seq_max)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.reshape(n, 1, group * q_max, seq_max),
-                                           scale=scale)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.reshape(n, 1, group * q_max, seq_max), scale=scale)
         o = o.view(n, num_kv_heads, group, q_max, -1).permute(0, 3, 1, 2, 4)
         o = o.reshape(n * q_max, num_heads, -1)
         if plan.token_index is not None:

@@ -17,15 +17,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalised, new residual): what the op leaves in `x` and in `residual` (the norm of the float32 sum)."""
     summed = residual.float() + x.float()
     return rms_norm(summed, weight, eps).to(x.dtype), summed.to(x.dtype)
 
 
-def _rotate_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor | None,
-                  eps: float) -> torch.Tensor:
+def _rotate_heads(
+    heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     """heads [tokens, n, head_dim] (float32) normalised (optional) and rotated as transformers' rotate_half RoPE."""
     if norm is not None:
         heads = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + eps) * norm.float()
@@ -34,9 +36,17 @@ def _rotate_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, nor
     return heads * cos + rotated * sin
 
 
-def rotary_embedding(positions: torch.Tensor, qkv: torch.Tensor, cos_sin_cache: torch.Tensor, num_query_heads: int,
-                     num_key_heads: int, head_dim: int, query_norm: torch.Tensor | None = None,
-                     key_norm: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+def rotary_embedding(
+    positions: torch.Tensor,
+    qkv: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    num_query_heads: int,
+    num_key_heads: int,
+    head_dim: int,
+    query_norm: torch.Tensor | None = None,
+    key_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """The new qkv: query and key heads normalised and rotated, value columns as they were."""
     half = head_dim // 2
     rows = cos_sin_cache[positions]

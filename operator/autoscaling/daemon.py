@@ -45,25 +45,32 @@ import dataclasses
 import datetime
 import logging
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 import kopf
 
 from pagedinfer.operator.autoscaling.idle import IdleDecision, IdleObservation, IdleState, decide_idle
-from pagedinfer.operator.autoscaling.readings import (IdleCounts, PodReading, PodScrape, aggregate, idle_counts,
-                                                      pod_reading)
 from pagedinfer.operator.autoscaling.policy import AutoscalerState, Observation, ScalingDecision, decide
+from pagedinfer.operator.autoscaling.readings import (
+    IdleCounts,
+    PodReading,
+    PodScrape,
+    aggregate,
+    idle_counts,
+    pod_reading,
+)
 from pagedinfer.operator.autoscaling.scrape import PodTarget, query_prometheus, scrape_pods, scrape_router_queue
 from pagedinfer.operator.autoscaling.sleep import EngineTarget, put_to_sleep
 from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, parse_autoscaling_spec
 from pagedinfer.operator.children.builders import HTTP_PORT, selector_string
-from pagedinfer.operator.routing.builders import router_selector_string
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError, ResourceRef
 from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.routing.builders import router_selector_string
 from pagedinfer.operator.routing.deletion_cost import annotate_deletion_costs, deletion_costs
 from pagedinfer.operator.settings import runtime_of
+from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 
 PODS = ResourceRef("v1", "pods")
 INVALID_SPEC_RETRY_SECONDS = 15.0
@@ -99,8 +106,9 @@ def _enabled(spec: Mapping[str, Any], **_: Any) -> bool:
 
 
 @kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY, when=_enabled, cancellation_timeout=10.0)
-async def autoscale(stopped: kopf.DaemonStopped, body: kopf.Body, name: str, namespace: str, memo: Any,
-                    logger: logging.Logger, **_: Any) -> None:
+async def autoscale(
+    stopped: kopf.DaemonStopped, body: kopf.Body, name: str, namespace: str, memo: Any, logger: logging.Logger, **_: Any
+) -> None:
     runtime = runtime_of(memo)
     memory = memory_of(memo)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -117,8 +125,15 @@ async def _sleep_unless_stopped(stopped: kopf.DaemonStopped, seconds: float) -> 
         await asyncio.sleep(min(left, STOP_POLL_SECONDS))
 
 
-async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.Body, name: str, namespace: str,
-                         memory: AutoscalingMemory, logger: logging.Logger) -> float:
+async def autoscale_once(
+    kube: Any,
+    session: aiohttp.ClientSession,
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    memory: AutoscalingMemory,
+    logger: logging.Logger,
+) -> float:
     """One round; returns the seconds until the next."""
     raw_spec = dict(body.get("spec") or {})
     try:
@@ -165,38 +180,53 @@ async def autoscale_once(kube: Any, session: aiohttp.ClientSession, body: kopf.B
         await annotate_deletion_costs(kube, namespace, ready, deletion_costs(readings))
     if decision.changed:
         try:
-            await kube.patch(INFERENCESERVICES, namespace, name, {"spec": {"replicas": decision.desired_replicas}},
-                             subresource="scale")
+            await kube.patch(
+                INFERENCESERVICES,
+                namespace,
+                name,
+                {"spec": {"replicas": decision.desired_replicas}},
+                subresource="scale",
+            )
         except KubeApiError as e:
             logger.warning("autoscaling: cannot scale to %d: %s", decision.desired_replicas, e)
             return spec.interval_seconds
     acted = decision.changed or (idle is not None and idle.sleep_engines)
     if acted:
-        reason = (idle.event if idle is not None and idle.event
-                  else "ScaledUp" if decision.desired_replicas > current else "ScaledDown")
+        reason = (
+            idle.event
+            if idle is not None and idle.event
+            else "ScaledUp"
+            if decision.desired_replicas > current
+            else "ScaledDown"
+        )
         kopf.event(body, type="Normal", reason=reason, message=decision.reason)
         logger.info("autoscaling: %s", decision.reason)
     if idle is not None and idle.sleep_engines:
         awake = [p for p in ready if not _asleep(readings.get(p["metadata"]["name"]))]
-        await put_to_sleep(session, [EngineTarget(p["metadata"]["name"], pod_url(p)) for p in awake],
-                           spec.scrape_timeout_seconds)
+        await put_to_sleep(
+            session, [EngineTarget(p["metadata"]["name"], pod_url(p)) for p in awake], spec.scrape_timeout_seconds
+        )
     memory.state = decision.state
-    status = build_status(decision, memory.last_scale or (body.get("status") or {}).get("autoscaling"), now,
-                          acted) | idle_status
+    status = (
+        build_status(decision, memory.last_scale or (body.get("status") or {}).get("autoscaling"), now, acted)
+        | idle_status
+    )
     if acted:
         memory.last_scale = {"lastScaleTime": status["lastScaleTime"], "lastScaleReason": status["lastScaleReason"]}
     if status != memory.written_status:
         try:
-            await kube.patch(INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}},
-                             subresource="status")
+            await kube.patch(
+                INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}}, subresource="status"
+            )
             memory.written_status = status
         except KubeApiError as e:
             logger.warning("autoscaling: cannot write status: %s", e)
     return spec.interval_seconds
 
 
-async def _router_queue(kube: Any, session: aiohttp.ClientSession, spec: AutoscalingSpec, name: str,
-                        namespace: str, logger: logging.Logger) -> int | None:
+async def _router_queue(
+    kube: Any, session: aiohttp.ClientSession, spec: AutoscalingSpec, name: str, namespace: str, logger: logging.Logger
+) -> int | None:
     """Requests held by the InferenceService's ready router pods; None when unknown (no ready router pod,
     a failed read, or the pods could not be listed)."""
     try:
@@ -215,20 +245,34 @@ def _asleep(reading: PodReading | None) -> bool:
 def _idle_status(idle_since: str | None, counts: IdleCounts, queued: int | None) -> dict[str, Any]:
     """The idle rule's part of status.autoscaling (fields it could not read are left out)."""
     status: dict[str, Any] = {"asleepReplicas": counts.num_asleep}
-    for key, value in (("idleSince", idle_since), ("requestsInFlight", counts.requests_in_flight),
-                       ("routerQueueLength", queued)):
+    for key, value in (
+        ("idleSince", idle_since),
+        ("requestsInFlight", counts.requests_in_flight),
+        ("routerQueueLength", queued),
+    ):
         if value is not None:
             status[key] = value
     return status
 
 
-async def _read_metrics(session: aiohttp.ClientSession, spec: AutoscalingSpec, namespace: str,
-                        ready: list[dict[str, Any]], memory: AutoscalingMemory) -> dict[str, PodReading | None]:
+async def _read_metrics(
+    session: aiohttp.ClientSession,
+    spec: AutoscalingSpec,
+    namespace: str,
+    ready: list[dict[str, Any]],
+    memory: AutoscalingMemory,
+) -> dict[str, PodReading | None]:
     names = [p["metadata"]["name"] for p in ready]
     if spec.source.type == "prometheus":
-        return await query_prometheus(session, spec.source.url or "", namespace, names,
-                                      max(spec.interval_seconds, 30.0), spec.scrape_timeout_seconds,
-                                      with_idle=spec.scale_to_zero)
+        return await query_prometheus(
+            session,
+            spec.source.url or "",
+            namespace,
+            names,
+            max(spec.interval_seconds, 30.0),
+            spec.scrape_timeout_seconds,
+            with_idle=spec.scale_to_zero,
+        )
     targets = [PodTarget(p["metadata"]["name"], metrics_url(p)) for p in ready]
     scrapes = await scrape_pods(session, targets, spec.scrape_timeout_seconds, spec.scrape_concurrency)
     readings: dict[str, PodReading | None] = {}
@@ -272,8 +316,9 @@ def metrics_url(pod: Mapping[str, Any]) -> str:
     return pod_url(pod) + "/metrics"
 
 
-def build_status(decision: ScalingDecision, previous: Mapping[str, Any] | None, now_iso: str,
-                 acted: bool | None = None) -> dict[str, Any]:
+def build_status(
+    decision: ScalingDecision, previous: Mapping[str, Any] | None, now_iso: str, acted: bool | None = None
+) -> dict[str, Any]:
     """status.autoscaling for this round; lastScale* carry over until the next action (by default a change
     of the count; `acted` also counts the idle rule putting engines to sleep)."""
     previous = previous or {}
@@ -294,4 +339,4 @@ def build_status(decision: ScalingDecision, previous: Mapping[str, Any] | None, 
 
 
 def _now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -34,8 +34,9 @@ The idle rule's timer is reset, so the new replica gets a whole idle window.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import kopf
 
@@ -67,23 +68,32 @@ def answer_demand(spec: Mapping[str, Any], demand_at: str) -> DemandAnswer:
     try:
         autoscaling = parse_autoscaling_spec(spec)
     except ValueError as e:
-        return DemandAnswer(None, f"demand at {demand_at} ignored: the autoscaling spec is invalid: {e}",
-                            DEMAND_IGNORED)
+        return DemandAnswer(
+            None, f"demand at {demand_at} ignored: the autoscaling spec is invalid: {e}", DEMAND_IGNORED
+        )
     if not autoscaling.enabled or not autoscaling.scale_to_zero:
-        return DemandAnswer(None, f"demand at {demand_at} ignored: scale to zero is off (it needs minReplicas: 0"
-                                  " and autoscaling.enabled); spec.replicas is left to its owner", DEMAND_IGNORED)
+        return DemandAnswer(
+            None,
+            f"demand at {demand_at} ignored: scale to zero is off (it needs minReplicas: 0"
+            " and autoscaling.enabled); spec.replicas is left to its owner",
+            DEMAND_IGNORED,
+        )
     current = spec.get("replicas", 1)
     if current != 0:
-        return DemandAnswer(None, f"demand at {demand_at}: {current} replicas already (starting, or asleep in"
-                                  " standby: the router wakes those itself)")
-    return DemandAnswer(1, f"the router holds requests and has no engine (demand at {demand_at}): 0 -> 1 replica",
-                        SCALED_FROM_ZERO)
+        return DemandAnswer(
+            None,
+            f"demand at {demand_at}: {current} replicas already (starting, or asleep in"
+            " standby: the router wakes those itself)",
+        )
+    return DemandAnswer(
+        1, f"the router holds requests and has no engine (demand at {demand_at}): 0 -> 1 replica", SCALED_FROM_ZERO
+    )
 
 
-@kopf.on.field(API_GROUP, API_VERSION, PLURAL, field=("metadata", "annotations", DEMAND_ANNOTATION),
-               registry=REGISTRY)
-async def on_demand(new: Any, body: kopf.Body, name: str, namespace: str, memo: Any, logger: logging.Logger,
-                    **_: Any) -> None:
+@kopf.on.field(API_GROUP, API_VERSION, PLURAL, field=("metadata", "annotations", DEMAND_ANNOTATION), registry=REGISTRY)
+async def on_demand(
+    new: Any, body: kopf.Body, name: str, namespace: str, memo: Any, logger: logging.Logger, **_: Any
+) -> None:
     if not isinstance(new, str) or not new:
         return
     answer = answer_demand(dict(body.get("spec") or {}), new)
@@ -94,8 +104,9 @@ async def on_demand(new: Any, body: kopf.Body, name: str, namespace: str, memo: 
         return
     kube = runtime_of(memo).kube
     try:
-        await kube.patch(INFERENCESERVICES, namespace, name, {"spec": {"replicas": answer.replicas}},
-                         subresource="scale")
+        await kube.patch(
+            INFERENCESERVICES, namespace, name, {"spec": {"replicas": answer.replicas}}, subresource="scale"
+        )
     except KubeApiError as e:  # the router writes again while requests wait; the daemon's round also reads its queue
         logger.warning("autoscaling: cannot scale from zero on demand: %s", e)
         return
@@ -106,7 +117,6 @@ async def on_demand(new: Any, body: kopf.Body, name: str, namespace: str, memo: 
     status = {"desiredReplicas": answer.replicas, "lastScaleTime": now_rfc3339(), "lastScaleReason": answer.reason}
     memory.last_scale = {key: status[key] for key in ("lastScaleTime", "lastScaleReason")}
     try:
-        await kube.patch(INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}},
-                         subresource="status")
+        await kube.patch(INFERENCESERVICES, namespace, name, {"status": {"autoscaling": status}}, subresource="status")
     except KubeApiError as e:
         logger.warning("autoscaling: cannot write status: %s", e)

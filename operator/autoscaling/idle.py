@@ -102,15 +102,17 @@ class IdleDecision:
     state: IdleState
 
 
-def decide_idle(rule: IdleRule, standby: int, obs: IdleObservation, state: IdleState,
-                now_seconds: float) -> IdleDecision:
+def decide_idle(
+    rule: IdleRule, standby: int, obs: IdleObservation, state: IdleState, now_seconds: float
+) -> IdleDecision:
     """One round of the idle rule (see the module docstring). Pure."""
     current = obs.current_replicas
     if current == 0:
         queued = obs.router_queue_length
         if queued:
-            return IdleDecision(1, False, f"{queued} requests queued at the router: 0 -> 1 replica",
-                                SCALED_FROM_ZERO, IdleState())
+            return IdleDecision(
+                1, False, f"{queued} requests queued at the router: 0 -> 1 replica", SCALED_FROM_ZERO, IdleState()
+            )
         unknown = "; the router's queue could not be read" if queued is None else ""
         return IdleDecision(0, False, f"scaled to zero: no request queued at the router{unknown}", "", IdleState())
     if not obs.idle:
@@ -120,8 +122,10 @@ def decide_idle(rule: IdleRule, standby: int, obs: IdleObservation, state: IdleS
     state = IdleState(since)
     if idle_for < rule.after_seconds:
         return IdleDecision(None, False, f"idle for {idle_for:.0f} s of {rule.after_seconds} s", "", state)
-    what = (f"idle for {idle_for:.0f} s (afterSeconds {rule.after_seconds}): no request running or waiting at"
-            " the engines, none queued at the router")
+    what = (
+        f"idle for {idle_for:.0f} s (afterSeconds {rule.after_seconds}): no request running or waiting at"
+        " the engines, none queued at the router"
+    )
     if standby == 0:
         return IdleDecision(0, False, f"{what}: {current} -> 0 replicas", SCALED_TO_ZERO, state)
     changes = []
@@ -130,7 +134,5 @@ def decide_idle(rule: IdleRule, standby: int, obs: IdleObservation, state: IdleS
     if obs.num_awake:
         changes.append(f"{obs.num_awake} awake engines put to sleep")
     if not changes:
-        return IdleDecision(standby, False, f"{what}: {standby} standby replicas, {obs.num_asleep} asleep", "",
-                            state)
-    return IdleDecision(standby, obs.num_awake > 0, f"{what}: {', '.join(changes)} (standby {standby})", STANDBY,
-                        state)
+        return IdleDecision(standby, False, f"{what}: {standby} standby replicas, {obs.num_asleep} asleep", "", state)
+    return IdleDecision(standby, obs.num_awake > 0, f"{what}: {', '.join(changes)} (standby {standby})", STANDBY, state)

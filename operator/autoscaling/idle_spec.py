@@ -35,8 +35,10 @@ class IdleRule:
 
     def __post_init__(self) -> None:
         if not is_count(self.after_seconds) or not 1 <= self.after_seconds <= MAX_IDLE_SECONDS:
-            raise ValueError(f"spec.autoscaling.idle.afterSeconds must be an integer in [1, {MAX_IDLE_SECONDS}]"
-                             f" (0 would scale to zero between two requests), got {self.after_seconds!r}")
+            raise ValueError(
+                f"spec.autoscaling.idle.afterSeconds must be an integer in [1, {MAX_IDLE_SECONDS}]"
+                f" (0 would scale to zero between two requests), got {self.after_seconds!r}"
+            )
 
 
 def scale_to_zero_conflict(spec: Mapping[str, Any]) -> str | None:
@@ -55,8 +57,10 @@ def scale_to_zero_conflict(spec: Mapping[str, Any]) -> str | None:
         enabled = router["enabled"]
     if enabled:
         return None
-    return ("spec.minReplicas: 0 needs the router (spec.router.enabled: true; its default is on only when"
-            " maxReplicas > 1): with no engine running, nothing else could hold the requests until one is back")
+    return (
+        "spec.minReplicas: 0 needs the router (spec.router.enabled: true; its default is on only when"
+        " maxReplicas > 1): with no engine running, nothing else could hold the requests until one is back"
+    )
 
 
 def standby_problems(spec: Mapping[str, Any], standby: Any, zero_written: bool) -> list[str]:
@@ -66,13 +70,17 @@ def standby_problems(spec: Mapping[str, Any], standby: Any, zero_written: bool) 
         return []
     out = []
     if not zero_written:
-        out.append("spec.autoscaling.standby needs spec.minReplicas: 0 (standby replicas are what an idle"
-                   " service keeps, asleep, instead of going to zero)")
+        out.append(
+            "spec.autoscaling.standby needs spec.minReplicas: 0 (standby replicas are what an idle"
+            " service keeps, asleep, instead of going to zero)"
+        )
     engine = spec.get("engine")
     if isinstance(engine, Mapping) and engine.get("apiKeySecretRef"):
-        out.append("spec.autoscaling.standby cannot be used with spec.engine.apiKeySecretRef: the engines'"
-                   " POST /sleep is behind their API key, and the operator holds no Secret (it may not read"
-                   " one); scale to zero (standby 0) needs no key")
+        out.append(
+            "spec.autoscaling.standby cannot be used with spec.engine.apiKeySecretRef: the engines'"
+            " POST /sleep is behind their API key, and the operator holds no Secret (it may not read"
+            " one); scale to zero (standby 0) needs no key"
+        )
     return out
 
 
@@ -81,9 +89,10 @@ def parse_idle(raw: Any, zero_written: bool) -> IdleRule:
     if raw is None:
         return IdleRule()
     if not zero_written:
-        raise ValueError("spec.autoscaling.idle needs spec.minReplicas: 0 (the idle rule scales to zero, or to"
-                         " standby replicas asleep; with minReplicas >= 1 the service never idles below it)")
+        raise ValueError(
+            "spec.autoscaling.idle needs spec.minReplicas: 0 (the idle rule scales to zero, or to"
+            " standby replicas asleep; with minReplicas >= 1 the service never idles below it)"
+        )
     if not isinstance(raw, Mapping):
         raise ValueError(f"spec.autoscaling.idle must be an object {{afterSeconds: N}}, got {type(raw).__name__}")
     return IdleRule(after_seconds=raw.get("afterSeconds", DEFAULT_IDLE_SECONDS))
-

@@ -198,7 +198,9 @@ class ScalingDecision:
         return self.desired_replicas != self.current_replicas
 
 
-def decide(spec: AutoscalingSpec, observation: Observation, state: AutoscalerState, now_seconds: float) -> ScalingDecision:
+def decide(
+    spec: AutoscalingSpec, observation: Observation, state: AutoscalerState, now_seconds: float
+) -> ScalingDecision:
     """One autoscaling step (see the module docstring). Pure: the caller stores
     `decision.state` once the new replica count has been applied."""
     current = observation.current_replicas
@@ -206,12 +208,16 @@ def decide(spec: AutoscalingSpec, observation: Observation, state: AutoscalerSta
     votes = _gate_hit_rate(tuple(_recommend(m, observation, spec) for m in spec.metrics), current)
 
     if current == 0:
-        return ScalingDecision(0, 0, None, votes, "replicas is 0 (scaled to zero by the user): autoscaling holds", state)
+        return ScalingDecision(
+            0, 0, None, votes, "replicas is 0 (scaled to zero by the user): autoscaling holds", state
+        )
     if current > spec.max_replicas or current < spec.min_replicas:
         desired = min(max(current, spec.min_replicas), spec.max_replicas)
         bound = "maxReplicas" if current > spec.max_replicas else "minReplicas"
         reason = f"replicas {current} outside [{spec.min_replicas}, {spec.max_replicas}]: set to {bound} {desired}"
-        return ScalingDecision(current, desired, None, votes, reason, _record_event(state, now_seconds, desired - current))
+        return ScalingDecision(
+            current, desired, None, votes, reason, _record_event(state, now_seconds, desired - current)
+        )
 
     recommended, winner, hold_reason = _combine(votes, current)
     if recommended is None or winner is None:
@@ -222,7 +228,9 @@ def decide(spec: AutoscalingSpec, observation: Observation, state: AutoscalerSta
     if not state.seeded and spec.scale_down.stabilization_window_seconds > 0:
         state = AutoscalerState((TimedReplicas(now_seconds, current),), state.scale_events, True)
     stabilized = _stabilize(spec, state, recommended, current, now_seconds)
-    state = AutoscalerState(state.recommendations + (TimedReplicas(now_seconds, recommended),), state.scale_events, True)
+    state = AutoscalerState(
+        state.recommendations + (TimedReplicas(now_seconds, recommended),), state.scale_events, True
+    )
     limited, limit_note = _rate_limit(spec, state, stabilized, current, now_seconds)
     desired = min(max(limited, spec.min_replicas), spec.max_replicas)
     if desired != current:
@@ -338,7 +346,9 @@ def _stabilize(spec: AutoscalingSpec, state: AutoscalerState, recommended: int, 
     return min(max(current, up), down)
 
 
-def _rate_limit(spec: AutoscalingSpec, state: AutoscalerState, desired: int, current: int, now: float) -> tuple[int, str]:
+def _rate_limit(
+    spec: AutoscalingSpec, state: AutoscalerState, desired: int, current: int, now: float
+) -> tuple[int, str]:
     if desired > current:
         limit = _scale_limit(spec.scale_up, state, current, now, up=True)
         if desired > limit:

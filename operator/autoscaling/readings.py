@@ -130,8 +130,9 @@ def parse_pod_metrics(text: str, model_name: str | None = None) -> PodScrape:
 
 def parse_router_queue_length(text: str) -> int | None:
     """Requests held in one router's queue (the sum of its series), None when it does not export it."""
-    values = [v for v in _samples(text, (ROUTER_QUEUE_SERIES,), None)[ROUTER_QUEUE_SERIES]
-              if math.isfinite(v) and v >= 0]
+    values = [
+        v for v in _samples(text, (ROUTER_QUEUE_SERIES,), None)[ROUTER_QUEUE_SERIES] if math.isfinite(v) and v >= 0
+    ]
     return round(sum(values)) if values else None
 
 
@@ -149,8 +150,14 @@ def pod_reading(previous: PodScrape | None, current: PodScrape) -> PodReading:
     hits = counter_delta(prev.prefix_cache_hit_tokens_total, current.prefix_cache_hit_tokens_total)
     if queries is None or hits is None:
         queries = hits = None
-    return PodReading(current.kv_cache_usage, current.num_requests_waiting, queries, hits,
-                      current.num_requests_running, current.sleeping)
+    return PodReading(
+        current.kv_cache_usage,
+        current.num_requests_waiting,
+        queries,
+        hits,
+        current.num_requests_running,
+        current.sleeping,
+    )
 
 
 def idle_counts(readings: Mapping[str, PodReading | None]) -> IdleCounts:
@@ -170,7 +177,9 @@ def idle_counts(readings: Mapping[str, PodReading | None]) -> IdleCounts:
     return IdleCounts(in_flight, awake, asleep)
 
 
-def aggregate(readings: Mapping[str, PodReading | None], metric_names: tuple[str, ...]) -> tuple[dict[str, MetricSample], int]:
+def aggregate(
+    readings: Mapping[str, PodReading | None], metric_names: tuple[str, ...]
+) -> tuple[dict[str, MetricSample], int]:
     """Per-metric samples over the ready pods in `readings` (None = scrape failed),
     and the number of failed scrapes."""
     ok = [r for r in readings.values() if r is not None]

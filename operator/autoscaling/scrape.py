@@ -86,7 +86,7 @@ async def scrape_pods(
             try:
                 text = await asyncio.wait_for(_get_text(session, target.metrics_url), timeout_seconds)
                 return parse_pod_metrics(text, model_name)
-            except (asyncio.TimeoutError, aiohttp.ClientError, MetricsParseError, UnicodeDecodeError, OSError) as e:
+            except (TimeoutError, aiohttp.ClientError, MetricsParseError, UnicodeDecodeError, OSError) as e:
                 logger.warning("scrape of pod %s failed: %s", target.name, _describe(e))
                 return None
 
@@ -94,8 +94,9 @@ async def scrape_pods(
     return {t.name: r for t, r in zip(targets, results)}
 
 
-async def scrape_router_queue(session: aiohttp.ClientSession, targets: Sequence[PodTarget],
-                              timeout_seconds: float) -> int | None:
+async def scrape_router_queue(
+    session: aiohttp.ClientSession, targets: Sequence[PodTarget], timeout_seconds: float
+) -> int | None:
     """Requests held by all the router pods together; None when there is no pod to read, or any one
     could not be read or does not export its queue (unknown is never "nothing queued")."""
     if not targets:
@@ -105,7 +106,7 @@ async def scrape_router_queue(session: aiohttp.ClientSession, targets: Sequence[
         try:
             text = await asyncio.wait_for(_get_text(session, target.metrics_url), timeout_seconds)
             queued = parse_router_queue_length(text)
-        except (asyncio.TimeoutError, aiohttp.ClientError, MetricsParseError, UnicodeDecodeError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, MetricsParseError, UnicodeDecodeError, OSError) as e:
             logger.warning("scrape of router pod %s failed: %s", target.name, _describe(e))
             return None
         if queued is None:
@@ -164,7 +165,7 @@ async def query_prometheus(
             key: await asyncio.wait_for(_instant_query(session, base_url, q), timeout_seconds)
             for key, q in queries.items()
         }
-    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError, IndexError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError, IndexError, OSError) as e:
         logger.warning("prometheus query at %s failed: %s", base_url, _describe(e))
         return {p: None for p in pod_names}
     readings = {}
@@ -172,8 +173,14 @@ async def query_prometheus(
         queried, hit = results["queries"].get(pod), results["hits"].get(pod)
         if queried is None or hit is None:
             queried = hit = None
-        readings[pod] = PodReading(results["kv"].get(pod), results["waiting"].get(pod), queried, hit,
-                                   results.get("running", {}).get(pod), results.get("sleeping", {}).get(pod))
+        readings[pod] = PodReading(
+            results["kv"].get(pod),
+            results["waiting"].get(pod),
+            queried,
+            hit,
+            results.get("running", {}).get(pod),
+            results.get("sleeping", {}).get(pod),
+        )
     return readings
 
 

@@ -29,8 +29,9 @@ class EngineTarget:
     base_url: str
 
 
-async def put_to_sleep(session: aiohttp.ClientSession, engines: Sequence[EngineTarget],
-                       timeout_seconds: float) -> list[str]:
+async def put_to_sleep(
+    session: aiohttp.ClientSession, engines: Sequence[EngineTarget], timeout_seconds: float
+) -> list[str]:
     """POST /sleep to each engine at once; returns the names of those that did not answer 2xx in time."""
 
     async def one(engine: EngineTarget) -> str | None:
@@ -40,7 +41,7 @@ async def put_to_sleep(session: aiohttp.ClientSession, engines: Sequence[EngineT
                     if response.status // 100 == 2:
                         return None
                     why = f"HTTP {response.status}: {(await response.text())[:200]}"
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             why = "timed out" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
         logger.warning("cannot put engine %s to sleep (POST %s%s): %s", engine.name, engine.base_url, SLEEP_PATH, why)
         return engine.name

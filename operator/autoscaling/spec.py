@@ -199,16 +199,19 @@ class AutoscalingSpec:
         if not _is_int(self.min_replicas) or self.min_replicas < 1:
             out.append(f"minReplicas must be an integer >= 1, got {self.min_replicas!r}")
         elif not _is_int(self.max_replicas) or self.max_replicas < self.min_replicas:
-            out.append(f"maxReplicas must be an integer >= minReplicas ({self.min_replicas}), "
-                       f"got {self.max_replicas!r}")
+            out.append(
+                f"maxReplicas must be an integer >= minReplicas ({self.min_replicas}), got {self.max_replicas!r}"
+            )
         if self.enabled is True and not self.metrics:
             out.append("spec.autoscaling.metrics must list at least one metric when enabled")
         names = [m.name for m in self.metrics]
         if len(set(names)) != len(names):
             out.append(f"spec.autoscaling.metrics lists a metric twice: {names}")
         if PREFIX_CACHE_HIT_RATE in names and KV_CACHE_USAGE not in names:
-            out.append(f"spec.autoscaling.metrics: {PREFIX_CACHE_HIT_RATE} needs {KV_CACHE_USAGE} listed too"
-                       " (a low hit rate scales up only while KV usage is above its target)")
+            out.append(
+                f"spec.autoscaling.metrics: {PREFIX_CACHE_HIT_RATE} needs {KV_CACHE_USAGE} listed too"
+                " (a low hit rate scales up only while KV usage is above its target)"
+            )
         if not _is_finite_number(self.interval_seconds) or self.interval_seconds <= 0:
             out.append(f"spec.autoscaling.intervalSeconds must be positive, got {self.interval_seconds!r}")
         if not _is_finite_number(self.tolerance) or not 0 <= self.tolerance < 1:
@@ -250,11 +253,14 @@ def prefix_caching_conflict(spec: Mapping[str, Any]) -> str | None:
     autoscaling, engine = spec.get("autoscaling"), spec.get("engine")
     metrics = autoscaling.get("metrics") if isinstance(autoscaling, Mapping) else None
     listed = isinstance(metrics, list) and any(
-        isinstance(m, Mapping) and m.get("name") == PREFIX_CACHE_HIT_RATE for m in metrics)
+        isinstance(m, Mapping) and m.get("name") == PREFIX_CACHE_HIT_RATE for m in metrics
+    )
     if listed and isinstance(engine, Mapping) and engine.get("enablePrefixCaching") is False:
-        return (f"{PREFIX_CACHE_HIT_RATE} needs spec.engine.enablePrefixCaching: true, which is false: the engine"
-                " then never hits, its hit rate stays 0, and the autoscaler would take that for a thrashing cache"
-                f" and scale towards maxReplicas whenever {KV_CACHE_USAGE} is above its target")
+        return (
+            f"{PREFIX_CACHE_HIT_RATE} needs spec.engine.enablePrefixCaching: true, which is false: the engine"
+            " then never hits, its hit rate stays 0, and the autoscaler would take that for a thrashing cache"
+            f" and scale towards maxReplicas whenever {KV_CACHE_USAGE} is above its target"
+        )
     return None
 
 
@@ -320,33 +326,35 @@ def parse_autoscaling_spec(spec: Mapping[str, Any], *, bounds_checked: bool = Fa
     if not isinstance(source_raw, Mapping):
         problems.append("spec.autoscaling.source must be an object")
     else:
-        source = _collect(problems, lambda: MetricsSource(type=source_raw.get("type", "direct"),
-                                                          url=source_raw.get("url")), source)
+        source = _collect(
+            problems, lambda: MetricsSource(type=source_raw.get("type", "direct"), url=source_raw.get("url")), source
+        )
     scale_up = _collect(problems, lambda: _rules("scaleUp", raw.get("scaleUp"), DEFAULT_SCALE_UP), DEFAULT_SCALE_UP)
-    scale_down = _collect(problems, lambda: _rules("scaleDown", raw.get("scaleDown"), DEFAULT_SCALE_DOWN),
-                          DEFAULT_SCALE_DOWN)
-    parsed = _collect(problems, lambda: AutoscalingSpec(
-        # with a metric already reported bad, "enabled needs a metric" would only repeat it
-        enabled=False if enabled is True and len(metrics) < len(metrics_raw) else enabled,
-        min_replicas=min_replicas,
-        max_replicas=max_replicas,
-        metrics=tuple(metrics),
-        interval_seconds=raw.get("intervalSeconds", 15),
-        tolerance=raw.get("tolerance", 0.1),
-        scale_up=scale_up,
-        scale_down=scale_down,
-        source=source,
-        scrape_timeout_seconds=raw.get("scrapeTimeoutSeconds", 5),
-        scrape_concurrency=raw.get("scrapeConcurrency", 8),
-        idle=idle if zero_written and enabled is True else None,
-        standby=standby,
-    ))
+    scale_down = _collect(
+        problems, lambda: _rules("scaleDown", raw.get("scaleDown"), DEFAULT_SCALE_DOWN), DEFAULT_SCALE_DOWN
+    )
+    parsed = _collect(
+        problems,
+        lambda: AutoscalingSpec(
+            # with a metric already reported bad, "enabled needs a metric" would only repeat it
+            enabled=False if enabled is True and len(metrics) < len(metrics_raw) else enabled,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            metrics=tuple(metrics),
+            interval_seconds=raw.get("intervalSeconds", 15),
+            tolerance=raw.get("tolerance", 0.1),
+            scale_up=scale_up,
+            scale_down=scale_down,
+            source=source,
+            scrape_timeout_seconds=raw.get("scrapeTimeoutSeconds", 5),
+            scrape_concurrency=raw.get("scrapeConcurrency", 8),
+            idle=idle if zero_written and enabled is True else None,
+            standby=standby,
+        ),
+    )
     if problems:
         raise AutoscalingSpecError(problems)
     return parsed
-
-
-
 
 
 def _collect(problems: list[str], build: Any, fallback: Any = None) -> Any:
@@ -382,15 +390,20 @@ def _rules(field: str, raw: Any, default: ScalingRules) -> ScalingRules:
         if not isinstance(policies_raw, list) or not all(isinstance(p, Mapping) for p in policies_raw):
             problems.append("policies must be a list of {type, value, periodSeconds}")
         else:
-            built = [_collect(problems, lambda p=p: ScalingPolicy(p.get("type"), p.get("value"),
-                                                                  p.get("periodSeconds"))) for p in policies_raw]
+            built = [
+                _collect(problems, lambda p=p: ScalingPolicy(p.get("type"), p.get("value"), p.get("periodSeconds")))
+                for p in policies_raw
+            ]
             # a list that had only bad entries is reported as such, not also as empty
             policies = tuple(p for p in built if p is not None) or (default.policies if problems else ())
-    rules = _collect(problems, lambda: ScalingRules(
-        stabilization_window_seconds=raw.get("stabilizationWindowSeconds", default.stabilization_window_seconds),
-        policies=policies,
-        select_policy=raw.get("selectPolicy", "Max"),
-    ))
+    rules = _collect(
+        problems,
+        lambda: ScalingRules(
+            stabilization_window_seconds=raw.get("stabilizationWindowSeconds", default.stabilization_window_seconds),
+            policies=policies,
+            select_policy=raw.get("selectPolicy", "Max"),
+        ),
+    )
     if problems:
         raise AutoscalingSpecError([f"spec.autoscaling.{field}.{p}" for p in problems])
     return rules

@@ -39,14 +39,15 @@ reconcile is retried.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from pagedinfer.operator.children import builders
-from pagedinfer.operator.status import conditions
 from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
 from pagedinfer.operator.children.drift import drifted_paths
-from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, KubeApiError, KubeApi, ResourceRef
+from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, KubeApi, KubeApiError, ResourceRef
+from pagedinfer.operator.status import conditions
 
 REPLICAS_PATH = "spec.replicas"
 
@@ -77,8 +78,11 @@ def adoptable(obj: Mapping[str, Any], owner_name: str) -> bool:
     """
     meta = obj["metadata"]
     labels = meta.get("labels") or {}
-    return (not any(ref.get("controller") for ref in meta.get("ownerReferences") or [])
-            and labels.get(MANAGED_BY_LABEL) == MANAGED_BY and labels.get(OWNER_LABEL) == owner_name)
+    return (
+        not any(ref.get("controller") for ref in meta.get("ownerReferences") or [])
+        and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+        and labels.get(OWNER_LABEL) == owner_name
+    )
 
 
 def describe(manifest: Mapping[str, Any]) -> str:
@@ -87,18 +91,28 @@ def describe(manifest: Mapping[str, Any]) -> str:
     return f"{manifest['kind']} {meta['namespace']}/{meta['name']}"
 
 
-def _conflict(manifests: list[Mapping[str, Any]], retry_seconds: float, deployed: bool,
-              unchanged: bool) -> NotApplied:
+def _conflict(manifests: list[Mapping[str, Any]], retry_seconds: float, deployed: bool, unchanged: bool) -> NotApplied:
     many = len(manifests) > 1
-    message = (f"{' and '.join(describe(m) for m in manifests)} already {'exist' if many else 'exists'} and "
-               f"{'are' if many else 'is'} not controlled by this InferenceService: delete or rename "
-               f"{'them' if many else 'it'}, or rename the InferenceService.")
-    return NotApplied(conditions.REASON_CHILD_CONFLICT, message + (conditions.KEEPS_SERVING if unchanged else ""),
-                      retry_seconds, deployed)
+    message = (
+        f"{' and '.join(describe(m) for m in manifests)} already {'exist' if many else 'exists'} and "
+        f"{'are' if many else 'is'} not controlled by this InferenceService: delete or rename "
+        f"{'them' if many else 'it'}, or rename the InferenceService."
+    )
+    return NotApplied(
+        conditions.REASON_CHILD_CONFLICT,
+        message + (conditions.KEEPS_SERVING if unchanged else ""),
+        retry_seconds,
+        deployed,
+    )
 
 
-async def _write(call: Callable[[], Awaitable[dict[str, Any]]], desired: Mapping[str, Any], deployed: bool,
-                 unchanged: bool, wait_retry_seconds: float) -> dict[str, Any]:
+async def _write(
+    call: Callable[[], Awaitable[dict[str, Any]]],
+    desired: Mapping[str, Any],
+    deployed: bool,
+    unchanged: bool,
+    wait_retry_seconds: float,
+) -> dict[str, Any]:
     try:
         return await call()
     except KubeApiError as exc:
@@ -106,9 +120,11 @@ async def _write(call: Callable[[], Awaitable[dict[str, Any]]], desired: Mapping
             raise
         keeps_serving = conditions.KEEPS_SERVING if unchanged else ""
         if exc.quota_exceeded:
-            message = (f"A ResourceQuota refused {describe(desired)}: {exc}. Retried every "
-                       f"{wait_retry_seconds:g} s until the quota allows it (raise the quota or free some of it)."
-                       + keeps_serving)
+            message = (
+                f"A ResourceQuota refused {describe(desired)}: {exc}. Retried every "
+                f"{wait_retry_seconds:g} s until the quota allows it (raise the quota or free some of it)."
+                + keeps_serving
+            )
             raise NotApplied(conditions.REASON_QUOTA_EXCEEDED, message, wait_retry_seconds, deployed) from exc
         message = f"The API server refused {describe(desired)}: {exc}" + keeps_serving
         raise NotApplied(conditions.REASON_APPLY_FAILED, message, None, deployed) from exc
@@ -130,19 +146,27 @@ class Ownership:
         return owned_by(live, self.owner_uid) or adoptable(live, self.owner_name)
 
 
-async def apply_children(api: KubeApi, ownership: Ownership, deployment: dict[str, Any], service: dict[str, Any],
-                         logger: Any, on_applied: Callable[[dict[str, Any]], None],
-                         extra: Sequence[tuple[ResourceRef, dict[str, Any]]] = ()) -> list[dict[str, Any]]:
+async def apply_children(
+    api: KubeApi,
+    ownership: Ownership,
+    deployment: dict[str, Any],
+    service: dict[str, Any],
+    logger: Any,
+    on_applied: Callable[[dict[str, Any]], None],
+    extra: Sequence[tuple[ResourceRef, dict[str, Any]]] = (),
+) -> list[dict[str, Any]]:
     """Make the children match; returns them as the API server now has them (Deployment, Service, *extra).
 
     extra: more children (the router's, `routing.builders.router_children`), checked for clashes with
     the first two and applied after them in order."""
     children: list[tuple[ResourceRef, dict[str, Any]]] = [(DEPLOYMENTS, deployment), (SERVICES, service), *extra]
-    found = [await api.get(ref, desired["metadata"]["namespace"], desired["metadata"]["name"])
-             for ref, desired in children]
+    found = [
+        await api.get(ref, desired["metadata"]["namespace"], desired["metadata"]["name"]) for ref, desired in children
+    ]
     deployed = found[0] is not None and ownership.claims(found[0])
-    foreign = [desired for (_, desired), live in zip(children, found)
-               if live is not None and not ownership.claims(live)]
+    foreign = [
+        desired for (_, desired), live in zip(children, found) if live is not None and not ownership.claims(live)
+    ]
     if foreign:
         raise _conflict(foreign, ownership.wait_retry_seconds, deployed, unchanged=deployed)
     applied = []
@@ -153,8 +177,15 @@ async def apply_children(api: KubeApi, ownership: Ownership, deployment: dict[st
     return applied
 
 
-async def _apply_one(api: KubeApi, ownership: Ownership, ref: ResourceRef, desired: dict[str, Any],
-                     live: dict[str, Any] | None, deployed: bool, logger: Any) -> dict[str, Any]:
+async def _apply_one(
+    api: KubeApi,
+    ownership: Ownership,
+    ref: ResourceRef,
+    desired: dict[str, Any],
+    live: dict[str, Any] | None,
+    deployed: bool,
+    logger: Any,
+) -> dict[str, Any]:
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
     wait = ownership.wait_retry_seconds
     if live is None:
@@ -169,13 +200,16 @@ async def _apply_one(api: KubeApi, ownership: Ownership, ref: ResourceRef, desir
         if not ownership.claims(live):
             raise _conflict([desired], wait, deployed, unchanged=False)
     if not owned_by(live, ownership.owner_uid):
-        logger.info(f"Adopting {describe(desired)}: it has no controller and carries this InferenceService's "
-                    "labels; its controller reference is put back.")
+        logger.info(
+            f"Adopting {describe(desired)}: it has no controller and carries this InferenceService's "
+            "labels; its controller reference is put back."
+        )
     patch = builders.patch_for(desired, live)
     ignored = {REPLICAS_PATH} if ownership.keep_replicas else set()
     drifted = [path for path in drifted_paths(live, patch) if path not in ignored]
     if not drifted:
         return live
     logger.info(f"Patching {describe(desired)}: {', '.join(drifted)} differ from the spec.")
-    return await _write(lambda: api.patch(ref, namespace, name, patch), desired, deployed,
-                        deployed and ref == DEPLOYMENTS, wait)
+    return await _write(
+        lambda: api.patch(ref, namespace, name, patch), desired, deployed, deployed and ref == DEPLOYMENTS, wait
+    )

@@ -40,19 +40,35 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import command_line
 from pagedinfer.engine.server.serve_args import ServeArgs
-from pagedinfer.operator.spec.crd_model import (API_GROUP, API_VERSION, HF_TOKEN_ENV, KIND, EngineImages,
-                                               InferenceServiceSpec)
 from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
 from pagedinfer.operator.kv_plan.offload import offloading_size_gib
-from pagedinfer.operator.kv_plan.planning import (SOURCE_NODE_LABELS, KVCachePlan, cpu_memory, placement_for,
-                                                  pod_memory_bytes)
-from pagedinfer.operator.routing.engine_flags import engine_pre_stop_wait_seconds, engine_router_args, engine_router_ports
+from pagedinfer.operator.kv_plan.planning import (
+    SOURCE_NODE_LABELS,
+    KVCachePlan,
+    cpu_memory,
+    placement_for,
+    pod_memory_bytes,
+)
+from pagedinfer.operator.routing.engine_flags import (
+    engine_pre_stop_wait_seconds,
+    engine_router_args,
+    engine_router_ports,
+)
+from pagedinfer.operator.spec.crd_model import (
+    API_GROUP,
+    API_VERSION,
+    HF_TOKEN_ENV,
+    KIND,
+    EngineImages,
+    InferenceServiceSpec,
+)
 
 HTTP_PORT = 8000
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
@@ -172,18 +188,27 @@ def engine_args(spec: InferenceServiceSpec, plan: KVCachePlan) -> list[str]:
     e = spec.engine
     model_args = model_arg_and_mounts(spec)[0]
     return [
-        "serve", *model_args,
+        "serve",
+        *model_args,
         *serve_flags(
-            host="0.0.0.0", port=str(HTTP_PORT), block_size=str(e.block_size),
+            host="0.0.0.0",
+            port=str(HTTP_PORT),
+            block_size=str(e.block_size),
             gpu_memory_utilization=repr(e.gpu_memory_utilization),
             cpu_memory_budget_bytes=_text(plan.cpu_memory_budget_bytes),
-            num_gpu_blocks_override=_text(plan.num_gpu_blocks), max_model_len=_text(e.max_model_len),
-            max_num_seqs=str(e.max_num_seqs), max_num_batched_tokens=str(e.max_num_batched_tokens),
-            enable_prefix_caching=e.enable_prefix_caching, enable_chunked_prefill=e.enable_chunked_prefill,
-            swap_space=f"{e.swap_space_gib:g}", kv_offloading_size=offloading_size_gib(plan.offload_bytes or 0),
+            num_gpu_blocks_override=_text(plan.num_gpu_blocks),
+            max_model_len=_text(e.max_model_len),
+            max_num_seqs=str(e.max_num_seqs),
+            max_num_batched_tokens=str(e.max_num_batched_tokens),
+            enable_prefix_caching=e.enable_prefix_caching,
+            enable_chunked_prefill=e.enable_chunked_prefill,
+            swap_space=f"{e.swap_space_gib:g}",
+            kv_offloading_size=offloading_size_gib(plan.offload_bytes or 0),
             tensor_parallel_size=str(e.tensor_parallel_size),
             max_cudagraph_capture_size=_text(e.max_cudagraph_capture_size or None),
-            dtype=spec.model.dtype, served_model_name=spec.served_model_name),
+            dtype=spec.model.dtype,
+            served_model_name=spec.served_model_name,
+        ),
         *engine_router_args(spec.router),
         *e.extra_args,
     ]
@@ -231,25 +256,37 @@ def _env(spec: InferenceServiceSpec, model_env: list[dict]) -> list[dict[str, An
     ]
     ref = spec.engine.api_key_secret_ref
     if ref is not None:
-        env.append({"name": "PAGEDINFER_API_KEY",
-                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        env.append({"name": "PAGEDINFER_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env.extend(dict(item) for item in spec.engine.env)
     return env
 
 
 def probe(path: str, period_seconds: int, failure_threshold: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_seconds,
-            "timeoutSeconds": 5, "failureThreshold": failure_threshold}
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_seconds,
+        "timeoutSeconds": 5,
+        "failureThreshold": failure_threshold,
+    }
 
 
 def container_security_context() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]}}
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def pod_security_context() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def content_hash(value: Any) -> str:
@@ -257,15 +294,17 @@ def content_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan,
-                   images: EngineImages = EngineImages()) -> dict[str, Any]:
+def build_pod_spec(
+    spec: InferenceServiceSpec, plan: KVCachePlan, images: EngineImages = EngineImages()
+) -> dict[str, Any]:
     """The engine pod; its image is spec.engine.image, else `images`' for the pod's GPU count."""
     _, model_volumes, model_mounts, model_env = model_arg_and_mounts(spec)
     placement = placement_for(spec)
     pre_stop_seconds = engine_pre_stop_wait_seconds(spec.router, PRE_STOP_SLEEP_SECONDS)
     cache_volume: dict[str, Any] = (
         {"name": "model-cache", "persistentVolumeClaim": {"claimName": spec.model.cache_claim_name}}
-        if spec.model.cache_claim_name else {"name": "model-cache", "emptyDir": {}}
+        if spec.model.cache_claim_name
+        else {"name": "model-cache", "emptyDir": {}}
     )
     container = {
         "name": "engine",
@@ -312,13 +351,16 @@ def build_pod_spec(spec: InferenceServiceSpec, plan: KVCachePlan,
     return pod
 
 
-def build_deployment(owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan,
-                     images: EngineImages = EngineImages()) -> dict[str, Any]:
+def build_deployment(
+    owner: Owner, spec: InferenceServiceSpec, plan: KVCachePlan, images: EngineImages = EngineImages()
+) -> dict[str, Any]:
     pod_spec = build_pod_spec(spec, plan, images)
     labels = common_labels(owner.name)
-    strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-                if spec.resources.gpus else
-                {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    strategy = (
+        {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+        if spec.resources.gpus
+        else {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    )
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -30,7 +30,8 @@ of every write (resourceVersion, generation, managedFields).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pagedinfer.operator.children.builders import OWNED_ANNOTATION_PREFIX, OWNED_LABEL_KEYS, content_hash
 from pagedinfer.operator.spec.quantity import same_quantity
@@ -59,13 +60,16 @@ def drifted_paths(live: Any, wanted: Any, path: str = "", quantity: bool = False
                 if value not in EMPTY_VALUES:
                     drifted.append(where)
             else:
-                drifted += drifted_paths(live[key], value, where,
-                                         quantity or (quantities and key in QUANTITY_MAPS) or key in QUANTITY_KEYS)
+                drifted += drifted_paths(
+                    live[key], value, where, quantity or (quantities and key in QUANTITY_MAPS) or key in QUANTITY_KEYS
+                )
         return drifted
     if isinstance(wanted, list):
         if not isinstance(live, list) or len(live) != len(wanted):
             return [path]
-        return [p for i, (have, want) in enumerate(zip(live, wanted)) for p in drifted_paths(have, want, f"{path}[{i}]")]
+        return [
+            p for i, (have, want) in enumerate(zip(live, wanted)) for p in drifted_paths(have, want, f"{path}[{i}]")
+        ]
     if live == wanted or (quantity and same_quantity(live, wanted)):
         return []
     return [path]
@@ -77,8 +81,9 @@ def owned_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     owned_meta = {
         "ownerReferences": meta.get("ownerReferences"),
         "labels": {k: v for k, v in (meta.get("labels") or {}).items() if k in OWNED_LABEL_KEYS},
-        "annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
-                        if k.startswith(OWNED_ANNOTATION_PREFIX)},
+        "annotations": {
+            k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(OWNED_ANNOTATION_PREFIX)
+        },
     }
     return {**{k: v for k, v in obj.items() if k not in ("status", "metadata")}, "metadata": owned_meta}
 

@@ -64,7 +64,7 @@ class HubConfigFetcher:
                     if response.status != 200:
                         raise ModelConfigError(f"GET {url} answered {response.status}")
                     text = await response.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise ModelConfigError(f"GET {url} failed: {type(exc).__name__} {exc}".rstrip()) from None
         try:
             config = json.loads(text)

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -61,10 +62,11 @@ class GpuMemoryDiscovery:
     def message(self) -> str:
         why = ", ".join(f"{count} {reason}" for reason, count in sorted(self.rejections.items()))
         if self.gpu_memory_bytes is None:
-            return (f"0 of {self.num_nodes} nodes can run the engine pod"
-                    + (f" ({why})" if why else "") + ".")
-        return (f"{self.num_matching_nodes} of {self.num_nodes} nodes can run the engine pod; smallest GPU memory"
-                f" {self.gpu_memory_bytes // MIB} MiB on node {self.node_name}" + (f" ({why})" if why else "") + ".")
+            return f"0 of {self.num_nodes} nodes can run the engine pod" + (f" ({why})" if why else "") + "."
+        return (
+            f"{self.num_matching_nodes} of {self.num_nodes} nodes can run the engine pod; smallest GPU memory"
+            f" {self.gpu_memory_bytes // MIB} MiB on node {self.node_name}" + (f" ({why})" if why else "") + "."
+        )
 
 
 def gpu_memory_bytes_from_labels(labels: Mapping[str, str]) -> int | None:
@@ -131,8 +133,7 @@ def _term_holds(node_name: str, labels: Mapping[str, str], term: Mapping[str, An
     expressions, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
     if not expressions and not fields:
         return False  # the scheduler: an empty term selects no node
-    return (all(_expression_holds(labels, e) for e in expressions)
-            and all(_field_holds(node_name, f) for f in fields))
+    return all(_expression_holds(labels, e) for e in expressions) and all(_field_holds(node_name, f) for f in fields)
 
 
 def _required_terms(affinity: Mapping[str, Any] | None) -> list[Mapping[str, Any]] | None:
@@ -160,11 +161,13 @@ def require_gpu_memory(affinity: Mapping[str, Any] | None, min_mib: int) -> dict
     node_affinity = out["nodeAffinity"] = dict(out.get("nodeAffinity") or {})
     terms = [
         {**term, "matchExpressions": [*(term.get("matchExpressions") or []), floor]}
-        if term.get("matchExpressions") or term.get("matchFields") else term
+        if term.get("matchExpressions") or term.get("matchFields")
+        else term
         for term in _required_terms(out) or ()
     ]
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-        "nodeSelectorTerms": terms or [{"matchExpressions": [floor]}]}
+        "nodeSelectorTerms": terms or [{"matchExpressions": [floor]}]
+    }
     return out
 
 
@@ -185,12 +188,19 @@ def node_facts(node: Mapping[str, Any]) -> dict[str, Any]:
     """
     meta, spec, status = (node.get(key) or {} for key in ("metadata", "spec", "status"))
     # the GPUs, and the memory (spec.engine.kvOffload's percentage and fit: kv_plan/offload.py)
-    gpus = {kind: {GPU_RESOURCE: status[kind].get(GPU_RESOURCE, 0),
-                   **({"memory": status[kind]["memory"]} if "memory" in status[kind] else {})}
-            for kind in ("allocatable", "capacity") if isinstance(status.get(kind), Mapping) and status[kind]}
-    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
-            "spec": {"unschedulable": spec.get("unschedulable"), "taints": list(spec.get("taints") or [])},
-            "status": gpus}
+    gpus = {
+        kind: {
+            GPU_RESOURCE: status[kind].get(GPU_RESOURCE, 0),
+            **({"memory": status[kind]["memory"]} if "memory" in status[kind] else {}),
+        }
+        for kind in ("allocatable", "capacity")
+        if isinstance(status.get(kind), Mapping) and status[kind]
+    }
+    return {
+        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+        "spec": {"unschedulable": spec.get("unschedulable"), "taints": list(spec.get("taints") or [])},
+        "status": gpus,
+    }
 
 
 def rejection_reason(node: Mapping[str, Any], placement: Placement) -> str | None:

@@ -10,8 +10,9 @@ allocatable memory) is an invalid spec naming `spec.engine.kvOffload`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pagedinfer.operator.kv_plan.node_memory import GPU_MEMORY_LABEL, Placement, rejection_reason
 from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
@@ -65,8 +66,10 @@ def tier_bytes(spec: InferenceServiceSpec, memory: NodeMemory) -> int:
     if offload.size_bytes is not None:
         return offload.size_bytes
     if memory.smallest_bytes is None:
-        raise OffloadDoesNotFit(f"{FIELD}: {offload.text} of the node's allocatable memory, but no node the"
-                                " engine pod can land on states its allocatable memory; give a size (e.g. 8Gi)")
+        raise OffloadDoesNotFit(
+            f"{FIELD}: {offload.text} of the node's allocatable memory, but no node the"
+            " engine pod can land on states its allocatable memory; give a size (e.g. 8Gi)"
+        )
     return int(memory.smallest_bytes * (offload.node_memory_fraction or 0.0))
 
 
@@ -81,7 +84,8 @@ def check_fits(spec: InferenceServiceSpec, tier: int, pod_memory_bytes: int, mem
         raise OffloadDoesNotFit(
             f"{FIELD}: {spec.engine.kv_offload.text if spec.engine.kv_offload else ''} of host tier{per_rank}"
             f" makes the engine pod request {needed // MIB} MiB of memory, but the largest node it can land on"
-            f" ({memory.largest_node}) can allocate {memory.largest_bytes // MIB} MiB; lower it")
+            f" ({memory.largest_node}) can allocate {memory.largest_bytes // MIB} MiB; lower it"
+        )
 
 
 def offloading_size_gib(tier: int) -> str | None:

@@ -24,8 +24,8 @@ from typing import Any
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import ModelShape, resolve_dtype
-from pagedinfer.operator.spec.crd_model import Architecture, InferenceServiceSpec
 from pagedinfer.operator.kv_plan.node_memory import Placement
+from pagedinfer.operator.spec.crd_model import Architecture, InferenceServiceSpec
 
 SOURCE_OVERRIDE = "override"
 SOURCE_SPEC = "spec"
@@ -70,12 +70,18 @@ class KVCachePlan:
     offload_bytes: int | None = None  # the prefix cache's host tier per rank (spec.engine.kvOffload); None: off
 
     @classmethod
-    def from_result(cls, source: str, result: sizing.SizingResult, **memory_bytes: int) -> "KVCachePlan":
+    def from_result(cls, source: str, result: sizing.SizingResult, **memory_bytes: int) -> KVCachePlan:
         """A sized plan; `memory_bytes` is gpu_memory_bytes or cpu_memory_budget_bytes, whichever was sized."""
-        return cls(source=source, block_size=result.block_size, num_gpu_blocks=result.num_gpu_blocks,
-                   weight_bytes_per_gpu=result.weight_bytes_per_gpu, bytes_per_token=result.bytes_per_token,
-                   bytes_per_block=result.bytes_per_block, cuda_graph_bytes=result.cuda_graph_bytes or None,
-                   **memory_bytes)
+        return cls(
+            source=source,
+            block_size=result.block_size,
+            num_gpu_blocks=result.num_gpu_blocks,
+            weight_bytes_per_gpu=result.weight_bytes_per_gpu,
+            bytes_per_token=result.bytes_per_token,
+            bytes_per_block=result.bytes_per_block,
+            cuda_graph_bytes=result.cuda_graph_bytes or None,
+            **memory_bytes,
+        )
 
     @property
     def max_tokens(self) -> int | None:
@@ -119,8 +125,7 @@ def placement_for(spec: InferenceServiceSpec) -> Placement:
     tolerations = tuple(spec.tolerations)
     if spec.resources.gpus and GPU_TOLERATION not in tolerations:
         tolerations = tolerations + (GPU_TOLERATION,)
-    return Placement(gpus=spec.resources.gpus, node_selector=selector, tolerations=tolerations,
-                     affinity=spec.affinity)
+    return Placement(gpus=spec.resources.gpus, node_selector=selector, tolerations=tolerations, affinity=spec.affinity)
 
 
 def engine_device(cpu: bool) -> str:
@@ -150,8 +155,11 @@ def shape_from_config(config: Any, dtype: str, cpu: bool = False) -> ModelShape:
 
 
 def needs_node_discovery(spec: InferenceServiceSpec) -> bool:
-    return (spec.resources.gpus > 0 and spec.engine.num_gpu_blocks_override is None
-            and spec.resources.gpu_memory_bytes is None)
+    return (
+        spec.resources.gpus > 0
+        and spec.engine.num_gpu_blocks_override is None
+        and spec.resources.gpu_memory_bytes is None
+    )
 
 
 def needs_model_shape(spec: InferenceServiceSpec) -> bool:
@@ -173,8 +181,9 @@ def pod_memory_bytes(spec: InferenceServiceSpec) -> int:
     return spec.resources.memory_bytes or 0
 
 
-def plan_for(spec: InferenceServiceSpec, shape: ModelShape | None,
-             gpu_memory_bytes: int | None, source: str) -> KVCachePlan:
+def plan_for(
+    spec: InferenceServiceSpec, shape: ModelShape | None, gpu_memory_bytes: int | None, source: str
+) -> KVCachePlan:
     """The plan for one engine; raises sizing.InsufficientMemoryError when nothing fits."""
     engine = spec.engine
     if spec.resources.gpus == 0:
@@ -211,12 +220,14 @@ def cpu_plan(spec: InferenceServiceSpec, shape: ModelShape | None) -> KVCachePla
             f"spec.resources.memory {memory} leaves no memory for the CPU engine's weights and KV cache: its"
             f" runtime alone takes {_gib(CPU_RUNTIME_OVERHEAD_BYTES)}. Set spec.resources.memory to"
             f" {CPU_RUNTIME_OVERHEAD_BYTES // 2**20}Mi plus the weights and KV cache (unset, it is"
-            f" {DEFAULT_CPU_MEMORY}).")
+            f" {DEFAULT_CPU_MEMORY})."
+        )
     if engine.num_gpu_blocks_override is not None:
         return dataclasses.replace(override_plan(spec, shape), cpu_memory_budget_bytes=budget)
     if shape is None:
-        return KVCachePlan(source=SOURCE_ENGINE, block_size=engine.block_size, num_gpu_blocks=None,
-                           cpu_memory_budget_bytes=budget)
+        return KVCachePlan(
+            source=SOURCE_ENGINE, block_size=engine.block_size, num_gpu_blocks=None, cpu_memory_budget_bytes=budget
+        )
     inputs = cpu_sizing_inputs(spec, shape, budget)
     try:
         result = sizing.plan_kv_cache(inputs)
@@ -231,9 +242,13 @@ def override_plan(spec: InferenceServiceSpec, shape: ModelShape | None) -> KVCac
     per_block = None
     if shape is not None:
         per_block = sizing.kv_bytes_per_block(shape, engine.block_size, engine.tensor_parallel_size)
-    return KVCachePlan(source=SOURCE_OVERRIDE, block_size=engine.block_size,
-                       num_gpu_blocks=engine.num_gpu_blocks_override, bytes_per_block=per_block,
-                       bytes_per_token=None if per_block is None else per_block // engine.block_size)
+    return KVCachePlan(
+        source=SOURCE_OVERRIDE,
+        block_size=engine.block_size,
+        num_gpu_blocks=engine.num_gpu_blocks_override,
+        bytes_per_block=per_block,
+        bytes_per_token=None if per_block is None else per_block // engine.block_size,
+    )
 
 
 def _gib(num_bytes: int) -> str:
@@ -258,12 +273,14 @@ def cpu_shortfall_message(inputs: sizing.SizingInputs, memory: str) -> str:
     fits = max(usable, 0) // per_block
     least_budget = math.ceil((needed * per_block + weights + reserve) / inputs.gpu_memory_utilization)
     least_mib = -(-(least_budget + CPU_RUNTIME_OVERHEAD_BYTES) // 2**20) + 1
-    return (f"The CPU engine does not fit in spec.resources.memory {memory}: less its runtime"
-            f" ({_gib(CPU_RUNTIME_OVERHEAD_BYTES)}) that leaves a budget of {_gib(inputs.gpu_memory_bytes)},"
-            f" x gpuMemoryUtilization {inputs.gpu_memory_utilization} less weights {_gib(weights)} and"
-            f" activation reserve {_gib(reserve)} (maxNumBatchedTokens={inputs.max_num_batched_tokens}) holds"
-            f" {fits} KV blocks of {per_block} bytes, but one maxModelLen={max_model_len} sequence needs"
-            f" {needed}. Set spec.resources.memory to at least {least_mib}Mi, or lower spec.engine.maxModelLen.")
+    return (
+        f"The CPU engine does not fit in spec.resources.memory {memory}: less its runtime"
+        f" ({_gib(CPU_RUNTIME_OVERHEAD_BYTES)}) that leaves a budget of {_gib(inputs.gpu_memory_bytes)},"
+        f" x gpuMemoryUtilization {inputs.gpu_memory_utilization} less weights {_gib(weights)} and"
+        f" activation reserve {_gib(reserve)} (maxNumBatchedTokens={inputs.max_num_batched_tokens}) holds"
+        f" {fits} KV blocks of {per_block} bytes, but one maxModelLen={max_model_len} sequence needs"
+        f" {needed}. Set spec.resources.memory to at least {least_mib}Mi, or lower spec.engine.maxModelLen."
+    )
 
 
 def sizing_inputs(spec: InferenceServiceSpec, shape: ModelShape, gpu_memory_bytes: int) -> sizing.SizingInputs:

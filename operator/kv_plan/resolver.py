@@ -20,24 +20,26 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import ModelShape
-from pagedinfer.operator.kv_plan import offload, planning
-from pagedinfer.operator.status import conditions
-from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
-from pagedinfer.operator.kv_plan.hub_config import ModelConfigError
 from pagedinfer.operator.kube_api import CONFIGMAPS
+from pagedinfer.operator.kv_plan import offload, planning
+from pagedinfer.operator.kv_plan.hub_config import ModelConfigError
 from pagedinfer.operator.kv_plan.node_memory import discover_gpu_memory
 from pagedinfer.operator.settings import Runtime
-
+from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
+from pagedinfer.operator.status import conditions
 
 # The operator never guesses a GPU's memory, so without a matching node it creates no
 # Deployment, and so no pending pod for cluster-autoscaler or Karpenter to add a node for.
-SCALE_FROM_ZERO_HINT = ("For a node pool that scales from zero, set spec.resources.gpuMemory (memory per GPU "
-                        "of that pool): the operator then sizes from it and creates the Deployment, whose "
-                        "pending pod lets the cluster autoscaler add a node.")
+SCALE_FROM_ZERO_HINT = (
+    "For a node pool that scales from zero, set spec.resources.gpuMemory (memory per GPU "
+    "of that pool): the operator then sizes from it and creates the Deployment, whose "
+    "pending pod lets the cluster autoscaler add a node."
+)
 
 
 class SizingFailure(Exception):
@@ -83,16 +85,24 @@ async def model_shape(runtime: Runtime, spec: InferenceServiceSpec, namespace: s
         try:
             config = await runtime.fetcher.get(model.uri.repo_id, model.revision)
         except ModelConfigError as exc:
-            raise SizingFailure(unavailable, f"Cannot read config.json of {model.uri.raw}: {exc}. Set "
-                                             f"spec.model.architecture or spec.model.configMapRef.", retry) from None
+            raise SizingFailure(
+                unavailable,
+                f"Cannot read config.json of {model.uri.raw}: {exc}. Set "
+                f"spec.model.architecture or spec.model.configMapRef.",
+                retry,
+            ) from None
         source = model.uri.raw
     elif model.uri is None and (config := _embedded_default_config()) is not None:
         source = "the embedded default model"
     else:
         where = model.uri.raw if model.uri else "the embedded default model"
         gpu_only = " (or spec.engine.numGpuBlocksOverride, or spec.resources.gpus: 0)" if spec.resources.gpus else ""
-        raise SizingFailure(unavailable, f"The operator cannot read the config of {where}: set "
-                                         f"spec.model.architecture or spec.model.configMapRef{gpu_only}.", None)
+        raise SizingFailure(
+            unavailable,
+            f"The operator cannot read the config of {where}: set "
+            f"spec.model.architecture or spec.model.configMapRef{gpu_only}.",
+            None,
+        )
     try:
         return planning.shape_from_config(config, model.dtype, cpu=spec.resources.gpus == 0)
     except ValueError as exc:
@@ -105,8 +115,11 @@ def _check_heads_divide(spec: InferenceServiceSpec, shape: ModelShape) -> None:
     tp = spec.engine.tensor_parallel_size
     for what, heads in (("KV heads", shape.num_kv_heads), ("attention heads", shape.num_attention_heads)):
         if heads is not None and heads % tp:
-            raise SizingFailure(conditions.REASON_INVALID_SPEC, f"spec.engine.tensorParallelSize: {tp} does not divide"
-                                                            f" the model's {heads} {what}", None)
+            raise SizingFailure(
+                conditions.REASON_INVALID_SPEC,
+                f"spec.engine.tensorParallelSize: {tp} does not divide the model's {heads} {what}",
+                None,
+            )
 
 
 def _per_node_gpus(spec: InferenceServiceSpec) -> str:
@@ -114,12 +127,15 @@ def _per_node_gpus(spec: InferenceServiceSpec) -> str:
     n = spec.resources.gpus
     if n <= 1:
         return ""
-    return (f" A replica with tensorParallelSize {spec.engine.tensor_parallel_size} needs {n} allocatable"
-            f" nvidia.com/gpu on one node; replicas across nodes are not supported (docs/operator.md).")
+    return (
+        f" A replica with tensorParallelSize {spec.engine.tensor_parallel_size} needs {n} allocatable"
+        f" nvidia.com/gpu on one node; replicas across nodes are not supported (docs/operator.md)."
+    )
 
 
-async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
-               nodes: Iterable[Mapping[str, Any]]) -> tuple[planning.KVCachePlan, str]:
+async def plan(
+    runtime: Runtime, spec: InferenceServiceSpec, namespace: str, nodes: Iterable[Mapping[str, Any]]
+) -> tuple[planning.KVCachePlan, str]:
     """The KV plan and a sentence saying where its numbers come from; SizingFailure when it cannot be made (yet).
 
     `nodes`: every node of the cluster as the node index holds it (`node_memory.node_facts`).
@@ -141,8 +157,9 @@ async def plan(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
     return result, f"{message} Host tier: {tier / 2**30:.2f} GiB per rank{tokens}."
 
 
-async def _plan_pool(runtime: Runtime, spec: InferenceServiceSpec, namespace: str,
-                     nodes: list[Mapping[str, Any]]) -> tuple[planning.KVCachePlan, str]:
+async def _plan_pool(
+    runtime: Runtime, spec: InferenceServiceSpec, namespace: str, nodes: list[Mapping[str, Any]]
+) -> tuple[planning.KVCachePlan, str]:
     """The device pool's plan (what `plan` returns without a host tier)."""
     if spec.resources.gpus == 0:
         return await _plan_cpu(runtime, spec, namespace)
@@ -160,11 +177,13 @@ async def _plan_pool(runtime: Runtime, spec: InferenceServiceSpec, namespace: st
     else:
         discovery = discover_gpu_memory(nodes, planning.placement_for(spec))
         if discovery.gpu_memory_bytes is None:
-            raise SizingFailure(conditions.REASON_NO_MATCHING_NODES,
-                                f"No node to size the KV cache for: {discovery.message}{_per_node_gpus(spec)}"
-                                f" Retrying in "
-                                f"{runtime.config.no_nodes_retry_seconds:g}s. {SCALE_FROM_ZERO_HINT}",
-                                runtime.config.no_nodes_retry_seconds)
+            raise SizingFailure(
+                conditions.REASON_NO_MATCHING_NODES,
+                f"No node to size the KV cache for: {discovery.message}{_per_node_gpus(spec)}"
+                f" Retrying in "
+                f"{runtime.config.no_nodes_retry_seconds:g}s. {SCALE_FROM_ZERO_HINT}",
+                runtime.config.no_nodes_retry_seconds,
+            )
         memory, source, where = discovery.gpu_memory_bytes, planning.SOURCE_NODE_LABELS, " " + discovery.message
     try:
         result = planning.plan_for(spec, shape, memory, source)
@@ -175,8 +194,7 @@ async def _plan_pool(runtime: Runtime, spec: InferenceServiceSpec, namespace: st
     return result, sized_message(result) + where
 
 
-async def _plan_cpu(runtime: Runtime, spec: InferenceServiceSpec,
-                    namespace: str) -> tuple[planning.KVCachePlan, str]:
+async def _plan_cpu(runtime: Runtime, spec: InferenceServiceSpec, namespace: str) -> tuple[planning.KVCachePlan, str]:
     """A CPU engine's plan (`planning.cpu_plan`). Without the model's shape the engine sizes
     itself within the budget the pod's memory leaves, and the message says why."""
     shape, unknown = None, ""
@@ -201,12 +219,16 @@ def sized_message(plan_: planning.KVCachePlan, spec: InferenceServiceSpec | None
     if plan_.cpu_memory_budget_bytes is not None and spec is not None:
         memory = planning.cpu_memory(spec)[0]
         where = "spec.resources.memory" if spec.resources.memory else "the default pod memory"
-        budget = (f"a CPU budget of {plan_.cpu_memory_budget_bytes / 2**30:.2f} GiB ({where} {memory} less"
-                  f" {planning.CPU_RUNTIME_OVERHEAD_BYTES / 2**30:g} GiB for the runtime)")
+        budget = (
+            f"a CPU budget of {plan_.cpu_memory_budget_bytes / 2**30:.2f} GiB ({where} {memory} less"
+            f" {planning.CPU_RUNTIME_OVERHEAD_BYTES / 2**30:g} GiB for the runtime)"
+        )
     if plan_.num_gpu_blocks is None:
         return f"CPU engine: the engine sizes its own KV cache at start-up within {budget or 'its budget'}."
     per_token = f", {plan_.bytes_per_token} bytes per token" if plan_.bytes_per_token else ""
     memory = f" on {plan_.gpu_memory_bytes / 2**30:.1f} GiB GPUs" if plan_.gpu_memory_bytes else ""
     memory = f" within {budget}" if budget else memory
-    return (f"{plan_.num_gpu_blocks} KV blocks of {plan_.block_size} tokens ({plan_.max_tokens} tokens)"
-            f"{memory}{per_token}; source {plan_.source}.")
+    return (
+        f"{plan_.num_gpu_blocks} KV blocks of {plan_.block_size} tokens ({plan_.max_tokens} tokens)"
+        f"{memory}{per_token}; source {plan_.source}."
+    )

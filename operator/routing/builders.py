@@ -35,9 +35,9 @@ from __future__ import annotations
 from typing import Any
 
 from pagedinfer.operator.children import builders
+from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
 from pagedinfer.operator.spec.crd_model import API_GROUP, PLURAL, InferenceServiceSpec
 from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
-from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
 
 ROUTER_SUFFIX = "-router"
 ENGINES_SUFFIX = "-engines"
@@ -53,8 +53,7 @@ QUEUE_FLAGS = (("max_requests", "--max-queued-requests"), ("timeout_seconds", "-
 
 def demand_rule(owner_name: str) -> dict[str, Any]:
     """`get`, `patch` on exactly one InferenceService: the router's own."""
-    return {"apiGroups": [API_GROUP], "resources": [PLURAL], "verbs": list(DEMAND_VERBS),
-            "resourceNames": [owner_name]}
+    return {"apiGroups": [API_GROUP], "resources": [PLURAL], "verbs": list(DEMAND_VERBS), "resourceNames": [owner_name]}
 
 
 def signals_demand(spec: InferenceServiceSpec) -> bool:
@@ -80,13 +79,20 @@ def router_selector_string(name: str) -> str:
 
 
 def router_labels(name: str) -> dict[str, str]:
-    return {**builders.common_labels(name), **router_selector_labels(name),
-            "app.kubernetes.io/component": ROUTER_COMPONENT}
+    return {
+        **builders.common_labels(name),
+        **router_selector_labels(name),
+        "app.kubernetes.io/component": ROUTER_COMPONENT,
+    }
 
 
 def _metadata(owner: builders.Owner, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": owner.namespace, "labels": labels,
-            "ownerReferences": [builders.owner_reference(owner)]}
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels,
+        "ownerReferences": [builders.owner_reference(owner)],
+    }
 
 
 def _tokenizer(spec: InferenceServiceSpec) -> tuple[list[str], list[dict], list[dict]]:
@@ -100,11 +106,28 @@ def _tokenizer(spec: InferenceServiceSpec) -> tuple[list[str], list[dict], list[
 
 def router_args(owner: builders.Owner, spec: InferenceServiceSpec) -> list[str]:
     """The `pagedinfer router` command line (after the executable)."""
-    queue = [arg for field, flag in QUEUE_FLAGS if (value := getattr(spec.router.queue, field)) is not None
-             for arg in (flag, f"{value:g}" if isinstance(value, float) else str(value))]
-    return ["router", "--discover-service", engines_service_name(owner.name), "--engine-port-name", "http",
-            "--policy", spec.router.policy, "--host", "0.0.0.0", "--port", str(builders.HTTP_PORT),
-            *queue, *_tokenizer(spec)[0], *spec.router.warmup.router_args()]
+    queue = [
+        arg
+        for field, flag in QUEUE_FLAGS
+        if (value := getattr(spec.router.queue, field)) is not None
+        for arg in (flag, f"{value:g}" if isinstance(value, float) else str(value))
+    ]
+    return [
+        "router",
+        "--discover-service",
+        engines_service_name(owner.name),
+        "--engine-port-name",
+        "http",
+        "--policy",
+        spec.router.policy,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(builders.HTTP_PORT),
+        *queue,
+        *_tokenizer(spec)[0],
+        *spec.router.warmup.router_args(),
+    ]
 
 
 def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
@@ -115,8 +138,10 @@ def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, d
     if ref is not None:  # a reference only: the key never enters a manifest
         env.append({"name": "PAGEDINFER_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     if signals_demand(spec):
-        env += [{"name": INFERENCESERVICE_NAME_ENV, "value": owner.name},
-                {"name": INFERENCESERVICE_NAMESPACE_ENV, "value": owner.namespace}]
+        env += [
+            {"name": INFERENCESERVICE_NAME_ENV, "value": owner.name},
+            {"name": INFERENCESERVICE_NAMESPACE_ENV, "value": owner.namespace},
+        ]
     container = {
         "name": "router",
         "image": spec.router.image or default_image,
@@ -128,8 +153,12 @@ def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, d
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
         "startupProbe": builders.probe("/health", 2, 150),
         "readinessProbe": builders.probe("/health", 2, 2),
-        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5,
-                          "failureThreshold": 3},
+        "livenessProbe": {
+            "tcpSocket": {"port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(builders.PRE_STOP_SLEEP_SECONDS)]}}},
         "securityContext": builders.container_security_context(),
     }
@@ -162,35 +191,54 @@ def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, d
 
 
 def build_service_account(owner: builders.Owner) -> dict[str, Any]:
-    return builders.with_spec_hash({"apiVersion": "v1", "kind": "ServiceAccount",
-                                    "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name))})
+    return builders.with_spec_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name)),
+        }
+    )
 
 
 def build_role(owner: builders.Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     rules = [dict(rule) for rule in ROUTER_RULES] + ([demand_rule(owner.name)] if signals_demand(spec) else [])
-    return builders.with_spec_hash({"apiVersion": RBAC_API_VERSION, "kind": "Role",
-                                    "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name)),
-                                    "rules": rules})
+    return builders.with_spec_hash(
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "Role",
+            "metadata": _metadata(owner, router_name(owner.name), router_labels(owner.name)),
+            "rules": rules,
+        }
+    )
 
 
 def build_role_binding(owner: builders.Owner) -> dict[str, Any]:
     name = router_name(owner.name)
-    return builders.with_spec_hash({
-        "apiVersion": RBAC_API_VERSION, "kind": "RoleBinding",
-        "metadata": _metadata(owner, name, router_labels(owner.name)),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
-    })
+    return builders.with_spec_hash(
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "RoleBinding",
+            "metadata": _metadata(owner, name, router_labels(owner.name)),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        }
+    )
 
 
 def build_engines_service(owner: builders.Owner) -> dict[str, Any]:
     """The engines' headless Service: its EndpointSlices list the engine pods the router may use."""
-    return builders.with_spec_hash({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": _metadata(owner, engines_service_name(owner.name), builders.common_labels(owner.name)),
-        "spec": {"clusterIP": "None", "selector": builders.selector_labels(owner.name),
-                 "ports": [{"name": "http", "port": builders.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}]},
-    })
+    return builders.with_spec_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(owner, engines_service_name(owner.name), builders.common_labels(owner.name)),
+            "spec": {
+                "clusterIP": "None",
+                "selector": builders.selector_labels(owner.name),
+                "ports": [{"name": "http", "port": builders.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        }
+    )
 
 
 def build_front_service(owner: builders.Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -202,16 +250,26 @@ def build_front_service(owner: builders.Owner, spec: InferenceServiceSpec) -> di
     return service
 
 
-def router_children(owner: builders.Owner, spec: InferenceServiceSpec,
-                    default_image: str) -> list[tuple[ResourceRef, dict[str, Any]]]:
+def router_children(
+    owner: builders.Owner, spec: InferenceServiceSpec, default_image: str
+) -> list[tuple[ResourceRef, dict[str, Any]]]:
     """The router's own children, in apply order (its RBAC before the pods that use it)."""
-    return [(SERVICE_ACCOUNTS, build_service_account(owner)), (ROLES, build_role(owner, spec)),
-            (ROLE_BINDINGS, build_role_binding(owner)), (SERVICES, build_engines_service(owner)),
-            (DEPLOYMENTS, build_router_deployment(owner, spec, default_image))]
+    return [
+        (SERVICE_ACCOUNTS, build_service_account(owner)),
+        (ROLES, build_role(owner, spec)),
+        (ROLE_BINDINGS, build_role_binding(owner)),
+        (SERVICES, build_engines_service(owner)),
+        (DEPLOYMENTS, build_router_deployment(owner, spec, default_image)),
+    ]
 
 
 def router_child_names(owner_name: str) -> list[tuple[ResourceRef, str]]:
     """Every child the router adds, by kind and name (what turning it off deletes)."""
     name = router_name(owner_name)
-    return [(DEPLOYMENTS, name), (ROLE_BINDINGS, name), (ROLES, name), (SERVICE_ACCOUNTS, name),
-            (SERVICES, engines_service_name(owner_name))]
+    return [
+        (DEPLOYMENTS, name),
+        (ROLE_BINDINGS, name),
+        (ROLES, name),
+        (SERVICE_ACCOUNTS, name),
+        (SERVICES, engines_service_name(owner_name)),
+    ]

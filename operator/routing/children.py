@@ -19,8 +19,9 @@ from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.routing.builders import router_child_names
 
 
-async def remove_router_children(api: KubeApi, namespace: str, owner_name: str, owner_uid: str,
-                                 logger: Any) -> list[str]:
+async def remove_router_children(
+    api: KubeApi, namespace: str, owner_name: str, owner_uid: str, logger: Any
+) -> list[str]:
     """Delete the router's children this owner controls; returns what was deleted (`Kind/name`)."""
     deleted = []
     names = router_child_names(owner_name)

@@ -18,10 +18,11 @@ when its cost changed; a failed patch is logged and does not stop the scale-in
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pagedinfer.operator.autoscaling.readings import PodReading
-from pagedinfer.operator.kube_api import KubeApiError, KubeApi, ResourceRef
+from pagedinfer.operator.kube_api import KubeApi, KubeApiError, ResourceRef
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 INT32_MAX = 2**31 - 1
@@ -38,8 +39,9 @@ def deletion_costs(readings: Mapping[str, PodReading | None]) -> dict[str, int]:
     return costs
 
 
-async def annotate_deletion_costs(kube: KubeApi, namespace: str, pods: Sequence[Mapping[str, Any]],
-                                  costs: Mapping[str, int]) -> int:
+async def annotate_deletion_costs(
+    kube: KubeApi, namespace: str, pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int]
+) -> int:
     """Patch each pod whose annotation differs from its cost; returns how many were patched."""
     patched = 0
     for pod in pods:
@@ -48,7 +50,9 @@ async def annotate_deletion_costs(kube: KubeApi, namespace: str, pods: Sequence[
         if (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) == cost:
             continue
         try:
-            await kube.patch(PODS, namespace, meta["name"], {"metadata": {"annotations": {DELETION_COST_ANNOTATION: cost}}})
+            await kube.patch(
+                PODS, namespace, meta["name"], {"metadata": {"annotations": {DELETION_COST_ANNOTATION: cost}}}
+            )
             patched += 1
         except KubeApiError as e:
             logger.warning("cannot mark pod %s/%s with its deletion cost: %s", namespace, meta["name"], e)

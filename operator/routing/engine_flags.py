@@ -34,8 +34,10 @@ def engine_router_args(router: RouterSpec) -> list[str]:
 def engine_router_ports(router: RouterSpec) -> list[dict[str, Any]]:
     if not router.enabled:
         return []
-    return [{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
-            {"name": "kv-replay", "containerPort": KV_EVENTS_PORT + 1, "protocol": "TCP"}]
+    return [
+        {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+        {"name": "kv-replay", "containerPort": KV_EVENTS_PORT + 1, "protocol": "TCP"},
+    ]
 
 
 def engine_pre_stop_wait_seconds(router: RouterSpec, without_router_seconds: int) -> int:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from pagedinfer.operator.routing.warmup_spec import RouterWarmup, parse_warmup
 from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN
@@ -31,8 +32,10 @@ MAX_REPLICAS = 16
 DEFAULT_POLICY = "prefix"
 RESOURCE_NAMES = ("cpu", "memory")
 # Enough for the tokenizer of a large vocabulary and a few hundred requests in flight.
-DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {"requests": {"cpu": "500m", "memory": "512Mi"},
-                                                      "limits": {"memory": "1Gi"}}
+DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"memory": "1Gi"},
+}
 _IMAGE = re.compile(r"[^\s]+")
 
 
@@ -88,8 +91,9 @@ def _resources(raw: Any, problems: list[str]) -> Mapping[str, Mapping[str, str]]
             if name not in RESOURCE_NAMES:
                 problems.append(f"{path}.{key}.{name}: the router takes only {', '.join(RESOURCE_NAMES)}")
             elif not isinstance(quantity, str) or not QUANTITY_PATTERN.fullmatch(quantity):
-                problems.append(f"{path}.{key}.{name}: must be a Kubernetes quantity such as 500m or 1Gi,"
-                                f" got {quantity!r}")
+                problems.append(
+                    f"{path}.{key}.{name}: must be a Kubernetes quantity such as 500m or 1Gi, got {quantity!r}"
+                )
             else:
                 out.setdefault(key, {})[name] = quantity
     return out
@@ -107,12 +111,15 @@ def _queue(raw: Any, problems: list[str]) -> RouterQueue:
         problems.append(f"{path}: unknown field(s) {', '.join(unknown)}")
     limit = raw.get("maxRequests")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        problems.append(f"{path}.maxRequests: must be an integer >= 1 (0 would refuse every request while no"
-                        f" engine is ready), got {limit!r}")
+        problems.append(
+            f"{path}.maxRequests: must be an integer >= 1 (0 would refuse every request while no"
+            f" engine is ready), got {limit!r}"
+        )
         limit = None
     timeout = raw.get("timeoutSeconds")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not math.isfinite(timeout) or timeout <= 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0
+    ):
         problems.append(f"{path}.timeoutSeconds: must be a number of seconds > 0, got {timeout!r}")
         timeout = None
     return RouterQueue(limit, None if timeout is None else float(timeout))
@@ -136,8 +143,7 @@ def parse_router_spec(raw: Any, max_replicas: int | None) -> RouterSpec:
         problems.append(f"{PATH}.policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     image = raw.get("image")
     if image is not None and (not isinstance(image, str) or not _IMAGE.fullmatch(image) or len(image) > 512):
-        problems.append(f"{PATH}.image: must be an image reference (no spaces, at most 512 characters),"
-                        f" got {image!r}")
+        problems.append(f"{PATH}.image: must be an image reference (no spaces, at most 512 characters), got {image!r}")
     unknown = sorted(set(raw) - {"enabled", "replicas", "policy", "image", "resources", "queue", "warmup"})
     if unknown:
         problems.append(f"{PATH}: unknown field(s) {', '.join(unknown)}")
@@ -146,5 +152,6 @@ def parse_router_spec(raw: Any, max_replicas: int | None) -> RouterSpec:
     warmup = parse_warmup(raw.get("warmup"), problems)
     if problems:
         raise RouterSpecError(problems)
-    return RouterSpec(enabled=enabled, replicas=replicas, policy=policy, image=image, resources=resources,
-                      queue=queue, warmup=warmup)
+    return RouterSpec(
+        enabled=enabled, replicas=replicas, policy=policy, image=image, resources=resources, queue=queue, warmup=warmup
+    )

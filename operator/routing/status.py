@@ -11,7 +11,8 @@ what it last saw, and every event of that Deployment updates it
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pagedinfer.operator.routing.spec import RouterSpec
 
@@ -22,8 +23,7 @@ def routing_status(router: RouterSpec, deployment: Mapping[str, Any] | None) -> 
     """status.routing for `router`; `deployment`: the router Deployment as last seen (None: not known)."""
     if not router.enabled:
         return {"enabled": False, "policy": OFF, "replicas": 0, "readyReplicas": 0}
-    return {"enabled": True, "policy": router.policy, "replicas": router.replicas,
-            **router_ready(deployment)}
+    return {"enabled": True, "policy": router.policy, "replicas": router.replicas, **router_ready(deployment)}
 
 
 def router_ready(deployment: Mapping[str, Any] | None) -> dict[str, int]:

@@ -10,8 +10,9 @@ and to the survivors of a scale-in (docs/router.md, "Warm-up").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pagedinfer.router.warmup.hotness import MAX_ENTRIES
 from pagedinfer.router.warmup.settings import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
@@ -47,5 +48,7 @@ def parse_warmup(raw: Any, problems: list[str]) -> RouterWarmup:
     unknown = sorted(set(raw) - {"prefixes", "tokenBudget"})
     if unknown:
         problems.append(f"{PATH}: unknown field(s) {', '.join(unknown)}")
-    return RouterWarmup(_count(raw, "prefixes", DEFAULT_PREFIXES, MAX_ENTRIES, problems),
-                        _count(raw, "tokenBudget", DEFAULT_TOKEN_BUDGET, MAX_TOKEN_BUDGET, problems))
+    return RouterWarmup(
+        _count(raw, "prefixes", DEFAULT_PREFIXES, MAX_ENTRIES, problems),
+        _count(raw, "tokenBudget", DEFAULT_TOKEN_BUDGET, MAX_TOKEN_BUDGET, problems),
+    )

@@ -9,8 +9,9 @@ Defaults live here and in the CRD; the two are kept equal by a test.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import field_default, managed_flags

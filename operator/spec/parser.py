@@ -16,33 +16,33 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import CONFIG_FIELD_BOUNDS
+from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
+from pagedinfer.operator.routing.spec import RouterSpec, RouterSpecError, parse_router_spec
 from pagedinfer.operator.spec.crd_model import (
-    Architecture,
-    ConfigMapRef,
     DTYPES,
-    EngineSpec,
     HF_TOKEN_ENV,
-    KVOffloadSpec,
-    InferenceServiceSpec,
     MANAGED_FLAGS,
     MAX_NAME_LENGTH,
-    TENSOR_PARALLEL_SIZES,
     MODEL_SCHEMES,
+    RESERVED_ENV,
+    TENSOR_PARALLEL_SIZES,
+    Architecture,
+    ConfigMapRef,
+    EngineSpec,
+    InferenceServiceSpec,
+    KVOffloadSpec,
     ModelSpec,
     ModelUri,
-    RESERVED_ENV,
     ResourcesSpec,
     SecretKeyRef,
     SpecError,
 )
-from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
 from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN, quantity_bytes, whole_bytes
-from pagedinfer.operator.routing.spec import RouterSpec, RouterSpecError, parse_router_spec
-
 
 # The name grammars the API server and the Hub use; the fields they check are named where they are read.
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -51,9 +51,14 @@ _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _HF_REPO = re.compile(r"[A-Za-z0-9][-._A-Za-z0-9]*/[A-Za-z0-9][-._A-Za-z0-9]*")
 
 # spec.model.architecture's fields and the config.json fields whose bounds (sizing) they share.
-ARCHITECTURE_FIELDS = {"numLayers": "num_hidden_layers", "numKVHeads": "num_key_value_heads", "headDim": "head_dim",
-                       "numParameters": "num_parameters", "hiddenSize": "hidden_size",
-                       "maxPositionEmbeddings": "max_position_embeddings"}
+ARCHITECTURE_FIELDS = {
+    "numLayers": "num_hidden_layers",
+    "numKVHeads": "num_key_value_heads",
+    "headDim": "head_dim",
+    "numParameters": "num_parameters",
+    "hiddenSize": "hidden_size",
+    "maxPositionEmbeddings": "max_position_embeddings",
+}
 
 
 class _Reader:
@@ -73,8 +78,16 @@ class _Reader:
             return {}
         return raw
 
-    def integer(self, raw: Mapping[str, Any], key: str, path: str, default: int | None, *,
-                minimum: int | None = None, maximum: int | None = None) -> int | None:
+    def integer(
+        self,
+        raw: Mapping[str, Any],
+        key: str,
+        path: str,
+        default: int | None,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> int | None:
         value = raw.get(key, default)
         if value is None:
             return None
@@ -101,9 +114,17 @@ class _Reader:
             return default
         return value
 
-    def string(self, raw: Mapping[str, Any], key: str, path: str, default: str | None, *,
-               choices: tuple[str, ...] | None = None, pattern: re.Pattern[str] | None = None,
-               max_length: int | None = None) -> str | None:
+    def string(
+        self,
+        raw: Mapping[str, Any],
+        key: str,
+        path: str,
+        default: str | None,
+        *,
+        choices: tuple[str, ...] | None = None,
+        pattern: re.Pattern[str] | None = None,
+        max_length: int | None = None,
+    ) -> str | None:
         value = raw.get(key, default)
         if value is None:
             return None
@@ -177,12 +198,17 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
         for key in ("numLayers", "numKVHeads", "headDim", "numParameters"):
             if key not in arch:
                 r.fail(f"{apath}.{key}", "is required")
-        values = {key: r.integer(arch, key, apath, None, minimum=1, maximum=CONFIG_FIELD_BOUNDS[field])
-                  for key, field in ARCHITECTURE_FIELDS.items()}
+        values = {
+            key: r.integer(arch, key, apath, None, minimum=1, maximum=CONFIG_FIELD_BOUNDS[field])
+            for key, field in ARCHITECTURE_FIELDS.items()
+        }
         if all(values[k] is not None for k in ("numLayers", "numKVHeads", "headDim", "numParameters")):
             architecture = Architecture(
-                num_layers=values["numLayers"], num_kv_heads=values["numKVHeads"], head_dim=values["headDim"],
-                num_parameters=values["numParameters"], hidden_size=values["hiddenSize"],
+                num_layers=values["numLayers"],
+                num_kv_heads=values["numKVHeads"],
+                head_dim=values["headDim"],
+                num_parameters=values["numParameters"],
+                hidden_size=values["hiddenSize"],
                 max_position_embeddings=values["maxPositionEmbeddings"],
             )
     config_map_ref = None
@@ -195,10 +221,13 @@ def _parse_model(r: _Reader, raw: Mapping[str, Any]) -> ModelSpec:
     allow_download = r.boolean(model, "allowDownload", path, False)
     hf = uri is not None and uri.scheme == "hf"
     if hf and not allow_download and cache_claim is None:
-        r.fail(path, f"{uri.raw} needs allowDownload: true (the pods download it into their cache) or "
-                     "cacheClaimName (a PersistentVolumeClaim already holding it in the Hugging Face cache "
-                     "layout): with neither, the pods run offline (HF_HUB_OFFLINE=1) over an empty cache "
-                     "and can never load it")
+        r.fail(
+            path,
+            f"{uri.raw} needs allowDownload: true (the pods download it into their cache) or "
+            "cacheClaimName (a PersistentVolumeClaim already holding it in the Hugging Face cache "
+            "layout): with neither, the pods run offline (HF_HUB_OFFLINE=1) over an empty cache "
+            "and can never load it",
+        )
     token = None
     if "hfTokenSecretRef" in model:
         named = _name_and_key(r, model["hfTokenSecretRef"], f"{path}.hfTokenSecretRef", "token")
@@ -242,8 +271,9 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
     d = EngineSpec()  # the defaults: the engine's own (crd_model._engine)
     block_size = r.integer(engine, "blockSize", path, d.block_size)
     if block_size not in sizing.VALID_BLOCK_SIZES:
-        r.fail(f"{path}.blockSize", f"must be one of {', '.join(map(str, sizing.VALID_BLOCK_SIZES))}, "
-                                    f"got {block_size!r}")
+        r.fail(
+            f"{path}.blockSize", f"must be one of {', '.join(map(str, sizing.VALID_BLOCK_SIZES))}, got {block_size!r}"
+        )
     util = r.number(engine, "gpuMemoryUtilization", path, d.gpu_memory_utilization)
     if not 0.0 < util <= 1.0:
         r.fail(f"{path}.gpuMemoryUtilization", f"must be in (0, 1], got {util}")
@@ -260,8 +290,10 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
             name, value = arg.partition("=")[::2]
             shown = f"{name}=..." if value else name  # a value may be a secret: never echoed
             verb = "is" if name == flag else "abbreviates"
-            r.fail(f"{path}.extraArgs[{i}]", f"{shown!r} {verb} {flag}, which the operator sets from the spec;"
-                                             " use the spec field")
+            r.fail(
+                f"{path}.extraArgs[{i}]",
+                f"{shown!r} {verb} {flag}, which the operator sets from the spec; use the spec field",
+            )
     env = r.objects(engine, "env", path)
     for i, item in enumerate(env):
         name = item.get("name")
@@ -279,31 +311,42 @@ def _parse_engine(r: _Reader, raw: Any) -> EngineSpec:
         gpu_memory_utilization=util,
         max_model_len=r.integer(engine, "maxModelLen", path, d.max_model_len, minimum=1),
         max_num_seqs=r.integer(engine, "maxNumSeqs", path, d.max_num_seqs, minimum=1) or d.max_num_seqs,
-        max_num_batched_tokens=r.integer(engine, "maxNumBatchedTokens", path, d.max_num_batched_tokens,
-                                         minimum=1) or d.max_num_batched_tokens,
+        max_num_batched_tokens=r.integer(engine, "maxNumBatchedTokens", path, d.max_num_batched_tokens, minimum=1)
+        or d.max_num_batched_tokens,
         enable_prefix_caching=r.boolean(engine, "enablePrefixCaching", path, d.enable_prefix_caching),
         enable_chunked_prefill=r.boolean(engine, "enableChunkedPrefill", path, d.enable_chunked_prefill),
         swap_space_gib=swap,
-        tensor_parallel_size=r.integer(engine, "tensorParallelSize", path, d.tensor_parallel_size,
-                                       minimum=1) or d.tensor_parallel_size,
+        tensor_parallel_size=r.integer(engine, "tensorParallelSize", path, d.tensor_parallel_size, minimum=1)
+        or d.tensor_parallel_size,
         num_gpu_blocks_override=r.integer(engine, "numGpuBlocksOverride", path, d.num_gpu_blocks_override, minimum=1),
-        max_cudagraph_capture_size=r.integer(engine, "maxCudagraphCaptureSize", path, d.max_cudagraph_capture_size,
-                                             minimum=0) or 0,
+        max_cudagraph_capture_size=r.integer(
+            engine, "maxCudagraphCaptureSize", path, d.max_cudagraph_capture_size, minimum=0
+        )
+        or 0,
         kv_offload=_parse_kv_offload(r, engine, path),
         extra_args=tuple(extra),
         env=env,
         api_key_secret_ref=api_key,
     )
     if spec.kv_offload is not None and not spec.enable_prefix_caching:
-        r.fail(f"{path}.kvOffload", "the host tier keeps the prefix cache's evicted blocks: it needs"
-                                    " enablePrefixCaching")
+        r.fail(
+            f"{path}.kvOffload", "the host tier keeps the prefix cache's evicted blocks: it needs enablePrefixCaching"
+        )
     if spec.max_num_batched_tokens < spec.max_num_seqs:
-        r.fail(f"{path}.maxNumBatchedTokens", f"must be >= maxNumSeqs ({spec.max_num_seqs}), "
-                                              f"got {spec.max_num_batched_tokens}")
-    if (not spec.enable_chunked_prefill and spec.max_model_len is not None
-            and spec.max_num_batched_tokens < spec.max_model_len):
-        r.fail(f"{path}.maxNumBatchedTokens", f"must be >= maxModelLen ({spec.max_model_len}) when "
-                                              f"enableChunkedPrefill is false, got {spec.max_num_batched_tokens}")
+        r.fail(
+            f"{path}.maxNumBatchedTokens",
+            f"must be >= maxNumSeqs ({spec.max_num_seqs}), got {spec.max_num_batched_tokens}",
+        )
+    if (
+        not spec.enable_chunked_prefill
+        and spec.max_model_len is not None
+        and spec.max_num_batched_tokens < spec.max_model_len
+    ):
+        r.fail(
+            f"{path}.maxNumBatchedTokens",
+            f"must be >= maxModelLen ({spec.max_model_len}) when "
+            f"enableChunkedPrefill is false, got {spec.max_num_batched_tokens}",
+        )
     return spec
 
 
@@ -323,8 +366,9 @@ def _parse_kv_offload(r: _Reader, engine: Mapping[str, Any], path: str) -> KVOff
             return None
         return KVOffloadSpec(text, node_memory_fraction=percent / 100)
     if not QUANTITY_PATTERN.fullmatch(text):
-        r.fail(where, f"must be a memory quantity (e.g. 8Gi) or a percentage of the node's memory (e.g. 25%),"
-                      f" got {text!r}")
+        r.fail(
+            where, f"must be a memory quantity (e.g. 8Gi) or a percentage of the node's memory (e.g. 25%), got {text!r}"
+        )
         return None
     size = quantity_bytes(text)
     if not 0 < size <= sizing.MAX_MEMORY_BYTES:
@@ -357,8 +401,7 @@ def _parse_resources(r: _Reader, raw: Any) -> ResourcesSpec:
     )
 
 
-def parse_spec(name: str, spec: Mapping[str, Any] | None,
-               allow_host_path_models: bool = False) -> InferenceServiceSpec:
+def parse_spec(name: str, spec: Mapping[str, Any] | None, allow_host_path_models: bool = False) -> InferenceServiceSpec:
     """Validate a whole `spec`; raise SpecError listing every problem found.
 
     `file://` models become hostPath volumes, which let whoever may create an
@@ -367,16 +410,25 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
     """
     r = _Reader()
     if not isinstance(name, str) or not _DNS_1035.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
-        r.fail("metadata.name", f"must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
-                                f"(lowercase letters, digits, '-', starting with a letter), got {name!r}")
+        r.fail(
+            "metadata.name",
+            f"must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
+            f"(lowercase letters, digits, '-', starting with a letter), got {name!r}",
+        )
     raw = r.mapping(spec, "spec")
     model = _parse_model(r, raw.get("model"))
     if model.uri is not None and model.uri.scheme == "s3":
-        r.fail("spec.model.uri", "s3:// is reserved: the engine cannot read object storage yet; copy the model"
-                                 " into a PersistentVolumeClaim and use pvc://<claim>/<path>")
+        r.fail(
+            "spec.model.uri",
+            "s3:// is reserved: the engine cannot read object storage yet; copy the model"
+            " into a PersistentVolumeClaim and use pvc://<claim>/<path>",
+        )
     if model.uri is not None and model.uri.scheme == "file" and not allow_host_path_models:
-        r.fail("spec.model.uri", "file:// mounts a node directory (hostPath), which this operator refuses"
-                                 " unless started with --allow-host-path-models; use pvc://<claim>/<path>")
+        r.fail(
+            "spec.model.uri",
+            "file:// mounts a node directory (hostPath), which this operator refuses"
+            " unless started with --allow-host-path-models; use pvc://<claim>/<path>",
+        )
     engine = _parse_engine(r, raw.get("engine"))
     if model.hf_token_secret_ref is not None:
         for i, item in enumerate(engine.env):
@@ -411,12 +463,17 @@ def parse_spec(name: str, spec: Mapping[str, Any] | None,
     if resources.gpus == 0 and tp != 1:
         r.fail("spec.engine.tensorParallelSize", "must be 1 when spec.resources.gpus is 0 (CPU engine)")
     if resources.gpus and tp != resources.gpus:
-        r.fail("spec.engine.tensorParallelSize", f"must equal spec.resources.gpus ({resources.gpus}): each rank"
-                                                 f" uses one GPU of the pod, got {tp}")
+        r.fail(
+            "spec.engine.tensorParallelSize",
+            f"must equal spec.resources.gpus ({resources.gpus}): each rank uses one GPU of the pod, got {tp}",
+        )
     if model.architecture and model.architecture.num_kv_heads % engine.tensor_parallel_size:
-        r.fail("spec.engine.tensorParallelSize", f"{engine.tensor_parallel_size} does not divide "
-                                                 f"spec.model.architecture.numKVHeads "
-                                                 f"({model.architecture.num_kv_heads})")
+        r.fail(
+            "spec.engine.tensorParallelSize",
+            f"{engine.tensor_parallel_size} does not divide "
+            f"spec.model.architecture.numKVHeads "
+            f"({model.architecture.num_kv_heads})",
+        )
     if r.problems:
         raise SpecError(r.problems)
     return InferenceServiceSpec(

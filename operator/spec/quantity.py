@@ -18,9 +18,20 @@ from fractions import Fraction
 QUANTITY_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 SUFFIX_FACTORS = {
-    "": 1, "m": Fraction(1, 1000),
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "": 1,
+    "m": Fraction(1, 1000),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
 }
 
 
@@ -30,7 +41,7 @@ def parse_quantity(quantity: str) -> Fraction:
     if match is None:
         raise ValueError(f"{quantity!r} is not a Kubernetes quantity (examples: 2Gi, 512Mi, 4G, 500m)")
     suffix = match.group(2) or ""
-    return Fraction(quantity[:len(quantity) - len(suffix)]) * SUFFIX_FACTORS[suffix]
+    return Fraction(quantity[: len(quantity) - len(suffix)]) * SUFFIX_FACTORS[suffix]
 
 
 def quantity_bytes(quantity: str) -> int:
@@ -52,7 +63,11 @@ def whole_bytes(quantity: str | int) -> int:
         raise ValueError(f"{quantity!r} is not a Kubernetes quantity: write {quantity[:-1]!r} (no B)")
     value = Fraction(quantity) if isinstance(quantity, int) else parse_quantity(quantity)
     if value.denominator != 1:
-        hint = " (m is milli; megabytes are M, mebibytes Mi)" if isinstance(quantity, str) and quantity.endswith("m") else ""
+        hint = (
+            " (m is milli; megabytes are M, mebibytes Mi)"
+            if isinstance(quantity, str) and quantity.endswith("m")
+            else ""
+        )
         raise ValueError(f"{quantity!r} is {float(value):g} bytes, not a whole number of bytes{hint}")
     return int(value)
 

@@ -34,8 +34,9 @@ config is invalid, or the children cannot be applied), Deploying, Ready.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 CONDITION_TYPES = ("Valid", "Sized", "Applied", "Available", "Ready")
 
@@ -93,16 +94,16 @@ def false(type_: str, reason: str, message: str) -> Condition:
 
 def not_sized(valid: Condition) -> Condition:
     """Sized=False for a spec whose Valid condition is False: sizing never ran, and says why."""
-    return false(SIZED, REASON_INVALID_SPEC,
-                 f"Not sized: condition Valid is False ({valid.reason}): {valid.message}")
+    return false(SIZED, REASON_INVALID_SPEC, f"Not sized: condition Valid is False ({valid.reason}): {valid.message}")
 
 
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def merge_conditions(existing: Iterable[Mapping[str, Any]] | None, updates: Iterable[Condition],
-                     generation: int | None, now: str) -> list[dict[str, Any]]:
+def merge_conditions(
+    existing: Iterable[Mapping[str, Any]] | None, updates: Iterable[Condition], generation: int | None, now: str
+) -> list[dict[str, Any]]:
     """All four conditions: updates replace their type, the rest are kept (or Unknown).
 
     lastTransitionTime is kept when a condition's status does not change.
@@ -115,16 +116,28 @@ def merge_conditions(existing: Iterable[Mapping[str, Any]] | None, updates: Iter
         if type_ in new:
             c = new[type_]
             changed = previous is None or previous.get("status") != c.status
-            out.append({
-                "type": type_, "status": c.status, "reason": c.reason, "message": c.message,
-                "lastTransitionTime": now if changed else previous.get("lastTransitionTime", now),
-                **({"observedGeneration": generation} if generation is not None else {}),
-            })
+            out.append(
+                {
+                    "type": type_,
+                    "status": c.status,
+                    "reason": c.reason,
+                    "message": c.message,
+                    "lastTransitionTime": now if changed else previous.get("lastTransitionTime", now),
+                    **({"observedGeneration": generation} if generation is not None else {}),
+                }
+            )
         elif previous is not None:
             out.append(previous)
         else:
-            out.append({"type": type_, "status": "Unknown", "reason": "Reconciling",
-                        "message": "The operator has not decided yet.", "lastTransitionTime": now})
+            out.append(
+                {
+                    "type": type_,
+                    "status": "Unknown",
+                    "reason": "Reconciling",
+                    "message": "The operator has not decided yet.",
+                    "lastTransitionTime": now,
+                }
+            )
     return out
 
 
@@ -139,7 +152,7 @@ class Rollout:
     observed: bool  # the Deployment controller has seen the latest Deployment spec
 
     @classmethod
-    def from_deployment(cls, deployment: Mapping[str, Any]) -> "Rollout":
+    def from_deployment(cls, deployment: Mapping[str, Any]) -> Rollout:
         spec = deployment.get("spec") or {}
         st = deployment.get("status") or {}
         generation = (deployment.get("metadata") or {}).get("generation")
@@ -154,15 +167,21 @@ class Rollout:
 
     @property
     def complete(self) -> bool:
-        return (self.observed and self.updated_replicas >= self.desired_replicas
-                and self.ready_replicas >= self.desired_replicas and self.replicas <= self.desired_replicas)
+        return (
+            self.observed
+            and self.updated_replicas >= self.desired_replicas
+            and self.ready_replicas >= self.desired_replicas
+            and self.replicas <= self.desired_replicas
+        )
 
 
 def rollout_conditions(rollout: Rollout | None) -> tuple[Condition, Condition]:
     """Available and Ready from the Deployment (None: not created)."""
     if rollout is None:
-        return (false(AVAILABLE, REASON_NOT_DEPLOYED, "No Deployment exists for this service."),
-                false(READY, REASON_NOT_DEPLOYED, "No Deployment exists for this service."))
+        return (
+            false(AVAILABLE, REASON_NOT_DEPLOYED, "No Deployment exists for this service."),
+            false(READY, REASON_NOT_DEPLOYED, "No Deployment exists for this service."),
+        )
     counts = f"{rollout.ready_replicas}/{rollout.desired_replicas} replicas ready"
     if rollout.desired_replicas == 0:
         available = true(AVAILABLE, "ScaledToZero", "Scaled to zero replicas.")
@@ -173,8 +192,11 @@ def rollout_conditions(rollout: Rollout | None) -> tuple[Condition, Condition]:
     if rollout.complete:
         ready = true(READY, "AllReplicasReady", f"{counts}.")
     elif not rollout.observed or rollout.updated_replicas < rollout.desired_replicas:
-        ready = false(READY, "RolloutInProgress",
-                      f"{rollout.updated_replicas}/{rollout.desired_replicas} replicas updated, {counts}.")
+        ready = false(
+            READY,
+            "RolloutInProgress",
+            f"{rollout.updated_replicas}/{rollout.desired_replicas} replicas updated, {counts}.",
+        )
     else:
         ready = false(READY, "ReplicasNotReady", f"{counts}.")
     return available, ready
@@ -186,8 +208,11 @@ def phase_for(conditions: Iterable[Mapping[str, Any]]) -> str:
     if valid.get("status") == "False":
         return PHASE_INVALID
     if sized.get("status") == "False":
-        failed = sized.get("reason") in (REASON_INSUFFICIENT_GPU_MEMORY, REASON_INSUFFICIENT_MEMORY,
-                                         REASON_MODEL_CONFIG_INVALID)
+        failed = sized.get("reason") in (
+            REASON_INSUFFICIENT_GPU_MEMORY,
+            REASON_INSUFFICIENT_MEMORY,
+            REASON_MODEL_CONFIG_INVALID,
+        )
         return PHASE_FAILED if failed else PHASE_PENDING
     if sized.get("status") != "True":
         return PHASE_PENDING

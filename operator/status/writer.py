@@ -11,17 +11,22 @@ that would change only timestamps is not sent.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApi, KubeApiError
 from pagedinfer.operator.status import conditions
-from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError, KubeApi
 
 MAX_STATUS_ATTEMPTS = 5
 
 
-async def update_status(api: KubeApi, namespace: str, name: str,
-                        change: Callable[[dict[str, Any]], dict[str, Any]],
-                        known: Mapping[str, Any] | None = None) -> None:
+async def update_status(
+    api: KubeApi,
+    namespace: str,
+    name: str,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+    known: Mapping[str, Any] | None = None,
+) -> None:
     """Apply `change` to the current status with optimistic concurrency (409 -> re-read)."""
     body = known
     for _ in range(MAX_STATUS_ATTEMPTS):
@@ -35,10 +40,16 @@ async def update_status(api: KubeApi, namespace: str, name: str,
             return
         patch_status = {**{key: None for key in old if key not in new}, **new}
         try:
-            await api.patch(INFERENCESERVICES, namespace, name, {
-                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
-                "status": patch_status,
-            }, subresource="status")
+            await api.patch(
+                INFERENCESERVICES,
+                namespace,
+                name,
+                {
+                    "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                    "status": patch_status,
+                },
+                subresource="status",
+            )
             return
         except KubeApiError as exc:
             if exc.status == 404:
@@ -49,20 +60,29 @@ async def update_status(api: KubeApi, namespace: str, name: str,
     raise KubeApiError(409, "Conflict", f"status of {namespace}/{name} kept changing; will retry")
 
 
-async def write_conditions(api: KubeApi, body: Mapping[str, Any], updates: list[conditions.Condition],
-                           generation: int | None, **fields: Any) -> None:
+async def write_conditions(
+    api: KubeApi, body: Mapping[str, Any], updates: list[conditions.Condition], generation: int | None, **fields: Any
+) -> None:
     """Merge `updates` into body's conditions (with `generation`) and set `fields` (None deletes one)."""
     meta = body["metadata"]
-    await update_status(api, meta["namespace"], meta["name"], lambda old: _same_conditions(
-        old, _with_conditions(old, updates, generation, **fields)), known=body)
+    await update_status(
+        api,
+        meta["namespace"],
+        meta["name"],
+        lambda old: _same_conditions(old, _with_conditions(old, updates, generation, **fields)),
+        known=body,
+    )
 
 
-def _with_conditions(old: dict[str, Any], updates: list[conditions.Condition], generation: int | None,
-                     **fields: Any) -> dict[str, Any]:
+def _with_conditions(
+    old: dict[str, Any], updates: list[conditions.Condition], generation: int | None, **fields: Any
+) -> dict[str, Any]:
     new = {**old, **{k: v for k, v in fields.items() if v is not None}}
     for key in (k for k, v in fields.items() if v is None):
         new.pop(key, None)
-    new["conditions"] = conditions.merge_conditions(old.get("conditions"), updates, generation, conditions.now_rfc3339())
+    new["conditions"] = conditions.merge_conditions(
+        old.get("conditions"), updates, generation, conditions.now_rfc3339()
+    )
     new["phase"] = conditions.phase_for(new["conditions"])
     return new
 
@@ -77,6 +97,11 @@ def is_news(body: Mapping[str, Any], condition: conditions.Condition) -> bool:
 
 def _same_conditions(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """Keep `old` when only timestamps would change (no pointless writes)."""
-    strip = lambda s: {**s, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}  # noqa: E731
-                                           for c in s.get("conditions") or []]}
+    strip = lambda s: {
+        **s,
+        "conditions": [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"}  # noqa: E731
+            for c in s.get("conditions") or []
+        ],
+    }
     return old if strip(old) == strip(new) else new

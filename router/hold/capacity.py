@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from pagedinfer.router.hold.demand import DemandSignal
 from pagedinfer.router.hold.queue import HoldQueue
@@ -33,9 +33,15 @@ WAKE_RETRY_SECONDS = 5.0
 
 
 class Capacity:
-    def __init__(self, queue: HoldQueue, ready: Callable[[], bool], asleep: Callable[[], list[str]],
-                 wake: Callable[[str], Awaitable[str | None]], demand: DemandSignal | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        queue: HoldQueue,
+        ready: Callable[[], bool],
+        asleep: Callable[[], list[str]],
+        wake: Callable[[str], Awaitable[str | None]],
+        demand: DemandSignal | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """ready(): an engine can take requests; asleep(): the asleep engines, best to wake first;
         wake(url): None once awake, else why not."""
         self.queue = queue

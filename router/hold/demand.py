@@ -18,15 +18,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import UTC, datetime
 
 import httpx
 
 from pagedinfer.router.discovery import kube_api_args
-from pagedinfer.router.hold.contract import (DEMAND_ANNOTATION, DEMAND_MIN_INTERVAL_SECONDS,
-                                             INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV)
+from pagedinfer.router.hold.contract import (
+    DEMAND_ANNOTATION,
+    DEMAND_MIN_INTERVAL_SECONDS,
+    INFERENCESERVICE_NAME_ENV,
+    INFERENCESERVICE_NAMESPACE_ENV,
+)
 
 logger = logging.getLogger("pagedinfer.router.demand")
 
@@ -42,7 +46,7 @@ class DemandTarget:
     api_url: str | None = None  # None: in-cluster
 
     @classmethod
-    def from_env(cls, api_url: str | None = None) -> "DemandTarget | None":
+    def from_env(cls, api_url: str | None = None) -> DemandTarget | None:
         """From the operator's env vars; None when the name is unset (no signal: a router outside the operator)."""
         name = os.environ.get(INFERENCESERVICE_NAME_ENV) or None
         namespace = os.environ.get(INFERENCESERVICE_NAMESPACE_ENV) or None
@@ -59,7 +63,7 @@ class DemandTarget:
 
 
 def rfc3339_utc(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class DemandSignal:
@@ -80,16 +84,20 @@ class DemandSignal:
         """PATCH the annotation with the time now; False (and `problem` set) if the API server refused or was
         unreachable."""
         self._last_attempt = self.clock()
-        patch = {"metadata": {"annotations": {DEMAND_ANNOTATION: rfc3339_utc(datetime.now(timezone.utc))}}}
+        patch = {"metadata": {"annotations": {DEMAND_ANNOTATION: rfc3339_utc(datetime.now(UTC))}}}
         try:
-            r = await self._client.patch(self.url, json=patch,
-                                         headers={"Content-Type": "application/merge-patch+json"})
+            r = await self._client.patch(self.url, json=patch, headers={"Content-Type": "application/merge-patch+json"})
             r.raise_for_status()
         except httpx.HTTPError as exc:
             why = f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError) else type(exc).__name__
             if self.problem is None:
-                logger.warning("cannot signal demand on InferenceService %s/%s (PATCH %s): %s", self.target.namespace,
-                               self.target.name, self.url, why)
+                logger.warning(
+                    "cannot signal demand on InferenceService %s/%s (PATCH %s): %s",
+                    self.target.namespace,
+                    self.target.name,
+                    self.url,
+                    why,
+                )
             self.problem = f"the router cannot reach the Kubernetes API to ask for an engine ({why})"
             return False
         if self.problem is not None:

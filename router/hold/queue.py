@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 DEFAULT_QUEUE_TIMEOUT_SECONDS = 60.0  # a held request's deadline, from its arrival
 DEFAULT_MAX_QUEUED_REQUESTS = 256

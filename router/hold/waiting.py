@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -26,8 +27,13 @@ READY, EXPIRED, GONE, KEEPALIVE, CLOSED = "ready", "expired", "gone", "keepalive
 KEEPALIVE_LINE = b": keep-alive\n\n"
 
 
-async def wait_for_engine(queue: HoldQueue, ticket: Ticket, ready: Callable[[], bool], request: Request | None,
-                          at_most_seconds: float | None = None) -> str:
+async def wait_for_engine(
+    queue: HoldQueue,
+    ticket: Ticket,
+    ready: Callable[[], bool],
+    request: Request | None,
+    at_most_seconds: float | None = None,
+) -> str:
     """READY once `ready()`; EXPIRED at the ticket's deadline; KEEPALIVE after `at_most_seconds`; GONE when the
     client disconnects (watched only with `request`: a response already streaming is cancelled instead); CLOSED
     once the queue is closed (the router is stopping)."""
@@ -39,8 +45,9 @@ async def wait_for_engine(queue: HoldQueue, ticket: Ticket, ready: Callable[[], 
             if queue.expired(ticket):
                 return EXPIRED
             waiter = asyncio.ensure_future(queue.wait(ticket, at_most_seconds))
-            done, _ = await asyncio.wait({waiter} if watcher is None else {waiter, watcher},
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {waiter} if watcher is None else {waiter, watcher}, return_when=asyncio.FIRST_COMPLETED
+            )
             if waiter not in done:
                 waiter.cancel()
                 await asyncio.gather(waiter, return_exceptions=True)
@@ -74,13 +81,20 @@ async def as_stream_body(response: Response) -> AsyncIterator[bytes]:
     except ValueError:
         payload = None
     if not isinstance(payload, dict) or "error" not in payload:
-        payload = {"error": {"message": f"the engine answered {response.status_code}", "type": "server_error",
-                             "param": None, "code": "upstream_broken"}}
+        payload = {
+            "error": {
+                "message": f"the engine answered {response.status_code}",
+                "type": "server_error",
+                "param": None,
+                "code": "upstream_broken",
+            }
+        }
     yield sse(payload) + sse("[DONE]")
 
 
-async def held_stream(first: Callable[[], Awaitable[Any]], expired: Callable[[str], bytes],
-                      leave: Callable[[], None]) -> AsyncIterator[bytes]:
+async def held_stream(
+    first: Callable[[], Awaitable[Any]], expired: Callable[[str], bytes], leave: Callable[[], None]
+) -> AsyncIterator[bytes]:
     """The body of a stream committed while held: keep-alives while `first()` says KEEPALIVE, then the
     engine's answer (a Response) or, at its deadline or the router's stop, the `expired(outcome)` event.
     `leave()` runs however it ends."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from pagedinfer.router.policy import EngineView
 from pagedinfer.router.warmup import plan
@@ -57,8 +57,12 @@ class WarmupCoordinator:
         replays = plan.for_victim(self.table.hottest(), victim, survivors, self.table.block_size, self.settings)
         if not replays:
             return
-        logger.info("handing %d hot prefixes of %s to %s", len(replays), victim.name,
-                    ", ".join(sorted({r.engine for r in replays})))
+        logger.info(
+            "handing %d hot prefixes of %s to %s",
+            len(replays),
+            victim.name,
+            ", ".join(sorted({r.engine for r in replays})),
+        )
         task = asyncio.create_task(self.warmer.replay(replays, HAND_OFF))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -15,8 +15,8 @@ Invariants: an entry's ids are a whole number of blocks, at least one;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pagedinfer.router.warmup.settings import MAX_PREFIX_TOKENS
 
@@ -41,8 +41,13 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class HotnessTable:
-    def __init__(self, block_size: int, half_life_requests: int = HALF_LIFE_REQUESTS,
-                 max_entries: int = MAX_ENTRIES, max_prefix_tokens: int = MAX_PREFIX_TOKENS) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        half_life_requests: int = HALF_LIFE_REQUESTS,
+        max_entries: int = MAX_ENTRIES,
+        max_prefix_tokens: int = MAX_PREFIX_TOKENS,
+    ) -> None:
         if block_size < 1 or half_life_requests < 1 or max_entries < 1 or max_prefix_tokens < block_size:
             raise ValueError("block_size, half_life_requests, max_entries >= 1 and max_prefix_tokens >= block_size")
         self.block_size = block_size
@@ -65,13 +70,13 @@ class HotnessTable:
         entry = self.entries.get(key)
         if entry is None:
             length = min(len(token_ids), self.max_prefix_tokens)
-            self.entries[key] = HotPrefix(key, list(token_ids[:length - length % b]), 1.0, self.tick)
+            self.entries[key] = HotPrefix(key, list(token_ids[: length - length % b]), 1.0, self.tick)
             if len(self.entries) > self.max_entries:
                 coldest = min(self.entries.values(), key=lambda e: (self.score(e), e.key))
                 del self.entries[coldest.key]
             return
         shared = _common_length(entry.token_ids, token_ids)
-        del entry.token_ids[max(b, shared - shared % b):]
+        del entry.token_ids[max(b, shared - shared % b) :]
         entry.count, entry.tick = self.score(entry) + 1.0, self.tick
 
     def hottest(self) -> list[HotPrefix]:

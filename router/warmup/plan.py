@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pagedinfer.router.hashing import num_cached_blocks, prefix_block_hashes
 from pagedinfer.router.policy import EngineView, pick
@@ -33,7 +33,7 @@ class Replay:
 def _within_budget(replays: list[Replay], settings: WarmupSettings) -> list[Replay]:
     """The longest head of `replays` (hottest first) with at most K entries and token_budget tokens."""
     kept, tokens = [], 0
-    for r in replays[:settings.prefixes]:
+    for r in replays[: settings.prefixes]:
         if tokens + len(r.token_ids) > settings.token_budget:
             break
         kept.append(r)
@@ -41,8 +41,9 @@ def _within_budget(replays: list[Replay], settings: WarmupSettings) -> list[Repl
     return kept
 
 
-def for_new_engine(hot: Sequence[HotPrefix], engine: EngineView, block_size: int,
-                   settings: WarmupSettings) -> list[Replay]:
+def for_new_engine(
+    hot: Sequence[HotPrefix], engine: EngineView, block_size: int, settings: WarmupSettings
+) -> list[Replay]:
     """The replays that warm a new engine (hot: hottest first)."""
     replays = []
     for entry in hot:
@@ -52,13 +53,18 @@ def for_new_engine(hot: Sequence[HotPrefix], engine: EngineView, block_size: int
     return _within_budget(replays, settings)
 
 
-def for_victim(hot: Sequence[HotPrefix], victim: EngineView, survivors: Sequence[EngineView], block_size: int,
-               settings: WarmupSettings) -> list[Replay]:
+def for_victim(
+    hot: Sequence[HotPrefix],
+    victim: EngineView,
+    survivors: Sequence[EngineView],
+    block_size: int,
+    settings: WarmupSettings,
+) -> list[Replay]:
     """The replays that hand a leaving engine's hot prefixes to the survivors, grouped by survivor in order."""
     if not survivors:
         return []
     by_engine: dict[str, list[Replay]] = {s.name: [] for s in survivors}
-    for entry in hot[:settings.prefixes]:
+    for entry in hot[: settings.prefixes]:
         hashes = prefix_block_hashes(entry.token_ids, block_size)
         if num_cached_blocks(hashes, victim.cached_hashes) == 0:
             continue

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 
@@ -33,8 +33,12 @@ REPLAY_TIMEOUT_SECONDS = 60.0  # one prefill of at most MAX_PREFIX_TOKENS, behin
 
 
 class Warmer:
-    def __init__(self, client: httpx.AsyncClient, headers: dict[str, str],
-                 on_replayed: Callable[[str, int], None] = lambda event, tokens: None) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        headers: dict[str, str],
+        on_replayed: Callable[[str, int], None] = lambda event, tokens: None,
+    ) -> None:
         """headers: sent with each replay (the engines' API key); on_replayed(event, tokens): each one done."""
         self.client = client
         self.headers = {**headers, WARMUP_HEADER: "1"}
@@ -55,8 +59,9 @@ class Warmer:
             async with self._locks.setdefault(url, asyncio.Lock()):
                 body = {"model": r.model, "prompt": list(r.token_ids), "max_tokens": 1, "temperature": 0.0}
                 try:
-                    response = await self.client.post(url + "/v1/completions", json=body, headers=self.headers,
-                                                      timeout=REPLAY_TIMEOUT_SECONDS)
+                    response = await self.client.post(
+                        url + "/v1/completions", json=body, headers=self.headers, timeout=REPLAY_TIMEOUT_SECONDS
+                    )
                 except httpx.HTTPError as exc:
                     logger.warning("warm-up of %s stopped: %s", url, type(exc).__name__)
                     return tokens

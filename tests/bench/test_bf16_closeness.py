@@ -34,12 +34,15 @@ def test_measure_without_own_float32_or_flips_says_so():
     assert found.mean_abs_logprob_error == 0.0
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["--swaps", "norm,bogus"], "--swaps"),
-    (["--systems", "vllm"], "--vllm-python"),
-    (["--top-k", "21"], "--top-k"),
-    (["--num-requests", "0"], "--num-requests"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--swaps", "norm,bogus"], "--swaps"),
+        (["--systems", "vllm"], "--vllm-python"),
+        (["--top-k", "21"], "--top-k"),
+        (["--num-requests", "0"], "--num-requests"),
+    ],
+)
 def test_bad_flags_exit_2_naming_the_flag(argv, named, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(argv)

@@ -16,8 +16,12 @@ def test_a_phantom_hit_is_a_routed_hit_answered_with_no_cached_token_and_a_parti
 
 
 def test_convergence_waits_for_every_engine_to_reach_its_target_unstale_and_says_none_when_it_never_does():
-    samples = [Sample(10.0, {A: (4, False), B: (6, False)}), Sample(10.2, {A: (5, True), B: (7, False)}),
-               Sample(10.5, {A: (5, False), B: (7, False)}), Sample(11.0, {A: (9, False), B: (9, False)})]
+    samples = [
+        Sample(10.0, {A: (4, False), B: (6, False)}),
+        Sample(10.2, {A: (5, True), B: (7, False)}),
+        Sample(10.5, {A: (5, False), B: (7, False)}),
+        Sample(11.0, {A: (9, False), B: (9, False)}),
+    ]
     run = Run("silence", heartbeats=True, samples=samples)
     assert abs(convergence_seconds(run, 10.1, {A: 5, B: 7}, until=20.0) - 0.4) < 1e-9  # 10.2 was still stale
     assert convergence_seconds(run, 10.1, {A: 5, B: 7}, until=10.4) is None  # not by the window's end

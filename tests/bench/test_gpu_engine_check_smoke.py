@@ -24,8 +24,14 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_engine_section_runs_in_smoke_mode(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     env.pop("PAGEDINFER_ATTENTION", None)
-    result = subprocess.run([sys.executable, "-P", "bench/gpu_check.py", "--smoke", "--sections", "engine",
-                             "--skip-serve"], cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        [sys.executable, "-P", "bench/gpu_check.py", "--smoke", "--sections", "engine", "--skip-serve"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert "failed_sections" not in report
@@ -36,7 +42,10 @@ def test_the_engine_section_runs_in_smoke_mode(tmp_path):
     start = next(r for r in records if r["case"] == "start" and r["graphs"])
     assert start["buckets"] == [1, 2, 4] and start["captured"] is False and start["planned_bytes"] > 0
     assert next(r for r in records if r["case"] == "no_host_sync") == {
-        "case": "no_host_sync", "checked": False, "reason": "needs CUDA"}
+        "case": "no_host_sync",
+        "checked": False,
+        "reason": "needs CUDA",
+    }
     exact = [r for r in records if r["case"] == "exact_fp32_graphs"]
     assert exact and all(r["identical"] == r["requests"] for r in exact)
     assert next(r for r in records if r["case"] == "exact_fp32_bucket_runs")["leaked_blocks"] == 0

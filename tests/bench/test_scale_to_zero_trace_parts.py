@@ -33,9 +33,12 @@ def test_replica_seconds_integrate_the_desired_count_over_the_window_only():
 
 
 def test_time_back_from_zero_counts_from_the_first_request_held():
-    result = bench.RunResult("zero", samples=[bench.Sample(t, r, e, 0) for t, r, e in
-                                              [(0, 0, 0), (1, 1, 0), (2, 1, 0), (5, 1, 1), (9, 0, 0), (10, 1, 1)]],
-                             requests=[bench.RequestRecord(0.5, True), bench.RequestRecord(3.0, True),
-                                       bench.RequestRecord(9.5, True)])
+    result = bench.RunResult(
+        "zero",
+        samples=[
+            bench.Sample(t, r, e, 0) for t, r, e in [(0, 0, 0), (1, 1, 0), (2, 1, 0), (5, 1, 1), (9, 0, 0), (10, 1, 1)]
+        ],
+        requests=[bench.RequestRecord(0.5, True), bench.RequestRecord(3.0, True), bench.RequestRecord(9.5, True)],
+    )
     assert bench.back_from_zero(result, ready=False) == [0.5, 0.5]
     assert bench.back_from_zero(result, ready=True) == [4.5, 0.5]

@@ -18,8 +18,13 @@ from helm_chart import CHART, MONITORING_API, helm_template
 from pagedinfer.engine.server import metric_names
 
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$namespace": ".*", "$model": ".*"}
-ALERTS = {"PagedInferKVCacheNearlyFull", "PagedInferPrefixCacheHitRateLow", "PagedInferKVBlockAllocationFailures",
-          "PagedInferPreemptionsRising", "PagedInferOperatorReconcileErrors"}
+ALERTS = {
+    "PagedInferKVCacheNearlyFull",
+    "PagedInferPrefixCacheHitRateLow",
+    "PagedInferKVBlockAllocationFailures",
+    "PagedInferPreemptionsRising",
+    "PagedInferOperatorReconcileErrors",
+}
 
 
 def selectors(node) -> list[str]:
@@ -46,8 +51,10 @@ def assert_uses_known_metrics(expr: str, where: str) -> None:
 
 
 def test_the_metric_contract_is_readable():
-    assert {"pagedinfer_kv_cache_usage_ratio", "pagedinfer_time_to_first_token_seconds_bucket"} <= \
-        metric_names.exposed_series(metric_names.SERVER)
+    assert {
+        "pagedinfer_kv_cache_usage_ratio",
+        "pagedinfer_time_to_first_token_seconds_bucket",
+    } <= metric_names.exposed_series(metric_names.SERVER)
     assert "pagedinfer_operator_reconcile_errors_total" in metric_names.exposed_series(metric_names.OPERATOR)
 
 
@@ -58,8 +65,9 @@ def test_a_query_of_a_name_outside_metric_names_fails():
 
 
 def rules(helm, **values):
-    rendered = helm_template(helm, set_values={"monitoring.prometheusRule.enabled": True, **values},
-                             api_versions=(MONITORING_API,))
+    rendered = helm_template(
+        helm, set_values={"monitoring.prometheusRule.enabled": True, **values}, api_versions=(MONITORING_API,)
+    )
     return [r for group in rendered.one("PrometheusRule")["spec"]["groups"] for r in group["rules"]]
 
 
@@ -72,12 +80,18 @@ def test_every_alert_is_valid_promql_over_real_metrics(helm):
 
 
 def test_alert_thresholds_follow_the_values(helm):
-    by_name = {r["alert"]: r for r in rules(helm, **{
-        "monitoring.prometheusRule.kvCacheUsageRatioThreshold": 0.8,
-        "monitoring.prometheusRule.kvCacheUsageFor": "15m",
-        "monitoring.prometheusRule.prefixCacheHitRatioThreshold": 0.5,
-        "monitoring.prometheusRule.alertLabels": {"team": "ml"},
-    })}
+    by_name = {
+        r["alert"]: r
+        for r in rules(
+            helm,
+            **{
+                "monitoring.prometheusRule.kvCacheUsageRatioThreshold": 0.8,
+                "monitoring.prometheusRule.kvCacheUsageFor": "15m",
+                "monitoring.prometheusRule.prefixCacheHitRatioThreshold": 0.5,
+                "monitoring.prometheusRule.alertLabels": {"team": "ml"},
+            },
+        )
+    }
     kv = by_name["PagedInferKVCacheNearlyFull"]
     assert kv["expr"].endswith("> 0.8") and kv["for"] == "15m"
     assert by_name["PagedInferPrefixCacheHitRateLow"]["expr"].endswith("< 0.5")
@@ -87,8 +101,14 @@ def test_alert_thresholds_follow_the_values(helm):
 def test_the_dashboard_queries_parse_and_cover_the_promised_panels():
     dashboard = json.loads((CHART / "files" / "pagedinfer-dashboard.json").read_text())
     titles = " | ".join(p["title"] for p in dashboard["panels"])
-    for needed in ("KV cache usage", "used / free / cached", "hit rate", "Time to first token",
-                   "Inter-token latency", "Replicas"):
+    for needed in (
+        "KV cache usage",
+        "used / free / cached",
+        "hit rate",
+        "Time to first token",
+        "Inter-token latency",
+        "Replicas",
+    ):
         assert needed in titles
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):  # a row has none
@@ -110,8 +130,9 @@ def test_the_router_podmonitor_selects_the_router_pods_the_operator_builds(helm)
     from pagedinfer.operator.routing.builders import build_router_deployment
     from pagedinfer.operator.spec.parser import parse_spec
 
-    monitor = helm_template(helm, set_values={"monitoring.router.podMonitor.enabled": True},
-                            api_versions=(MONITORING_API,)).one("PodMonitor")
+    monitor = helm_template(
+        helm, set_values={"monitoring.router.podMonitor.enabled": True}, api_versions=(MONITORING_API,)
+    ).one("PodMonitor")
     owner = builders.Owner(name="llama", namespace="team-a", uid="uid-1")
     spec = parse_spec("llama", {"resources": {"gpus": 0}, "router": {"enabled": True}})
     template = build_router_deployment(owner, spec, "router:1")["spec"]["template"]
@@ -126,18 +147,19 @@ def test_the_dashboard_has_a_routing_row_of_decisions_and_per_engine_hit_rate():
     titles = [p["title"] for p in panels]
     row = titles.index("Routing (spec.router)")
     assert panels[row]["type"] == "row"
-    exprs = " ".join(t["expr"] for p in panels[row + 1:] for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in panels[row + 1 :] for t in p["targets"])
     assert "sum by (reason, engine) (rate(pagedinfer_router_decisions_total" in exprs
     assert "sum by (pod) (rate(pagedinfer_prefix_cache_hits_total" in exprs
 
 
 def test_the_engine_podmonitor_selects_the_pods_the_operator_builds(helm):
     from pagedinfer.operator.children import builders
-    from pagedinfer.operator.spec.parser import parse_spec
     from pagedinfer.operator.kv_plan.planning import KVCachePlan
+    from pagedinfer.operator.spec.parser import parse_spec
 
-    monitor = helm_template(helm, set_values={"monitoring.engine.podMonitor.enabled": True},
-                            api_versions=(MONITORING_API,)).one("PodMonitor")
+    monitor = helm_template(
+        helm, set_values={"monitoring.engine.podMonitor.enabled": True}, api_versions=(MONITORING_API,)
+    ).one("PodMonitor")
     owner = builders.Owner(name="llama", namespace="team-a", uid="uid-1")
     plan = KVCachePlan(source="engine", block_size=16, num_gpu_blocks=None)
     spec = parse_spec("llama", {"resources": {"gpus": 0}})

@@ -67,12 +67,15 @@ def test_one_replica_is_a_standalone_deployment_that_never_overlaps_its_successo
     assert flag(args, "--standalone") == "" and flag(args, "--peering") is None
     assert not rendered.kinds() & {"KopfPeering", "ClusterKopfPeering"}
     assert [c["metadata"]["name"] for c in rendered.of_kind("CustomResourceDefinition")] == [
-        "inferenceservices.serving.pagedinfer.dev"]
+        "inferenceservices.serving.pagedinfer.dev"
+    ]
 
 
 def test_replicas_above_one_peer_through_kopf_with_a_distinct_priority_per_pod(helm):
-    for scope, kind, plural in (("cluster", "ClusterKopfPeering", "clusterkopfpeerings"),
-                                ("namespace", "KopfPeering", "kopfpeerings")):
+    for scope, kind, plural in (
+        ("cluster", "ClusterKopfPeering", "clusterkopfpeerings"),
+        ("namespace", "KopfPeering", "kopfpeerings"),
+    ):
         rendered = helm_template(helm, set_values={"operator.replicas": 3, "rbac.scope": scope})
         workload, pod = operator_pod(rendered)
         assert workload["kind"] == "StatefulSet" and workload["spec"]["replicas"] == 3
@@ -83,8 +86,10 @@ def test_replicas_above_one_peer_through_kopf_with_a_distinct_priority_per_pod(h
         # Each pod's ordinal (0, 1, 2) becomes its priority: never two alike.
         assert flag(container["args"], "--priority") == "$(PEERING_PRIORITY)"
         env = {e["name"]: e for e in container["env"]}
-        assert env["PEERING_PRIORITY"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-            "metadata.labels['apps.kubernetes.io/pod-index']"
+        assert (
+            env["PEERING_PRIORITY"]["valueFrom"]["fieldRef"]["fieldPath"]
+            == "metadata.labels['apps.kubernetes.io/pod-index']"
+        )
         assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         # The peering object is a hook: its CRD must exist before Helm can map it.
         assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
@@ -113,8 +118,9 @@ def test_scope_namespace_watches_only_the_release_namespace(helm):
 
 def test_the_image_is_pinned_by_digest_when_one_is_given(helm):
     digest = "sha256:" + "0f" * 32
-    _, pod = operator_pod(helm_template(helm, set_values={"operator.image.digest": digest,
-                                                          "operator.image.tag": "ignored"}))
+    _, pod = operator_pod(
+        helm_template(helm, set_values={"operator.image.digest": digest, "operator.image.tag": "ignored"})
+    )
     assert pod["containers"][0]["image"] == f"ghcr.io/pagedinfer/pagedinfer-operator@{digest}"
     _, pod = operator_pod(helm_template(helm))
     assert pod["containers"][0]["image"] == "ghcr.io/pagedinfer/pagedinfer-operator:0.1.0"
@@ -127,16 +133,25 @@ def test_the_operator_gets_the_engine_images_for_gpu_and_cpu_services_from_the_v
     def images(values):
         _, pod = operator_pod(helm_template(helm, set_values=values))
         parsed = parse_operator_command(pod["containers"][0])
-        return OperatorConfig.from_env(engine_image=parsed.engine_image,
-                                       engine_cpu_image=parsed.engine_cpu_image).engine_images
+        return OperatorConfig.from_env(
+            engine_image=parsed.engine_image, engine_cpu_image=parsed.engine_cpu_image
+        ).engine_images
 
-    assert images({}) == EngineImages() == EngineImages("ghcr.io/pagedinfer/pagedinfer:0.1.0",
-                                                        "ghcr.io/pagedinfer/pagedinfer:0.1.0-cpu")
+    assert (
+        images({})
+        == EngineImages()
+        == EngineImages("ghcr.io/pagedinfer/pagedinfer:0.1.0", "ghcr.io/pagedinfer/pagedinfer:0.1.0-cpu")
+    )
     digest = "sha256:" + "0e" * 32
-    assert images({"engine.image.repository": "registry.local/engine", "engine.image.tag": "7",
-                   "engine.cpuImage.repository": "registry.local/engine", "engine.cpuImage.digest": digest,
-                   "engine.cpuImage.tag": "ignored"}) == EngineImages("registry.local/engine:7",
-                                                                       f"registry.local/engine@{digest}")
+    assert images(
+        {
+            "engine.image.repository": "registry.local/engine",
+            "engine.image.tag": "7",
+            "engine.cpuImage.repository": "registry.local/engine",
+            "engine.cpuImage.digest": digest,
+            "engine.cpuImage.tag": "ignored",
+        }
+    ) == EngineImages("registry.local/engine:7", f"registry.local/engine@{digest}")
 
 
 def parse_operator_command(container: dict):
@@ -146,12 +161,18 @@ def parse_operator_command(container: dict):
     return build_parser().parse_args(container["command"][1:] + args)
 
 
-@pytest.mark.parametrize("values", [
-    {},
-    {"rbac.scope": "namespace", "operator.metricsPort": 9191},
-    {"operator.huggingFace.fetchConfig": False, "operator.huggingFace.endpoint": "http://hub.local",
-     "operator.extraArgs": ["--retry-seconds=5"]},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"rbac.scope": "namespace", "operator.metricsPort": 9191},
+        {
+            "operator.huggingFace.fetchConfig": False,
+            "operator.huggingFace.endpoint": "http://hub.local",
+            "operator.extraArgs": ["--retry-seconds=5"],
+        },
+    ],
+)
 def test_the_operator_cli_accepts_every_flag_the_standalone_chart_passes(helm, values):
     _, pod = operator_pod(helm_template(helm, set_values=values))
     parsed = parse_operator_command(pod["containers"][0])

@@ -12,6 +12,7 @@ them, and an InferenceService also against the operator's own spec parser.
 from __future__ import annotations
 
 import re
+
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -33,13 +34,20 @@ SCENARIOS: dict[str, tuple[dict, bool]] = {
     "prometheusrule": ({"monitoring.prometheusRule.enabled": True}, True),
     "grafana-dashboard": ({"monitoring.grafanaDashboard.enabled": True}, False),
     "example-inferenceservice": ({"exampleInferenceService.enabled": True}, False),
-    "everything": ({
-        "operator.replicas": 2, "rbac.scope": "namespace",
-        "monitoring.engine.podMonitor.enabled": True, "monitoring.operator.serviceMonitor.enabled": True,
-        "monitoring.prometheusRule.enabled": True, "monitoring.grafanaDashboard.enabled": True,
-        "exampleInferenceService.enabled": True, "operator.image.digest": "sha256:" + "ab" * 32,
-        "operator.extraArgs": ["--retry-seconds=5"],
-    }, True),
+    "everything": (
+        {
+            "operator.replicas": 2,
+            "rbac.scope": "namespace",
+            "monitoring.engine.podMonitor.enabled": True,
+            "monitoring.operator.serviceMonitor.enabled": True,
+            "monitoring.prometheusRule.enabled": True,
+            "monitoring.grafanaDashboard.enabled": True,
+            "exampleInferenceService.enabled": True,
+            "operator.image.digest": "sha256:" + "ab" * 32,
+            "operator.extraArgs": ["--retry-seconds=5"],
+        },
+        True,
+    ),
 }
 
 
@@ -92,8 +100,14 @@ def test_namespaced_objects_land_in_the_release_namespace(helm, scenario):
 
 def test_each_optional_feature_adds_its_objects_and_is_off_by_default(helm):
     default = render(helm, "defaults").kinds()
-    assert default == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                       "Service", "Deployment"}
+    assert default == {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "Deployment",
+    }
     assert "PodMonitor" in render(helm, "engine-podmonitor").kinds()
     assert "ServiceMonitor" in render(helm, "operator-servicemonitor").kinds()
     assert "PrometheusRule" in render(helm, "prometheusrule").kinds()
@@ -104,8 +118,11 @@ def test_each_optional_feature_adds_its_objects_and_is_off_by_default(helm):
 def test_names_stay_dns_labels_for_a_long_release_name(helm):
     longest_release_name = "a-release-name-that-is-as-long-as-helm-allows-53-char"
     assert len(longest_release_name) == 53
-    rendered = helm_template(helm, set_values={"operator.replicas": 2, "monitoring.grafanaDashboard.enabled": True},
-                             release=longest_release_name)
+    rendered = helm_template(
+        helm,
+        set_values={"operator.replicas": 2, "monitoring.grafanaDashboard.enabled": True},
+        release=longest_release_name,
+    )
     label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     for document in rendered.documents:
         name = document["metadata"]["name"]
@@ -117,8 +134,9 @@ def test_the_example_inferenceservice_is_accepted_by_the_operator(helm):
     from pagedinfer.operator.spec.parser import parse_spec
 
     for gpus in (0, 1):
-        example = helm_template(helm, set_values={"exampleInferenceService.enabled": True,
-                                                  "exampleInferenceService.gpus": gpus}).one("InferenceService")
+        example = helm_template(
+            helm, set_values={"exampleInferenceService.enabled": True, "exampleInferenceService.gpus": gpus}
+        ).one("InferenceService")
         spec = parse_spec(example["metadata"]["name"], example["spec"])
         assert spec.resources.gpus == gpus
         assert spec.model.uri is None  # the embedded model: no download
@@ -128,10 +146,10 @@ def test_the_chart_crd_is_a_byte_identical_copy_of_crds():
     chart_copy = REPO / "charts" / "pagedinfer" / "crds" / "inferenceservices.yaml"
     assert chart_copy.read_bytes() == CRD_SOURCE.read_bytes(), (
         "charts/pagedinfer/crds/inferenceservices.yaml differs from crds/inferenceservices.yaml: "
-        "copy crds/inferenceservices.yaml into the chart")
+        "copy crds/inferenceservices.yaml into the chart"
+    )
 
 
 def test_the_chart_ships_no_other_crd_file():
     files = sorted(p.name for p in (REPO / "charts" / "pagedinfer" / "crds").iterdir())
     assert files == [CRD_SOURCE.name]
-

@@ -57,15 +57,17 @@ def documented_values() -> list[tuple[tuple[str, ...], bool]]:
 def test_every_value_has_prose_directly_above_it():
     values = documented_values()
     assert len(values) > 40
-    undocumented = [".".join(path) for path, commented in values
-                    if not commented and not is_section(schema_node(path))]
+    undocumented = [".".join(path) for path, commented in values if not commented and not is_section(schema_node(path))]
     assert not undocumented, f"values without a comment above them: {undocumented}"
 
 
 def test_every_value_is_described_in_docs_chart_md():
     docs = (REPO / "docs" / "chart.md").read_text()
-    missing = [".".join(path) for path, _ in documented_values()
-               if not is_section(schema_node(path)) and f"`{'.'.join(path)}`" not in docs]
+    missing = [
+        ".".join(path)
+        for path, _ in documented_values()
+        if not is_section(schema_node(path)) and f"`{'.'.join(path)}`" not in docs
+    ]
     assert not missing, f"docs/chart.md does not describe: {missing}"
 
 
@@ -91,46 +93,62 @@ def test_the_schema_and_the_docs_table_are_generated_from_values_yaml(tmp_path):
     # A value added to values.yaml without regenerating makes both files stale.
     chart = tmp_path / "chart"
     chart.mkdir()
-    (chart / "values.yaml").write_text(VALUES.read_text() + "\n# How many widgets.\n# @schema {minimum: 1}\nwidgets: 2\n")
+    (chart / "values.yaml").write_text(
+        VALUES.read_text() + "\n# How many widgets.\n# @schema {minimum: 1}\nwidgets: 2\n"
+    )
     (chart / "values.schema.json").write_text((CHART / "values.schema.json").read_text())
     (tmp_path / "chart.md").write_text((REPO / "docs" / "chart.md").read_text())
-    assert chart_values.stale_files(chart, tmp_path / "chart.md") == [str(chart / "values.schema.json"),
-                                                                       str(tmp_path / "chart.md")]
+    assert chart_values.stale_files(chart, tmp_path / "chart.md") == [
+        str(chart / "values.schema.json"),
+        str(tmp_path / "chart.md"),
+    ]
     schema, table = chart_values.render((chart / "values.yaml").read_text())
-    assert json.loads(schema)["properties"]["widgets"] == {"type": "integer", "minimum": 1,
-                                                            "description": "How many widgets."}
+    assert json.loads(schema)["properties"]["widgets"] == {
+        "type": "integer",
+        "minimum": 1,
+        "description": "How many widgets.",
+    }
     assert "| `widgets` | `2` | How many widgets. |" in table
     with pytest.raises(ValueError, match="gadgets has no prose"):
         chart_values.render(VALUES.read_text() + "\ngadgets: 1\n")
 
 
 def test_helm_lint_strict_passes_for_defaults_and_with_every_feature_on(helm):
-    for extra in ([], ["--set", "operator.replicas=2,rbac.scope=namespace,monitoring.grafanaDashboard.enabled=true,"
-                               "exampleInferenceService.enabled=true"]):
-        result = subprocess.run([helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True,
-                                timeout=60)
+    for extra in (
+        [],
+        [
+            "--set",
+            "operator.replicas=2,rbac.scope=namespace,monitoring.grafanaDashboard.enabled=true,"
+            "exampleInferenceService.enabled=true",
+        ],
+    ):
+        result = subprocess.run(
+            [helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "0 chart(s) failed" in result.stdout
 
 
-@pytest.mark.parametrize(("values", "api_versions", "message"), [
-    ({"rbac.scope": "cluster-wide"}, (), "value must be one of 'cluster', 'namespace'"),
-    ({"operator.replicas": 0}, (), "/operator/replicas"),
-    ({"operator.replicass": 2}, (), "additional properties 'replicass' not allowed"),
-    ({"operator.podSecurityContext.runAsNonRoot": False}, (), "/operator/podSecurityContext/runAsNonRoot"),
-    ({"operator.containerSecurityContext.allowPrivilegeEscalation": True}, (), "allowPrivilegeEscalation"),
-    ({"operator.image.digest": "latest"}, (), "/operator/image/digest"),
-    ({"monitoring.prometheusRule.prefixCacheHitRatioThreshold": 70}, (), "prefixCacheHitRatioThreshold"),
-    ({"monitoring.prometheusRule.kvCacheUsageFor": "ten minutes"}, (), "kvCacheUsageFor"),
-    ({"exampleInferenceService.name": "Tiny_Model"}, (), "/exampleInferenceService/name"),
-    ({"serviceAccount.create": False}, (),
-     "serviceAccount.name is required when serviceAccount.create is false"),
-    ({"operator.metricsPort": 8080}, (), "operator.healthPort and operator.metricsPort must differ"),
-    ({"operator.extraArgs": ["--namespace=other"]}, (), "operator.extraArgs must not set --namespace"),
-    ({"operator.extraArgs": ["--standalone"]}, (), "operator.extraArgs must not set --standalone"),
-    ({"monitoring.engine.podMonitor.enabled": True}, (), "needs the prometheus-operator CRDs"),
-    ({"monitoring.prometheusRule.enabled": True}, (), "needs the prometheus-operator CRDs"),
-])
+@pytest.mark.parametrize(
+    ("values", "api_versions", "message"),
+    [
+        ({"rbac.scope": "cluster-wide"}, (), "value must be one of 'cluster', 'namespace'"),
+        ({"operator.replicas": 0}, (), "/operator/replicas"),
+        ({"operator.replicass": 2}, (), "additional properties 'replicass' not allowed"),
+        ({"operator.podSecurityContext.runAsNonRoot": False}, (), "/operator/podSecurityContext/runAsNonRoot"),
+        ({"operator.containerSecurityContext.allowPrivilegeEscalation": True}, (), "allowPrivilegeEscalation"),
+        ({"operator.image.digest": "latest"}, (), "/operator/image/digest"),
+        ({"monitoring.prometheusRule.prefixCacheHitRatioThreshold": 70}, (), "prefixCacheHitRatioThreshold"),
+        ({"monitoring.prometheusRule.kvCacheUsageFor": "ten minutes"}, (), "kvCacheUsageFor"),
+        ({"exampleInferenceService.name": "Tiny_Model"}, (), "/exampleInferenceService/name"),
+        ({"serviceAccount.create": False}, (), "serviceAccount.name is required when serviceAccount.create is false"),
+        ({"operator.metricsPort": 8080}, (), "operator.healthPort and operator.metricsPort must differ"),
+        ({"operator.extraArgs": ["--namespace=other"]}, (), "operator.extraArgs must not set --namespace"),
+        ({"operator.extraArgs": ["--standalone"]}, (), "operator.extraArgs must not set --standalone"),
+        ({"monitoring.engine.podMonitor.enabled": True}, (), "needs the prometheus-operator CRDs"),
+        ({"monitoring.prometheusRule.enabled": True}, (), "needs the prometheus-operator CRDs"),
+    ],
+)
 def test_impossible_values_fail_the_install_naming_the_value(helm, values, api_versions, message):
     with pytest.raises(RenderError) as caught:
         helm_template(helm, set_values=values, api_versions=api_versions)
@@ -138,8 +156,9 @@ def test_impossible_values_fail_the_install_naming_the_value(helm, values, api_v
 
 
 def test_monitoring_renders_once_the_cluster_serves_prometheus_operator(helm):
-    rendered = helm_template(helm, set_values={"monitoring.engine.podMonitor.enabled": True},
-                             api_versions=(MONITORING_API,))
+    rendered = helm_template(
+        helm, set_values={"monitoring.engine.podMonitor.enabled": True}, api_versions=(MONITORING_API,)
+    )
     assert rendered.one("PodMonitor")
 
 

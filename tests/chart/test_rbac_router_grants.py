@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from chart_rbac import Access, RbacPolicy
 from helm_chart import NAMESPACE, helm_template
+
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.routing import builders as routing
 from pagedinfer.operator.spec.parser import parse_spec
@@ -21,16 +22,27 @@ TENANT = "team-a"
 
 
 def router_role(namespace: str) -> dict:
-    spec = parse_spec("llama", {"minReplicas": 0, "maxReplicas": 2, "autoscaling": {
-        "enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}})
+    spec = parse_spec(
+        "llama",
+        {
+            "minReplicas": 0,
+            "maxReplicas": 2,
+            "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]},
+        },
+    )
     return routing.build_role(builders.Owner(name="llama", namespace=namespace, uid="u", generation=1), spec)
 
 
 def granted(role: dict, namespace: str) -> list[Access]:
     """Every access the Role's rules name (one per verb, resource and name)."""
-    return [Access(verb, group, resource, namespace, name)
-            for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
-            for verb in rule["verbs"] for name in rule.get("resourceNames") or [None]]
+    return [
+        Access(verb, group, resource, namespace, name)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or [None]
+    ]
 
 
 @pytest.mark.parametrize(("scope", "namespace"), [("cluster", TENANT), ("namespace", NAMESPACE)])
@@ -46,9 +58,12 @@ def test_the_operator_holds_everything_the_routers_role_grants(helm, scope, name
 
 def test_the_router_may_annotate_its_own_inference_service_and_nothing_else():
     role = {**router_role(TENANT), "metadata": {"name": "llama-router", "namespace": TENANT}}
-    binding = {"kind": "RoleBinding", "metadata": {"name": "llama-router", "namespace": TENANT},
-               "roleRef": {"kind": "Role", "name": "llama-router"},
-               "subjects": [{"kind": "ServiceAccount", "name": "llama-router", "namespace": TENANT}]}
+    binding = {
+        "kind": "RoleBinding",
+        "metadata": {"name": "llama-router", "namespace": TENANT},
+        "roleRef": {"kind": "Role", "name": "llama-router"},
+        "subjects": [{"kind": "ServiceAccount", "name": "llama-router", "namespace": TENANT}],
+    }
     router = RbacPolicy.for_service_account([role, binding], TENANT, "llama-router")
     group = "serving.pagedinfer.dev"
     assert router.allows(Access("patch", group, "inferenceservices", TENANT, "llama"))

@@ -36,7 +36,7 @@ def run_deltas(engine: LLMEngine, stages: list[list], steps_between: int = 3) ->
 
 
 @pytest.mark.parametrize("overlap", ["off", "thread"])
-def test_every_delta_is_the_same_with_async_scheduling_on_and_off(tiny_llama, greedy_text, overlap):
+def test_every_delta_is_the_same_with_async_scheduling_on_and_off(tiny_llama, greedy_text, overlap):  # noqa: F811 (the fixture)
     """Stop strings ending mid-output, stop tokens, seeded sampling with penalties, min_tokens and logprobs,
     lengths ending at different steps; then, mid-flight, requests that keep the engine synchronous (n > 1,
     prompt logprobs, beam search, structured outputs) and after them plain ones again: the same deltas."""
@@ -44,13 +44,28 @@ def test_every_delta_is_the_same_with_async_scheduling_on_and_off(tiny_llama, gr
     greedy = dict(temperature=0, ignore_eos=True)
     first = [
         ("stop", "Hello", SamplingParams(max_tokens=16, stop=[text[5:8]], **greedy)),
-        ("stop-incl", "Hello", SamplingParams(max_tokens=16, stop=[text[5:8]], include_stop_str_in_output=True,
-                                              logprobs=1, **greedy)),
+        (
+            "stop-incl",
+            "Hello",
+            SamplingParams(max_tokens=16, stop=[text[5:8]], include_stop_str_in_output=True, logprobs=1, **greedy),
+        ),
         ("hold", "Hello", SamplingParams(max_tokens=16, stop=[text[3:6] + "\x00never", text[7:9]], **greedy)),
         ("stop-token", "the quick brown fox", SamplingParams(temperature=0, max_tokens=9, stop_token_ids=[7, 9])),
-        ("seeded", "jumps over", SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=11, ignore_eos=True,
-                                                repetition_penalty=1.3, frequency_penalty=0.5, min_tokens=4,
-                                                logprobs=2)),
+        (
+            "seeded",
+            "jumps over",
+            SamplingParams(
+                temperature=0.9,
+                top_p=0.9,
+                seed=5,
+                max_tokens=11,
+                ignore_eos=True,
+                repetition_penalty=1.3,
+                frequency_penalty=0.5,
+                min_tokens=4,
+                logprobs=2,
+            ),
+        ),
         ("short", list(range(40, 77)), SamplingParams(max_tokens=1, **greedy)),
         ("long", list(range(100, 140)), SamplingParams(max_tokens=30, **greedy)),
     ]
@@ -58,12 +73,28 @@ def test_every_delta_is_the_same_with_async_scheduling_on_and_off(tiny_llama, gr
         ("n2", "a lazy dog", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5, ignore_eos=True)),
         ("prompt-lp", list(range(30, 70)), SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=3)),
         ("beam", "hello there", BeamSearchParams(beam_width=2, max_tokens=4)),
-        ("choice", "Pick: ", SamplingParams(temperature=1.0, seed=2, max_tokens=10,
-                                            structured_outputs=StructuredOutputsParams(choice=["one", "two"]))),
+        (
+            "choice",
+            "Pick: ",
+            SamplingParams(
+                temperature=1.0,
+                seed=2,
+                max_tokens=10,
+                structured_outputs=StructuredOutputsParams(choice=["one", "two"]),
+            ),
+        ),
     ]
     last = [("after", "over the", SamplingParams(max_tokens=6, **greedy))]
-    config = EngineConfig(model=str(tiny_llama), dtype="float32", block_size=8, max_model_len=128,
-                          num_gpu_blocks_override=64, max_num_batched_tokens=24, seed=11, overlap=overlap)
+    config = EngineConfig(
+        model=str(tiny_llama),
+        dtype="float32",
+        block_size=8,
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        max_num_batched_tokens=24,
+        seed=11,
+        overlap=overlap,
+    )
     off, on = LLMEngine(config), LLMEngine(dataclasses.replace(config, async_scheduling=True))
     try:
         want, got = run_deltas(off, [first, synchronous, last]), run_deltas(on, [first, synchronous, last])
@@ -117,8 +148,14 @@ def test_decode_graph_buckets_take_the_placeholders_ids(reference):
     """Pure-decode steps replayed from the CUDA-graph buckets' static buffers (eagerly on a CPU) get their
     placeholders' ids written into the static input ids."""
     model_dir, prompts, lengths, want, _ = reference
-    llm = LLM(model=str(model_dir), dtype="float32", async_scheduling=True, max_cudagraph_capture_size=8,
-              block_size=8, max_model_len=96)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        async_scheduling=True,
+        max_cudagraph_capture_size=8,
+        block_size=8,
+        max_model_len=96,
+    )
     try:
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
         generate_twice(llm, prompts, params, want)
@@ -129,8 +166,9 @@ def test_decode_graph_buckets_take_the_placeholders_ids(reference):
 
 def test_an_abort_mid_flight_frees_its_blocks_and_changes_no_other_output(reference):
     model_dir, prompts, _, _, full = reference
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", block_size=8, max_model_len=96,
-                                    async_scheduling=True))
+    engine = LLMEngine(
+        EngineConfig(model=str(model_dir), dtype="float32", block_size=8, max_model_len=96, async_scheduling=True)
+    )
     try:
         for i, prompt in enumerate(prompts):
             engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
@@ -144,8 +182,9 @@ def test_an_abort_mid_flight_frees_its_blocks_and_changes_no_other_output(refere
             for out in engine.step():
                 assert out.request_id != "1"
                 outputs[out.request_id] = out.outputs[0].token_ids
-        assert {rid: ids for rid, ids in outputs.items() if rid != "1"} == \
-            {str(i): ids for i, ids in enumerate(full) if i != 1}
+        assert {rid: ids for rid, ids in outputs.items() if rid != "1"} == {
+            str(i): ids for i, ids in enumerate(full) if i != 1
+        }
         assert_pool_free(engine)
     finally:
         engine.shutdown()
@@ -153,8 +192,9 @@ def test_an_abort_mid_flight_frees_its_blocks_and_changes_no_other_output(refere
 
 def test_the_next_step_is_scheduled_while_the_forward_runs_on_its_own_thread(tiny_llama):
     """Each forward (on the forward thread) is held until the engine thread has scheduled the step after it."""
-    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
-              async_scheduling=True)
+    llm = LLM(
+        model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, async_scheduling=True
+    )
     engine, engine_thread = llm.llm_engine, threading.get_ident()
     scheduled, forward_threads = threading.Event(), set()
     real_schedule, real_forward = engine.scheduler.schedule, engine.runner._forward
@@ -174,8 +214,9 @@ def test_the_next_step_is_scheduled_while_the_forward_runs_on_its_own_thread(tin
     engine.scheduler.schedule, engine.runner._forward = schedule, forward
     try:
         scheduled.clear()
-        outs = llm.generate(["Hello", "the quick brown fox"], SamplingParams(temperature=0, max_tokens=8,
-                                                                             ignore_eos=True))
+        outs = llm.generate(
+            ["Hello", "the quick brown fox"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        )
         assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
         assert forward_threads == {engine._async.thread.ident} != {engine_thread}
     finally:

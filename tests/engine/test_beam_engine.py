@@ -21,8 +21,7 @@ def tokens(outs):
 
 def test_four_beams_hold_under_one_and_a_half_times_one_sequences_blocks(tiny_llama):
     prompt = prompt_of(200)
-    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=16, max_model_len=512,
-              enable_prefix_caching=False)
+    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=16, max_model_len=512, enable_prefix_caching=False)
     pool = llm.llm_engine.kv.pool
     llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
     one_sequence = pool.peak_num_used_blocks
@@ -56,7 +55,8 @@ def test_beams_run_in_the_same_packed_step_as_ordinary_requests(tiny_llama):
     assert num_steps == 8  # one step per token, both requests in every step
     assert [c.index for c in finished["beam"].outputs] == [0, 1, 2]
     alone = LLM(model=str(tiny_llama), dtype="float32", block_size=8, max_model_len=256).beam_search(
-        [prompt_of(20, 1)], BeamSearchParams(beam_width=3, max_tokens=8, ignore_eos=True))
+        [prompt_of(20, 1)], BeamSearchParams(beam_width=3, max_tokens=8, ignore_eos=True)
+    )
     assert [c.token_ids for c in finished["beam"].outputs] == [s.tokens[20:] for s in alone[0].sequences]
     assert engine.get_stats().num_used_blocks == 0
 
@@ -66,8 +66,15 @@ def test_beam_groups_under_a_tiny_pool_equal_the_unpreempted_result(tiny_llama, 
     prompts = [prompt_of(n, seed) for seed, n in enumerate((30, 21, 26))]
     params = BeamSearchParams(beam_width=4, max_tokens=24, ignore_eos=True)
     want = tokens(LLM(model=str(tiny_llama), dtype="float32", block_size=8).beam_search(prompts, params))
-    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=8, max_model_len=96, num_gpu_blocks_override=24,
-              preemption_mode=mode, swap_space=0.01)
+    llm = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        block_size=8,
+        max_model_len=96,
+        num_gpu_blocks_override=24,
+        preemption_mode=mode,
+        swap_space=0.01,
+    )
     got = tokens(llm.beam_search(prompts, params))
     stats = llm.get_stats()
     assert stats.num_preemptions[mode] > 0
@@ -91,14 +98,23 @@ def test_a_second_beam_search_hits_the_prefix_cache_and_agrees(tiny_llama):
     assert tokens(again) == tokens(first)
 
 
-@pytest.mark.parametrize("params, name", [
-    (dict(beam_width=5, max_tokens=4), "beam_width"),  # above max_num_seqs=4
-    (dict(beam_width=4, max_tokens=200), "max_tokens"),  # prompt + max_tokens over max_model_len
-    (dict(beam_width=4, max_tokens=100), "beam_width"),  # four diverging beams cannot fit the pool
-])
+@pytest.mark.parametrize(
+    "params, name",
+    [
+        (dict(beam_width=5, max_tokens=4), "beam_width"),  # above max_num_seqs=4
+        (dict(beam_width=4, max_tokens=200), "max_tokens"),  # prompt + max_tokens over max_model_len
+        (dict(beam_width=4, max_tokens=100), "beam_width"),  # four diverging beams cannot fit the pool
+    ],
+)
 def test_beam_searches_that_cannot_run_name_the_parameter(tiny_llama, params, name):
-    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=8, max_model_len=128, max_num_seqs=4,
-              num_gpu_blocks_override=40)
+    llm = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        block_size=8,
+        max_model_len=128,
+        max_num_seqs=4,
+        num_gpu_blocks_override=40,
+    )
     with pytest.raises(ValueError, match=name):
         llm.beam_search([prompt_of(10)], BeamSearchParams(**params))
     assert not llm.llm_engine.has_unfinished_requests()

@@ -53,15 +53,25 @@ def prompts_for(vocab: int) -> list[list[int]]:
 
 def hf_beams(model, prompt, k, length_penalty, ignore_eos):
     config = transformers.GenerationConfig(
-        num_beams=k, num_return_sequences=k, do_sample=False, early_stopping=True, length_penalty=length_penalty,
-        max_new_tokens=MAX_TOKENS, pad_token_id=model.config.pad_token_id, bos_token_id=model.config.bos_token_id,
+        num_beams=k,
+        num_return_sequences=k,
+        do_sample=False,
+        early_stopping=True,
+        length_penalty=length_penalty,
+        max_new_tokens=MAX_TOKENS,
+        pad_token_id=model.config.pad_token_id,
+        bos_token_id=model.config.bos_token_id,
         eos_token_id=NO_TOKEN if ignore_eos else model.config.eos_token_id,
-        return_dict_in_generate=True, output_scores=True)
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), generation_config=config)
     lengths = (out.beam_indices >= 0).sum(dim=1).tolist()
-    return [(out.sequences[i, len(prompt):len(prompt) + n].tolist(), float(out.sequences_scores[i]))
-            for i, n in enumerate(lengths)]
+    return [
+        (out.sequences[i, len(prompt) : len(prompt) + n].tolist(), float(out.sequences_scores[i]))
+        for i, n in enumerate(lengths)
+    ]
 
 
 def compare(got, want):
@@ -70,8 +80,8 @@ def compare(got, want):
     for rank, ((tokens, score), (hf_tokens, hf_score)) in enumerate(zip(got, want)):
         if tokens != hf_tokens:
             assert abs(score - hf_score) < TIE_MARGIN or any(
-                abs(score - s) < TIE_MARGIN for t, s in want if t == tokens), \
-                f"rank {rank}: {tokens} (score {score}) != transformers' {hf_tokens} (score {hf_score})"
+                abs(score - s) < TIE_MARGIN for t, s in want if t == tokens
+            ), f"rank {rank}: {tokens} (score {score}) != transformers' {hf_tokens} (score {hf_score})"
             ties.append(rank)
         else:
             assert score == pytest.approx(hf_score, abs=1e-4)
@@ -95,19 +105,26 @@ def check_against_transformers(eos_model, arch, beam_width, ignore_eos, length_p
     model_dir, model = eos_model(arch)
     prompts = prompts_for(model.config.vocab_size)
     llm = LLM(model=str(model_dir), dtype="float32", block_size=8)
-    outs = llm.beam_search(prompts, BeamSearchParams(beam_width=beam_width, max_tokens=MAX_TOKENS,
-                                                     ignore_eos=ignore_eos, length_penalty=length_penalty))
+    outs = llm.beam_search(
+        prompts,
+        BeamSearchParams(
+            beam_width=beam_width, max_tokens=MAX_TOKENS, ignore_eos=ignore_eos, length_penalty=length_penalty
+        ),
+    )
     reasons = set()
     all_ties = []
     for prompt, out in zip(prompts, outs):
-        got = [(s.tokens[len(prompt):], s.score) for s in out.sequences]
-        assert all(s.tokens[:len(prompt)] == prompt for s in out.sequences)
+        got = [(s.tokens[len(prompt) :], s.score) for s in out.sequences]
+        assert all(s.tokens[: len(prompt)] == prompt for s in out.sequences)
         all_ties += compare(got, hf_beams(model, prompt, beam_width, length_penalty, ignore_eos))
         reasons |= {s.finish_reason for s in out.sequences}
         assert [s.score for s in out.sequences] == sorted((s.score for s in out.sequences), reverse=True)
     if all_ties:
-        warnings.warn(f"{arch} beam_width={beam_width}: {len(all_ties)} ranks ordered differently within a"
-                      f" score tie of {TIE_MARGIN}")
+        warnings.warn(
+            f"{arch} beam_width={beam_width}: {len(all_ties)} ranks ordered differently within a"
+            f" score tie of {TIE_MARGIN}",
+            stacklevel=2,
+        )
     # the two cases really are different: some beams end early only when EOS can end them
     assert reasons == ({"length"} if ignore_eos else {"stop", "length"})
     assert llm.get_stats().num_used_blocks == 0

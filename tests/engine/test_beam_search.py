@@ -46,7 +46,7 @@ def test_an_eos_within_the_top_beam_width_finishes_a_hypothesis_with_the_length_
     (hyp,) = search.hypotheses
     assert hyp.token_ids == (10, EOS) and hyp.finish_reason == "stop"
     cum = lp(0.5) + lp(0.7)
-    assert hyp.score == pytest.approx(cum / 2 ** 2.0)  # generated length (EOS included), not the prompt's
+    assert hyp.score == pytest.approx(cum / 2**2.0)  # generated length (EOS included), not the prompt's
     assert step.tokens == (21, 20) and not step.done  # the EOS continuation never runs on
 
 
@@ -88,14 +88,17 @@ def test_a_step_needs_every_live_beam_and_reports_name_live_beams():
         search.report(2, [])
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(beam_width=0, max_tokens=4), "beam_width"),
-    (dict(beam_width=True, max_tokens=4), "beam_width"),
-    (dict(beam_width=2, max_tokens=0), "max_tokens"),
-    (dict(beam_width=2, max_tokens=4, temperature=0.7), "temperature"),
-    (dict(beam_width=2, max_tokens=4, length_penalty=float("nan")), "length_penalty"),
-    (dict(beam_width=2, max_tokens=4, ignore_eos="yes"), "ignore_eos"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(beam_width=0, max_tokens=4), "beam_width"),
+        (dict(beam_width=True, max_tokens=4), "beam_width"),
+        (dict(beam_width=2, max_tokens=0), "max_tokens"),
+        (dict(beam_width=2, max_tokens=4, temperature=0.7), "temperature"),
+        (dict(beam_width=2, max_tokens=4, length_penalty=float("nan")), "length_penalty"),
+        (dict(beam_width=2, max_tokens=4, ignore_eos="yes"), "ignore_eos"),
+    ],
+)
 def test_bad_beam_search_params_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         BeamSearchParams(**kwargs)

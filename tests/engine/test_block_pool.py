@@ -2,7 +2,7 @@
 
 import pytest
 
-from pagedinfer.engine.block_pool import BlockPool, FreeBlockQueue, Block, hash_block_tokens
+from pagedinfer.engine.block_pool import Block, BlockPool, FreeBlockQueue, hash_block_tokens
 
 
 def test_hash_is_chained_seeded_and_pure():

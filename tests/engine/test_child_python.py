@@ -12,8 +12,14 @@ from pagedinfer.engine.child_python import child_python_argv
 
 
 def test_a_module_or_code_after_minus_p_and_the_same_interpreter():
-    assert child_python_argv(module="pagedinfer.engine.cli", args=("serve", 2)) == \
-        [sys.executable, "-P", "-m", "pagedinfer.engine.cli", "serve", "2"]
+    assert child_python_argv(module="pagedinfer.engine.cli", args=("serve", 2)) == [
+        sys.executable,
+        "-P",
+        "-m",
+        "pagedinfer.engine.cli",
+        "serve",
+        "2",
+    ]
     assert child_python_argv(code="print(1)") == [sys.executable, "-P", "-c", "print(1)"]
 
 

@@ -10,8 +10,25 @@ from pagedinfer.engine.cli import main
 
 
 def test_generate_with_beam_width_prints_the_beams_best_first(tiny_llama, capsys):
-    rc = main(["generate", "--model", str(tiny_llama), "--prompt", "The quick brown fox", "--beam-width", "3",
-               "--max-tokens", "6", "--ignore-eos", "--json", "--max-model-len", "128", "--device", "cpu"])
+    rc = main(
+        [
+            "generate",
+            "--model",
+            str(tiny_llama),
+            "--prompt",
+            "The quick brown fox",
+            "--beam-width",
+            "3",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--json",
+            "--max-model-len",
+            "128",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     beams = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [b["rank"] for b in beams] == [0, 1, 2]
@@ -20,14 +37,18 @@ def test_generate_with_beam_width_prints_the_beams_best_first(tiny_llama, capsys
     assert len({tuple(b["token_ids"]) for b in beams}) == 3
 
 
-@pytest.mark.parametrize("flags, named", [
-    (["--beam-width", "0"], "beam_width"),
-    (["--beam-width", "2", "--temperature", "0.7"], "--temperature"),
-    (["--beam-width", "2", "--n", "3"], "--n"),
-    (["--length-penalty", "2"], "--length-penalty"),  # sampling has no length penalty: not silently ignored
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--beam-width", "0"], "beam_width"),
+        (["--beam-width", "2", "--temperature", "0.7"], "--temperature"),
+        (["--beam-width", "2", "--n", "3"], "--n"),
+        (["--length-penalty", "2"], "--length-penalty"),  # sampling has no length penalty: not silently ignored
+    ],
+)
 def test_bad_beam_flags_exit_2_naming_the_flag(tiny_llama, capsys, flags, named):
-    rc = main(["generate", "--model", str(tiny_llama), "--prompt", "hi", "--max-model-len", "128",
-               "--device", "cpu", *flags])
+    rc = main(
+        ["generate", "--model", str(tiny_llama), "--prompt", "hi", "--max-model-len", "128", "--device", "cpu", *flags]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and named in err[-1]

@@ -34,10 +34,15 @@ def describe(parser: argparse.ArgumentParser) -> dict[str, dict]:
             continue
         type_ = action.type
         out[action.option_strings[0]] = {
-            "flags": list(action.option_strings), "dest": action.dest, "default": repr(action.default),
-            "help": action.help, "choices": None if action.choices is None else list(action.choices),
+            "flags": list(action.option_strings),
+            "dest": action.dest,
+            "default": repr(action.default),
+            "help": action.help,
+            "choices": None if action.choices is None else list(action.choices),
             "type": None if type_ is None else f"{type_.__module__.rpartition('.')[2]}.{type_.__qualname__}",
-            "nargs": action.nargs, "required": action.required, "action": type(action).__name__,
+            "nargs": action.nargs,
+            "required": action.required,
+            "action": type(action).__name__,
         }
     return out
 
@@ -64,15 +69,31 @@ def test_every_engine_option_is_a_config_field_an_llm_keyword_and_a_flag_of_serv
     from pagedinfer.engine.options import flag_fields
 
     names = {flag.name for _, flag in flag_fields(EngineConfig)}
-    assert {f.name for f in dataclasses.fields(EngineConfig)} - {f.name for f, _ in flag_fields(EngineConfig)} \
-        == {"watermark"}  # the one field that is not an option
+    assert {f.name for f in dataclasses.fields(EngineConfig)} - {f.name for f, _ in flag_fields(EngineConfig)} == {
+        "watermark"
+    }  # the one field that is not an option
     for command in ("serve", "generate"):
         assert names <= set(describe(subcommand(command)))
-    args = build_parser().parse_args(["serve", "--model", "m", "--block-size", "32", "--no-enable-prefix-caching",
-                                      "--cpu-memory-budget", "3GiB", "--dtype", "float32", "--seed", "7"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--model",
+            "m",
+            "--block-size",
+            "32",
+            "--no-enable-prefix-caching",
+            "--cpu-memory-budget",
+            "3GiB",
+            "--dtype",
+            "float32",
+            "--seed",
+            "7",
+        ]
+    )
     config = engine_config_from_args(args)
-    assert config == EngineConfig(model="m", block_size=32, enable_prefix_caching=False,
-                                  cpu_memory_budget_bytes=3 << 30, dtype="float32", seed=7)
+    assert config == EngineConfig(
+        model="m", block_size=32, enable_prefix_caching=False, cpu_memory_budget_bytes=3 << 30, dtype="float32", seed=7
+    )
     assert engine_config_from_args(build_parser().parse_args(["generate"]), model="m") == EngineConfig(model="m")
 
 
@@ -93,18 +114,21 @@ def test_the_managed_flags_are_the_fields_marked_managed_with_their_no_forms():
     from pagedinfer.operator.spec.crd_model import MANAGED_FLAGS
 
     assert MANAGED_FLAGS == managed_flags(EngineConfig, ServeArgs)
-    assert {"--enable-prefix-caching", "--no-enable-prefix-caching", "--cpu-memory-budget", "--api-key"} \
-        <= set(MANAGED_FLAGS)
+    assert {"--enable-prefix-caching", "--no-enable-prefix-caching", "--cpu-memory-budget", "--api-key"} <= set(
+        MANAGED_FLAGS
+    )
     assert not {"--seed", "--device", "--preemption-mode", "--tokenizer", "--log-level"} & set(MANAGED_FLAGS)
 
 
 def test_the_definition_modules_and_the_operators_spec_import_no_torch():
     """The operator derives its managed flags from the options' definition: importing them loads no torch."""
-    code = ("import sys\n"
-            "import pagedinfer.engine.engine_args, pagedinfer.engine.server.serve_args\n"
-            "import pagedinfer.operator.spec.crd_model, pagedinfer.operator.spec.parser\n"
-            "bad = sorted(m for m in ('torch', 'transformers', 'triton', 'fastapi', 'uvicorn') if m in sys.modules)\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys\n"
+        "import pagedinfer.engine.engine_args, pagedinfer.engine.server.serve_args\n"
+        "import pagedinfer.operator.spec.crd_model, pagedinfer.operator.spec.parser\n"
+        "bad = sorted(m for m in ('torch', 'transformers', 'triton', 'fastapi', 'uvicorn') if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/")
 
 
@@ -116,7 +140,7 @@ def documented_flags(doc: Path, header: str) -> dict[str, str]:
     lines = doc.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.lower().startswith(header.lower()))
     rows = {}
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         first, default = (cell.strip() for cell in line.strip("|").split("|")[:2])
@@ -164,14 +188,19 @@ def test_a_flag_field_derives_switches_defaults_and_parsing():
         size: int = options.flag_field(4, flag="--size", type=int, help="h", managed=True)
         on: bool = options.flag_field(True, flag="--on", help="h", managed=True)
         off: bool = options.flag_field(False, flag="--off", help="h")
-        budget_bytes: int = options.flag_field(1024, flag="--budget", cli_default="1KiB", help="h",
-                                               parse=lambda text: {"1KiB": 1024, "2KiB": 2048}[text])
+        budget_bytes: int = options.flag_field(
+            1024, flag="--budget", cli_default="1KiB", help="h", parse=lambda text: {"1KiB": 1024, "2KiB": 2048}[text]
+        )
         plain: float = 0.5  # no flag
 
     parser = argparse.ArgumentParser()
     options.add_flags(parser, Toy)
-    assert options.values_from_args(Toy, parser.parse_args([])) == {"size": 4, "on": True, "off": False,
-                                                                     "budget_bytes": 1024}
+    assert options.values_from_args(Toy, parser.parse_args([])) == {
+        "size": 4,
+        "on": True,
+        "off": False,
+        "budget_bytes": 1024,
+    }
     args = parser.parse_args(["--size", "8", "--no-on", "--off", "--budget", "2KiB"])
     assert Toy(**options.values_from_args(Toy, args)) == Toy(size=8, on=False, off=True, budget_bytes=2048)
     assert options.managed_flags(Toy) == ("--size", "--on", "--no-on")
@@ -185,16 +214,44 @@ def test_command_line_renders_fields_as_the_flags_the_parser_reads_back():
     from pagedinfer.engine.config import EngineConfig
     from pagedinfer.engine.server.serve_args import ServeArgs
 
-    argv = options.command_line((EngineConfig, ServeArgs), {
-        "model": "/m", "block_size": "32", "max_model_len": None, "enable_prefix_caching": False,
-        "enable_chunked_prefill": True, "kv_events": True, "kv_events_port": "5557", "compile": False,
-        "cpu_memory_budget_bytes": str(3 * 2**30), "served_model_name": "llama"})
-    assert argv == ["--model", "/m", "--block-size", "32", "--no-enable-prefix-caching", "--enable-chunked-prefill",
-                    "--kv-events", "--kv-events-port", "5557", "--cpu-memory-budget", str(3 * 2**30),
-                    "--served-model-name", "llama"]  # None and a False store_true switch: left out
+    argv = options.command_line(
+        (EngineConfig, ServeArgs),
+        {
+            "model": "/m",
+            "block_size": "32",
+            "max_model_len": None,
+            "enable_prefix_caching": False,
+            "enable_chunked_prefill": True,
+            "kv_events": True,
+            "kv_events_port": "5557",
+            "compile": False,
+            "cpu_memory_budget_bytes": str(3 * 2**30),
+            "served_model_name": "llama",
+        },
+    )
+    assert argv == [
+        "--model",
+        "/m",
+        "--block-size",
+        "32",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--kv-events",
+        "--kv-events-port",
+        "5557",
+        "--cpu-memory-budget",
+        str(3 * 2**30),
+        "--served-model-name",
+        "llama",
+    ]  # None and a False store_true switch: left out
     args = build_parser().parse_args(["serve", *argv])
-    assert (args.model, args.block_size, args.enable_prefix_caching, args.kv_events, args.kv_events_port) == \
-        ("/m", 32, False, True, 5557)
+    assert (args.model, args.block_size, args.enable_prefix_caching, args.kv_events, args.kv_events_port) == (
+        "/m",
+        32,
+        False,
+        True,
+        5557,
+    )
     with pytest.raises(KeyError, match="no flag field 'block_sise'"):
         options.command_line((EngineConfig,), {"block_sise": "32"})
     with pytest.raises(TypeError, match="--block-size: give its text"):

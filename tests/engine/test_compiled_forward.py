@@ -20,8 +20,11 @@ from pagedinfer.kernels.metadata import build_attention_metadata
 
 def test_only_a_one_token_step_is_padded_and_none_exceeds_the_step_budget():
     """Dynamo specialises a size of 1: a single decode runs the graph at MIN_TOKENS = 2, every other count as is."""
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2))
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+        )
+    )
     compiled = CompiledForward(model, max_num_batched_tokens=48)  # nothing is traced before the first call
     assert [compiled.padded_size(n) for n in (1, 2, 3, 47, 48)] == [MIN_TOKENS, 2, 3, 47, 48]
     with pytest.raises(ValueError, match="49 tokens exceeds max_num_batched_tokens = 48"):
@@ -51,14 +54,14 @@ def test_padding_rows_write_no_kv_and_come_back_zero():
     k, v = torch.randn(1, kv_heads, 8, head_dim), torch.randn(1, kv_heads, 8, head_dim)
     ctx = StepContext(metadata=meta, key_caches=[caches[0]], value_caches=[caches[1]])
     with attention_op.current_step(ctx):
-        out = attention_op.paged_attention(q, k, v, 0, head_dim ** -0.5, None)
+        out = attention_op.paged_attention(q, k, v, 0, head_dim**-0.5, None)
     assert out.shape == (1, 8, heads, head_dim)
     assert torch.equal(out[:, 3:], torch.zeros_like(out[:, 3:]))
     written = [caches[0].view(-1, kv_heads, head_dim)[s] for s in range(16)]
     assert all(not torch.isnan(written[s]).any() for s in (8, 9, 10))
     assert all(torch.isnan(written[s]).all() for s in range(16) if s not in (8, 9, 10))
     eager_ctx = StepContext(metadata=meta, key_caches=[caches[0].clone()], value_caches=[caches[1].clone()])
-    want = attend_layer(eager_ctx, 0, q[:, :, :3], k[:, :, :3], v[:, :, :3], head_dim ** -0.5, None)
+    want = attend_layer(eager_ctx, 0, q[:, :, :3], k[:, :, :3], v[:, :, :3], head_dim**-0.5, None)
     torch.testing.assert_close(out[:, :3], want, rtol=0, atol=0)
 
 
@@ -86,8 +89,9 @@ def test_compiled_greedy_equals_generate_and_never_recompiles_after_warm_up(tiny
     prompts = mixed_prompts(transformers.AutoConfig.from_pretrained(str(tiny_llama)).vocab_size)
     want = hf_greedy(tiny_llama, prompts, 12)
     frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", compile=True, max_num_batched_tokens=8,
-              block_size=8)
+    llm = LLM(
+        model=str(tiny_llama), dtype="float32", device="cpu", compile=True, max_num_batched_tokens=8, block_size=8
+    )
     compiled = llm.llm_engine.runner.compiled
     assert compiled.startup_seconds > 0
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]

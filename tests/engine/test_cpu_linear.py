@@ -43,8 +43,15 @@ def test_packed_linear_equals_f_linear_on_odd_shapes(dtype, tokens, in_features,
 
 
 def _tiny(tied: bool) -> nn.Module:
-    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # decisive logits, as engine/tiny_model.py's (argmax not decided by float noise)
@@ -105,7 +112,8 @@ def test_without_onednn_the_layers_stay_dense_with_one_warning(monkeypatch, capl
         reports = [pack_linear_weights(_tiny(False)) for _ in range(2)]
     assert all(r.backend == "aten" and not r.packed for r in reports)
     assert [r.getMessage() for r in caplog.records].count(
-        "this torch build has no oneDNN packed linear ops: CPU linear layers use F.linear") == 1
+        "this torch build has no oneDNN packed linear ops: CPU linear layers use F.linear"
+    ) == 1
 
 
 def test_bf16_packed_logits_stay_as_close_to_fp32_as_f_linear_bf16():

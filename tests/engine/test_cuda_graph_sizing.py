@@ -13,13 +13,26 @@ from pagedinfer.engine import LLM, sizing
 from pagedinfer.engine.cuda_graphs.buckets import capture_sizes
 from pagedinfer.engine.model_shape import ModelShape
 
-LLAMA3_8B = ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, num_parameters=8_030_261_248,
-                       dtype="bfloat16", hidden_size=4096, max_position_embeddings=8192, vocab_size=128256)
+LLAMA3_8B = ModelShape(
+    num_layers=32,
+    num_kv_heads=8,
+    head_dim=128,
+    num_parameters=8_030_261_248,
+    dtype="bfloat16",
+    hidden_size=4096,
+    max_position_embeddings=8192,
+    vocab_size=128256,
+)
 
 
 def test_the_graph_term_is_the_documented_estimate_and_costs_blocks():
-    inputs = sizing.SizingInputs(shape=LLAMA3_8B, gpu_memory_bytes=80 * 2**30, max_model_len=8192,
-                                 max_num_seqs=512, max_cudagraph_capture_size=512)
+    inputs = sizing.SizingInputs(
+        shape=LLAMA3_8B,
+        gpu_memory_bytes=80 * 2**30,
+        max_model_len=8192,
+        max_num_seqs=512,
+        max_cudagraph_capture_size=512,
+    )
     rows, width, vocab = 512, 8192 // 16, 128256
     static = rows * (sizing.GRAPH_INDEX_BYTES_PER_ROW + 4 * width + 2 * vocab)
     pool = rows * (sizing.ACTIVATION_HIDDEN_MULTIPLE * 4096 * 2 + 4 * vocab)
@@ -34,8 +47,13 @@ def test_the_graph_term_is_the_documented_estimate_and_costs_blocks():
 
 
 def test_a_plan_that_does_not_fit_names_the_graphs():
-    tight = sizing.SizingInputs(shape=LLAMA3_8B, gpu_memory_bytes=17 * 2**30, max_model_len=8192,
-                                max_num_seqs=512, max_cudagraph_capture_size=512)
+    tight = sizing.SizingInputs(
+        shape=LLAMA3_8B,
+        gpu_memory_bytes=17 * 2**30,
+        max_model_len=8192,
+        max_num_seqs=512,
+        max_cudagraph_capture_size=512,
+    )
     with pytest.raises(sizing.InsufficientMemoryError, match=r"decode graphs .* \(max_cudagraph_capture_size=512\)"):
         sizing.plan_kv_cache(tight)
     with pytest.raises(ValueError, match="max_cudagraph_capture_size"):
@@ -43,8 +61,12 @@ def test_a_plan_that_does_not_fit_names_the_graphs():
 
 
 def plan(model, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(model),
-                           *flags], capture_output=True, text=True, check=True)
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(model), *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def test_a_cpu_engine_sizes_its_graphs_as_plan_does(tiny_llama):

@@ -39,8 +39,14 @@ def test_a_bad_capture_size_is_a_value_error_naming_the_option(value):
 
 @pytest.fixture(scope="module")
 def graph_llm(tiny_llama):
-    llm = LLM(model=str(tiny_llama), dtype="float32", max_cudagraph_capture_size=16, max_model_len=256,
-              max_num_seqs=32, num_gpu_blocks_override=64)
+    llm = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        max_cudagraph_capture_size=16,
+        max_model_len=256,
+        max_num_seqs=32,
+        num_gpu_blocks_override=64,
+    )
     yield llm
     llm.llm_engine.shutdown()
 
@@ -73,8 +79,13 @@ def test_padding_rows_write_no_kv_and_the_asked_rows_come_back(graph_llm):
     runner.batch.apply(TableDeltas(tuple(BlockTableUpdate(seq_id, 0, table) for seq_id, (_, table) in seqs.items())))
     sentinel = 12345.0
     runner.kv_cache.fill_(sentinel)
-    step = StepInputs(token_ids=[17, 23, 42], seq_ids=list(seqs), seq_lens=[n for n, _ in seqs.values()],
-                      query_lens=[1, 1, 1], logits_rows=[2, 0])
+    step = StepInputs(
+        token_ids=[17, 23, 42],
+        seq_ids=list(seqs),
+        seq_lens=[n for n, _ in seqs.values()],
+        query_lens=[1, 1, 1],
+        logits_rows=[2, 0],
+    )
     before = graphs.num_runs[4]
     logits = runner.run_step(step)
     assert graphs.num_runs[4] == before + 1
@@ -105,8 +116,15 @@ def test_the_gpus_forward_and_kernels_in_the_buckets_equal_generate(make_model, 
     prompts = [[5], [12, 13, 14, 15, 16, 17, 18], [40, 41, 42]]
     want = hf_greedy(model_dir, prompts, 4)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
-    llm = LLM(model=str(model_dir), dtype="float32", forward="triton", block_size=8, max_model_len=600,
-              max_cudagraph_capture_size=4, num_gpu_blocks_override=80)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        forward="triton",
+        block_size=8,
+        max_model_len=600,
+        max_cudagraph_capture_size=4,
+        num_gpu_blocks_override=80,
+    )
     graphs = llm.llm_engine.runner.decode_graphs
     assert graphs.device_lengths and graphs.capture_metadata(4).seq_lens_cpu == [600] * 4
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (4, 2, 3)]

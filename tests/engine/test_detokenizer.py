@@ -28,7 +28,7 @@ def test_fast_decode_is_the_rust_tokenizer_and_equals_the_wrappers_decode(tmp_pa
         decode = fast_decode(tok, skip)
         assert decode is not None
         for end in range(1, len(ids) + 1):
-            window = ids[max(0, end - 6):end]
+            window = ids[max(0, end - 6) : end]
             assert decode(window) == tok.decode(window, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
 
     class OwnDecode(type(tok)):
@@ -44,8 +44,11 @@ def test_a_shared_piece_memo_streams_each_text_as_its_full_decode(tmp_path):
     different prompts and texts through one memo each equal their full decode, and the memo was used."""
     tok = train_tokenizer(tmp_path)
     pieces: dict[int, str] = {}
-    for prompt, text in [("hello", "naïve café hello world"), ("東京", "world 😀 hello naïve"),
-                         ("x", "hello hello world world")]:
+    for prompt, text in [
+        ("hello", "naïve café hello world"),
+        ("東京", "world 😀 hello naïve"),
+        ("x", "hello hello world world"),
+    ]:
         ids = tok(text).input_ids
         detok = IncrementalDetokenizer(tok, tok(prompt).input_ids, skip_special_tokens=True, pieces=pieces)
         assert "".join(detok.add(t) for t in ids) == tok.decode(ids)

@@ -33,8 +33,14 @@ class _HostTraffic(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-MIXED = [dict(temperature=0.0), dict(temperature=0.7, top_k=5), dict(temperature=1.0, top_p=0.8),
-         dict(temperature=0.0), dict(temperature=1.3, top_k=20, top_p=0.9, min_p=0.05), dict(temperature=1.0)]
+MIXED = [
+    dict(temperature=0.0),
+    dict(temperature=0.7, top_k=5),
+    dict(temperature=1.0, top_p=0.8),
+    dict(temperature=0.0),
+    dict(temperature=1.3, top_k=20, top_p=0.9, min_p=0.05),
+    dict(temperature=1.0),
+]
 
 
 def test_a_mixed_batch_is_drawn_on_the_device_without_a_sync():
@@ -59,8 +65,17 @@ def test_the_device_path_draws_what_the_per_row_path_draws():
         assert torch.equal(device.sample_device(logits, seqs), want)
 
 
-@pytest.mark.parametrize("params", [dict(seed=1), dict(logprobs=2), dict(repetition_penalty=1.2),
-                                    dict(logit_bias={3: 1.0}), dict(min_tokens=2), dict(presence_penalty=0.5)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(seed=1),
+        dict(logprobs=2),
+        dict(repetition_penalty=1.2),
+        dict(logit_bias={3: 1.0}),
+        dict(min_tokens=2),
+        dict(presence_penalty=0.5),
+    ],
+)
 def test_rows_with_per_row_work_go_to_the_general_path(params):
     sampler = Sampler(seed=0, eos_token_ids={0}, device=torch.device("cpu"))
     logits = torch.randn(2, 16, generator=torch.Generator().manual_seed(1))

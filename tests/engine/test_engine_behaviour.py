@@ -9,8 +9,14 @@ from pagedinfer.engine import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    return LLM(model=str(tiny_llama), block_size=16, max_model_len=256, num_gpu_blocks_override=64,
-               max_num_batched_tokens=256, dtype="float32")
+    return LLM(
+        model=str(tiny_llama),
+        block_size=16,
+        max_model_len=256,
+        num_gpu_blocks_override=64,
+        max_num_batched_tokens=256,
+        dtype="float32",
+    )
 
 
 def assert_pool_free(llm):
@@ -38,8 +44,13 @@ def test_prefix_hit_output_equals_cold_output(llm, tiny_llama):
     warm = llm.generate([prompt], params)[0]
     again = llm.generate([prompt], params)[0]
     assert again.num_cached_tokens == 64
-    cold = LLM(model=str(tiny_llama), enable_prefix_caching=False, max_model_len=256,
-               num_gpu_blocks_override=32, dtype="float32").generate([prompt], params)[0]
+    cold = LLM(
+        model=str(tiny_llama),
+        enable_prefix_caching=False,
+        max_model_len=256,
+        num_gpu_blocks_override=32,
+        dtype="float32",
+    ).generate([prompt], params)[0]
     assert again.outputs[0].token_ids == warm.outputs[0].token_ids == cold.outputs[0].token_ids
 
 
@@ -49,8 +60,9 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(llm):
     others = SamplingParams(temperature=1.0, max_tokens=12)
     batched = llm.generate(["other", "hello world", "more text"], [others, params, others])[1]
     assert batched.outputs[0].token_ids == alone
-    different = llm.generate(["hello world"], SamplingParams(temperature=1.0, seed=99, max_tokens=12,
-                                                              ignore_eos=True))[0]
+    different = llm.generate(["hello world"], SamplingParams(temperature=1.0, seed=99, max_tokens=12, ignore_eos=True))[
+        0
+    ]
     assert different.outputs[0].token_ids != alone
     assert_pool_free(llm)
 
@@ -58,8 +70,9 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(llm):
 def test_parallel_sampling_shares_the_prompt_blocks(llm):
     engine = llm.llm_engine
     n, prompt, max_tokens = 4, list(range(100, 140)), 4  # 40 tokens: 3 blocks, the last one partial
-    engine.add_request("par", prompt, SamplingParams(n=n, temperature=1.0, seed=7, max_tokens=max_tokens,
-                                                      ignore_eos=True))
+    engine.add_request(
+        "par", prompt, SamplingParams(n=n, temperature=1.0, seed=7, max_tokens=max_tokens, ignore_eos=True)
+    )
     peak = 0
     final = None
     while engine.has_unfinished_requests():
@@ -82,8 +95,9 @@ def test_stop_strings_stop_tokens_min_tokens_and_logprobs(llm):
     assert out.finish_reason == "stop" and out.stop_reason == stop and out.text == text[: text.find(stop)]
     out = llm.generate(["The quick"], SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[ids[2]]))[0]
     assert out.outputs[0].token_ids == ids[:3] and out.outputs[0].stop_reason == ids[2]
-    out = llm.generate(["The quick"], SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[ids[0]],
-                                                     min_tokens=3))[0].outputs[0]
+    out = llm.generate(
+        ["The quick"], SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[ids[0]], min_tokens=3)
+    )[0].outputs[0]
     assert len(out.token_ids) >= 3 and out.token_ids[0] != ids[0]
     out = llm.generate(["The quick"], SamplingParams(temperature=0, max_tokens=3, logprobs=2))[0].outputs[0]
     assert len(out.logprobs) == 3
@@ -92,15 +106,18 @@ def test_stop_strings_stop_tokens_min_tokens_and_logprobs(llm):
     assert_pool_free(llm)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(max_tokens=0), "max_tokens"),
-    (dict(temperature=-0.5), "temperature"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"),
-    (dict(top_k=-2), "top_k"),
-    (dict(n=0), "n"),
-    (dict(stop=[""]), "stop"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-2), "top_k"),
+        (dict(n=0), "n"),
+        (dict(stop=[""]), "stop"),
+    ],
+)
 def test_bad_sampling_params_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SamplingParams(**kwargs)
@@ -148,21 +165,29 @@ def test_streamed_text_never_shows_the_start_of_a_stop_string(llm):
     full = probe.outputs[0].text
     assert len(full) >= 6
     stop = full[3:6] + "\x00never"  # its first characters appear, the whole never does
-    engine.add_request("hold", "Hello", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
-                                                        stop=[stop, full[4:6]]))
+    engine.add_request(
+        "hold", "Hello", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop, full[4:6]])
+    )
     seen = []
     while engine.has_unfinished_requests():
         for out in engine.step():
             seen.append(out.outputs[0].text)
     assert all(b.startswith(a) for a, b in zip(seen, seen[1:])), "visible text must only grow"
-    assert seen[-1] == full[:full.find(full[4:6])]  # cut at the second stop; the first's prefix never leaked
+    assert seen[-1] == full[: full.find(full[4:6])]  # cut at the second stop; the first's prefix never leaked
     assert_pool_free(llm)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_only_swap_preemption_reserves_a_host_pool(tiny_llama, mode):
-    llm = LLM(model=str(tiny_llama), block_size=16, max_model_len=64, num_gpu_blocks_override=8,
-              dtype="float32", preemption_mode=mode, swap_space=0.01)
+    llm = LLM(
+        model=str(tiny_llama),
+        block_size=16,
+        max_model_len=64,
+        num_gpu_blocks_override=8,
+        dtype="float32",
+        preemption_mode=mode,
+        swap_space=0.01,
+    )
     engine = llm.llm_engine
     if mode == "swap":
         assert engine.num_cpu_blocks == int(0.01 * 2**30) // engine.bytes_per_block > 0
@@ -180,9 +205,16 @@ def test_a_stop_tokens_text_is_output_only_with_include_stop_str_in_output(llm):
     one = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))[0].outputs[0]
     for include, text in [(False, one.text), (True, free.text)]:
         for skip in (True, False):
-            out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, stop_token_ids=[second],
-                                                        include_stop_str_in_output=include,
-                                                        skip_special_tokens=skip))[0].outputs[0]
+            out = llm.generate(
+                [prompt],
+                SamplingParams(
+                    temperature=0.0,
+                    max_tokens=2,
+                    stop_token_ids=[second],
+                    include_stop_str_in_output=include,
+                    skip_special_tokens=skip,
+                ),
+            )[0].outputs[0]
             assert (out.token_ids, out.finish_reason, out.stop_reason) == ([first, second], "stop", second)
             assert out.text == text, (include, skip)
     assert_pool_free(llm)

@@ -13,12 +13,15 @@ def config(**kwargs) -> EngineConfig:
     return EngineConfig(model="m", **kwargs)
 
 
-@pytest.mark.parametrize("max_model_len, positions, expected", [
-    (None, 512, 512),  # the model's positions
-    (256, 512, 256),  # asked for, within them
-    (None, None, setup.FALLBACK_MAX_MODEL_LEN),  # the model states none
-    (4096, None, 4096),
-])
+@pytest.mark.parametrize(
+    "max_model_len, positions, expected",
+    [
+        (None, 512, 512),  # the model's positions
+        (256, 512, 256),  # asked for, within them
+        (None, None, setup.FALLBACK_MAX_MODEL_LEN),  # the model states none
+        (4096, None, 4096),
+    ],
+)
 def test_max_model_len_is_asked_or_the_models_positions(max_model_len, positions, expected):
     assert setup.resolve_max_model_len(config(max_model_len=max_model_len), positions) == expected
 
@@ -53,9 +56,16 @@ def test_only_swap_preemption_gets_a_host_pool():
     assert setup.num_swap_blocks(config(swap_space=0.001, preemption_mode="swap"), 2**10) == int(0.001 * 2**20)
 
 
-@pytest.mark.parametrize("generation_eos, tokenizer_eos, expected", [
-    (2, 0, {2}), ([2, 7], 0, {2, 7}), ((3,), None, {3}), (None, 5, {5}), (None, None, set()),
-])
+@pytest.mark.parametrize(
+    "generation_eos, tokenizer_eos, expected",
+    [
+        (2, 0, {2}),
+        ([2, 7], 0, {2, 7}),
+        ((3,), None, {3}),
+        (None, 5, {5}),
+        (None, None, set()),
+    ],
+)
 def test_eos_ids_come_from_the_generation_config_else_the_tokenizer(generation_eos, tokenizer_eos, expected):
     assert setup.eos_token_ids(generation_eos, tokenizer_eos) == expected
 

@@ -32,13 +32,15 @@ PROMPT = [5, 9, 11, 2, 40, 7, 63, 12, 90, 33, 7, 8, 300, 17, 250, 1, 77, 45, 2, 
 STEPS = [(PROMPT, [30], [30], [[0, 1]]), ([42, 1, 2, 3, 4, 5], [31, 5], [1, 5], [[0, 1], [2]])]
 
 
-def _model(arch: str, dtype: torch.dtype, fused_layers: bool, mlp_chunk_bytes: int = MLP_CHUNK_BYTES,
-           **config) -> nn.Module:
+def _model(
+    arch: str, dtype: torch.dtype, fused_layers: bool, mlp_chunk_bytes: int = MLP_CHUNK_BYTES, **config
+) -> nn.Module:
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch, **config), dtype=dtype,
-                                                          attn_implementation=register()).eval()
+    model = transformers.AutoModelForCausalLM.from_config(
+        tiny_config(arch, **config), dtype=dtype, attn_implementation=register()
+    ).eval()
     with torch.no_grad():  # decisive logits (engine/tiny_model.py's scale), and norm weights that are not all 1
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             p.normal_(0.0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
     fuse_projections(model)
     pack_linear_weights(model)
@@ -48,8 +50,9 @@ def _model(arch: str, dtype: torch.dtype, fused_layers: bool, mlp_chunk_bytes: i
 
 
 def _model_logits(model: nn.Module, ids: list[int], positions: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-    return model(input_ids=torch.tensor([ids]), position_ids=positions[None], use_cache=False,
-                 pagedinfer_step=ctx).logits[0]
+    return model(
+        input_ids=torch.tensor([ids]), position_ids=positions[None], use_cache=False, pagedinfer_step=ctx
+    ).logits[0]
 
 
 def _lm_logits(model: nn.Module, ids: list[int], positions: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -61,8 +64,10 @@ def _step_logits(model: nn.Module, forward=_model_logits) -> list[torch.Tensor]:
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dtype = next(model.parameters()).dtype
-    caches = [torch.zeros(3, BLOCK_SIZE, config.num_key_value_heads, head_dim, dtype=dtype)
-              for _ in range(2 * config.num_hidden_layers)]
+    caches = [
+        torch.zeros(3, BLOCK_SIZE, config.num_key_value_heads, head_dim, dtype=dtype)
+        for _ in range(2 * config.num_hidden_layers)
+    ]
     out = []
     for ids, seq_lens, query_lens, tables in STEPS:
         meta = build_attention_metadata(seq_lens, query_lens, tables, BLOCK_SIZE)
@@ -90,8 +95,11 @@ def test_a_long_steps_mlp_in_row_chunks_gives_the_unchunked_logits(dtype):
     assert {layer.mlp_max_rows for layer in chunked.model.fused_plan.layers} == {7}
     rows_seen = []
     gate_up = chunked.model.fused_plan.layers[0].gate_up
-    object.__setattr__(chunked.model.fused_plan.layers[0], "gate_up", type(gate_up)(
-        lambda x, *args: rows_seen.append(x.shape[0]) or gate_up.fn(x, *args), gate_up.args))
+    object.__setattr__(
+        chunked.model.fused_plan.layers[0],
+        "gate_up",
+        type(gate_up)(lambda x, *args: rows_seen.append(x.shape[0]) or gate_up.fn(x, *args), gate_up.args),
+    )
     got = _step_logits(chunked, _lm_logits)
     assert rows_seen == [6] * 5 + [6]
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
@@ -136,9 +144,17 @@ def test_a_wrapper_registered_over_the_paged_attention_is_called_in_every_layer(
 
 def test_scaled_rope_is_the_rotary_modules_own():
     """llama3 and yarn RoPE: the table is what the module computes (inv_freq and attention_scaling reused)."""
-    for rope in ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 256, "rope_theta": 10000.0},
-                 {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0}):
+    for rope in (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+            "rope_theta": 10000.0,
+        },
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0},
+    ):
         want = _step_logits(_model("llama", torch.float32, False, rope_parameters=rope))
         for got, expected in zip(_step_logits(_model("llama", torch.float32, True, rope_parameters=rope)), want):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -179,7 +195,9 @@ def test_other_models_and_dtypes_are_left_as_they_are():
 def test_the_engine_fuses_the_layers_on_cpu(tiny_llama):
     runner = LLM(model=str(tiny_llama), dtype="float32", device="cpu").llm_engine.runner
     assert runner.layer_fusion.fused and runner.model.model.fused_cos_sin.shape == (
-        runner.max_position_embeddings, runner.head_dim)
+        runner.max_position_embeddings,
+        runner.head_dim,
+    )
 
 
 def test_without_a_compiler_the_decoder_stays_transformers_with_one_warning(monkeypatch, tmp_path):
@@ -194,7 +212,9 @@ def test_without_a_compiler_the_decoder_stays_transformers_with_one_warning(monk
         report = fuse_layers(model, 64)
     assert not report.fused and report.reason.startswith("no native layer ops for torch.float32")
     assert len(caught) == 1, [str(w.message) for w in caught]
-    assert str(caught[0].message).startswith("pagedinfer: the native CPU kernels (attention, layer ops) could not be built")
+    assert str(caught[0].message).startswith(
+        "pagedinfer: the native CPU kernels (attention, layer ops) could not be built"
+    )
     assert "forward" not in vars(model.model)  # transformers' own forward: the torch path
 
 

@@ -19,8 +19,9 @@ from pagedinfer.engine.cpu.fused_projections import fuse_projections
 from pagedinfer.engine.cpu.linear import PackedLinear, pack_linear_weights
 from pagedinfer.engine.tiny_model import tiny_config
 
-IDS = torch.tensor([[5, 9, 11, 2, 40, 7, 63, 12, 90, 33, 7, 8, 300, 17, 250, 1, 77, 45, 2, 99, 101, 5, 6, 7, 8, 9,
-                     10, 11, 12, 13]])  # 30 tokens: past the tiny Mistral's sliding window of 24
+IDS = torch.tensor(
+    [[5, 9, 11, 2, 40, 7, 63, 12, 90, 33, 7, 8, 300, 17, 250, 1, 77, 45, 2, 99, 101, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+)  # 30 tokens: past the tiny Mistral's sliding window of 24
 
 
 def _model(arch: str, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -89,6 +90,7 @@ def test_the_engine_fuses_on_cpu_and_sizes_every_weight_once(tiny_llama):
     runner = LLM(model=str(tiny_llama), dtype="float32", device="cpu").llm_engine.runner
     plain = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32)
     assert len(runner.fusion.qkv) == len(runner.fusion.gate_up) == runner.num_layers
-    assert runner.weight_bytes == pytest.approx(_param_bytes(plain) + sum(
-        b.numel() * b.element_size() for b in plain.buffers()), rel=0.03)
+    assert runner.weight_bytes == pytest.approx(
+        _param_bytes(plain) + sum(b.numel() * b.element_size() for b in plain.buffers()), rel=0.03
+    )
     assert runner.model_shape().num_parameters == sum(p.numel() for p in plain.parameters())

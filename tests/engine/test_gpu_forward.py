@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from greedy_reference import hf_greedy
+
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.kernels import dispatch
 
@@ -28,8 +28,15 @@ def test_triton_decoder_equals_generate(make_model, monkeypatch):
     batch = prompts(model_dir)
     expected = hf_greedy(model_dir, batch, MAX_NEW_TOKENS)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")  # the attention too: the GPU's kernels end to end
-    llm = LLM(model=str(model_dir), dtype="float32", forward="triton", block_size=8, max_num_batched_tokens=8,
-              max_model_len=32, max_cudagraph_capture_size=4)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        forward="triton",
+        block_size=8,
+        max_num_batched_tokens=8,
+        max_model_len=32,
+        max_cudagraph_capture_size=4,
+    )
     assert llm.llm_engine.runner.triton_decoder is not None and llm.llm_engine.runner.layer_fusion is None
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
@@ -72,8 +79,13 @@ def test_which_forward_runs_where():
         wants_triton_decoder("triton", cuda, 2)
 
 
-@pytest.mark.parametrize("kwargs,message", [(dict(forward="fused"), "forward .--forward.: must be one of"),
-                                            (dict(forward="triton", compile=True), "choose one")])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(forward="fused"), "forward .--forward.: must be one of"),
+        (dict(forward="triton", compile=True), "choose one"),
+    ],
+)
 def test_bad_forward_options_are_named(tiny_llama, kwargs, message):
     from pagedinfer.engine.config import EngineConfig
 

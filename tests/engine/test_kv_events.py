@@ -7,8 +7,15 @@ import random
 import msgpack
 
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.kv_events.events import (AllBlocksCleared, BlockRemoved, BlockStored, apply_event, coalesce,
-                                                decode_batch, encode_batch)
+from pagedinfer.engine.kv_events.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    apply_event,
+    coalesce,
+    decode_batch,
+    encode_batch,
+)
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.sequence import Sequence
 from pagedinfer.router.hashing import prefix_block_hashes
@@ -34,7 +41,7 @@ def test_events_replayed_on_a_set_equal_the_pools_cached_hashes_through_random_t
     rng = random.Random(0)
     prefixes = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
     mirror: set[bytes] = set()
-    for i in range(200):
+    for _i in range(200):
         prompt = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
         seq = _seq(prompt)
         if not kv.can_allocate(seq, seq.num_tokens):
@@ -62,8 +69,11 @@ def test_stored_blocks_carry_the_hashes_a_consumer_computes_from_token_ids():
 
 
 def test_batches_encode_as_vllm_tagged_arrays_and_decode_back():
-    events = [BlockStored((b"a" * 16, b"b" * 16), None, (1, 2, 3, 4, 5, 6, 7, 8), 4),
-              BlockRemoved((b"a" * 16,)), AllBlocksCleared()]
+    events = [
+        BlockStored((b"a" * 16, b"b" * 16), None, (1, 2, 3, 4, 5, 6, 7, 8), 4),
+        BlockRemoved((b"a" * 16,)),
+        AllBlocksCleared(),
+    ]
     payload = encode_batch(12.5, events)
     ts, raw, dp_rank = msgpack.unpackb(payload)
     assert (ts, dp_rank) == (12.5, 0)
@@ -87,5 +97,7 @@ def test_the_medium_travels_and_an_event_without_one_is_the_device_pools():
     assert device == set()
     apply_event(device, AllBlocksCleared(), tier)
     assert tier == set()
-    assert coalesce([BlockStored((h,), None, (1,), 1, "GPU"), BlockStored((b"e" * 16,), h, (2,), 1, "CPU")]) == \
-        [BlockStored((h,), None, (1,), 1, "GPU"), BlockStored((b"e" * 16,), h, (2,), 1, "CPU")]  # media never merge
+    assert coalesce([BlockStored((h,), None, (1,), 1, "GPU"), BlockStored((b"e" * 16,), h, (2,), 1, "CPU")]) == [
+        BlockStored((h,), None, (1,), 1, "GPU"),
+        BlockStored((b"e" * 16,), h, (2,), 1, "CPU"),
+    ]  # media never merge

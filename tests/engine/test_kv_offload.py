@@ -46,8 +46,11 @@ def test_an_evicted_block_moves_to_the_tier_and_back_with_its_events():
     events.clear()
     _, copies = _run(kv, _seq(range(200, 213), 1))  # 4 blocks: evicts both of a's cached blocks
     assert len(copies.stores) == 2 and not copies.loads
-    assert [(type(e).__name__, e.medium) for e in events[:3]] == \
-        [("BlockRemoved", "GPU"), ("BlockStored", "CPU"), ("BlockRemoved", "GPU")]
+    assert [(type(e).__name__, e.medium) for e in events[:3]] == [
+        ("BlockRemoved", "GPU"),
+        ("BlockStored", "CPU"),
+        ("BlockRemoved", "GPU"),
+    ]
     assert len(kv.host.cached) == 2 and kv.stats().tier.num_cached_blocks == 2
     events.clear()
     hits, copies = _run(kv, _seq(list(range(100, 109)) + [7], 2))  # a's user returns
@@ -223,8 +226,14 @@ TestTierMachine.settings = settings(max_examples=80, stateful_step_count=25, dea
 
 @pytest.fixture(scope="module")
 def engines(tiny_llama):
-    common = dict(model=str(tiny_llama), block_size=16, max_model_len=128, num_gpu_blocks_override=8,
-                  max_num_batched_tokens=128, dtype="float32")
+    common = dict(
+        model=str(tiny_llama),
+        block_size=16,
+        max_model_len=128,
+        num_gpu_blocks_override=8,
+        max_num_batched_tokens=128,
+        dtype="float32",
+    )
     return LLM(**common), LLM(**common, kv_offloading_size=0.001)
 
 
@@ -235,8 +244,9 @@ def test_greedy_output_is_identical_with_the_tier_and_its_hits_are_counted(engin
 
     def conversation(llm):
         first = [llm.generate([u], params)[0] for u in users]  # each user evicts the one before
-        again = [llm.generate([u + f.outputs[0].token_ids + [9, 10, 11]], params)[0]
-                 for u, f in zip(users, first)]  # the users come back in the order they left
+        again = [
+            llm.generate([u + f.outputs[0].token_ids + [9, 10, 11]], params)[0] for u, f in zip(users, first)
+        ]  # the users come back in the order they left
         return first + again
 
     without, with_tier = conversation(off), conversation(on)
@@ -245,8 +255,10 @@ def test_greedy_output_is_identical_with_the_tier_and_its_hits_are_counted(engin
     assert stats.prefix_cache_offload_hit_tokens >= 3 * 64  # every returning user's 4 blocks came back
     assert sum(o.num_cached_tokens for o in with_tier[3:]) >= 3 * 64
     assert sum(o.num_cached_tokens for o in without[3:]) < 3 * 64
-    assert stats.kv_offload_bytes["host_to_device"] == stats.prefix_cache_offload_hit_tokens // 16 \
-        * on.llm_engine.bytes_per_block
+    assert (
+        stats.kv_offload_bytes["host_to_device"]
+        == stats.prefix_cache_offload_hit_tokens // 16 * on.llm_engine.bytes_per_block
+    )
     assert stats.kv_offload_bytes["device_to_host"] > 0
     assert stats.kv_offload_copy_seconds["host_to_device"] > 0
     assert stats.num_used_blocks == 0 and stats.kv_offload_cached_blocks > 0

@@ -37,8 +37,10 @@ def test_greedy_with_a_bias_takes_the_argmax_of_the_biased_logits():
 def test_a_seeded_draw_with_a_bias_equals_the_draw_from_the_biased_logits(seed):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(1, 40, generator=gen)
-    bias = {int(i): float(v) for i, v in zip(torch.randint(0, 40, (6,), generator=gen),
-                                             torch.empty(6).uniform_(-100, 100, generator=gen))}
+    bias = {
+        int(i): float(v)
+        for i, v in zip(torch.randint(0, 40, (6,), generator=gen), torch.empty(6).uniform_(-100, 100, generator=gen))
+    }
     with_bias = sample_rows(logits, [seq(temperature=0.8, top_p=0.9, seed=seed, logit_bias=bias)])
     direct = sample_rows(biased(logits[0], bias)[None], [seq(temperature=0.8, top_p=0.9, seed=seed)])
     assert with_bias == direct
@@ -52,8 +54,9 @@ def test_logprobs_stay_those_of_the_model_distribution():
     assert result.logprobs[4].logprob == pytest.approx(float(torch.log_softmax(logits[0], -1)[4]))
 
 
-@pytest.mark.parametrize("bias, needle", [({1: 100.5}, "100.5"), ({-1: 1.0}, ">= 0"),
-                                          ({1: float("nan")}, "finite"), ("1:1", "dict")])
+@pytest.mark.parametrize(
+    "bias, needle", [({1: 100.5}, "100.5"), ({-1: 1.0}, ">= 0"), ({1: float("nan")}, "finite"), ("1:1", "dict")]
+)
 def test_bad_logit_bias_is_a_value_error_naming_it(bias, needle):
     with pytest.raises(ValueError, match="logit_bias") as info:
         SamplingParams(logit_bias=bias)

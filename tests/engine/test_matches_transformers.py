@@ -52,9 +52,16 @@ def test_greedy_equals_generate_per_architecture(expected, arch):
 @pytest.mark.parametrize("chunked", [True, False])
 def test_greedy_equals_generate_across_engine_settings(expected, block_size, prefix_caching, chunked):
     model_dir, prompts, want = expected("llama")
-    got, _ = run_engine(model_dir, prompts, 12, block_size=block_size, enable_prefix_caching=prefix_caching,
-                        enable_chunked_prefill=chunked, max_num_batched_tokens=32 if chunked else 1024,
-                        max_model_len=1024)
+    got, _ = run_engine(
+        model_dir,
+        prompts,
+        12,
+        block_size=block_size,
+        enable_prefix_caching=prefix_caching,
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=32 if chunked else 1024,
+        max_model_len=1024,
+    )
     assert got == want
 
 
@@ -62,8 +69,16 @@ def test_greedy_equals_generate_across_engine_settings(expected, block_size, pre
 def test_greedy_equals_generate_under_forced_preemption(expected, mode):
     model_dir, prompts, want = expected("llama")
     # 12 blocks of 8 tokens: one 87-token sequence fits, six do not -> preemption.
-    llm_out, stats = run_engine(model_dir, prompts, 12, block_size=8, num_gpu_blocks_override=12,
-                                max_model_len=96, preemption_mode=mode, swap_space=0.01)
+    llm_out, stats = run_engine(
+        model_dir,
+        prompts,
+        12,
+        block_size=8,
+        num_gpu_blocks_override=12,
+        max_model_len=96,
+        preemption_mode=mode,
+        swap_space=0.01,
+    )
     assert llm_out == want
     assert stats.num_preemptions[mode] > 0
 

@@ -30,8 +30,9 @@ def test_nonpositive_sizes_are_refused():
         max_chunk_rows(16, chunk_bytes=0)
 
 
-@pytest.mark.parametrize("rows, max_rows, sizes", [(30, 7, [6] * 5), (31, 8, [8, 8, 8, 7]), (5, 8, [5]),
-                                                    (3, 1, [1, 1, 1])])
+@pytest.mark.parametrize(
+    "rows, max_rows, sizes", [(30, 7, [6] * 5), (31, 8, [8, 8, 8, 7]), (5, 8, [5]), (3, 1, [1, 1, 1])]
+)
 def test_chunked_mlp_gives_each_rows_unchunked_result(rows, max_rows, sizes):
     if not layer_ops.available(torch.float32):
         pytest.skip("no native layer ops (no C++ compiler)")

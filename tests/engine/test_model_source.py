@@ -10,8 +10,8 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
-
 from hub_cache import make_hub_cache
+
 from pagedinfer.engine.model_source import resolve_model_dir
 
 RESOLVE = "import sys; from pagedinfer.engine.model_source import resolve_model_dir as r; print(r(*sys.argv[1:]))"
@@ -20,8 +20,9 @@ RESOLVE = "import sys; from pagedinfer.engine.model_source import resolve_model_
 def resolve_offline(hf_home: Path, *args: str) -> subprocess.CompletedProcess:
     """In a fresh process: huggingface_hub reads HF_HOME and HF_HUB_OFFLINE when imported."""
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-P", "-c", RESOLVE, *args], env=env, capture_output=True, text=True,
-                          timeout=120, cwd="/")
+    return subprocess.run(
+        [sys.executable, "-P", "-c", RESOLVE, *args], env=env, capture_output=True, text=True, timeout=120, cwd="/"
+    )
 
 
 def test_a_local_directory_is_used_as_is(tiny_llama):

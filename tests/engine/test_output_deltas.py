@@ -26,8 +26,15 @@ def comparable(out):
 
 def test_accumulated_deltas_equal_the_cumulative_outputs_at_every_step(tiny_llama):
     # two identical engines in lockstep: one answers step(), the other step_deltas()
-    config = EngineConfig(model=str(tiny_llama), block_size=8, max_model_len=128, num_gpu_blocks_override=64,
-                          max_num_batched_tokens=24, dtype="float32", seed=11)  # chunked prompts
+    config = EngineConfig(
+        model=str(tiny_llama),
+        block_size=8,
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        max_num_batched_tokens=24,
+        dtype="float32",
+        seed=11,
+    )  # chunked prompts
     cumulative, incremental = LLMEngine(config), LLMEngine(config)
     for request_id, prompt, params in REQUESTS:
         cumulative.add_request(request_id, prompt, params)

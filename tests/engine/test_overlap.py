@@ -59,29 +59,58 @@ def assert_worked_beside(engine: LLMEngine, num_batches: int) -> None:
 
 def kv_counters(engine: LLMEngine) -> tuple:
     s = engine.get_stats()
-    return (s.num_free_blocks, s.num_cached_free_blocks, s.prefix_cache_query_tokens, s.prefix_cache_hit_tokens,
-            s.num_prompt_tokens, s.num_generation_tokens)
+    return (
+        s.num_free_blocks,
+        s.num_cached_free_blocks,
+        s.prefix_cache_query_tokens,
+        s.prefix_cache_hit_tokens,
+        s.num_prompt_tokens,
+        s.num_generation_tokens,
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_every_delta_is_the_same_with_overlap_on_and_off(tiny_llama, greedy_text, mode):
+def test_every_delta_is_the_same_with_overlap_on_and_off(tiny_llama, greedy_text, mode):  # noqa: F811 (the fixture)
     """Stop strings ending mid-output (with and without their text, one held back), stop tokens, n > 1 with
     logprobs, prompt logprobs, beam search and chunked prefill: each request gets the same deltas."""
     text = greedy_text
     requests = [
         ("stop", "Hello", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[text[5:8]])),
-        ("stop-incl", "Hello", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[text[5:8]],
-                                              include_stop_str_in_output=True, logprobs=1)),
-        ("hold", "Hello", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
-                                         stop=[text[3:6] + "\x00never", text[7:9]])),
-        ("n2", "jumps over", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=7, ignore_eos=True,
-                                            logprobs=0, stop=["e", "a "])),
+        (
+            "stop-incl",
+            "Hello",
+            SamplingParams(
+                temperature=0,
+                max_tokens=16,
+                ignore_eos=True,
+                stop=[text[5:8]],
+                include_stop_str_in_output=True,
+                logprobs=1,
+            ),
+        ),
+        (
+            "hold",
+            "Hello",
+            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[text[3:6] + "\x00never", text[7:9]]),
+        ),
+        (
+            "n2",
+            "jumps over",
+            SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=7, ignore_eos=True, logprobs=0, stop=["e", "a "]),
+        ),
         ("stop-token", "the quick brown fox", SamplingParams(temperature=0, max_tokens=9, stop_token_ids=[7, 9])),
         ("prompt-lp", list(range(30, 70)), SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=3)),
         ("beam", "hello there", BeamSearchParams(beam_width=2, max_tokens=4)),
     ]
-    off, on = engine_pair(tiny_llama, mode, block_size=8, max_model_len=128, num_gpu_blocks_override=64,
-                          max_num_batched_tokens=24, seed=11)  # chunked prompts
+    off, on = engine_pair(
+        tiny_llama,
+        mode,
+        block_size=8,
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        max_num_batched_tokens=24,
+        seed=11,
+    )  # chunked prompts
     try:
         steps: list[int] = []
         want, got = run_deltas(off, requests, steps), run_deltas(on, requests)
@@ -126,8 +155,7 @@ def test_greedy_with_overlap_equals_transformers_and_leaks_no_block(reference, s
 def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, monkeypatch):
     """Each step's outputs are made off the engine thread, within the next step's forward; only the last
     step's (no forward follows it) are waited for."""
-    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
-              overlap="thread")
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="thread")
     engine, engine_thread = llm.llm_engine, threading.get_ident()
     output_thread = engine._output_side
     go = threading.Event()  # a forward began or the engine waits for outputs: the output thread may proceed
@@ -168,8 +196,9 @@ def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, m
     monkeypatch.setattr(llm_engine_module, "process_batch", process)
     engine.runner.execute, output_thread.wait = execute, wait
     try:
-        outs = llm.generate(["Hello", "the quick brown fox"],
-                            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        outs = llm.generate(
+            ["Hello", "the quick brown fox"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        )
         assert all(len(o.outputs[0].token_ids) == 8 and o.outputs[0].text for o in outs)
         assert len(calls) == 8
         assert {thread for thread, _ in calls} == {output_thread.ident} != {engine_thread}
@@ -181,8 +210,11 @@ def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, m
 @pytest.mark.parametrize("mode", MODES)
 def test_an_abort_drops_the_outputs_still_on_the_output_side(tiny_llama, mode):
     """...and in process mode the child frees the aborted request's state (nothing grows)."""
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", max_model_len=256,
-                                    num_gpu_blocks_override=32, overlap=mode))
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap=mode
+        )
+    )
     try:
         params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
         engine.add_request("kept", "Hello", params)
@@ -203,8 +235,7 @@ def test_an_abort_drops_the_outputs_still_on_the_output_side(tiny_llama, mode):
 
 
 def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny_llama, monkeypatch):
-    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
-              overlap="thread")
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="thread")
     engine = llm.llm_engine
     real_process = llm_engine_module.process_batch
     calls = []
@@ -225,16 +256,22 @@ def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny
     assert not engine._output_side._thread.is_alive()
 
 
-def test_step_returns_the_same_cumulative_outputs_from_the_output_process(tiny_llama, greedy_text):
+def test_step_returns_the_same_cumulative_outputs_from_the_output_process(tiny_llama, greedy_text):  # noqa: F811 (the fixture)
     """step() (a RequestOutput, every token so far, per touched request) crosses back as well as deltas do."""
     off, on = engine_pair(tiny_llama, "process", max_model_len=128, num_gpu_blocks_override=32)
     try:
         outputs = []
         for engine in (off, on):
-            engine.add_request("stop", "Hello", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
-                                                               stop=[greedy_text[5:8]], logprobs=1))
-            engine.add_request("n2", "jumps over", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5,
-                                                                  ignore_eos=True, prompt_logprobs=1))
+            engine.add_request(
+                "stop",
+                "Hello",
+                SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[greedy_text[5:8]], logprobs=1),
+            )
+            engine.add_request(
+                "n2",
+                "jumps over",
+                SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5, ignore_eos=True, prompt_logprobs=1),
+            )
             steps = []
             while engine.has_unfinished_requests():
                 steps.extend(dataclasses.replace(o, metrics=None) for o in engine.step())
@@ -250,8 +287,7 @@ def test_a_killed_output_process_fails_generate_and_shutdown_still_works(tiny_ll
     aborted and their blocks freed; the engine's shutdown is still clean."""
     from pagedinfer.engine.overlap.process import OutputProcessError
 
-    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
-              overlap="process")
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="process")
     engine = llm.llm_engine
     side = engine._output_side
     real_execute, calls = engine.runner.execute, []
@@ -275,8 +311,7 @@ def test_a_killed_output_process_fails_generate_and_shutdown_still_works(tiny_ll
 def test_the_output_process_is_a_fresh_interpreter_that_exits_with_the_engine(tiny_llama):
     """Spawned, not forked (its command line is its own, not the engine's); shutdown closes its pipe and it
     exits cleanly on the EOF."""
-    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32,
-              overlap="process")
+    llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="process")
     side = llm.llm_engine._output_side
     try:
         with open(f"/proc/{side.pid}/cmdline", "rb") as cmdline:

@@ -42,10 +42,14 @@ def check(out, prompt, reference, k):
         assert len(entry) <= k + 1
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {},  # one step computes every prompt
-    {"max_num_batched_tokens": 16, "max_model_len": 128, "enable_chunked_prefill": True},  # chunks across steps
-], ids=["one-step", "chunked"])
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {},  # one step computes every prompt
+        {"max_num_batched_tokens": 16, "max_model_len": 128, "enable_chunked_prefill": True},  # chunks across steps
+    ],
+    ids=["one-step", "chunked"],
+)
 def test_prompt_logprobs_equal_transformers(tiny_llama, engine_kwargs):
     vocab = transformers.AutoConfig.from_pretrained(str(tiny_llama)).vocab_size
     prompts = prompts_of(vocab, (1, 2, 17, 40))

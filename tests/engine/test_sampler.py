@@ -101,8 +101,13 @@ def test_a_batch_of_draws_follows_the_distribution():
 
 def test_rows_with_different_options_are_cut_each_by_its_own():
     sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
-    rows = [seq(temperature=1.0, top_k=1), seq(temperature=1.0, top_k=3), seq(temperature=0.0),
-            seq(temperature=1.0, min_p=0.9), seq(temperature=1.0)]
+    rows = [
+        seq(temperature=1.0, top_k=1),
+        seq(temperature=1.0, top_k=3),
+        seq(temperature=0.0),
+        seq(temperature=1.0, min_p=0.9),
+        seq(temperature=1.0),
+    ]
     seen = [set() for _ in rows]
     for _ in range(300):
         for i, r in enumerate(sampler.sample(LOGITS.repeat(len(rows), 1), rows)):
@@ -164,8 +169,10 @@ def test_logprobs_of_every_row_come_back_without_a_per_row_scalar_read():
     """One sync per step: the logprobs of all rows ride on the tokens' single transfer, none is read per row."""
     torch.manual_seed(0)
     logits = torch.randn(6, 50)
-    seqs = [seq(temperature=0.0, logprobs=k) for k in (0, 1, 3, 5)] + [seq(temperature=0.0), seq(temperature=0.0,
-                                                                                                  logprobs=2)]
+    seqs = [seq(temperature=0.0, logprobs=k) for k in (0, 1, 3, 5)] + [
+        seq(temperature=0.0),
+        seq(temperature=0.0, logprobs=2),
+    ]
     sampler = Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu"))
     with _ScalarReads() as reads:
         results = sampler.sample(logits, seqs)
@@ -188,9 +195,11 @@ def test_sample_never_writes_the_callers_logits():
     logit bias and min_tokens must land in the sampler's own copy, never in the caller's tensor."""
     logits = torch.stack([LOGITS, LOGITS.flip(0), LOGITS * 2])
     before = logits.clone()
-    seqs = [seq(output=(1, 2), temperature=0.0, repetition_penalty=2.0, presence_penalty=1.0),
-            seq(temperature=1.0, logit_bias={3: 50.0}, seed=7),
-            seq(temperature=0.0, min_tokens=4, frequency_penalty=0.5)]
+    seqs = [
+        seq(output=(1, 2), temperature=0.0, repetition_penalty=2.0, presence_penalty=1.0),
+        seq(temperature=1.0, logit_bias={3: 50.0}, seed=7),
+        seq(temperature=0.0, min_tokens=4, frequency_penalty=0.5),
+    ]
     Sampler(seed=0, eos_token_ids={EOS}, device=torch.device("cpu")).sample(logits, seqs)
     assert torch.equal(logits, before)
 
@@ -211,8 +220,15 @@ def test_a_batch_of_plain_greedy_rows_takes_the_general_paths_tokens(dtype):
     fast_tokens = [r.token_id for r in Sampler(0, {EOS}, torch.device("cpu")).sample(logits, plain)]
     general_tokens = [r.token_id for r in Sampler(0, {EOS}, torch.device("cpu")).sample(logits, general)]
     assert fast_tokens == general_tokens and fast_tokens[5] == 0
-    for option in (dict(min_tokens=1), dict(repetition_penalty=2.0), dict(logit_bias={3: -100.0}),
-                   dict(presence_penalty=2.0), dict(frequency_penalty=2.0), dict(logprobs=1), dict(temperature=1.0)):
+    for option in (
+        dict(min_tokens=1),
+        dict(repetition_penalty=2.0),
+        dict(logit_bias={3: -100.0}),
+        dict(presence_penalty=2.0),
+        dict(frequency_penalty=2.0),
+        dict(logprobs=1),
+        dict(temperature=1.0),
+    ):
         assert not seq(**{"temperature": 0.0, **option}).params.argmax_only, option
     eos_first = torch.full((2, 50), -5.0, dtype=dtype)
     eos_first[:, EOS] = 9.0

@@ -22,6 +22,7 @@ def test_a_tiny_temperature_takes_the_argmax_instead_of_overflowing():
     logits = torch.tensor([[0.0, 3.0, 2.9, -1.0, 1.0]])
     sampler = Sampler(seed=0, eos_token_ids={0}, device=torch.device("cpu"))
     for temperature in (1e-300, 1e-45):
-        s = Sequence(request_id="r", prompt_token_ids=[1, 2], params=SamplingParams(temperature=temperature),
-                     arrival_time=0.0)
+        s = Sequence(
+            request_id="r", prompt_token_ids=[1, 2], params=SamplingParams(temperature=temperature), arrival_time=0.0
+        )
         assert {sampler.sample(logits, [s])[0].token_id for _ in range(20)} == {1}

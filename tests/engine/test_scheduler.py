@@ -31,17 +31,34 @@ from pagedinfer.engine.scheduler import RequestCounts, Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceStatus
 
 
-def make(num_blocks=16, block_size=4, mode="recompute", budget=16, max_seqs=4, chunked=True, cpu=16, watermark=0.0,
-         tier=False):
-    cfg = EngineConfig(model="unused", block_size=8, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                       preemption_mode=mode, enable_chunked_prefill=chunked, watermark=watermark)
+def make(
+    num_blocks=16,
+    block_size=4,
+    mode="recompute",
+    budget=16,
+    max_seqs=4,
+    chunked=True,
+    cpu=16,
+    watermark=0.0,
+    tier=False,
+):
+    cfg = EngineConfig(
+        model="unused",
+        block_size=8,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_seqs,
+        preemption_mode=mode,
+        enable_chunked_prefill=chunked,
+        watermark=watermark,
+    )
     kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=cpu, watermark=watermark, enable_offload=tier)
     return Scheduler(cfg, kv, max_model_len=num_blocks * block_size), kv
 
 
 def new_seq(tokens, t, rid=None):
-    return Sequence(request_id=rid or f"r{t}", prompt_token_ids=list(tokens), params=SamplingParams(),
-                    arrival_time=float(t))
+    return Sequence(
+        request_id=rid or f"r{t}", prompt_token_ids=list(tokens), params=SamplingParams(), arrival_time=float(t)
+    )
 
 
 _mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> the runner's batch
@@ -224,12 +241,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.added: list[Sequence] = []  # every sequence added to the queue (not forked); beam group leaders too
         self.groups: list = []  # live beam groups
 
-    @rule(mode=st.sampled_from(["recompute", "swap"]), cpu=st.sampled_from([0, 4, 16]),
-          watermark=st.sampled_from([0.0, 0.1]), num_blocks=st.sampled_from([8, 12]), tier=st.booleans())
+    @rule(
+        mode=st.sampled_from(["recompute", "swap"]),
+        cpu=st.sampled_from([0, 4, 16]),
+        watermark=st.sampled_from([0.0, 0.1]),
+        num_blocks=st.sampled_from([8, 12]),
+        tier=st.booleans(),
+    )
     def configure(self, mode, cpu, watermark, num_blocks, tier):
         if not hasattr(self, "sched"):
-            self.sched, self.kv = make(num_blocks=num_blocks, block_size=4, mode=mode, budget=12, cpu=cpu,
-                                       watermark=watermark, tier=tier)
+            self.sched, self.kv = make(
+                num_blocks=num_blocks, block_size=4, mode=mode, budget=12, cpu=cpu, watermark=watermark, tier=tier
+            )
 
     def _ready(self):
         return hasattr(self, "sched")
@@ -249,13 +272,14 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(_ready)
     @rule(length=st.integers(1, 16), width=st.integers(1, 3))
     def add_beam_group(self, length, width):
-        from pagedinfer.engine.sequence import SequenceGroup
-
         from pagedinfer.engine.beam.group import max_group_blocks
         from pagedinfer.engine.beam.params import BeamSearchParams
+        from pagedinfer.engine.sequence import SequenceGroup
 
-        if sum(self.sched.seats(s) for s in self.sched.running) + width > self.sched.config.max_num_seqs or \
-                max_group_blocks(length, BeamSearchParams(width, 6), 4) > self.kv.pool.num_blocks:
+        if (
+            sum(self.sched.seats(s) for s in self.sched.running) + width > self.sched.config.max_num_seqs
+            or max_group_blocks(length, BeamSearchParams(width, 6), 4) > self.kv.pool.num_blocks
+        ):
             return  # as the engine's check_request: a group that cannot fit the pool alone is refused
         t = next(self.ids)
         leader = new_seq([t % 50 + 2] * length, t)
@@ -296,8 +320,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for group in self.groups:  # a group runs whole or not at all, its running beams side by side
             running = [i for i, s in enumerate(self.sched.running) if s.group is group]
             assert running == list(range(running[0], running[0] + len(running))) if running else True
-            assert not running or all(s.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING)
-                                      for s in group.seqs)
+            assert not running or all(s.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING) for s in group.seqs)
             assert sum(s.status is SequenceStatus.RUNNING for s in group.seqs) in (0, 1, len(group.seqs))
         for s in list(self.live):
             if s.num_output_tokens >= 6 and not s.is_finished:
@@ -319,13 +342,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.sched.finish(s, "abort")
         self.groups.remove(group)
 
-    @precondition(lambda self: self._ready() and sum(self.sched.seats(s) for s in self.sched.running)
-                  < self.sched.config.max_num_seqs and any(
-        s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1 for s in self.live))
+    @precondition(
+        lambda self: (
+            self._ready()
+            and sum(self.sched.seats(s) for s in self.sched.running) < self.sched.config.max_num_seqs
+            and any(s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1 for s in self.live)
+        )
+    )
     @rule()
     def fork(self):
-        parent = next(s for s in self.live
-                      if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1)
+        parent = next(
+            s for s in self.live if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1
+        )
         child = new_seq(parent.prompt_token_ids, next(self.ids))
         child.token_ids = list(parent.token_ids)
         self.sched.fork(parent, child)
@@ -373,7 +401,7 @@ def beam_group(sched, tokens, num_beams, t):
 
 def fork_beams(sched, group, num_beams):
     leader = group.leader
-    for i in range(1, num_beams):
+    for _ in range(1, num_beams):
         child = new_seq(leader.prompt_token_ids, 0, rid=leader.request_id)
         child.token_ids, child.group = list(leader.token_ids), group
         sched.fork(leader, child)
@@ -402,8 +430,7 @@ def test_a_beam_group_is_preempted_and_resumed_as_a_whole(mode):
     older.token_ids.extend([7] * 8)  # older now needs 3 more blocks: with the beams' 2 copies, 5 > 4 free
     out = sched.schedule()
     assert set(out.preempted) == set(group.seqs) and [i.seq for i in out.scheduled] == [older]
-    assert [s.status for s in group.seqs] == [SequenceStatus.SWAPPED if mode == "swap" else
-                                              SequenceStatus.WAITING] * 3
+    assert [s.status for s in group.seqs] == [SequenceStatus.SWAPPED if mode == "swap" else SequenceStatus.WAITING] * 3
     queue = sched.swapped if mode == "swap" else sched.waiting
     assert list(queue) == [group.leader]  # only the leader is queued; the other beams follow it
     sched.after_step(out)
@@ -508,8 +535,9 @@ class _CountingFastPath(KVCacheManager):
 
 
 def _twin(kv_class, mode, num_blocks):
-    cfg = EngineConfig(model="unused", block_size=8, max_num_batched_tokens=12, max_num_seqs=6,
-                       preemption_mode=mode, watermark=0.0)
+    cfg = EngineConfig(
+        model="unused", block_size=8, max_num_batched_tokens=12, max_num_seqs=6, preemption_mode=mode, watermark=0.0
+    )
     kv = kv_class(num_blocks, 4, num_cpu_blocks=6 if mode == "swap" else 0, watermark=0.0)
     return Scheduler(cfg, kv, max_model_len=num_blocks * 4)
 
@@ -517,12 +545,17 @@ def _twin(kv_class, mode, num_blocks):
 def _step_view(sched, out, name):
     """A step's outcome in request terms (seq ids differ between twins): what ran, copied, moved, changed.
     name: seq_id -> (request_id, index) of every sequence the twin ever had."""
-    return ([(name[it.seq.seq_id], it.num_new_tokens) for it in out.scheduled], out.num_batched_tokens,
-            out.blocks_to_copy, out.blocks_to_swap_out, out.blocks_to_swap_in,
-            [name[s.seq_id] for s in out.preempted],
-            [(name[u.seq_id], u.start, u.block_ids) for u in out.table_deltas.updates],
-            sorted(name[i] for i in out.table_deltas.freed_seq_ids),
-            sorted((name[i], [b.block_id for b in t]) for i, t in sched.kv.tables.items() if i in name))
+    return (
+        [(name[it.seq.seq_id], it.num_new_tokens) for it in out.scheduled],
+        out.num_batched_tokens,
+        out.blocks_to_copy,
+        out.blocks_to_swap_out,
+        out.blocks_to_swap_in,
+        [name[s.seq_id] for s in out.preempted],
+        [(name[u.seq_id], u.start, u.block_ids) for u in out.table_deltas.updates],
+        sorted(name[i] for i in out.table_deltas.freed_seq_ids),
+        sorted((name[i], [b.block_id for b in t]) for i, t in sched.kv.tables.items() if i in name),
+    )
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -541,22 +574,33 @@ def test_the_in_place_fast_path_schedules_exactly_as_the_general_path(mode):
         if action < 0.25 and len(live[fast]) < 8:
             tokens = [1] * rng.choice([0, 4, 6]) + [t % 40 + 2] * rng.randint(1, 9)
             for sched in (fast, general):
-                seq = Sequence(request_id=f"r{t}", prompt_token_ids=tokens, params=SamplingParams(max_tokens=8),
-                               arrival_time=float(t))
+                seq = Sequence(
+                    request_id=f"r{t}",
+                    prompt_token_ids=tokens,
+                    params=SamplingParams(max_tokens=8),
+                    arrival_time=float(t),
+                )
                 sched.add(seq)
                 live[sched][(seq.request_id, 0)] = seq
                 names[sched][seq.seq_id] = (seq.request_id, 0)
         elif action < 0.35:
-            forkable = sorted(k for k, s in live[fast].items()
-                              if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1)
+            forkable = sorted(
+                k
+                for k, s in live[fast].items()
+                if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens - 1
+            )
             if forkable:
                 key = rng.choice(forkable)
                 for sched in (fast, general):
                     parent = live[sched][key]
-                    child = Sequence(request_id=parent.request_id, prompt_token_ids=parent.prompt_token_ids,
-                                     params=parent.params, arrival_time=parent.arrival_time,
-                                     index=sum(1 for k in live[sched] if k[0] == key[0]) + t,
-                                     token_ids=list(parent.token_ids))
+                    child = Sequence(
+                        request_id=parent.request_id,
+                        prompt_token_ids=parent.prompt_token_ids,
+                        params=parent.params,
+                        arrival_time=parent.arrival_time,
+                        index=sum(1 for k in live[sched] if k[0] == key[0]) + t,
+                        token_ids=list(parent.token_ids),
+                    )
                     child.block_hashes = list(parent.block_hashes)
                     sched.fork(parent, child)
                     live[sched][(child.request_id, child.index)] = child

@@ -42,8 +42,15 @@ def prompt(length, seed=0):
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_a_prefill_preempted_mid_prompt_comes_back_in_chunks(tiny_llama, mode):
-    eng = engine(tiny_llama, num_gpu_blocks_override=34, block_size=16, max_model_len=512,
-                 max_num_batched_tokens=32, preemption_mode=mode, swap_space=0.01)
+    eng = engine(
+        tiny_llama,
+        num_gpu_blocks_override=34,
+        block_size=16,
+        max_model_len=512,
+        max_num_batched_tokens=32,
+        preemption_mode=mode,
+        swap_space=0.01,
+    )
     eng.add_request("A", prompt(200, 1), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     eng.add_request("B", prompt(500, 2), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     finished, _ = run(eng)
@@ -53,8 +60,15 @@ def test_a_prefill_preempted_mid_prompt_comes_back_in_chunks(tiny_llama, mode):
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_a_fork_swapped_out_with_the_whole_pool_comes_back(tiny_llama, mode):
-    eng = engine(tiny_llama, num_gpu_blocks_override=30, block_size=16, max_model_len=480,
-                 max_num_batched_tokens=512, preemption_mode=mode, swap_space=0.01)
+    eng = engine(
+        tiny_llama,
+        num_gpu_blocks_override=30,
+        block_size=16,
+        max_model_len=480,
+        max_num_batched_tokens=512,
+        preemption_mode=mode,
+        swap_space=0.01,
+    )
     eng.add_request("r", prompt(465), SamplingParams(n=2, temperature=0, max_tokens=15, ignore_eos=True))
     finished, _ = run(eng)
     assert [len(o.token_ids) for o in finished["r"].outputs] == [15, 15]
@@ -62,8 +76,15 @@ def test_a_fork_swapped_out_with_the_whole_pool_comes_back(tiny_llama, mode):
 
 @pytest.mark.parametrize("chunked", [True, False])
 def test_a_request_that_fits_the_pool_is_admitted_despite_the_watermark(tiny_llama, chunked):
-    eng = engine(tiny_llama, num_gpu_blocks_override=100, block_size=8, max_model_len=800,
-                 max_num_batched_tokens=256 if chunked else 800, enable_chunked_prefill=chunked, watermark=0.01)
+    eng = engine(
+        tiny_llama,
+        num_gpu_blocks_override=100,
+        block_size=8,
+        max_model_len=800,
+        max_num_batched_tokens=256 if chunked else 800,
+        enable_chunked_prefill=chunked,
+        watermark=0.01,
+    )
     assert eng.kv.watermark_blocks == 1
     for attempt in ("cold", "prefix hit"):
         eng.add_request(attempt, prompt(795), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
@@ -72,8 +93,14 @@ def test_a_request_that_fits_the_pool_is_admitted_despite_the_watermark(tiny_lla
 
 
 def test_forks_still_to_come_count_against_max_num_seqs(tiny_llama):
-    eng = engine(tiny_llama, block_size=16, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64,
-                 num_gpu_blocks_override=64)
+    eng = engine(
+        tiny_llama,
+        block_size=16,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        num_gpu_blocks_override=64,
+    )
     eng.add_request("A", list(range(10, 110)), SamplingParams(n=3, temperature=0.7, max_tokens=5, ignore_eos=True))
     eng.add_request("B", [20, 21, 22], SamplingParams(max_tokens=5, ignore_eos=True))
     eng.add_request("C", [30, 31, 32], SamplingParams(max_tokens=5, ignore_eos=True))

@@ -11,10 +11,24 @@ import pytest
 from pagedinfer.engine import sizing
 from pagedinfer.engine.model_shape import ModelShape
 
-LLAMA3_8B = ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, num_parameters=8_030_261_248,
-                       dtype="bfloat16", hidden_size=4096, max_position_embeddings=8192)
-LLAMA3_70B = ModelShape(num_layers=80, num_kv_heads=8, head_dim=128, num_parameters=70_553_706_496,
-                        dtype="bfloat16", hidden_size=8192, max_position_embeddings=8192)
+LLAMA3_8B = ModelShape(
+    num_layers=32,
+    num_kv_heads=8,
+    head_dim=128,
+    num_parameters=8_030_261_248,
+    dtype="bfloat16",
+    hidden_size=4096,
+    max_position_embeddings=8192,
+)
+LLAMA3_70B = ModelShape(
+    num_layers=80,
+    num_kv_heads=8,
+    head_dim=128,
+    num_parameters=70_553_706_496,
+    dtype="bfloat16",
+    hidden_size=8192,
+    max_position_embeddings=8192,
+)
 GIB = 2**30
 
 

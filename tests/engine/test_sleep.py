@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.kv_events.events import AllBlocksCleared
+from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.sleep.sleeper import EngineSleep, SleepRefused
 from pagedinfer.engine.sleep.weights import offload, restore

@@ -24,8 +24,10 @@ def test_the_last_lines_are_kept_and_every_line_is_passed_on(capfd):
 
 def test_text_is_bounded_while_something_still_holds_the_pipe():
     """A grandchild that inherited the stderr outlives the child: the pipe has not ended, the wait is bounded."""
-    proc = _child("import subprocess, sys\nprint('dying', file=sys.stderr, flush=True)\n"
-                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(10)'])")
+    proc = _child(
+        "import subprocess, sys\nprint('dying', file=sys.stderr, flush=True)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(10)'])"
+    )
     tail = StderrTail(proc.stderr, "test")
     proc.wait(60)
     start = time.monotonic()

@@ -22,8 +22,11 @@ def test_a_put_is_exactly_the_values_written_after_a_longer_one_and_across_growt
 
 
 def _runner(model) -> ModelRunner:
-    runner = ModelRunner(EngineConfig(model=str(model), dtype="float32", device="cpu", block_size=16,
-                                      max_num_batched_tokens=64, max_num_seqs=4))
+    runner = ModelRunner(
+        EngineConfig(
+            model=str(model), dtype="float32", device="cpu", block_size=16, max_num_batched_tokens=64, max_num_seqs=4
+        )
+    )
     runner.allocate_kv_cache(8, 0)
     return runner
 
@@ -37,8 +40,9 @@ def test_a_short_step_after_a_long_one_equals_a_fresh_runners(tiny_llama):
     """The reused token-id and logits-row buffers hold a 40-token step's rows when the 5-token step comes:
     its logits must be exactly a fresh runner's (a stale row, a longer view or an unwritten entry changes them)."""
     runner = _runner(tiny_llama)
-    long = StepInputs(list(range(20, 60)), [1], [40], [40], list(range(40)),
-                      TableDeltas((BlockTableUpdate(1, 0, (0, 1, 2)),)))
+    long = StepInputs(
+        list(range(20, 60)), [1], [40], [40], list(range(40)), TableDeltas((BlockTableUpdate(1, 0, (0, 1, 2)),))
+    )
     assert runner.run_step(long).shape[0] == 40
     after_long = runner.run_step(_short_step())
     fresh = _runner(tiny_llama).run_step(_short_step())

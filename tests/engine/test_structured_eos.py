@@ -11,12 +11,15 @@ from pagedinfer.engine.structured.eos import GrammarEos
 from pagedinfer.engine.structured.params import StructuredOutputsParams
 
 
-@pytest.mark.parametrize("ids, primary, others", [
-    ([], None, ()),
-    ([7], 7, ()),
-    ({9, 2, 5}, 2, (5, 9)),
-    ([5, 2, 5], 2, (5,)),
-])
+@pytest.mark.parametrize(
+    "ids, primary, others",
+    [
+        ([], None, ()),
+        ([7], 7, ()),
+        ({9, 2, 5}, 2, (5, 9)),
+        ([5, 2, 5], 2, (5,)),
+    ],
+)
 def test_the_smallest_eos_id_is_the_one_the_backend_is_told(ids, primary, others):
     eos = GrammarEos.of(ids)
     assert (eos.primary, eos.others) == (primary, others)
@@ -54,13 +57,15 @@ def test_a_second_eos_id_is_allowed_only_where_the_grammar_may_end_and_ends_the_
     # the bias makes <|user|> (5, not the id the backend was told) the model's first choice at every step: the
     # mask must refuse it before the first digit (an empty output does not match) and allow it after one
     spec = StructuredOutputsParams(regex=r"\d+")
-    out = two_eos_llm.generate(["Number: "], SamplingParams(temperature=0.0, max_tokens=8, logit_bias={5: 100.0},
-                                                           structured_outputs=spec))[0].outputs[0]
+    out = two_eos_llm.generate(
+        ["Number: "], SamplingParams(temperature=0.0, max_tokens=8, logit_bias={5: 100.0}, structured_outputs=spec)
+    )[0].outputs[0]
     assert out.finish_reason == "stop"
     assert out.token_ids[-1] == 5 and len(out.token_ids) == 2
     assert re.fullmatch(r"\d+", out.text), out.text
-    unconstrained = two_eos_llm.generate(["Number: "], SamplingParams(temperature=0.0, max_tokens=8,
-                                                                      logit_bias={5: 100.0}))[0].outputs[0]
+    unconstrained = two_eos_llm.generate(
+        ["Number: "], SamplingParams(temperature=0.0, max_tokens=8, logit_bias={5: 100.0})
+    )[0].outputs[0]
     assert unconstrained.token_ids == [5] and unconstrained.finish_reason == "stop"
 
 

@@ -30,36 +30,52 @@ def write(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_mem_available_bounds_a_host_without_a_cgroup_limit(tmp_path):
-    root = write(tmp_path, {"proc/meminfo": "MemTotal: 16000000 kB\nMemAvailable: 8388608 kB\n",
-                            "proc/self/cgroup": "0::/\n", "sys/fs/cgroup/memory.max": "max\n",
-                            "sys/fs/cgroup/memory.current": "123\n"})
+    root = write(
+        tmp_path,
+        {
+            "proc/meminfo": "MemTotal: 16000000 kB\nMemAvailable: 8388608 kB\n",
+            "proc/self/cgroup": "0::/\n",
+            "sys/fs/cgroup/memory.max": "max\n",
+            "sys/fs/cgroup/memory.current": "123\n",
+        },
+    )
     assert available_host_memory(root) == HostMemoryBound(8 * GIB, "MemAvailable in /proc/meminfo")
 
 
 def test_a_cgroup_v2_limit_below_mem_available_wins_less_its_working_set(tmp_path):
     pod = "sys/fs/cgroup/kubepods/pod1/"
-    root = write(tmp_path, {
-        "proc/meminfo": "MemAvailable: 67108864 kB\n",  # 64 GiB on the node
-        "proc/self/cgroup": "0::/kubepods/pod1\n",
-        pod + "memory.max": f"{3 * GIB}\n", pod + "memory.current": f"{2 * GIB}\n",
-        pod + "memory.stat": f"anon 1\ninactive_file {GIB // 2}\nactive_file 7\n",  # reclaimable cache
-        "sys/fs/cgroup/kubepods/memory.max": "max\n", "sys/fs/cgroup/kubepods/memory.current": "0\n",
-    })
+    root = write(
+        tmp_path,
+        {
+            "proc/meminfo": "MemAvailable: 67108864 kB\n",  # 64 GiB on the node
+            "proc/self/cgroup": "0::/kubepods/pod1\n",
+            pod + "memory.max": f"{3 * GIB}\n",
+            pod + "memory.current": f"{2 * GIB}\n",
+            pod + "memory.stat": f"anon 1\ninactive_file {GIB // 2}\nactive_file 7\n",  # reclaimable cache
+            "sys/fs/cgroup/kubepods/memory.max": "max\n",
+            "sys/fs/cgroup/kubepods/memory.current": "0\n",
+        },
+    )
     bound = available_host_memory(root)
     assert bound == HostMemoryBound(3 * GIB - (2 * GIB - GIB // 2), "cgroup memory.max of /kubepods/pod1")
 
 
 def test_a_cgroup_v1_parent_limit_counts_and_unlimited_is_ignored(tmp_path):
     mem = "sys/fs/cgroup/memory/"
-    root = write(tmp_path, {
-        "proc/meminfo": "MemAvailable: 16777216 kB\n",  # 16 GiB
-        "proc/self/cgroup": "4:memory:/docker/abc\n0::/\n",
-        mem + "docker/abc/memory.limit_in_bytes": V1_UNLIMITED + "\n",
-        mem + "docker/abc/memory.usage_in_bytes": f"{GIB}\n",
-        mem + "docker/memory.limit_in_bytes": f"{4 * GIB}\n", mem + "docker/memory.usage_in_bytes": f"{3 * GIB}\n",
-        mem + "docker/memory.stat": "total_inactive_file 0\n",
-        mem + "memory.limit_in_bytes": V1_UNLIMITED + "\n", mem + "memory.usage_in_bytes": f"{9 * GIB}\n",
-    })
+    root = write(
+        tmp_path,
+        {
+            "proc/meminfo": "MemAvailable: 16777216 kB\n",  # 16 GiB
+            "proc/self/cgroup": "4:memory:/docker/abc\n0::/\n",
+            mem + "docker/abc/memory.limit_in_bytes": V1_UNLIMITED + "\n",
+            mem + "docker/abc/memory.usage_in_bytes": f"{GIB}\n",
+            mem + "docker/memory.limit_in_bytes": f"{4 * GIB}\n",
+            mem + "docker/memory.usage_in_bytes": f"{3 * GIB}\n",
+            mem + "docker/memory.stat": "total_inactive_file 0\n",
+            mem + "memory.limit_in_bytes": V1_UNLIMITED + "\n",
+            mem + "memory.usage_in_bytes": f"{9 * GIB}\n",
+        },
+    )
     assert available_host_memory(root) == HostMemoryBound(GIB, "cgroup memory.limit_in_bytes of /docker")
 
 
@@ -92,8 +108,13 @@ def test_llm_raises_the_same_value_error(tiny_llama):
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_the_cli_exits_2_with_one_line_naming_the_flag(command):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(CLI), command, "--swap-space", "1e9", "--preemption-mode", "swap"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [str(CLI), command, "--swap-space", "1e9", "--preemption-mode", "swap"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     (line,) = proc.stderr.strip().splitlines()
@@ -107,12 +128,20 @@ def test_on_a_cpu_the_swap_pool_must_fit_beside_the_kv_pool_on_a_gpu_alone():
     bound = HostMemoryBound(10 * GIB, "cgroup memory.max of /kubepods/pod1")
     config = EngineConfig(model="m", preemption_mode="swap", swap_space=1.0)
     check_host_pools_fit(config, "cpu", 9 * GIB, GIB, bound)  # exactly fits
-    with pytest.raises(ValueError, match=r"--swap-space\): 1 GiB of host swap pool beside this CPU engine's 9\.50 GiB"
-                                         r" KV pool does not fit in the 10\.00 GiB .*memory\.max of /kubepods/pod1"):
+    with pytest.raises(
+        ValueError,
+        match=r"--swap-space\): 1 GiB of host swap pool beside this CPU engine's 9\.50 GiB"
+        r" KV pool does not fit in the 10\.00 GiB .*memory\.max of /kubepods/pod1",
+    ):
         check_host_pools_fit(config, "cpu", 9 * GIB + GIB // 2, GIB, bound)
     with pytest.raises(ValueError, match=r"KV pool, x 2 tensor-parallel ranks does not fit"):
-        check_host_pools_fit(EngineConfig(model="m", preemption_mode="swap", swap_space=1.0, tensor_parallel_size=2),
-                             "cpu", 4 * GIB + 1, GIB, bound)
+        check_host_pools_fit(
+            EngineConfig(model="m", preemption_mode="swap", swap_space=1.0, tensor_parallel_size=2),
+            "cpu",
+            4 * GIB + 1,
+            GIB,
+            bound,
+        )
     check_host_pools_fit(config, "cuda", 100 * GIB, GIB, bound)  # a GPU's KV pool is device memory
     check_host_pools_fit(config, "cpu", 100 * GIB, 0, bound)  # recompute: no swap pool, the budget is the bound
     check_host_pools_fit(config, "cpu", 100 * GIB, GIB, None)  # nothing readable bounds nothing
@@ -123,5 +152,11 @@ def test_a_cpu_engine_refuses_a_swap_pool_that_fits_only_without_its_kv_pool(tin
     KV pool (about 2 GiB of the 3 GiB budget), refuses before allocating either."""
     swap_gib = available_host_memory().available_bytes / GIB - 1.0
     with pytest.raises(ValueError, match=r"--swap-space\): .* GiB of host swap pool beside this CPU engine's"):
-        LLM(model=str(tiny_llama), preemption_mode="swap", swap_space=swap_gib, dtype="float32", device="cpu",
-            cpu_memory_budget_bytes=3 * GIB)
+        LLM(
+            model=str(tiny_llama),
+            preemption_mode="swap",
+            swap_space=swap_gib,
+            dtype="float32",
+            device="cpu",
+            cpu_memory_budget_bytes=3 * GIB,
+        )

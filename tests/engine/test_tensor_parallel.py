@@ -20,9 +20,17 @@ ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3"]  # GQA, q/k/v biases, q/k
 MAX_TOKENS = 12
 # 12 blocks of 8 tokens: one 87-token sequence fits, the batch does not -> preemption;
 # 32-token steps chunk every prompt longer than that.
-SETTINGS = dict(dtype="float32", device="cpu", block_size=8, num_gpu_blocks_override=12, max_model_len=96,
-                max_num_batched_tokens=32, enable_prefix_caching=True, enable_chunked_prefill=True,
-                swap_space=0.01)
+SETTINGS = dict(
+    dtype="float32",
+    device="cpu",
+    block_size=8,
+    num_gpu_blocks_override=12,
+    max_model_len=96,
+    max_num_batched_tokens=32,
+    enable_prefix_caching=True,
+    enable_chunked_prefill=True,
+    swap_space=0.01,
+)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
@@ -86,10 +94,13 @@ def test_tp2_greedy_equals_transformers_under_swap_preemption(engines, reference
 @pytest.mark.slow
 def test_tp2_seeded_sampling_reproduces_tp1(engines, reference):
     prompts, _ = reference("llama")
-    params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=100 + i, max_tokens=MAX_TOKENS, n=2)
-              for i in range(len(prompts))]
-    outs = {tp: [[c.token_ids for c in o.outputs] for o in engines("llama", tp).generate(prompts, params)]
-            for tp in (1, 2)}
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=100 + i, max_tokens=MAX_TOKENS, n=2)
+        for i in range(len(prompts))
+    ]
+    outs = {
+        tp: [[c.token_ids for c in o.outputs] for o in engines("llama", tp).generate(prompts, params)] for tp in (1, 2)
+    }
     assert outs[1] == outs[2]
     assert any(a != b for a, b in outs[1]), "n=2 seeded samples should differ from each other"
 

@@ -17,13 +17,12 @@ from proc_tree import alive, children, wait_gone
 
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
-from pagedinfer.engine.distributed.step_message import STEP, Message, StepInputs
 from pagedinfer.engine.distributed import workers as workers_module
+from pagedinfer.engine.distributed.step_message import STEP, Message, StepInputs
 from pagedinfer.engine.distributed.workers import TensorParallelError
 
 pytestmark = pytest.mark.slow
-SETTINGS = dict(device="cpu", dtype="float32", tensor_parallel_size=2, num_gpu_blocks_override=64,
-                max_model_len=256)
+SETTINGS = dict(device="cpu", dtype="float32", tensor_parallel_size=2, num_gpu_blocks_override=64, max_model_len=256)
 WORKER = b"pagedinfer.engine.distributed.worker"
 LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
 
@@ -57,8 +56,20 @@ def test_rank1_raising_stops_the_engine_with_its_error(tiny_llama):
     llm = LLM(str(tiny_llama), **SETTINGS)
     workers = llm.llm_engine.runner.workers
     # a step only rank 1 runs, copying a block its pool does not have: rank 1 raises before any collective
-    workers.send(Message(STEP, StepInputs([5], [10**6], [1], [1], [0], TableDeltas((BlockTableUpdate(10**6, 0, (0,)),)),
-                                          blocks_to_copy=((10**6, 1),))))
+    workers.send(
+        Message(
+            STEP,
+            StepInputs(
+                [5],
+                [10**6],
+                [1],
+                [1],
+                [0],
+                TableDeltas((BlockTableUpdate(10**6, 0, (0,)),)),
+                blocks_to_copy=((10**6, 1),),
+            ),
+        )
+    )
     with pytest.raises(TensorParallelError, match=r"rank 1 .*failed.*ValueError: block_mapping"):
         for _ in range(200):  # the next steps notice (gloo reports the closed connection at once)
             llm.generate(["Hello"], SamplingParams(max_tokens=2))
@@ -98,47 +109,57 @@ def test_no_child_outlives_rank0(tiny_llama, tmp_path, sig):
 def test_a_layer_that_does_not_split_is_a_value_error_and_leaves_no_child(make_model):
     model = make_model("llama", intermediate_size=129)  # the heads split in two, the MLP does not
     before = children(os.getpid(), WORKER)
-    with pytest.raises(ValueError, match=r"tensor_parallel_size: 2 does not divide model\.layers\.0\.mlp\.gate_proj's"
-                                         r" 129 output features"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor_parallel_size: 2 does not divide model\.layers\.0\.mlp\.gate_proj's"
+        r" 129 output features",
+    ):
         LLM(str(model), **SETTINGS)
     assert children(os.getpid(), WORKER) <= before
-
 
 
 # Put on rank 1's PYTHONPATH (ahead of site-packages): rank 1 dies importing `pagedinfer`, before it can reach
 # rank 0's store. -P does not drop PYTHONPATH, so this is the decoy-directory failure on any command line.
 _DEATHS_WHILE_IMPORTING = {
-    "raising": ('raise ImportError("decoy pagedinfer: rank 1 cannot import")',
-                r"exited with code 1.*ImportError: decoy pagedinfer: rank 1 cannot import"),
+    "raising": (
+        'raise ImportError("decoy pagedinfer: rank 1 cannot import")',
+        r"exited with code 1.*ImportError: decoy pagedinfer: rank 1 cannot import",
+    ),
     "killed": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", r"killed by SIGKILL"),
 }
 
 
 @pytest.mark.parametrize("death", sorted(_DEATHS_WHILE_IMPORTING))
-def test_a_rank_dying_before_its_handshake_fails_the_start_within_seconds_naming_it(tiny_llama, tmp_path,
-                                                                                     monkeypatch, death):
+def test_a_rank_dying_before_its_handshake_fails_the_start_within_seconds_naming_it(
+    tiny_llama, tmp_path, monkeypatch, death
+):
     source, error = _DEATHS_WHILE_IMPORTING[death]
     (tmp_path / "pagedinfer").mkdir()
     (tmp_path / "pagedinfer" / "__init__.py").write_text(source + "\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     before = children(os.getpid(), WORKER)
     start = time.monotonic()
-    with pytest.raises(TensorParallelError, match=r"(?s)tensor-parallel rank 1 \(pid \d+\) failed while "
-                                                  r"starting: " + error):
+    with pytest.raises(
+        TensorParallelError,
+        match=r"(?s)tensor-parallel rank 1 \(pid \d+\) failed while "
+        r"starting: " + error,
+    ):
         LLM(str(tiny_llama), **SETTINGS)
     elapsed_seconds = time.monotonic() - start
     assert elapsed_seconds < 30, f"the start failed only after {elapsed_seconds:.1f} s"
     assert children(os.getpid(), WORKER) <= before
 
 
-def test_a_rank_that_never_reaches_the_store_fails_the_start_after_the_store_timeout(tiny_llama, tmp_path,
-                                                                                     monkeypatch):
+def test_a_rank_that_never_reaches_the_store_fails_the_start_after_the_store_timeout(tiny_llama, tmp_path, monkeypatch):
     (tmp_path / "pagedinfer").mkdir()
     (tmp_path / "pagedinfer" / "__init__.py").write_text("import time\ntime.sleep(120)\n")  # a hung import
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setattr(workers_module, "STORE_TIMEOUT", datetime.timedelta(seconds=2))
     before = children(os.getpid(), WORKER)
-    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) is still alive but did not finish starting"
-                                                  r" in 2 s"):
+    with pytest.raises(
+        TensorParallelError,
+        match=r"rank 1 \(pid \d+\) is still alive but did not finish starting"
+        r" in 2 s",
+    ):
         LLM(str(tiny_llama), **SETTINGS)
     assert children(os.getpid(), WORKER) <= before

@@ -29,11 +29,15 @@ CLOSE = dict(rtol=1e-5, atol=1e-5)
 
 # ----- the cuts ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("size, n, want", [
-    (8, 2, [((0, 4),), ((4, 8),)]),
-    (7, 2, [((0, 4),), ((4, 7),)]),           # torch's Shard: ceil chunks, the last shorter
-    (5, 4, [((0, 2),), ((2, 4),), ((4, 5),), ((5, 5),)]),
-])
+
+@pytest.mark.parametrize(
+    "size, n, want",
+    [
+        (8, 2, [((0, 4),), ((4, 8),)]),
+        (7, 2, [((0, 4),), ((4, 7),)]),  # torch's Shard: ceil chunks, the last shorter
+        (5, 4, [((0, 2),), ((2, 4),), ((4, 5),), ((5, 5),)]),
+    ],
+)
 def test_chunk_is_torch_shard(size, n, want):
     assert [chunk(size, r, n).ranges for r in range(n)] == want
 
@@ -44,31 +48,39 @@ def test_packed_chunk_takes_the_same_chunk_of_each_half():
         packed_chunk(6, 0, 2, "w")
 
 
-@pytest.mark.parametrize("heads, n, groups", [
-    (2, 4, [0, 0, 1, 1]),        # fewer heads than ranks: h0 h0 h1 h1
-    (6, 4, [0, 0, 1, 1]),        # gcd 2: h0h1h2 on ranks 0 and 1, h3h4h5 on 2 and 3
-    (8, 4, [0, 1, 2, 3]),        # plain colwise
-])
+@pytest.mark.parametrize(
+    "heads, n, groups",
+    [
+        (2, 4, [0, 0, 1, 1]),  # fewer heads than ranks: h0 h0 h1 h1
+        (6, 4, [0, 0, 1, 1]),  # gcd 2: h0h1h2 on ranks 0 and 1, h3h4h5 on 2 and 3
+        (8, 4, [0, 1, 2, 3]),  # plain colwise
+    ],
+)
 def test_unit_chunk_keeps_whole_heads_in_gcd_groups(heads, n, groups):
     head_dim, g = 3, len(set(groups))
     per = heads // g * head_dim
-    assert [unit_chunk(heads * head_dim, head_dim, r, n, "k").ranges for r in range(n)] == \
-        [((grp * per, (grp + 1) * per),) for grp in groups]
+    assert [unit_chunk(heads * head_dim, head_dim, r, n, "k").ranges for r in range(n)] == [
+        ((grp * per, (grp + 1) * per),) for grp in groups
+    ]
 
 
-@pytest.mark.parametrize("plan, kv, n, want", [
-    ({"model.layers.*.self_attn.k_proj": "colwise"}, 4, 2, 2),                 # llama
-    ({"model.layers.*.self_attn.qkv_proj": "colwise_gather_output"}, 4, 2, 4),  # phi3 5.x: gathered
-    ({"model.layers.*.self_attn.qkv_proj": "colwise_rep"}, 4, 2, 4),            # phi3 4.56
-    ({"model.layers.*.self_attn.k_proj": "unit_colwise"}, 2, 4, 1),             # minicpm5_moe
-    ({"model.layers.*.mlp.up_proj": "colwise"}, 4, 2, 4),                       # keys not in the plan
-    ({"model.layers.*.attention.query_key_value": "colwise"}, 8, 4, 2),         # gpt_neox
-])
+@pytest.mark.parametrize(
+    "plan, kv, n, want",
+    [
+        ({"model.layers.*.self_attn.k_proj": "colwise"}, 4, 2, 2),  # llama
+        ({"model.layers.*.self_attn.qkv_proj": "colwise_gather_output"}, 4, 2, 4),  # phi3 5.x: gathered
+        ({"model.layers.*.self_attn.qkv_proj": "colwise_rep"}, 4, 2, 4),  # phi3 4.56
+        ({"model.layers.*.self_attn.k_proj": "unit_colwise"}, 2, 4, 1),  # minicpm5_moe
+        ({"model.layers.*.mlp.up_proj": "colwise"}, 4, 2, 4),  # keys not in the plan
+        ({"model.layers.*.attention.query_key_value": "colwise"}, 8, 4, 2),  # gpt_neox
+    ],
+)
 def test_kv_heads_per_rank_follow_the_key_projection(plan, kv, n, want):
     assert plan_styles.kv_heads_per_rank(plan, kv, n) == want
 
 
 # ----- a toy model with a plan ---------------------------------------------------------------------------------
+
 
 class _Config:
     def __init__(self, plan: dict[str, str], head_dim: int) -> None:
@@ -118,8 +130,8 @@ def test_colwise_keeps_its_output_rows_and_the_chunks_are_the_whole_output(style
     ranks, copies = sharded(Toy({"up": style}, up=up), 2)
     for r, c in enumerate(copies):
         assert type(c.model.up) is nn.Linear
-        torch.testing.assert_close(c.model.up.weight, up.weight[4 * r:4 * (r + 1)])
-        torch.testing.assert_close(c.model.up.bias, up.bias[4 * r:4 * (r + 1)])
+        torch.testing.assert_close(c.model.up.weight, up.weight[4 * r : 4 * (r + 1)])
+        torch.testing.assert_close(c.model.up.bias, up.bias[4 * r : 4 * (r + 1)])
     outs = on_ranks(ranks, copies, lambda m: m.up(x))
     torch.testing.assert_close(torch.cat(outs, -1), up(x))
 
@@ -174,7 +186,7 @@ def test_split_input_rows_take_their_chunk_of_a_whole_input_and_add_the_bias_onc
     ranks, copies = sharded(Toy({"o": style}, o=o), 2)
     for r, c in enumerate(copies):
         assert isinstance(c.model.o, RowParallelLinear) and c.model.o.split_input
-        torch.testing.assert_close(c.model.o.weight, o.weight[:, 4 * r:4 * (r + 1)])
+        torch.testing.assert_close(c.model.o.weight, o.weight[:, 4 * r : 4 * (r + 1)])
     for out in on_ranks(ranks, copies, lambda m: m.o(x)):
         torch.testing.assert_close(out, o(x), **CLOSE)
 
@@ -206,7 +218,7 @@ def test_local_rowwise_leaves_a_partial_sum_that_a_reducing_parent_completes(red
     ranks, copies = sharded(Toy(plan, mlp=mlp), 2)
     for r, c in enumerate(copies):
         assert type(c.model.mlp.down) is nn.Linear
-        torch.testing.assert_close(c.model.mlp.down.weight, mlp.down.weight[:, 4 * r:4 * (r + 1)])
+        torch.testing.assert_close(c.model.mlp.down.weight, mlp.down.weight[:, 4 * r : 4 * (r + 1)])
     for out in on_ranks(ranks, copies, lambda m: m.mlp(x)):
         torch.testing.assert_close(out, mlp(x), **CLOSE)
 
@@ -217,7 +229,7 @@ def test_local_rowwise_keeps_the_whole_bias_on_every_rank_and_reduces_nothing():
     _, copies = sharded(Toy({"down": "local_rowwise"}, down=down), 2)
     assert all(torch.equal(c.model.down.bias, down.bias) for c in copies)
     with torch.no_grad():  # no collective: each rank's partial sum plus the whole bias
-        parts = [c.model.down(x[:, 4 * r:4 * (r + 1)]) for r, c in enumerate(copies)]
+        parts = [c.model.down(x[:, 4 * r : 4 * (r + 1)]) for r, c in enumerate(copies)]
     torch.testing.assert_close(sum(p - down.bias for p in parts) + down.bias, down(x), **CLOSE)
 
 
@@ -243,7 +255,7 @@ def test_packed_rowwise_expert_parameters_sum_to_the_whole_under_their_reducing_
     for r, c in enumerate(copies):
         keep = [2 * r, 2 * r + 1, 4 + 2 * r, 4 + 2 * r + 1]  # the rank's chunk of gate and of up
         torch.testing.assert_close(c.model.experts.gate_up_proj, experts.gate_up_proj[..., keep])
-        torch.testing.assert_close(c.model.experts.down_proj, experts.down_proj[:, 2 * r:2 * (r + 1)])
+        torch.testing.assert_close(c.model.experts.down_proj, experts.down_proj[:, 2 * r : 2 * (r + 1)])
     for out in on_ranks(ranks, copies, lambda m: m.experts(x)):
         torch.testing.assert_close(out, experts(x), **CLOSE)
 
@@ -251,8 +263,9 @@ def test_packed_rowwise_expert_parameters_sum_to_the_whole_under_their_reducing_
 def test_packed_rowwise_linear_takes_its_chunk_of_each_packed_input_half():
     gate_up, fused_down = _linear(6, 8), _linear(8, 6)
     x = torch.randn(3, 6)
-    ranks, copies = sharded(Toy({"gate_up": "packed_colwise", "fused_down": "packed_rowwise"},
-                                gate_up=gate_up, fused_down=fused_down), 2)
+    ranks, copies = sharded(
+        Toy({"gate_up": "packed_colwise", "fused_down": "packed_rowwise"}, gate_up=gate_up, fused_down=fused_down), 2
+    )
     for r, c in enumerate(copies):
         keep = [2 * r, 2 * r + 1, 4 + 2 * r, 4 + 2 * r + 1]
         torch.testing.assert_close(c.model.fused_down.weight, fused_down.weight[:, keep])
@@ -292,8 +305,9 @@ def test_embedding_colwise_gathers_every_ranks_hidden_columns():
         torch.testing.assert_close(out, table(ids))
 
 
-@pytest.mark.parametrize("style", ["replicate", "replicated_with_grad_allreduce", "mla_kv_a_proj", "local_params",
-                                   "sequence_parallel"])
+@pytest.mark.parametrize(
+    "style", ["replicate", "replicated_with_grad_allreduce", "mla_kv_a_proj", "local_params", "sequence_parallel"]
+)
 def test_styles_acting_on_gradients_only_leave_the_module_whole(style):
     norm, up = nn.LayerNorm(6), _linear(6, 8)
     ranks, copies = sharded(Toy({"norm": style, "up": "colwise"}, norm=norm, up=up), 2)
@@ -308,19 +322,27 @@ def test_a_parameter_rule_cuts_that_parameter_and_a_row_bias_stays_whole():
     attn = nn.Module()
     attn.sinks, attn.gates = nn.Parameter(torch.arange(4.0)), nn.Parameter(torch.arange(4.0))
     attn.proj = _linear(4, 3)
-    plan = {"attn": "local_params", "attn.sinks": "colwise", "attn.gates": "local_rowwise",
-            "attn.proj.weight": "rowwise", "attn.proj.bias": "rowwise"}
+    plan = {
+        "attn": "local_params",
+        "attn.sinks": "colwise",
+        "attn.gates": "local_rowwise",
+        "attn.proj.weight": "rowwise",
+        "attn.proj.bias": "rowwise",
+    }
     _, copies = sharded(Toy(plan, attn=attn), 2)
     for r, c in enumerate(copies):
         assert c.model.attn.sinks.tolist() == c.model.attn.gates.tolist() == [2.0 * r, 2.0 * r + 1]
-        torch.testing.assert_close(c.model.attn.proj.weight, attn.proj.weight[:, 2 * r:2 * (r + 1)])
+        torch.testing.assert_close(c.model.attn.proj.weight, attn.proj.weight[:, 2 * r : 2 * (r + 1)])
         assert torch.equal(c.model.attn.proj.bias, attn.proj.bias)
 
 
 @pytest.mark.parametrize("style", plan_styles.EXPERT_PARALLEL + ("no_such_style",))
 def test_expert_parallel_and_unknown_styles_are_value_errors_naming_module_style_and_the_supported(style):
-    with pytest.raises(ValueError, match=rf"plan style '{style}' of model\.experts is not supported .*"
-                                         r"supported: colwise, local_colwise, .*rowwise_split_input"):
+    with pytest.raises(
+        ValueError,
+        match=rf"plan style '{style}' of model\.experts is not supported .*"
+        r"supported: colwise, local_colwise, .*rowwise_split_input",
+    ):
         sharded(Toy({"experts": style, "up": "colwise"}, experts=nn.Linear(4, 4), up=_linear(4, 4)), 2)
 
 

@@ -23,6 +23,7 @@ CLOSE = dict(rtol=1e-5, atol=1e-5)
 
 # ----- the vocabulary: every style the installed transformers knows is classified ----------------------------
 
+
 def _registered_styles() -> set[str]:
     from transformers.integrations import tensor_parallel
 
@@ -60,21 +61,41 @@ def test_every_style_the_installed_models_plans_use_is_implemented():
 # ----- real transformers models: every rank's logits equal the whole model's -----------------------------------
 
 PLAN_456 = {  # what transformers 4.56 declares for Phi-3 and for every causal-LM head
-    "phi3": ({"layers.*.self_attn.qkv_proj": "colwise_rep", "layers.*.self_attn.o_proj": "rowwise_rep",
-              "layers.*.mlp.gate_up_proj": "colwise_rep", "layers.*.mlp.down_proj": "rowwise_rep"},
-             {"lm_head": "colwise_rep"}),
-    "llama-gathered-attention": ({  # olmo2 / flex_olmo's style of plan, on a llama
-        "layers.*.self_attn.q_proj": "colwise_gather_output", "layers.*.self_attn.k_proj": "colwise_gather_output",
-        "layers.*.self_attn.v_proj": "colwise_gather_output", "layers.*.self_attn.o_proj": "rowwise_split_input",
-        "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"},
-        {"lm_head": "colwise_gather_output"}),
+    "phi3": (
+        {
+            "layers.*.self_attn.qkv_proj": "colwise_rep",
+            "layers.*.self_attn.o_proj": "rowwise_rep",
+            "layers.*.mlp.gate_up_proj": "colwise_rep",
+            "layers.*.mlp.down_proj": "rowwise_rep",
+        },
+        {"lm_head": "colwise_rep"},
+    ),
+    "llama-gathered-attention": (
+        {  # olmo2 / flex_olmo's style of plan, on a llama
+            "layers.*.self_attn.q_proj": "colwise_gather_output",
+            "layers.*.self_attn.k_proj": "colwise_gather_output",
+            "layers.*.self_attn.v_proj": "colwise_gather_output",
+            "layers.*.self_attn.o_proj": "rowwise_split_input",
+            "layers.*.mlp.gate_proj": "colwise",
+            "layers.*.mlp.up_proj": "colwise",
+            "layers.*.mlp.down_proj": "rowwise",
+        },
+        {"lm_head": "colwise_gather_output"},
+    ),
 }
 
 
-@pytest.mark.parametrize("arch, plan, n", [
-    ("llama", "installed", 2), ("qwen3", "installed", 2), ("phi3", "installed", 2), ("phi3", "installed", 4),
-    ("phi3", "4.56", 2), ("llama", "llama-gathered-attention", 2),
-])
+@pytest.mark.parametrize(
+    "arch, plan, n",
+    [
+        ("llama", "installed", 2),
+        ("qwen3", "installed", 2),
+        ("phi3", "installed", 2),
+        ("phi3", "installed", 4),
+        ("phi3", "4.56", 2),
+        ("llama", "llama-gathered-attention", 2),
+    ],
+)
 def test_every_rank_of_a_sharded_model_computes_the_whole_models_logits(monkeypatch, arch, plan, n):
     torch.manual_seed(0)
     config = tiny_config(arch, tie_word_embeddings=False)

@@ -6,28 +6,42 @@ import threading
 
 import torch
 
+from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.distributed import step_message
 from pagedinfer.engine.distributed.channel import StepChannel
 from pagedinfer.engine.distributed.group import TPGroup, connect_store, create_store
-from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.distributed.step_message import ALLOCATE, STEP, Message, StepInputs
 
-STEP_INPUTS = StepInputs(token_ids=[5, 6, 7, 8, 9], seq_ids=[31, 40], seq_lens=[10, 4], query_lens=[1, 4],
-                         logits_rows=[0, 4],
-                         table_deltas=TableDeltas((BlockTableUpdate(31, 2, (9,)), BlockTableUpdate(40, 0, (7,))),
-                                                  freed_seq_ids=(12, 3)),
-                         blocks_to_copy=((1, 2),), blocks_to_swap_out=((3, 0), (5, 1)), blocks_to_swap_in=((2, 6),),
-                         tier_stores=((4, 7),), tier_loads=((8, 11), (9, 12)))
+STEP_INPUTS = StepInputs(
+    token_ids=[5, 6, 7, 8, 9],
+    seq_ids=[31, 40],
+    seq_lens=[10, 4],
+    query_lens=[1, 4],
+    logits_rows=[0, 4],
+    table_deltas=TableDeltas((BlockTableUpdate(31, 2, (9,)), BlockTableUpdate(40, 0, (7,))), freed_seq_ids=(12, 3)),
+    blocks_to_copy=((1, 2),),
+    blocks_to_swap_out=((3, 0), (5, 1)),
+    blocks_to_swap_in=((2, 6),),
+    tier_stores=((4, 7),),
+    tier_loads=((8, 11), (9, 12)),
+)
 
 
 def test_pack_unpack_round_trip_carries_the_table_deltas():
     got = step_message.unpack(step_message.pack(Message(STEP, STEP_INPUTS))).step
     assert got.table_deltas == STEP_INPUTS.table_deltas  # deltas only: seq 31's first two blocks are not resent
-    assert (got.token_ids, got.seq_ids, got.seq_lens, got.query_lens, got.logits_rows) == \
-        (STEP_INPUTS.token_ids, STEP_INPUTS.seq_ids, STEP_INPUTS.seq_lens, STEP_INPUTS.query_lens,
-         STEP_INPUTS.logits_rows)
-    assert (got.blocks_to_copy, got.blocks_to_swap_out, got.blocks_to_swap_in) == \
-        (((1, 2),), ((3, 0), (5, 1)), ((2, 6),))
+    assert (got.token_ids, got.seq_ids, got.seq_lens, got.query_lens, got.logits_rows) == (
+        STEP_INPUTS.token_ids,
+        STEP_INPUTS.seq_ids,
+        STEP_INPUTS.seq_lens,
+        STEP_INPUTS.query_lens,
+        STEP_INPUTS.logits_rows,
+    )
+    assert (got.blocks_to_copy, got.blocks_to_swap_out, got.blocks_to_swap_in) == (
+        ((1, 2),),
+        ((3, 0), (5, 1)),
+        ((2, 6),),
+    )
     assert (got.tier_stores, got.tier_loads) == (((4, 7),), ((8, 11), (9, 12)))  # every rank runs the tier's copies
     alloc = step_message.unpack(step_message.pack(Message(ALLOCATE, num_gpu_blocks=12, num_cpu_blocks=3)))
     assert (alloc.kind, alloc.num_gpu_blocks, alloc.num_cpu_blocks) == (ALLOCATE, 12, 3)

@@ -18,8 +18,10 @@ from dockerfiles import canonical
 pytestmark = pytest.mark.slow
 
 IMAGE_NAMES = ["operator", "engine-cpu", "router"]
-LIST_DISTRIBUTIONS = ("import importlib.metadata as m, json; "
-                      "print('DISTRIBUTIONS', json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+LIST_DISTRIBUTIONS = (
+    "import importlib.metadata as m, json; "
+    "print('DISTRIBUTIONS', json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+)
 MIB = 2**20
 # Each image's size ceiling: the operator and the router have no torch; the CPU
 # engine no CUDA libraries and no triton (the CUDA image's torch alone is several GB).
@@ -57,8 +59,11 @@ def test_the_image_holds_exactly_what_pip_resolved_for_it(name, resolved, base_d
     installed = distributions(fixture_of(request, name, "container"), tmp_path)
     added = {n: v for n, v in installed.items() if base_distributions.get(n) != v}
     assert added == resolved[name].packages
-    heavy = sorted(n for n in added if n == "triton" or n.startswith("nvidia-")
-                   or (name in WITHOUT_TORCH and n in ("torch", "transformers")))
+    heavy = sorted(
+        n
+        for n in added
+        if n == "triton" or n.startswith("nvidia-") or (name in WITHOUT_TORCH and n in ("torch", "transformers"))
+    )
     assert not heavy, f"{name} holds {heavy}"
 
 
@@ -73,6 +78,7 @@ def test_the_image_size_is_bounded_and_reported(name, request):
 def test_the_archive_is_an_oci_layout_naming_the_chart_tag_whose_blobs_match_their_digests(name, request):
     image: BuiltImage = fixture_of(request, name, "image")
     with tarfile.open(image.archive) as archive:
+
         def blob(digest: str) -> tuple[tarfile.TarInfo, object]:
             member = archive.getmember(f"blobs/sha256/{digest.removeprefix('sha256:')}")
             return member, archive.extractfile(member)
@@ -100,8 +106,9 @@ def test_containerd_imports_the_operator_archive_under_the_charts_tag(operator_i
         skip_or_fail("containerd not installed (apt-get install containerd)")
     config = tmp_path / "config.toml"
     socket = tmp_path / "containerd.sock"
-    config.write_text(f'version = 2\nroot = "{tmp_path / "root"}"\nstate = "{tmp_path / "state"}"\n'
-                      f'[grpc]\n  address = "{socket}"\n')
+    config.write_text(
+        f'version = 2\nroot = "{tmp_path / "root"}"\nstate = "{tmp_path / "state"}"\n[grpc]\n  address = "{socket}"\n'
+    )
     with (tmp_path / "containerd.log").open("wb") as log:
         daemon = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
     ctr = ["ctr", "--address", str(socket), "--namespace", "k8s.io"]
@@ -110,11 +117,24 @@ def test_containerd_imports_the_operator_archive_under_the_charts_tag(operator_i
         while subprocess.run([*ctr, "version"], capture_output=True, timeout=30).returncode != 0:
             assert daemon.poll() is None and time.monotonic() < deadline, (tmp_path / "containerd.log").read_text()
             time.sleep(0.2)
-        imported = subprocess.run([*ctr, "images", "import", "--all-platforms", "--digests", "--snapshotter=native",
-                                   str(operator_image.archive)], capture_output=True, text=True, timeout=600)
+        imported = subprocess.run(
+            [
+                *ctr,
+                "images",
+                "import",
+                "--all-platforms",
+                "--digests",
+                "--snapshotter=native",
+                str(operator_image.archive),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert imported.returncode == 0, imported.stderr
-        names = subprocess.run([*ctr, "images", "ls", "--quiet"], capture_output=True, text=True,
-                               timeout=60).stdout.split()
+        names = subprocess.run(
+            [*ctr, "images", "ls", "--quiet"], capture_output=True, text=True, timeout=60
+        ).stdout.split()
         assert operator_image.tag in names
     finally:
         daemon.terminate()

@@ -26,6 +26,7 @@ import pytest
 import yaml
 from built_images import ImageContainer, ProcessView
 from dockerfiles import REPO
+
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.parser import parse_spec
@@ -44,7 +45,8 @@ def operator_engine_container(port: int) -> tuple[str, list[str], dict[str, str]
     config = json.loads((files("pagedinfer.engine") / "default_model" / "config.json").read_text())
     shape = planning.shape_from_config(config, spec.model.dtype, cpu=True)  # as the operator sizes it
     container = builders.build_pod_spec(spec, planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY))[
-        "containers"][0]
+        "containers"
+    ][0]
     args = list(container["args"])
     args[args.index("--host") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
     env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
@@ -54,8 +56,11 @@ def operator_engine_container(port: int) -> tuple[str, list[str], dict[str, str]
 
 
 def running_requests(url: str) -> float:
-    lines = [line for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
-             if line.startswith("pagedinfer_num_requests_running{")]
+    lines = [
+        line
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+        if line.startswith("pagedinfer_num_requests_running{")
+    ]
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
@@ -73,21 +78,31 @@ def test_the_cpu_engine_image_serves_the_operators_engine_pod_and_drains_on_sigt
         assert view.root_read_only
 
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=120, max_retries=0)
-        completion = client.completions.create(model=model, prompt="Hello", max_tokens=8, temperature=0,
-                                               extra_body={"ignore_eos": True})
+        completion = client.completions.create(
+            model=model, prompt="Hello", max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+        )
         # the kernels load on the first CPU attention: a pod that compiled them would stall this request
         print(f"engine pod to its first completion (8 tokens): {time.monotonic() - started:.1f} s")
         assert completion.usage.completion_tokens == 8 and completion.choices[0].finish_reason == "length"
         assert completion.choices[0].text
-        finished = [line for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
-                    if line.startswith("pagedinfer_request_success_total{") and 'finished_reason="length"' in line]
+        finished = [
+            line
+            for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+            if line.startswith("pagedinfer_request_success_total{") and 'finished_reason="length"' in line
+        ]
         assert finished and float(finished[0].split()[-1]) == 1.0, finished
 
         outcome: list[str] = []
 
         def stream() -> None:
-            chunks = client.completions.create(model=model, prompt="Keep talking", max_tokens=64, temperature=0,
-                                               stream=True, extra_body={"ignore_eos": True})
+            chunks = client.completions.create(
+                model=model,
+                prompt="Keep talking",
+                max_tokens=64,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             outcome.extend(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
 
         streamer = threading.Thread(target=stream)
@@ -114,5 +129,7 @@ def test_the_cpu_engine_image_ships_its_kernels_root_owned_and_no_compiler(engin
     for path, mode in ((folder, 0o755), (library, 0o644)):
         status = path.stat()
         assert (status.st_uid, status.st_mode & 0o777) == (0, mode), path  # the engine's user reads, never writes
-    compilers = [name for name in ("g++", "c++", "gcc", "cc") if (engine_cpu_container.root / "usr/bin" / name).exists()]
+    compilers = [
+        name for name in ("g++", "c++", "gcc", "cc") if (engine_cpu_container.root / "usr/bin" / name).exists()
+    ]
     assert not compilers, f"the image carries {compilers}: the library is built in the Dockerfile's kernels stage"

@@ -15,9 +15,18 @@ import pytest
 import yaml
 from built_images import ImageContainer, ProcessView
 from dockerfiles import REPO
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, condition, eventually, roll_out,
-                                                 serving_emulator, write_kubeconfig)
+
 from pagedinfer.operator.spec.crd_model import DEFAULT_CPU_IMAGE
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    SERVICES,
+    condition,
+    eventually,
+    roll_out,
+    serving_emulator,
+    write_kubeconfig,
+)
 from pagedinfer.testing.server_process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -32,23 +41,39 @@ async def get_text(url: str) -> tuple[int, str]:
 
 
 async def test_the_operator_image_reconciles_an_inference_service_as_its_user_on_a_read_only_root(
-        operator_image, operator_container, tmp_path):
+    operator_image, operator_container, tmp_path
+):
     example = yaml.safe_load(EXAMPLE.read_text())
     name = example["metadata"]["name"]
     metrics_port, liveness_port = free_port(), free_port()
     async with serving_emulator() as (emulator, url):
         (tmp_path / "kube").mkdir()
         write_kubeconfig(tmp_path / "kube" / "config", url)  # read-only, like a mounted Secret
-        command = ["pagedinfer", "operator", "--namespace", "default", "--standalone",
-                   "--liveness", f"127.0.0.1:{liveness_port}", "--metrics-port", str(metrics_port),
-                   "--no-fetch-hf-config"]
-        with ImageContainer(operator_container, command, tmp_path, env={"KUBECONFIG": "/etc/kube/config"},
-                            volumes={"/etc/kube": tmp_path / "kube"}) as container:
+        command = [
+            "pagedinfer",
+            "operator",
+            "--namespace",
+            "default",
+            "--standalone",
+            "--liveness",
+            f"127.0.0.1:{liveness_port}",
+            "--metrics-port",
+            str(metrics_port),
+            "--no-fetch-hf-config",
+        ]
+        with ImageContainer(
+            operator_container,
+            command,
+            tmp_path,
+            env={"KUBECONFIG": "/etc/kube/config"},
+            volumes={"/etc/kube": tmp_path / "kube"},
+        ) as container:
             await emulator.create(ISVC, {**example, "metadata": {"name": name, "namespace": "default"}})
 
             def applied():
                 isvc = emulator.read(ISVC, "default", name)
                 return condition(isvc, "Applied")["status"] == "True" and isvc
+
             isvc = await eventually(applied, timeout_seconds=120, interval_seconds=0.2)
             assert condition(isvc, "Valid")["status"] == "True"
             assert condition(isvc, "Sized")["reason"] == "SizedFromMemory"
@@ -60,8 +85,13 @@ async def test_the_operator_image_reconciles_an_inference_service_as_its_user_on
             assert "--cpu-memory-budget" in engine["args"]
 
             await roll_out(emulator, name, ready=1)
-            ready = await eventually(lambda: condition(emulator.read(ISVC, "default", name), "Ready")["status"]
-                                     == "True" and emulator.read(ISVC, "default", name), timeout_seconds=60)
+            ready = await eventually(
+                lambda: (
+                    condition(emulator.read(ISVC, "default", name), "Ready")["status"] == "True"
+                    and emulator.read(ISVC, "default", name)
+                ),
+                timeout_seconds=60,
+            )
             assert ready["status"]["phase"] == "Ready" and ready["status"]["readyReplicas"] == 1
 
             metrics = (await get_text(f"http://127.0.0.1:{metrics_port}/metrics"))[1]

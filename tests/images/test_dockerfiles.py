@@ -22,8 +22,19 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
-from dockerfiles import (BUILD_REQUIREMENTS, DEV_LOCK, IMAGES, LOCKS, PIN, REPO, Dockerfile, base_packages,
-                         base_torch_version, canonical, lock_pins)
+from dockerfiles import (
+    BUILD_REQUIREMENTS,
+    DEV_LOCK,
+    IMAGES,
+    LOCKS,
+    PIN,
+    REPO,
+    Dockerfile,
+    base_packages,
+    base_torch_version,
+    canonical,
+    lock_pins,
+)
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -99,8 +110,9 @@ def build_requirements_taken(dockerfile: Dockerfile) -> dict[str, str]:
     """{name: version} the wheel stage takes from the lock to build with: its awk program's lines."""
     program = re.search(r"awk '([^']+)' \S+ >\S+", dockerfile.stages["wheel"]).group(1)
     lock = (REPO / dockerfile.lock).read_text()
-    return lock_pins(subprocess.run(["awk", program], input=lock, capture_output=True, text=True,
-                                    check=True, timeout=60).stdout)
+    return lock_pins(
+        subprocess.run(["awk", program], input=lock, capture_output=True, text=True, check=True, timeout=60).stdout
+    )
 
 
 @pytest.mark.parametrize("lock", sorted({*LOCKS.values()}))
@@ -141,8 +153,9 @@ def test_the_build_context_holds_exactly_what_the_images_copy():
     for image, path in IMAGES.items():
         for src in Dockerfile.read(path).copies:
             copied.add(src.rstrip("/"))
-            assert any(fnmatch(src.rstrip("/"), pattern) for pattern in allowed), \
+            assert any(fnmatch(src.rstrip("/"), pattern) for pattern in allowed), (
                 f"{image} COPYs {src}, which .dockerignore leaves out"
+            )
     unused = {pattern for pattern in allowed if not any(fnmatch(src, pattern) for src in copied)}
     assert not unused, f".dockerignore admits {sorted(unused)}, which no image copies"
 
@@ -153,8 +166,11 @@ def test_the_wheel_ships_every_file_the_native_cpu_kernels_are_built_from():
     compile) and would name another hash than the checkout's."""
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     globs = package_data["pagedinfer.kernels.cpu"]
-    left_out = sorted(path.name for path in (REPO / "kernels" / "cpu" / "csrc").iterdir()
-                      if not any(fnmatch(f"csrc/{path.name}", glob) for glob in globs))
+    left_out = sorted(
+        path.name
+        for path in (REPO / "kernels" / "cpu" / "csrc").iterdir()
+        if not any(fnmatch(f"csrc/{path.name}", glob) for glob in globs)
+    )
     assert not left_out, f"pyproject.toml's package-data leaves {left_out} out of the wheel"
 
 
@@ -188,7 +204,9 @@ def test_the_lock_is_exactly_the_wheels_closure_and_the_build_requirements(image
     setuptools, wheel and what they need)."""
     install = resolved[image]
     from_base = {canonical(pin.split("==")[0]) for pin in base_packages(image)}
-    needed = {name: version for name, version in install.wheel.items() if name != "pagedinfer" and name not in from_base}
+    needed = {
+        name: version for name, version in install.wheel.items() if name != "pagedinfer" and name not in from_base
+    }
     assert install.wheel.keys() - needed.keys() == {"pagedinfer", *from_base}
     assert needed.items() <= install.lock.items() and install.build.items() <= install.lock.items()
     unneeded = install.lock.keys() - needed.keys() - install.build.keys()

@@ -21,8 +21,9 @@ MIXED = ([16, 9, 32, 17, 40, 33, 13, 70], [1, 1, 1, 1, 11, 16, 13, 70])
 
 
 def check(problem, out, sliding_window=None):
-    expected = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
-                                         problem.scale, sliding_window)
+    expected = reference.paged_attention(
+        problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale, sliding_window
+    )
     assert out.dtype == problem.query.dtype and out.shape == expected.shape
     assert not out.isnan().any()
     tol = TOLERANCE[problem.query.dtype]
@@ -30,16 +31,24 @@ def check(problem, out, sliding_window=None):
 
 
 def attend(ops, problem, sliding_window=None):
-    return ops.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
-                               problem.scale, sliding_window)
+    return ops.paged_attention(
+        problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale, sliding_window
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [1, 2, 4])
 @pytest.mark.parametrize("head_dim", [64, 128, 17])
 def test_mixed_decode_and_prefill_step_equals_the_reference(native_cpu_kernels, dtype, group, head_dim):
-    problem = make_problem(*MIXED, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim, block_size=16,
-                           dtype=dtype, seed=group + head_dim)
+    problem = make_problem(
+        *MIXED,
+        num_heads=2 * group,
+        num_kv_heads=2,
+        head_dim=head_dim,
+        block_size=16,
+        dtype=dtype,
+        seed=group + head_dim,
+    )
     check(problem, attend(native_cpu_kernels, problem))
 
 
@@ -52,8 +61,16 @@ def test_sliding_window_equals_the_reference(native_cpu_kernels, window, block_s
 
 def test_a_prefill_longer_than_a_row_tile_after_a_cached_prefix(native_cpu_kernels):
     # 200 new tokens after 130 cached, 12 query heads over 4 KV heads: several tiles per sequence
-    problem = make_problem([7, 330, 150], [1, 200, 150], num_heads=12, num_kv_heads=4, head_dim=64,
-                           block_size=16, dtype=torch.bfloat16, seed=5)
+    problem = make_problem(
+        [7, 330, 150],
+        [1, 200, 150],
+        num_heads=12,
+        num_kv_heads=4,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.bfloat16,
+        seed=5,
+    )
     check(problem, attend(native_cpu_kernels, problem))
     check(problem, attend(native_cpu_kernels, problem, 50), 50)
 
@@ -82,14 +99,22 @@ def test_write_kv_names_a_slot_out_of_range(native_cpu_kernels):
 def test_the_ops_pass_torch_library_opcheck(native_cpu_kernels):
     problem = make_problem([9, 20], [1, 12], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8)
     meta = problem.metadata
-    problem_args = (problem.query, problem.key_cache.nan_to_num(), problem.value_cache.nan_to_num(),
-                    meta.block_tables, meta.seq_lens, meta.query_start_loc, problem.scale)
+    problem_args = (
+        problem.query,
+        problem.key_cache.nan_to_num(),
+        problem.value_cache.nan_to_num(),
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        problem.scale,
+    )
     torch.library.opcheck(torch.ops.pagedinfer.cpu_paged_attention.default, (*problem_args, None))
     torch.library.opcheck(torch.ops.pagedinfer.cpu_paged_attention.default, (*problem_args, 4))
     key = torch.randn(meta.num_tokens, 2, 16)
-    torch.library.opcheck(torch.ops.pagedinfer.cpu_write_kv.default,
-                          (key, -key, torch.zeros_like(problem.key_cache), torch.zeros_like(problem.key_cache),
-                           meta.slot_mapping))
+    torch.library.opcheck(
+        torch.ops.pagedinfer.cpu_write_kv.default,
+        (key, -key, torch.zeros_like(problem.key_cache), torch.zeros_like(problem.key_cache), meta.slot_mapping),
+    )
 
 
 def test_torch_compile_traces_the_ops_in_one_graph(native_cpu_kernels):
@@ -116,8 +141,16 @@ def test_every_kernel_equals_the_reference_on_the_125m_shapes(native_cpu_kernels
     # boundary, prefill chunks after cached prefixes) and a prefill longer than a row tile after a
     # cached prefix, with and without a sliding window
     for seq_lens, query_lens in (MIXED, ([7, 330], [1, 200])):
-        problem = make_problem(seq_lens, query_lens, num_heads=12, num_kv_heads=4, head_dim=64,
-                               block_size=block_size, dtype=dtype, seed=block_size)
+        problem = make_problem(
+            seq_lens,
+            query_lens,
+            num_heads=12,
+            num_kv_heads=4,
+            head_dim=64,
+            block_size=block_size,
+            dtype=dtype,
+            seed=block_size,
+        )
         check(problem, attend(native_cpu_kernels, problem))
         check(problem, attend(native_cpu_kernels, problem, 37), 37)
 
@@ -126,8 +159,9 @@ def test_every_kernel_equals_the_reference_on_the_125m_shapes(native_cpu_kernels
 def test_every_kernel_takes_head_sizes_the_avx512_kernel_does_not(native_cpu_kernels, isa, dtype):
     # float16, head_dim 17 and 48 (a multiple of 16, not of 32: bf16 pairs need 32) fall back in turn
     for head_dim in (17, 48):
-        problem = make_problem(*MIXED, num_heads=6, num_kv_heads=2, head_dim=head_dim, block_size=16, dtype=dtype,
-                               seed=head_dim)
+        problem = make_problem(
+            *MIXED, num_heads=6, num_kv_heads=2, head_dim=head_dim, block_size=16, dtype=dtype, seed=head_dim
+        )
         check(problem, attend(native_cpu_kernels, problem))
 
 
@@ -135,8 +169,15 @@ def test_the_detected_isa_is_the_cpus(native_cpu_kernels):
     with open("/proc/cpuinfo") as cpuinfo:
         flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
     avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= set(flags)
-    expected = ("avx512_bf16" if avx512 and "avx512_bf16" in flags else "avx512" if avx512
-                else "avx2" if {"avx2", "fma"} <= set(flags) else "portable")
+    expected = (
+        "avx512_bf16"
+        if avx512 and "avx512_bf16" in flags
+        else "avx512"
+        if avx512
+        else "avx2"
+        if {"avx2", "fma"} <= set(flags)
+        else "portable"
+    )
     assert native_cpu_kernels.attention_isa("auto") == expected
     assert native_cpu_kernels.attention_isa("") == expected
 
@@ -154,31 +195,47 @@ def test_an_unknown_or_missing_isa_is_refused_by_name(native_cpu_kernels):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_every_kernel_equals_the_reference_on_the_tiny_shapes_across_spans(native_cpu_kernels, isa, dtype,
-                                                                           block_size):
+def test_every_kernel_equals_the_reference_on_the_tiny_shapes_across_spans(native_cpu_kernels, isa, dtype, block_size):
     # 8 query heads over 4 KV heads, head_dim 32 (the tiny bench model). The AVX-512 kernel folds the
     # softmax once per span of 128 keys, walking every KV head per chunk for a few rows (decodes) and
     # one KV head at a time for many (a prefill tile): decodes whose context ends on, just past and
     # well past a span's end, and a prefill chunk of 150 tokens after 140 cached; with windows that
     # start mid-span and mid-block, and one so short that a tile's late rows see none of a span's keys
     seq_lens, query_lens = [300, 128, 129, 257, 40, 290], [1, 1, 1, 1, 1, 150]
-    problem = make_problem(seq_lens, query_lens, num_heads=8, num_kv_heads=4, head_dim=32, block_size=block_size,
-                           dtype=dtype, seed=block_size + 1)
+    problem = make_problem(
+        seq_lens,
+        query_lens,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        block_size=block_size,
+        dtype=dtype,
+        seed=block_size + 1,
+    )
     for window in (None, 5, 37, 131):
         check(problem, attend(native_cpu_kernels, problem, window), window)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_every_kernel_equals_the_reference_with_one_to_three_rows_per_kv_head(native_cpu_kernels, isa, dtype,
-                                                                               block_size):
+def test_every_kernel_equals_the_reference_with_one_to_three_rows_per_kv_head(
+    native_cpu_kernels, isa, dtype, block_size
+):
     # Rows per KV head = query tokens x group: 1 to 3 is the AVX-512 kernel's few-rows walk (every KV
     # head per chunk, the next chunk's keys and values asked for ahead); head_dim 32, 64, 96 and 128
     # take its value passes of 64, 32 and 16 dims in every combination. Contexts end mid-block and
     # past a span of 128 keys; a window starts mid-span. NaN fills every slot no sequence owns.
     for head_dim in (32, 64, 96, 128):
         for group, query_lens in ((1, [1, 2, 3, 1]), (2, [1, 1, 1, 1]), (3, [1, 1, 1, 1])):
-            problem = make_problem([151, 7, 200, 33], query_lens, num_heads=2 * group, num_kv_heads=2,
-                                   head_dim=head_dim, block_size=block_size, dtype=dtype, seed=head_dim + group)
+            problem = make_problem(
+                [151, 7, 200, 33],
+                query_lens,
+                num_heads=2 * group,
+                num_kv_heads=2,
+                head_dim=head_dim,
+                block_size=block_size,
+                dtype=dtype,
+                seed=head_dim + group,
+            )
             for window in (None, 20):
                 check(problem, attend(native_cpu_kernels, problem, window), window)

@@ -22,8 +22,9 @@ from pagedinfer.kernels.cpu import build, torch_attention
 from pagedinfer.kernels.problems import make_problem
 
 
-def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_output(native_cpu_kernels, monkeypatch,
-                                                                                   tmp_path):
+def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_output(
+    native_cpu_kernels, monkeypatch, tmp_path
+):
     # native_cpu_kernels: the real library is loaded first, so the failed build below cannot
     # make cpp_extension rebuild it under a new version for the tests that follow
     monkeypatch.setattr(build, "_loaded", None)
@@ -42,15 +43,17 @@ def test_a_missing_compiler_falls_back_with_one_warning_and_the_torch_paths_outp
         outs = [dispatch.paged_attention(p.query, *caches, p.metadata, p.scale, w) for w in (None, 5)]
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1, messages
-    assert "native CPU kernels (attention, layer ops) could not be built" in messages[0] and "using the slower torch path" in messages[0]
+    assert (
+        "native CPU kernels (attention, layer ops) could not be built" in messages[0]
+        and "using the slower torch path" in messages[0]
+    )
     assert f"none prebuilt for these sources is in {tmp_path / 'no-prebuilt'}" in messages[0]
     assert build._loaded is False and build.origin() is None
 
     expected_caches = p.key_cache.clone(), p.value_cache.clone()
     reference.write_kv(key, -key, *expected_caches, p.metadata.slot_mapping)
     for out, window in zip(outs, (None, 5)):
-        assert torch.equal(out, torch_attention.paged_attention(p.query, *expected_caches, p.metadata, p.scale,
-                                                                window))
+        assert torch.equal(out, torch_attention.paged_attention(p.query, *expected_caches, p.metadata, p.scale, window))
     for cache, expected in zip(caches, expected_caches):
         assert torch.equal(cache.nan_to_num(), expected.nan_to_num())
 
@@ -78,11 +81,14 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(tmp_path):
     (folder / "lock").write_text("")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "CXX": str(tmp_path / "no-such-c++")}
     env.pop(build.DIR_ENV, None)
-    load = ("from pathlib import Path; from pagedinfer.kernels.cpu import build; "
-            f"build.PACKAGE_PREBUILT_DIR = Path({str(tmp_path / 'no-prebuilt')!r}); print(build.load())")
+    load = (
+        "from pathlib import Path; from pagedinfer.kernels.cpu import build; "
+        f"build.PACKAGE_PREBUILT_DIR = Path({str(tmp_path / 'no-prebuilt')!r}); print(build.load())"
+    )
     try:
-        done = subprocess.run([sys.executable, "-P", "-c", load],
-                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-P", "-c", load], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("load() waited on the lock file of a build that no longer runs")
     assert done.returncode == 0, done.stderr

@@ -67,10 +67,10 @@ def test_rotary_rotates_query_and_key_heads_in_place_and_leaves_values(native_cp
         q_norm = rows(1, head_dim, dtype, 1, pad=0)[0].contiguous() if norms else None
         k_norm = rows(1, head_dim, dtype, 2, pad=0)[0].contiguous() if norms else None
         expected = reference.rotary_embedding(positions, qkv, cache, query_heads, key_heads, head_dim, q_norm, k_norm)
-        values = qkv[:, (query_heads + key_heads) * head_dim:].clone()
+        values = qkv[:, (query_heads + key_heads) * head_dim :].clone()
         layer_ops.rotary_embedding(positions, qkv, cache, query_heads, key_heads, head_dim, q_norm, k_norm)
         close(qkv, expected)
-        assert torch.equal(qkv[:, (query_heads + key_heads) * head_dim:], values)
+        assert torch.equal(qkv[:, (query_heads + key_heads) * head_dim :], values)
 
 
 def test_rotary_equals_transformers_rope_in_float32(native_cpu_kernels):
@@ -84,8 +84,9 @@ def test_rotary_equals_transformers_rope_in_float32(native_cpu_kernels):
     positions = torch.tensor([3, 0, 900, 41])
     cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions[None])
     q, k = rows(4, 4 * head_dim, torch.float32, 1), rows(4, 2 * head_dim, torch.float32, 2)
-    want_q, want_k = modeling_llama.apply_rotary_pos_emb(q.reshape(1, 4, 4, head_dim).transpose(1, 2),
-                                                         k.reshape(1, 4, 2, head_dim).transpose(1, 2), cos, sin)
+    want_q, want_k = modeling_llama.apply_rotary_pos_emb(
+        q.reshape(1, 4, 4, head_dim).transpose(1, 2), k.reshape(1, 4, 2, head_dim).transpose(1, 2), cos, sin
+    )
     qkv = torch.cat([q, k], dim=1)
     table = cos_sin(1024, head_dim)
     layer_ops.rotary_embedding(positions, qkv, table, 4, 2, head_dim)
@@ -117,13 +118,20 @@ def test_bad_arguments_are_named(native_cpu_kernels):
 
 def test_a_compiled_graph_holds_the_ops_and_their_mutations(native_cpu_kernels):
     """The fake kernels and mutation annotations let torch.compile trace them (the --compile forward does)."""
+
     def block(x, residual, qkv, positions, cache, weight):
         layer_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
         layer_ops.rotary_embedding(positions, qkv, cache, 2, 1, 8)
         return layer_ops.silu_and_mul(layer_ops.rms_norm(x, weight, 1e-6)) + qkv[:, :8]
 
-    args = rows(3, 16, torch.float32, 1), rows(3, 16, torch.float32, 2), rows(3, 32, torch.float32, 3), \
-        torch.tensor([4, 0, 9]), cos_sin(10, 8), torch.rand(16)
+    args = (
+        rows(3, 16, torch.float32, 1),
+        rows(3, 16, torch.float32, 2),
+        rows(3, 32, torch.float32, 3),
+        torch.tensor([4, 0, 9]),
+        cos_sin(10, 8),
+        torch.rand(16),
+    )
     eager_args = [a.clone() for a in args]
     want = block(*eager_args)
     got = torch.compile(block, backend="aot_eager", fullgraph=True)(*args)

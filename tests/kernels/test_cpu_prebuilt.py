@@ -55,10 +55,21 @@ def probe(scratch: Path, kernels_dir: Path, cxx: str, *args: str) -> tuple[dict,
     folders = [scratch / name for name in ("home", "extensions", "none")]
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HOME": str(folders[0]), "TORCH_EXTENSIONS_DIR": str(folders[1]), "CXX": cxx,
-           build.DIR_ENV: str(kernels_dir)}
-    done = subprocess.run([sys.executable, "-P", "-c", PROBE, str(folders[2]), *args], env=env, capture_output=True,
-                          text=True, timeout=120, cwd=scratch)
+    env = {
+        **os.environ,
+        "HOME": str(folders[0]),
+        "TORCH_EXTENSIONS_DIR": str(folders[1]),
+        "CXX": cxx,
+        build.DIR_ENV: str(kernels_dir),
+    }
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", PROBE, str(folders[2]), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=scratch,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
 
@@ -79,13 +90,17 @@ def tree(root: Path) -> list[tuple[str, int]]:
 
 
 @pytest.mark.slow  # the one proof of the prebuilt path: a fresh process importing the ops (5-18 s)
-def test_an_installed_library_loads_from_read_only_folders_compiling_and_writing_nothing(native_cpu_kernels,
-                                                                                         tmp_path):
+def test_an_installed_library_loads_from_read_only_folders_compiling_and_writing_nothing(native_cpu_kernels, tmp_path):
     prebuilt = tmp_path / "prebuilt"
     # In its own process, as an image build runs it: a build here that replaced the library this session
     # has loaded would load a second copy, whose op registrations abort the process.
-    done = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.kernels.cpu.build", "--out", str(prebuilt)],
-                          capture_output=True, text=True, timeout=build.BUILD_WAIT_S, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "pagedinfer.kernels.cpu.build", "--out", str(prebuilt)],
+        capture_output=True,
+        text=True,
+        timeout=build.BUILD_WAIT_S,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     installed = prebuilt / f"{build.extension_name()}.so"
     assert done.stdout.strip().splitlines()[-1] == str(installed)
@@ -121,7 +136,8 @@ def test_a_folder_holding_only_another_hashs_library_is_passed_over(native_cpu_k
 
 
 def test_a_stamped_build_in_the_extensions_cache_loads_without_ninja_and_a_stale_one_is_built_again(
-        native_cpu_kernels, tmp_path):
+    native_cpu_kernels, tmp_path
+):
     # As another checkout of the same sources left it: its build.ninja (which names that checkout's paths)
     # is not here, so ninja would rebuild; the stamp says the library is a finished build of this hash.
     name = build.extension_name()
@@ -131,8 +147,10 @@ def test_a_stamped_build_in_the_extensions_cache_loads_without_ninja_and_a_stale
     build._write_stamp(cached)
     result, log = probe(tmp_path, tmp_path / "none", "/bin/false")  # no compiler: a build would fail
     assert result["loaded"] and result["origin"] == "cached" and result["library"] == str(cached), log
-    assert result["warnings"] == [] and sorted(p.name for p in cached.parent.iterdir()) == [cached.name,
-                                                                                             f"{cached.name}.stamp"]
+    assert result["warnings"] == [] and sorted(p.name for p in cached.parent.iterdir()) == [
+        cached.name,
+        f"{cached.name}.stamp",
+    ]
     os.utime(cached, ns=(1, 1))  # replaced since its stamp (by an unstamped build): not trusted
     result, log = probe(tmp_path, tmp_path / "none", "/bin/false")
     assert not result["loaded"] and "could not be built" in result["warnings"][0], log
@@ -155,8 +173,9 @@ def test_the_first_folder_holding_this_hashs_library_is_the_one_found(monkeypatc
     assert build.prebuilt_dirs() == [package] and build.find_prebuilt(name) == package / f"{name}.so"
 
 
-def test_the_build_cli_rejects_an_out_that_is_not_a_folder_and_check_fails_without_a_library(monkeypatch, tmp_path,
-                                                                                            capsys):
+def test_the_build_cli_rejects_an_out_that_is_not_a_folder_and_check_fails_without_a_library(
+    monkeypatch, tmp_path, capsys
+):
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     assert build_cli.main(["--out", str(not_a_folder)]) == 2

@@ -18,10 +18,22 @@ from pagedinfer.kernels.problems import make_problem
 def test_mixed_step_equals_the_plain_reference(dtype):
     problem = make_problem([3, 17, 16, 40], [1, 1, 16, 9], 8, 2, head_dim=16, block_size=8, dtype=dtype)
     for window in (None, 6):
-        out = torch_attention.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                              problem.metadata, problem.scale, sliding_window=window)
-        expected = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                             problem.metadata, problem.scale, sliding_window=window)
+        out = torch_attention.paged_attention(
+            problem.query,
+            problem.key_cache,
+            problem.value_cache,
+            problem.metadata,
+            problem.scale,
+            sliding_window=window,
+        )
+        expected = reference.paged_attention(
+            problem.query,
+            problem.key_cache,
+            problem.value_cache,
+            problem.metadata,
+            problem.scale,
+            sliding_window=window,
+        )
         assert out.dtype == dtype
         torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3)
 
@@ -33,10 +45,22 @@ def test_skewed_lengths_split_into_scattered_groups_still_equal_dense_sdpa():
     problem = make_problem(seq_lens, query_lens, 8, 4, head_dim=16, block_size=16, seed=2)
     assert len(torch_attention._group_plans(problem.metadata, 16)) > 2
     for window in (None, 64):
-        out = torch_attention.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                              problem.metadata, problem.scale, sliding_window=window)
-        expected = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                             problem.metadata, problem.scale, sliding_window=window)
+        out = torch_attention.paged_attention(
+            problem.query,
+            problem.key_cache,
+            problem.value_cache,
+            problem.metadata,
+            problem.scale,
+            sliding_window=window,
+        )
+        expected = reference.paged_attention(
+            problem.query,
+            problem.key_cache,
+            problem.value_cache,
+            problem.metadata,
+            problem.scale,
+            sliding_window=window,
+        )
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -38,27 +38,27 @@ def test_a_non_positive_sliding_window_is_rejected(monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     problem = make_problem([4], [1], 2, 2, head_dim=8, block_size=8)
     with pytest.raises(ValueError, match="sliding_window"):
-        dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
-                                 problem.scale, sliding_window=0)
+        dispatch.paged_attention(
+            problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale, sliding_window=0
+        )
 
 
 def test_torch_backend_attention_matches_dense(monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     problem = make_problem([6, 19], [1, 11], 4, 2, head_dim=8, block_size=8)
-    out = dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
-                                   problem.scale)
+    out = dispatch.paged_attention(
+        problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale
+    )
     torch.testing.assert_close(out, dense_attention(problem), rtol=1e-5, atol=1e-5)
 
 
 def test_forced_triton_runs_the_triton_kernels(monkeypatch):
     problem = make_problem([4, 9], [1, 3], 2, 2, head_dim=272, block_size=8)
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
-    dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
-                             problem.scale)
+    dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     with pytest.raises(ValueError, match="at most 256"):
-        dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata,
-                                 problem.scale)
+        dispatch.paged_attention(problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale)
 
 
 def test_every_op_agrees_across_backends(monkeypatch, native_cpu_kernels):

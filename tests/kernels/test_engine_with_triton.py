@@ -31,9 +31,14 @@ def transformers_greedy(model_dir, prompts):
     outputs = []
     with torch.no_grad():
         for ids in prompts:
-            generated = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                                       min_new_tokens=MAX_NEW_TOKENS, pad_token_id=0)
-            outputs.append(generated[0, len(ids):].tolist())
+            generated = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_NEW_TOKENS,
+                do_sample=False,
+                min_new_tokens=MAX_NEW_TOKENS,
+                pad_token_id=0,
+            )
+            outputs.append(generated[0, len(ids) :].tolist())
     return outputs
 
 
@@ -63,8 +68,16 @@ def test_engine_on_triton_kernels_survives_swap_preemption(make_model, monkeypat
     prompts = prompts_with_shared_prefix(transformers.AutoConfig.from_pretrained(str(model_dir)).vocab_size)
     expected = transformers_greedy(model_dir, prompts)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
-    got, stats = engine_greedy(model_dir, prompts, block_size=8, num_gpu_blocks_override=6, max_model_len=40,
-                               preemption_mode="swap", swap_space=0.01, enable_prefix_caching=False)
+    got, stats = engine_greedy(
+        model_dir,
+        prompts,
+        block_size=8,
+        num_gpu_blocks_override=6,
+        max_model_len=40,
+        preemption_mode="swap",
+        swap_space=0.01,
+        enable_prefix_caching=False,
+    )
     assert got == expected
     assert stats.num_preemptions["swap"] > 0
 
@@ -77,8 +90,15 @@ def test_beam_search_on_triton_kernels_equals_the_torch_references(make_model, m
     model_dir = make_model("llama")
     prompts = prompts_with_shared_prefix(transformers.AutoConfig.from_pretrained(str(model_dir)).vocab_size)[:2]
     params = BeamSearchParams(beam_width=3, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-    engine_kwargs = dict(dtype="float32", block_size=8, num_gpu_blocks_override=10, max_model_len=40,
-                         preemption_mode="swap", swap_space=0.01, enable_prefix_caching=False)
+    engine_kwargs = dict(
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=10,
+        max_model_len=40,
+        preemption_mode="swap",
+        swap_space=0.01,
+        enable_prefix_caching=False,
+    )
 
     def beams():
         llm = LLM(model=str(model_dir), **engine_kwargs)

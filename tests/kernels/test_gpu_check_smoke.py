@@ -18,9 +18,20 @@ def test_gpu_check_smoke_mode_passes_and_writes_json(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     env.pop("PAGEDINFER_ATTENTION", None)
     # the engine section has its own smoke test (tests/bench/test_gpu_engine_check_smoke.py)
-    result = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--sections",
-                             "correctness,layer kernels,decoder,bandwidth,prefill,e2e"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "bench/gpu_check.py",
+            "--smoke",
+            "--sections",
+            "correctness,layer kernels,decoder,bandwidth,prefill,e2e",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = report["sections"]

@@ -23,23 +23,26 @@ STEPS = [
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_paged_attention_equals_dense_sdpa(seq_lens, query_lens, num_heads, num_kv_heads, block_size):
     problem = make_problem(seq_lens, query_lens, num_heads, num_kv_heads, head_dim=16, block_size=block_size)
-    out = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                    problem.metadata, problem.scale)
+    out = reference.paged_attention(
+        problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale
+    )
     torch.testing.assert_close(out, dense_attention(problem), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [1, 4, 9, 100])
 def test_sliding_window_hides_keys_at_or_before_p_minus_w(window):
     problem = make_problem([20, 13, 30], [1, 5, 30], 4, 2, head_dim=8, block_size=8, seed=3)
-    out = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                    problem.metadata, problem.scale, sliding_window=window)
+    out = reference.paged_attention(
+        problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale, sliding_window=window
+    )
     torch.testing.assert_close(out, dense_attention(problem, sliding_window=window), rtol=1e-5, atol=1e-5)
 
 
 def test_half_precision_caches_are_attended_in_float32():
     problem = make_problem([9, 24], [1, 10], 4, 1, head_dim=32, block_size=8, dtype=torch.float16, seed=1)
-    out = reference.paged_attention(problem.query, problem.key_cache, problem.value_cache,
-                                    problem.metadata, problem.scale)
+    out = reference.paged_attention(
+        problem.query, problem.key_cache, problem.value_cache, problem.metadata, problem.scale
+    )
     assert out.dtype == torch.float16
     torch.testing.assert_close(out.float(), dense_attention(problem), rtol=2e-3, atol=2e-3)
 

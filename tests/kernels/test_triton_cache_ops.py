@@ -16,8 +16,8 @@ def test_write_kv_scatters_strided_rows_and_skips_padding(dtype, num_kv_heads, h
     generator = torch.Generator().manual_seed(head_dim)
     num_tokens = 7
     qkv = torch.randn(num_tokens, 4 * num_kv_heads * head_dim, generator=generator).to(dtype)
-    key = qkv[:, num_kv_heads * head_dim: 2 * num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
-    value = qkv[:, 3 * num_kv_heads * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    key = qkv[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    value = qkv[:, 3 * num_kv_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
     slots = torch.randperm(5 * block_size, generator=generator)[:num_tokens]
     slots[2] = -1
     cache_shape = (5, block_size, num_kv_heads, head_dim)
@@ -31,8 +31,9 @@ def test_write_kv_scatters_strided_rows_and_skips_padding(dtype, num_kv_heads, h
 def test_write_kv_names_a_mismatched_slot_mapping():
     cache = torch.zeros(2, 4, 1, 8)
     with pytest.raises(ValueError, match="slot_mapping"):
-        write_kv_triton(torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), cache, cache.clone(),
-                        torch.zeros(3, dtype=torch.int32))
+        write_kv_triton(
+            torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), cache, cache.clone(), torch.zeros(3, dtype=torch.int32)
+        )
 
 
 def engine_like_allocation(num_layers=3, num_blocks=6, dtype=torch.float16):
@@ -60,12 +61,15 @@ def test_copy_blocks_on_separately_allocated_layers():
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("mapping,message", [
-    (torch.tensor([[0, 3], [1, 3]]), "distinct"),
-    (torch.tensor([[0, 3], [3, 4]]), "also a source"),
-    (torch.tensor([[0, 6]]), r"\[0, 6\)"),
-    (torch.tensor([0, 3]), r"\[n, 2\]"),
-])
+@pytest.mark.parametrize(
+    "mapping,message",
+    [
+        (torch.tensor([[0, 3], [1, 3]]), "distinct"),
+        (torch.tensor([[0, 3], [3, 4]]), "also a source"),
+        (torch.tensor([[0, 6]]), r"\[0, 6\)"),
+        (torch.tensor([0, 3]), r"\[n, 2\]"),
+    ],
+)
 def test_copy_blocks_rejects_unsafe_mappings(mapping, message):
     allocation = engine_like_allocation()
     for copy in (copy_blocks_triton, reference.copy_blocks):

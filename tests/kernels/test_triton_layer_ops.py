@@ -62,8 +62,17 @@ def test_rotary_write_kv_names_a_bad_cos_sin():
     qkv = torch.zeros(2, 4 * 8)
     cache = torch.zeros(2, 4, 1, 8)
     with pytest.raises(ValueError, match="cos_sin"):
-        rotary_write_kv(qkv, torch.zeros(2, dtype=torch.long), torch.zeros(4, 6), cache, cache.clone(),
-                        torch.zeros(2, dtype=torch.long), 2, 1, 8)
+        rotary_write_kv(
+            qkv,
+            torch.zeros(2, dtype=torch.long),
+            torch.zeros(4, 6),
+            cache,
+            cache.clone(),
+            torch.zeros(2, dtype=torch.long),
+            2,
+            1,
+            8,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

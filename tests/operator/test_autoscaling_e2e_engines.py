@@ -18,12 +18,12 @@ import time
 
 import aiohttp
 import pytest
+from autoscaler_rounds import AutoscalerRounds
 from prometheus_client.parser import text_string_to_metric_families
 
-from autoscaler_rounds import AutoscalerRounds
+from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the daemon)
 from pagedinfer.testing.kubelet_harness import KubeletHarness, LoadGenerator
 from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, eventually, running_operator
-from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the daemon)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,19 +38,29 @@ TOLERANCE = 0.1
 def inference_service(metrics, scale_down_window_seconds=6):
     """A CPU engine (gpus: 0) with the engine's embedded model (no model.uri) and a small KV pool."""
     return {
-        "apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
+        "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+        "kind": "InferenceService",
         "metadata": {"name": "tiny", "namespace": NS},
         "spec": {
             "resources": {"gpus": 0},
             "engine": {"numGpuBlocksOverride": NUM_GPU_BLOCKS, "maxModelLen": MAX_MODEL_LEN, "blockSize": 16},
-            "replicas": 1, "minReplicas": 1, "maxReplicas": 3,
+            "replicas": 1,
+            "minReplicas": 1,
+            "maxReplicas": 3,
             "autoscaling": {
-                "enabled": True, "intervalSeconds": INTERVAL_SECONDS, "tolerance": TOLERANCE,
-                "scrapeTimeoutSeconds": 2, "metrics": metrics,
-                "scaleUp": {"stabilizationWindowSeconds": 0,
-                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 2}]},
-                "scaleDown": {"stabilizationWindowSeconds": scale_down_window_seconds,
-                              "policies": [{"type": "Pods", "value": 2, "periodSeconds": 2}]},
+                "enabled": True,
+                "intervalSeconds": INTERVAL_SECONDS,
+                "tolerance": TOLERANCE,
+                "scrapeTimeoutSeconds": 2,
+                "metrics": metrics,
+                "scaleUp": {
+                    "stabilizationWindowSeconds": 0,
+                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 2}],
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": scale_down_window_seconds,
+                    "policies": [{"type": "Pods", "value": 2, "periodSeconds": 2}],
+                },
             },
         },
     }
@@ -94,8 +104,12 @@ async def engine_facts(url):
             text = await response.text()
         async with session.get(f"{url}/v1/models") as response:
             model = (await response.json())["data"][0]
-    blocks = next(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                  if s.name == "pagedinfer_kv_cache_num_blocks")
+    blocks = next(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "pagedinfer_kv_cache_num_blocks"
+    )
     return blocks, model["id"], model["max_model_len"]
 
 
@@ -120,8 +134,9 @@ async def test_kv_usage_scales_up_within_two_intervals_and_back_down_when_idle(e
         scaled = rounds.first(lambda r: r.desired_replicas >= 2)
         trace = [(r.metrics.get("kvCacheUsage"), r.desired_replicas) for r in rounds.rounds]
         print(f"(KV usage, desired replicas) per autoscaler round: {trace}")
-        assert above is not None and above <= scaled <= above + 2, \
+        assert above is not None and above <= scaled <= above + 2, (
             f"no scale-up within two intervals of KV usage first above target; (usage, desired) per round: {trace}"
+        )
         reason = await eventually(lambda: scale_reason(emulator))
         assert reason.startswith("kvCacheUsage") and f"above target {KV_TARGET}: 1 -> 2 replicas" in reason, reason
         await eventually(lambda: emulator.read(DEPLOYMENTS, NS, "tiny")["spec"]["replicas"] >= 2)
@@ -145,22 +160,33 @@ async def test_a_low_hit_rate_scales_up_only_while_the_pool_is_under_pressure(em
     runaway this rule prevents). Then the KV target drops to 0.1 (one running
     request fills more): under pressure the hit rate of ~0 asks for as many
     replicas as allowed, more than KV usage alone, and the reason names it."""
-    metrics = lambda kv_target: [{"name": "prefixCacheHitRate", "target": 0.5},  # noqa: E731
-                                 {"name": "kvCacheUsage", "target": kv_target}]
+    metrics = lambda kv_target: [
+        {"name": "prefixCacheHitRate", "target": 0.5},  # noqa: E731
+        {"name": "kvCacheUsage", "target": kv_target},
+    ]
     await emulator.create(ISVC, inference_service(metrics(1.0)))
     rounds = AutoscalerRounds(emulator, NS, "tiny").install()
     prefixes = [" ".join(f"doc{p}-word{w}" for w in range(12)) for p in range(24)]
     cycling = lambda i: f"{prefixes[i % len(prefixes)]} question {i}"  # noqa: E731
 
     def hit_rate_scale_ups():
-        return [e["message"] for e in emulator.read_all(EVENTS) if e.get("reason") == "ScaledUp"
-                and e.get("message", "").startswith("prefixCacheHitRate")]
+        return [
+            e["message"]
+            for e in emulator.read_all(EVENTS)
+            if e.get("reason") == "ScaledUp" and e.get("message", "").startswith("prefixCacheHitRate")
+        ]
 
     async with cluster_with_engines(emulator, tmp_path, cycling, concurrency=2, max_tokens=4) as (harness, load):
         await eventually(lambda: len(harness.engines) == 1, timeout_seconds=120)
         load.active.set()
-        low = lambda r: (r.metrics.get("prefixCacheHitRate") if r.metrics.get("prefixCacheHitRate") is not None  # noqa: E731
-                         else 1.0) < 0.5
+        low = lambda r: (
+            (
+                r.metrics.get("prefixCacheHitRate")
+                if r.metrics.get("prefixCacheHitRate") is not None  # noqa: E731
+                else 1.0
+            )
+            < 0.5
+        )
         await eventually(lambda: sum(map(low, rounds.rounds)) >= 5, timeout_seconds=60)
         trace = [(r.metrics, r.desired_replicas) for r in rounds.rounds]
         assert all(r.desired_replicas == 1 for r in rounds.rounds) and replicas(emulator) == 1, trace

@@ -9,28 +9,35 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from fake_engine_metrics import fake_engines
-from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
-from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, condition, eventually, running_operator
+
 from pagedinfer.operator.autoscaling import daemon  # noqa: F401  (registers the daemon)
 from pagedinfer.operator.autoscaling.daemon import build_status, is_ready, metrics_url
 from pagedinfer.operator.autoscaling.policy import AutoscalerState, MetricSample, Observation, decide
 from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
+from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
+from pagedinfer.testing.operator_harness import DEPLOYMENTS, EVENTS, ISVC, condition, eventually, running_operator
 
 NS = "default"
 
 
 def inference_service(name: str, replicas: int, enabled: bool = True, **autoscaling):
     return {
-        "apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
+        "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+        "kind": "InferenceService",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "resources": {"gpus": 0}, "replicas": replicas, "minReplicas": 1, "maxReplicas": 3,
+            "resources": {"gpus": 0},
+            "replicas": replicas,
+            "minReplicas": 1,
+            "maxReplicas": 3,
             "autoscaling": {
-                "enabled": enabled, "intervalSeconds": 0.5, "scrapeTimeoutSeconds": 0.5,
+                "enabled": enabled,
+                "intervalSeconds": 0.5,
+                "scrapeTimeoutSeconds": 0.5,
                 "metrics": [{"name": "kvCacheUsage", "target": 0.5}],
-                "scaleDown": {"stabilizationWindowSeconds": 2}, **autoscaling,
+                "scaleDown": {"stabilizationWindowSeconds": 2},
+                **autoscaling,
             },
         },
     }
@@ -57,8 +64,9 @@ async def test_scales_up_on_kv_usage_then_down_after_the_window(emulator):
 
         await eventually(lambda: replicas_of(emulator) == 2)
         # spec.replicas (the scale subresource) is written before status: wait for both
-        status = await eventually(lambda: (autoscaling_status(emulator) or {}).get("desiredReplicas") == 2
-                                  and autoscaling_status(emulator))
+        status = await eventually(
+            lambda: (autoscaling_status(emulator) or {}).get("desiredReplicas") == 2 and autoscaling_status(emulator)
+        )
         assert status["desiredReplicas"] == 2
         assert status["lastScaleReason"].startswith("kvCacheUsage 0.9 above target 0.5: 1 -> 2 replicas")
         assert status["currentMetrics"] == [{"name": "kvCacheUsage", "target": 0.5, "value": 0.9}]
@@ -75,8 +83,9 @@ async def test_scales_up_on_kv_usage_then_down_after_the_window(emulator):
 
         await eventually(lambda: replicas_of(emulator) == 1)
         # spec.replicas and status.autoscaling are two writes: wait for the second
-        status = await eventually(lambda: (autoscaling_status(emulator) or {}).get("desiredReplicas") == 1
-                                  and autoscaling_status(emulator))
+        status = await eventually(
+            lambda: (autoscaling_status(emulator) or {}).get("desiredReplicas") == 1 and autoscaling_status(emulator)
+        )
         assert status["lastScaleReason"].startswith("kvCacheUsage 0.05 below target 0.5: 2 -> 1 replicas")
 
 
@@ -130,8 +139,9 @@ async def test_an_invalid_autoscaling_spec_is_reported_not_acted_on(emulator):
         assert "spec.maxReplicas is required" in valid["message"]
         assert "spec.autoscaling.intervalSeconds must be positive, got -1" in valid["message"]
         # The reconciler posts its Warning Event after writing the condition: it can be seen later.
-        await eventually(lambda: any("spec.maxReplicas" in e["message"]
-                                     for e in events_with_reason(emulator, "InvalidSpec")))
+        await eventually(
+            lambda: any("spec.maxReplicas" in e["message"] for e in events_with_reason(emulator, "InvalidSpec"))
+        )
         assert replicas_of(emulator) == 1 and emulator.read(DEPLOYMENTS, NS, "svc") is None
 
 
@@ -149,7 +159,10 @@ def test_status_keeps_the_last_scale_until_the_next_change():
     steady = decide(spec, Observation(2, 2, 0, {"kvCacheUsage": MetricSample(0.5, 2)}), AutoscalerState(), 0.0)
     previous = {"lastScaleTime": "2024-01-01T00:00:00Z", "lastScaleReason": "earlier"}
     status = build_status(steady, previous, "2024-01-02T00:00:00Z")
-    assert status == {"currentMetrics": [{"name": "kvCacheUsage", "target": 0.5, "value": 0.5}],
-                      "desiredReplicas": 2, **previous}
+    assert status == {
+        "currentMetrics": [{"name": "kvCacheUsage", "target": 0.5, "value": 0.5}],
+        "desiredReplicas": 2,
+        **previous,
+    }
     up = decide(spec, Observation(1, 1, 0, {"kvCacheUsage": MetricSample(1.0, 1)}), AutoscalerState(), 0.0)
     assert build_status(up, previous, "2024-01-02T00:00:00Z")["lastScaleTime"] == "2024-01-02T00:00:00Z"

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from pagedinfer.operator.autoscaling.idle import (SCALED_FROM_ZERO, SCALED_TO_ZERO, STANDBY, IdleObservation,
-                                                  IdleState, decide_idle)
+from pagedinfer.operator.autoscaling.idle import (
+    SCALED_FROM_ZERO,
+    SCALED_TO_ZERO,
+    STANDBY,
+    IdleObservation,
+    IdleState,
+    decide_idle,
+)
 from pagedinfer.operator.autoscaling.idle_spec import IdleRule
 
 RULE = IdleRule(after_seconds=60)
@@ -32,8 +38,10 @@ def test_idle_for_the_whole_window_scales_to_zero_once_and_says_why():
     assert decisions[5].reason == "idle for 50 s of 60 s"
     last = decisions[6]
     assert last.event == SCALED_TO_ZERO and not last.sleep_engines
-    assert last.reason == ("idle for 60 s (afterSeconds 60): no request running or waiting at the engines, none"
-                           " queued at the router: 2 -> 0 replicas")
+    assert last.reason == (
+        "idle for 60 s (afterSeconds 60): no request running or waiting at the engines, none"
+        " queued at the router: 2 -> 0 replicas"
+    )
 
 
 @pytest.mark.parametrize("busy", [seen(in_flight=1), seen(queued=3), seen(in_flight=None), seen(queued=None)])
@@ -85,9 +93,19 @@ def test_a_woken_engine_serving_a_request_hands_the_decision_back_to_the_metric_
     assert decisions[6].desired_replicas == 2 and decisions[7].desired_replicas is None
 
 
-@pytest.mark.parametrize("field, value", [("current_replicas", -1), ("requests_in_flight", -2),
-                                          ("router_queue_length", -1), ("num_asleep", -1)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("current_replicas", -1), ("requests_in_flight", -2), ("router_queue_length", -1), ("num_asleep", -1)],
+)
 def test_an_impossible_observation_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
-        IdleObservation(**{"current_replicas": 1, "requests_in_flight": 0, "router_queue_length": 0,
-                           "num_awake": 1, "num_asleep": 0, field: value})
+        IdleObservation(
+            **{
+                "current_replicas": 1,
+                "requests_in_flight": 0,
+                "router_queue_length": 0,
+                "num_awake": 1,
+                "num_asleep": 0,
+                field: value,
+            }
+        )

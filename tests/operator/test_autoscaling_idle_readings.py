@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-
 from fake_engine_metrics import fake_engines
+
 from pagedinfer.operator.autoscaling.demand import DEMAND_IGNORED, answer_demand
 from pagedinfer.operator.autoscaling.idle import SCALED_FROM_ZERO
-from pagedinfer.operator.autoscaling.readings import (IdleCounts, PodReading, idle_counts, parse_pod_metrics,
-                                                      parse_router_queue_length)
+from pagedinfer.operator.autoscaling.readings import (
+    IdleCounts,
+    PodReading,
+    idle_counts,
+    parse_pod_metrics,
+    parse_router_queue_length,
+)
 from pagedinfer.operator.autoscaling.scrape import PodTarget, scrape_router_queue
 from pagedinfer.operator.autoscaling.sleep import EngineTarget, put_to_sleep
 from pagedinfer.testing.kubelet_harness import ENGINE_PORT
@@ -51,24 +56,32 @@ async def test_the_router_queue_is_the_sum_over_its_pods_and_unknown_if_any_pod_
 async def test_sleep_is_posted_to_each_engine_and_a_refusal_is_returned_not_raised():
     async with fake_engines(2) as (ok, refusing), aiohttp.ClientSession() as session:
         refusing.sleep_status = 409
-        engines = [EngineTarget("ok", f"http://{ok.ip}:{ENGINE_PORT}"),
-                   EngineTarget("refusing", f"http://{refusing.ip}:{ENGINE_PORT}"),
-                   EngineTarget("gone", "http://127.0.0.1:9")]
+        engines = [
+            EngineTarget("ok", f"http://{ok.ip}:{ENGINE_PORT}"),
+            EngineTarget("refusing", f"http://{refusing.ip}:{ENGINE_PORT}"),
+            EngineTarget("gone", "http://127.0.0.1:9"),
+        ]
         assert await put_to_sleep(session, engines, 2.0) == ["refusing", "gone"]
         assert ok.sleeping and not refusing.sleeping
 
 
-ZERO = {"minReplicas": 0, "maxReplicas": 2, "autoscaling": {"enabled": True,
-                                                           "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}}
+ZERO = {
+    "minReplicas": 0,
+    "maxReplicas": 2,
+    "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]},
+}
 
 
-@pytest.mark.parametrize("spec, replicas, event, says", [
-    ({**ZERO, "replicas": 0}, 1, SCALED_FROM_ZERO, "0 -> 1 replica"),
-    ({**ZERO, "replicas": 1}, None, "", "1 replicas already (starting, or asleep in standby"),
-    ({**ZERO, "replicas": 0, "autoscaling": {"enabled": False}}, None, DEMAND_IGNORED, "scale to zero is off"),
-    ({"replicas": 0, "maxReplicas": 2}, None, DEMAND_IGNORED, "scale to zero is off"),
-    ({**ZERO, "replicas": 0, "maxReplicas": 1}, None, DEMAND_IGNORED, "the autoscaling spec is invalid"),
-])
+@pytest.mark.parametrize(
+    "spec, replicas, event, says",
+    [
+        ({**ZERO, "replicas": 0}, 1, SCALED_FROM_ZERO, "0 -> 1 replica"),
+        ({**ZERO, "replicas": 1}, None, "", "1 replicas already (starting, or asleep in standby"),
+        ({**ZERO, "replicas": 0, "autoscaling": {"enabled": False}}, None, DEMAND_IGNORED, "scale to zero is off"),
+        ({"replicas": 0, "maxReplicas": 2}, None, DEMAND_IGNORED, "scale to zero is off"),
+        ({**ZERO, "replicas": 0, "maxReplicas": 1}, None, DEMAND_IGNORED, "the autoscaling spec is invalid"),
+    ],
+)
 def test_a_demand_scales_from_zero_only_a_service_the_idle_rule_scaled_there(spec, replicas, event, says):
     answer = answer_demand(spec, "2026-12-04T17:00:00Z")
     assert (answer.replicas, answer.event) == (replicas, event) and says in answer.reason

@@ -21,8 +21,11 @@ KV = [{"name": "kvCacheUsage", "target": 0.5}]
 
 
 def zero(max_replicas=3, router=None, **autoscaling):
-    spec = {"minReplicas": 0, "maxReplicas": max_replicas,
-            "autoscaling": {"enabled": True, "metrics": KV, **autoscaling}}
+    spec = {
+        "minReplicas": 0,
+        "maxReplicas": max_replicas,
+        "autoscaling": {"enabled": True, "metrics": KV, **autoscaling},
+    }
     return spec if router is None else {**spec, "router": router}
 
 
@@ -43,19 +46,24 @@ def test_standby_replicas_are_the_metric_rules_floor():
     assert (spec.standby, spec.min_replicas, spec.max_replicas) == (2, 2, 4)
 
 
-@pytest.mark.parametrize("spec, problem", [
-    (zero(max_replicas=1), "spec.minReplicas: 0 needs the router"),
-    (zero(router={"enabled": False}), "spec.minReplicas: 0 needs the router"),
-    (zero(idle={"afterSeconds": 0}), "spec.autoscaling.idle.afterSeconds must be an integer in [1, 86400]"),
-    (zero(idle={"afterSeconds": 1.5}), "spec.autoscaling.idle.afterSeconds"),
-    (zero(idle=30), "spec.autoscaling.idle must be an object"),
-    (zero(standby=4), "spec.autoscaling.standby must be <= maxReplicas (3), got 4"),
-    (zero(standby=-1), "spec.autoscaling.standby must be an integer >= 0"),
-    ({**zero(idle={"afterSeconds": 30}), "minReplicas": 1}, "spec.autoscaling.idle needs spec.minReplicas: 0"),
-    ({**zero(standby=1), "minReplicas": 1}, "spec.autoscaling.standby needs spec.minReplicas: 0"),
-    ({**zero(standby=1), "engine": {"apiKeySecretRef": {"name": "key"}}},
-     "spec.autoscaling.standby cannot be used with spec.engine.apiKeySecretRef"),
-])
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        (zero(max_replicas=1), "spec.minReplicas: 0 needs the router"),
+        (zero(router={"enabled": False}), "spec.minReplicas: 0 needs the router"),
+        (zero(idle={"afterSeconds": 0}), "spec.autoscaling.idle.afterSeconds must be an integer in [1, 86400]"),
+        (zero(idle={"afterSeconds": 1.5}), "spec.autoscaling.idle.afterSeconds"),
+        (zero(idle=30), "spec.autoscaling.idle must be an object"),
+        (zero(standby=4), "spec.autoscaling.standby must be <= maxReplicas (3), got 4"),
+        (zero(standby=-1), "spec.autoscaling.standby must be an integer >= 0"),
+        ({**zero(idle={"afterSeconds": 30}), "minReplicas": 1}, "spec.autoscaling.idle needs spec.minReplicas: 0"),
+        ({**zero(standby=1), "minReplicas": 1}, "spec.autoscaling.standby needs spec.minReplicas: 0"),
+        (
+            {**zero(standby=1), "engine": {"apiKeySecretRef": {"name": "key"}}},
+            "spec.autoscaling.standby cannot be used with spec.engine.apiKeySecretRef",
+        ),
+    ],
+)
 def test_each_bad_combination_names_its_field(spec, problem):
     with pytest.raises(ValueError) as err:
         parse_autoscaling_spec(spec)
@@ -80,13 +88,16 @@ def test_the_router_queue_is_passed_only_where_set():
     assert parse_router_spec({}, 2).queue == RouterQueue(None, None)
 
 
-@pytest.mark.parametrize("queue, problem", [
-    ({"maxRequests": 0}, "spec.router.queue.maxRequests: must be an integer >= 1"),
-    ({"maxRequests": True}, "spec.router.queue.maxRequests: must be an integer >= 1"),
-    ({"timeoutSeconds": 0}, "spec.router.queue.timeoutSeconds: must be a number of seconds > 0"),
-    ({"size": 3}, "spec.router.queue: unknown field(s) size"),
-    ([], "spec.router.queue: must be an object"),
-])
+@pytest.mark.parametrize(
+    "queue, problem",
+    [
+        ({"maxRequests": 0}, "spec.router.queue.maxRequests: must be an integer >= 1"),
+        ({"maxRequests": True}, "spec.router.queue.maxRequests: must be an integer >= 1"),
+        ({"timeoutSeconds": 0}, "spec.router.queue.timeoutSeconds: must be a number of seconds > 0"),
+        ({"size": 3}, "spec.router.queue: unknown field(s) size"),
+        ([], "spec.router.queue: must be an object"),
+    ],
+)
 def test_a_bad_queue_names_its_field(queue, problem):
     with pytest.raises(RouterSpecError) as err:
         parse_router_spec({"queue": queue}, 2)

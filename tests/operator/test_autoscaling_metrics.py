@@ -69,7 +69,11 @@ def test_a_server_still_loading_has_no_engine_series():
 
 @pytest.mark.parametrize(
     "text",
-    ["<html><body>502 Bad Gateway</body></html>", "pagedinfer_kv_cache_usage_ratio{model_name=\"m\"} lots\n", "\x00\xff\xfe"],
+    [
+        "<html><body>502 Bad Gateway</body></html>",
+        'pagedinfer_kv_cache_usage_ratio{model_name="m"} lots\n',
+        "\x00\xff\xfe",
+    ],
 )
 def test_garbage_is_a_parse_error(text):
     with pytest.raises(MetricsParseError, match="not Prometheus text"):

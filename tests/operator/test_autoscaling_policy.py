@@ -29,7 +29,9 @@ def make_spec(metrics=None, min_replicas=1, max_replicas=10, scale_up=FAST, scal
         "scaleDown": scale_down,
         **extra,
     }
-    return parse_autoscaling_spec({"minReplicas": min_replicas, "maxReplicas": max_replicas, "autoscaling": autoscaling})
+    return parse_autoscaling_spec(
+        {"minReplicas": min_replicas, "maxReplicas": max_replicas, "autoscaling": autoscaling}
+    )
 
 
 def observe(current, ready=None, failed=0, **metrics):
@@ -89,13 +91,20 @@ def test_a_hit_rate_that_falls_with_replicas_does_not_run_away():
     reviewer's trace (KV usage 5 %, hit rate 5 %, target 0.5) went
     2 -> 6 -> 12 -> 16 = maxReplicas under the old rule; now KV usage, far
     below its target, lets the fleet shrink and the hit rate stays silent."""
-    spec = make_spec([{"name": "kvCacheUsage", "target": 0.7}, {"name": "prefixCacheHitRate", "target": 0.5}],
-                     max_replicas=16, scale_down={"stabilizationWindowSeconds": 30, "policies": FAST["policies"]})
+    spec = make_spec(
+        [{"name": "kvCacheUsage", "target": 0.7}, {"name": "prefixCacheHitRate", "target": 0.5}],
+        max_replicas=16,
+        scale_down={"stabilizationWindowSeconds": 30, "policies": FAST["policies"]},
+    )
     replicas, state, trace = 2, AutoscalerState(), []
     for step in range(12):
         per_pod = 0.1 / replicas  # 5 % at 2 replicas, for both metrics
-        decision = decide(spec, observe(replicas, kvCacheUsage=(per_pod, replicas),
-                                        prefixCacheHitRate=(per_pod, replicas)), state, step * 15.0)
+        decision = decide(
+            spec,
+            observe(replicas, kvCacheUsage=(per_pod, replicas), prefixCacheHitRate=(per_pod, replicas)),
+            state,
+            step * 15.0,
+        )
         assert decision.metrics[1].status == NO_KV_PRESSURE
         replicas, state = decision.desired_replicas, decision.state
         trace.append(replicas)
@@ -107,16 +116,19 @@ def test_under_kv_pressure_the_hit_rate_scales_up_until_the_pressure_is_gone_the
     prefixes while the pool is past its target: the hit rate votes only in
     the rounds where KV usage is above target (by more than the tolerance),
     and the fleet then stays where KV usage keeps it."""
-    spec = make_spec(KV_AND_HIT_RATE, max_replicas=16,
-                     scale_up={"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2,
-                                                                              "periodSeconds": 15}]},
-                     scale_down={"stabilizationWindowSeconds": 60, "policies": FAST["policies"]})
+    spec = make_spec(
+        KV_AND_HIT_RATE,
+        max_replicas=16,
+        scale_up={"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 15}]},
+        scale_down={"stabilizationWindowSeconds": 60, "policies": FAST["policies"]},
+    )
     replicas, state, trace = 1, AutoscalerState(), []
     for step in range(20):
         kv = min(1.0, 1.6 / replicas)
         hit = 0.1 if kv > 0.55 else 0.3  # evicting while the pool is past its target; low anyway (spread)
-        decision = decide(spec, observe(replicas, kvCacheUsage=(kv, replicas), prefixCacheHitRate=(hit, replicas)),
-                          state, step * 15.0)
+        decision = decide(
+            spec, observe(replicas, kvCacheUsage=(kv, replicas), prefixCacheHitRate=(hit, replicas)), state, step * 15.0
+        )
         voted = decision.metrics[1].replicas is not None
         assert voted == (kv > 0.5 * 1.1), (step, kv, decision.metrics[1])
         replicas, state = decision.desired_replicas, decision.state
@@ -133,12 +145,15 @@ def test_the_reason_names_max_replicas_when_it_bound_the_result():
     assert "is right" not in held.reason
     assert held.reason == "kvCacheUsage 1 above target 0.5 recommends 32 replicas; capped at maxReplicas 16: holding 16"
     moved = once(spec, observe(12, kvCacheUsage=(1.0, 12)))
-    assert moved.reason == ("kvCacheUsage 1 above target 0.5: 12 -> 16 replicas "
-                            "(recommended 24 replicas; capped at maxReplicas 16)")
+    assert moved.reason == (
+        "kvCacheUsage 1 above target 0.5: 12 -> 16 replicas (recommended 24 replicas; capped at maxReplicas 16)"
+    )
     # A hit rate of 0 asks for as many as allowed: more than KV usage's 24, which its reason reads as 10.
     thrashing = once(make_spec(KV_AND_HIT_RATE), observe(4, kvCacheUsage=(0.6, 4), prefixCacheHitRate=(0.0, 4)))
-    assert thrashing.reason == ("prefixCacheHitRate 0 below target 0.6: 4 -> 10 replicas "
-                                "(recommended as many replicas as allowed; capped at maxReplicas 10)")
+    assert thrashing.reason == (
+        "prefixCacheHitRate 0 below target 0.6: 4 -> 10 replicas "
+        "(recommended as many replicas as allowed; capped at maxReplicas 10)"
+    )
     beyond = once(make_spec(KV_AND_HIT_RATE), observe(4, kvCacheUsage=(3.0, 4), prefixCacheHitRate=(0.0, 4)))
     assert beyond.reason.startswith("prefixCacheHitRate 0 below target 0.6: 4 -> 10 replicas")
 
@@ -149,7 +164,10 @@ def test_the_reason_names_min_replicas_and_the_rate_limit_when_they_bound_the_re
     one_step = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}
     spec = make_spec(scale_up=one_step)
     first = once(spec, observe(2, kvCacheUsage=(1.0, 2)), now=0.0)
-    assert first.reason == "kvCacheUsage 1 above target 0.5: 2 -> 3 replicas (recommended 4; limited to 3 by scaleUp policies)"
+    assert (
+        first.reason
+        == "kvCacheUsage 1 above target 0.5: 2 -> 3 replicas (recommended 4; limited to 3 by scaleUp policies)"
+    )
     second = once(spec, observe(3, kvCacheUsage=(1.0, 3)), first.state, now=15.0)
     assert second.reason.endswith("recommends 6 replicas; limited to 3 by scaleUp policies: holding 3")
 
@@ -243,17 +261,24 @@ def test_scale_up_takes_the_lowest_recommendation_in_its_window():
 
 
 def test_rate_limits_pick_the_most_permissive_policy():
-    policies = [{"type": "Pods", "value": 1, "periodSeconds": 10}, {"type": "Percent", "value": 50, "periodSeconds": 10}]
+    policies = [
+        {"type": "Pods", "value": 1, "periodSeconds": 10},
+        {"type": "Percent", "value": 50, "periodSeconds": 10},
+    ]
     spec = make_spec(max_replicas=20, scale_up={"stabilizationWindowSeconds": 0, "policies": policies})
     decision = once(spec, observe(4, kvCacheUsage=(1.0, 4)))
     assert decision.desired_replicas == 6  # max(4 + 1, ceil(4 * 1.5))
     assert "limited to 6 by scaleUp policies" in decision.reason
-    strict = make_spec(max_replicas=20, scale_up={"stabilizationWindowSeconds": 0, "policies": policies, "selectPolicy": "Min"})
+    strict = make_spec(
+        max_replicas=20, scale_up={"stabilizationWindowSeconds": 0, "policies": policies, "selectPolicy": "Min"}
+    )
     assert once(strict, observe(4, kvCacheUsage=(1.0, 4))).desired_replicas == 5
 
 
 def test_rate_limit_counts_changes_already_made_in_the_period():
-    spec = make_spec(scale_up={"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]})
+    spec = make_spec(
+        scale_up={"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]}
+    )
     first = once(spec, observe(2, kvCacheUsage=(1.0, 2)), now=0.0)
     assert first.desired_replicas == 4
     second = once(spec, observe(4, kvCacheUsage=(1.0, 4)), first.state, now=30.0)
@@ -262,12 +287,19 @@ def test_rate_limit_counts_changes_already_made_in_the_period():
 
 
 def test_scale_down_percent_policy_rounds_toward_fewer_removals():
-    spec = make_spec(scale_down={"stabilizationWindowSeconds": 0, "policies": [{"type": "Percent", "value": 50, "periodSeconds": 60}]})
+    spec = make_spec(
+        scale_down={
+            "stabilizationWindowSeconds": 0,
+            "policies": [{"type": "Percent", "value": 50, "periodSeconds": 60}],
+        }
+    )
     assert once(spec, observe(5, kvCacheUsage=(0.0, 5))).desired_replicas == 2  # floor(5 * 0.5)
 
 
 def test_disabled_direction_never_moves():
-    spec = make_spec(scale_down={"stabilizationWindowSeconds": 0, "selectPolicy": "Disabled", "policies": FAST["policies"]})
+    spec = make_spec(
+        scale_down={"stabilizationWindowSeconds": 0, "selectPolicy": "Disabled", "policies": FAST["policies"]}
+    )
     assert once(spec, observe(5, kvCacheUsage=(0.0, 5))).desired_replicas == 5
     assert once(spec, observe(5, kvCacheUsage=(1.0, 5))).desired_replicas == 10
 

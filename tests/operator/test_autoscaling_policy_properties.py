@@ -146,7 +146,10 @@ def test_a_constant_load_converges_to_a_fixed_point(spec, start, load):
     period=st.sampled_from([15, 30, 60]),
 )
 def test_pods_rate_limits_hold_over_every_period(spec, loads, value, period):
-    one_policy = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": value, "periodSeconds": period}]}
+    one_policy = {
+        "stabilizationWindowSeconds": 0,
+        "policies": [{"type": "Pods", "value": value, "periodSeconds": period}],
+    }
     autoscaling = {
         "enabled": True,
         "tolerance": spec.tolerance,

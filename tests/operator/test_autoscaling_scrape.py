@@ -11,10 +11,10 @@ import aiohttp
 import promql_parser
 import pytest
 from aiohttp import web
+from prometheus_api import PrometheusApi
 
 from pagedinfer.operator.autoscaling.readings import PodReading, PodScrape
 from pagedinfer.operator.autoscaling.scrape import PodTarget, pod_selector, query_prometheus, scrape_pods
-from prometheus_api import PrometheusApi
 
 GOOD = """# HELP pagedinfer_kv_cache_usage_ratio Used KV cache blocks / total blocks (0-1).
 # TYPE pagedinfer_kv_cache_usage_ratio gauge
@@ -36,7 +36,8 @@ def twice(pod, value):
 
 
 SERIES = {
-    "pagedinfer_kv_cache_usage_ratio": twice(POD_A, 0.5) + twice(POD_B, 0.9)
+    "pagedinfer_kv_cache_usage_ratio": twice(POD_A, 0.5)
+    + twice(POD_B, 0.9)
     + [({"namespace": "ns", "pod": "llamaxv2-5c6b7-fghij"}, 0.1), ({"namespace": "other", "pod": POD_A}, 0.2)],
     "pagedinfer_num_requests_waiting": twice(POD_A, 1) + twice(POD_B, 3),
     "pagedinfer_prefix_cache_queries_total": twice(POD_A, 100),

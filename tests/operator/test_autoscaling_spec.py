@@ -105,8 +105,11 @@ def test_the_hit_rate_needs_prefix_caching_on_in_the_engine():
     """With prefix caching off the engine's hit rate is always 0, which would vote for maxReplicas."""
     both = [{"name": "kvCacheUsage", "target": 0.5}, {"name": "prefixCacheHitRate", "target": 0.5}]
     spec = {**minimal(metrics=both), "engine": {"enablePrefixCaching": False}}
-    with pytest.raises(ValueError, match=r"spec\.autoscaling\.metrics: prefixCacheHitRate needs "
-                                         r"spec\.engine\.enablePrefixCaching: true"):
+    with pytest.raises(
+        ValueError,
+        match=r"spec\.autoscaling\.metrics: prefixCacheHitRate needs "
+        r"spec\.engine\.enablePrefixCaching: true",
+    ):
         parse_autoscaling_spec(spec)
     assert parse_autoscaling_spec({**spec, "engine": {"enablePrefixCaching": True}}).metrics[1].inverted
     assert parse_autoscaling_spec(minimal(metrics=both)).metrics[1].inverted  # the default is on

@@ -14,20 +14,41 @@ ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030
 KUBERNETES_VERSIONS = ("1.28.0", "1.30.0", kubernetes_validate.latest_version())  # 1.28: the chart's floor
 
 SPECS = {
-    "hf": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "architecture": ARCH, "cacheClaimName": "hf-cache",
-                     "hfTokenSecretRef": {"name": "hf-token"}},
-           "engine": {"apiKeySecretRef": {"name": "key"}, "env": [{"name": "LOG_LEVEL", "value": "debug"}],
-                      "extraArgs": ["--seed=7"]},
-           "resources": {"gpus": 1, "cpu": "4", "memory": "32Gi", "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
-           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-               "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}},
-    "pvc": {"model": {"uri": "pvc://models/llama/8b", "architecture": ARCH, "cacheClaimName": "hf-cache"},
-            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
-    "file": {"model": {"uri": "file:///models/llama", "architecture": ARCH},
-             "engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}},
+    "hf": {
+        "model": {
+            "uri": "hf://meta-llama/Meta-Llama-3-8B",
+            "architecture": ARCH,
+            "cacheClaimName": "hf-cache",
+            "hfTokenSecretRef": {"name": "hf-token"},
+        },
+        "engine": {
+            "apiKeySecretRef": {"name": "key"},
+            "env": [{"name": "LOG_LEVEL", "value": "debug"}],
+            "extraArgs": ["--seed=7"],
+        },
+        "resources": {"gpus": 1, "cpu": "4", "memory": "32Gi", "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
+                }
+            }
+        },
+    },
+    "pvc": {
+        "model": {"uri": "pvc://models/llama/8b", "architecture": ARCH, "cacheClaimName": "hf-cache"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+    "file": {
+        "model": {"uri": "file:///models/llama", "architecture": ARCH},
+        "engine": {"tensorParallelSize": 2},
+        "resources": {"gpus": 2},
+    },
     "override": {"model": {"uri": "pvc://models/llama", "architecture": ARCH}, "engine": {"numGpuBlocksOverride": 100}},
-    "cpu": {"resources": {"gpus": 0}, "engine": {"enablePrefixCaching": False, "enableChunkedPrefill": False,
-                                                 "maxModelLen": 512}},
+    "cpu": {
+        "resources": {"gpus": 0},
+        "engine": {"enablePrefixCaching": False, "enableChunkedPrefill": False, "maxModelLen": 512},
+    },
 }
 
 
@@ -52,8 +73,11 @@ def container(deployment):
 @pytest.mark.parametrize("key", sorted(SPECS))
 def test_every_manifest_passes_strict_kubernetes_validation(key, version):
     _, _, deployment, service = built(key)
-    for manifest in (deployment, service, {**deployment, **builders.patch_for(deployment),
-                                           "apiVersion": "apps/v1", "kind": "Deployment"}):
+    for manifest in (
+        deployment,
+        service,
+        {**deployment, **builders.patch_for(deployment), "apiVersion": "apps/v1", "kind": "Deployment"},
+    ):
         kubernetes_validate.validate(manifest, version, strict=True)
 
 
@@ -108,8 +132,12 @@ def test_gpu_limits_port_probes_and_security_context():
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 1800
     assert {"readinessProbe", "livenessProbe"} <= set(c)
-    assert c["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
-                                    "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert c["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
@@ -120,8 +148,14 @@ def test_children_are_owned_by_the_inference_service():
     _, _, deployment, service = built("hf")
     for child in (deployment, service):
         (ref,) = child["metadata"]["ownerReferences"]
-        assert ref == {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
-                       "name": "llama", "uid": OWNER.uid, "controller": True, "blockOwnerDeletion": True}
+        assert ref == {
+            "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+            "kind": "InferenceService",
+            "name": "llama",
+            "uid": OWNER.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
 
 def test_api_key_comes_from_the_secret_and_hf_models_are_offline_by_default():
@@ -170,7 +204,10 @@ def test_no_pod_template_carries_a_hash_of_itself():
     spec = parse_spec("llama", {"model": {"architecture": ARCH}, "router": {"enabled": True}})
     engine = builders.build_deployment(OWNER, spec, plan_of(spec))
     assert engine["spec"]["template"]["metadata"]["annotations"] == {
-        "prometheus.io/scrape": "true", "prometheus.io/port": str(builders.HTTP_PORT), "prometheus.io/path": "/metrics"}
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(builders.HTTP_PORT),
+        "prometheus.io/path": "/metrics",
+    }
     router = routing_builders.build_router_deployment(OWNER, spec, "router:1")
     assert "annotations" not in router["spec"]["template"]["metadata"]
 
@@ -179,10 +216,10 @@ def test_an_engine_change_rolls_the_pods_and_a_replica_change_does_not():
     spec = parse_spec("llama", {"model": {"architecture": ARCH}})
     plan = plan_of(spec)
     base = builders.build_deployment(OWNER, spec, plan)
-    more = builders.build_deployment(OWNER, parse_spec("llama", {"model": {"architecture": ARCH},
-                                                                 "replicas": 3}), plan)
-    longer = builders.build_deployment(OWNER, parse_spec("llama", {"model": {"architecture": ARCH},
-                                                                   "engine": {"maxNumSeqs": 64}}), plan)
+    more = builders.build_deployment(OWNER, parse_spec("llama", {"model": {"architecture": ARCH}, "replicas": 3}), plan)
+    longer = builders.build_deployment(
+        OWNER, parse_spec("llama", {"model": {"architecture": ARCH}, "engine": {"maxNumSeqs": 64}}), plan
+    )
     assert more["spec"]["template"] == base["spec"]["template"] != longer["spec"]["template"]
     assert more["spec"]["replicas"] == 3
     spec_hash = builders.SPEC_HASH_ANNOTATION
@@ -204,13 +241,18 @@ def test_a_plan_sized_from_node_labels_keeps_the_pod_on_nodes_with_at_least_that
     spec, plan, deployment, _ = built("hf")
     assert plan.source == "node-labels"
     (term,) = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert term["matchExpressions"] == [{"key": "zone", "operator": "In", "values": ["a"]},
-                                        {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["81558"]}]
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "zone", "operator": "In", "values": ["a"]},
+        {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["81558"]},
+    ]
     assert spec.affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
-        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]  # the spec is left alone
-    from_spec = planning.plan_for(spec, planning.shape_from_architecture(spec.model.architecture, "auto"),
-                                  81559 * 2**20, planning.SOURCE_SPEC)
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    ]  # the spec is left alone
+    from_spec = planning.plan_for(
+        spec, planning.shape_from_architecture(spec.model.architecture, "auto"), 81559 * 2**20, planning.SOURCE_SPEC
+    )
     pod = builders.build_deployment(OWNER, spec, from_spec)["spec"]["template"]["spec"]
     assert pod["affinity"] == spec.affinity  # gpuMemory from the spec: the user vouches for the nodes
 
@@ -231,7 +273,8 @@ def test_the_engine_images_come_from_the_flags_else_the_environment(monkeypatch)
     assert OperatorConfig.from_env().engine_images == EngineImages()
     monkeypatch.setenv("PAGEDINFER_ENGINE_IMAGE", "registry.local/engine:env")
     monkeypatch.setenv("PAGEDINFER_ENGINE_CPU_IMAGE", "registry.local/engine:cpu-env")
-    assert OperatorConfig.from_env().engine_images == EngineImages("registry.local/engine:env",
-                                                                   "registry.local/engine:cpu-env")
+    assert OperatorConfig.from_env().engine_images == EngineImages(
+        "registry.local/engine:env", "registry.local/engine:cpu-env"
+    )
     flagged = OperatorConfig.from_env(engine_cpu_image="registry.local/engine:cpu-flag").engine_images
     assert flagged == EngineImages("registry.local/engine:env", "registry.local/engine:cpu-flag")

@@ -9,13 +9,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pagedinfer.operator.kv_plan import planning
-from pagedinfer.operator.status import conditions
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import field_default, flag_fields, managed_flags
 from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.crd_model import DTYPES, MANAGED_FLAGS, EngineSpec
 from pagedinfer.operator.spec.parser import parse_spec
+from pagedinfer.operator.status import conditions
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((REPO / "crds" / "inferenceservices.yaml").read_text())
@@ -36,12 +36,17 @@ def test_the_crd_manifest_validates(version):
 def test_names_scale_subresource_and_printer_columns():
     names = CRD["spec"]["names"]
     assert (CRD["spec"]["group"], names["kind"], names["plural"]) == (
-        "serving.pagedinfer.dev", "InferenceService", "inferenceservices")
+        "serving.pagedinfer.dev",
+        "InferenceService",
+        "inferenceservices",
+    )
     assert "isvc" not in names["shortNames"]
     assert VERSION["name"] == "v1alpha1"
-    assert VERSION["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas",
-                                                "statusReplicasPath": ".status.replicas",
-                                                "labelSelectorPath": ".status.selector"}
+    assert VERSION["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
     columns = [c["name"] for c in VERSION["additionalPrinterColumns"]]
     assert {"Ready", "Replicas", "KV blocks", "Max tokens", "Age"} <= set(columns)
 
@@ -61,8 +66,12 @@ def test_the_readme_inference_service_validates_against_the_schema_and_the_opera
 
 
 def test_the_schema_rejects_what_the_operator_rejects():
-    bad = {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
-           "metadata": {"name": "x"}, "spec": {"engine": {"blockSize": 24}}}
+    bad = {
+        "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "x"},
+        "spec": {"engine": {"blockSize": 24}},
+    }
     with pytest.raises(jsonschema.ValidationError):
         validator().validate(bad)
     bad["spec"] = {"engine": {"gpuMemoryUtilization": 0}}
@@ -73,11 +82,16 @@ def test_the_schema_rejects_what_the_operator_rejects():
 def test_schema_defaults_equal_the_operators_defaults():
     engine = SCHEMA["properties"]["spec"]["properties"]["engine"]["properties"]
     defaults = EngineSpec()
-    for field, attr in [("blockSize", "block_size"), ("gpuMemoryUtilization", "gpu_memory_utilization"),
-                        ("maxNumSeqs", "max_num_seqs"), ("maxNumBatchedTokens", "max_num_batched_tokens"),
-                        ("enablePrefixCaching", "enable_prefix_caching"),
-                        ("enableChunkedPrefill", "enable_chunked_prefill"), ("swapSpaceGiB", "swap_space_gib"),
-                        ("tensorParallelSize", "tensor_parallel_size")]:
+    for field, attr in [
+        ("blockSize", "block_size"),
+        ("gpuMemoryUtilization", "gpu_memory_utilization"),
+        ("maxNumSeqs", "max_num_seqs"),
+        ("maxNumBatchedTokens", "max_num_batched_tokens"),
+        ("enablePrefixCaching", "enable_prefix_caching"),
+        ("enableChunkedPrefill", "enable_chunked_prefill"),
+        ("swapSpaceGiB", "swap_space_gib"),
+        ("tensorParallelSize", "tensor_parallel_size"),
+    ]:
         assert engine[field]["default"] == getattr(defaults, attr), field
     # image has no schema default: the operator picks its CPU or CUDA engine image by resources.gpus
     assert "default" not in engine["image"] and defaults.image is None
@@ -104,49 +118,73 @@ def test_every_cel_rule_has_an_operator_check():
     violations = {
         "minReplicas must be <= maxReplicas": {"minReplicas": 2, "maxReplicas": 1},
         "maxReplicas is required when autoscaling.enabled is true": {
-            "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}},
-        "engine.tensorParallelSize must be 1 when resources.gpus is 0 (CPU engine)":
-            {"resources": {"gpus": 0}, "engine": {"tensorParallelSize": 2}},
-        "resources.gpus must equal engine.tensorParallelSize (one GPU per rank; leave gpus unset to default to it)":
-            {"resources": {"gpus": 1}, "engine": {"tensorParallelSize": 2}},
+            "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}
+        },
+        "engine.tensorParallelSize must be 1 when resources.gpus is 0 (CPU engine)": {
+            "resources": {"gpus": 0},
+            "engine": {"tensorParallelSize": 2},
+        },
+        "resources.gpus must equal engine.tensorParallelSize (one GPU per rank; leave gpus unset to default to it)": {
+            "resources": {"gpus": 1},
+            "engine": {"tensorParallelSize": 2},
+        },
         "engine.tensorParallelSize must divide model.architecture.numKVHeads": {
             "engine": {"tensorParallelSize": 4},
-            "model": {"architecture": {"numLayers": 1, "numKVHeads": 2, "headDim": 8, "numParameters": 1}}},
-        "set at most one of architecture and configMapRef": {"model": {
-            "architecture": {"numLayers": 1, "numKVHeads": 8, "headDim": 8, "numParameters": 1},
-            "configMapRef": {"name": "c"}}},
+            "model": {"architecture": {"numLayers": 1, "numKVHeads": 2, "headDim": 8, "numParameters": 1}},
+        },
+        "set at most one of architecture and configMapRef": {
+            "model": {
+                "architecture": {"numLayers": 1, "numKVHeads": 8, "headDim": 8, "numParameters": 1},
+                "configMapRef": {"name": "c"},
+            }
+        },
         "maxNumBatchedTokens must be >= maxNumSeqs": {"engine": {"maxNumSeqs": 300, "maxNumBatchedTokens": 200}},
         "maxNumBatchedTokens must be >= maxModelLen when enableChunkedPrefill is false": {
-            "engine": {"enableChunkedPrefill": False, "maxModelLen": 4096}},
-        "extraArgs may not set or abbreviate a flag the operator sets from the spec":
-            {"engine": {"extraArgs": ["--api-k", "x"]}},
+            "engine": {"enableChunkedPrefill": False, "maxModelLen": 4096}
+        },
+        "extraArgs may not set or abbreviate a flag the operator sets from the spec": {
+            "engine": {"extraArgs": ["--api-k", "x"]}
+        },
         "this variable is set by the operator": {"engine": {"env": [{"name": "HF_HOME", "value": "/x"}]}},
         "an hf:// model needs allowDownload: true or cacheClaimName (with neither, the pods run offline over an "
         "empty cache)": {"model": {"uri": "hf://a/b", "allowDownload": False}},
         "hfTokenSecretRef is for hf:// models only": {"model": {"uri": "pvc://c/m", "hfTokenSecretRef": {"name": "t"}}},
         "engine.env may not set HF_TOKEN when model.hfTokenSecretRef is set": {
             "model": {"uri": "hf://a/b", "allowDownload": True, "hfTokenSecretRef": {"name": "t"}},
-            "engine": {"env": [{"name": "HF_TOKEN", "value": "v"}]}},
+            "engine": {"env": [{"name": "HF_TOKEN", "value": "v"}]},
+        },
         "autoscaling.metrics may list prefixCacheHitRate only with engine.enablePrefixCaching: true (with it off "
         "the hit rate is always 0)": {
             "engine": {"enablePrefixCaching": False},
-            "autoscaling": {"metrics": [{"name": "kvCacheUsage", "target": 0.8},
-                                        {"name": "prefixCacheHitRate", "target": 0.5}]}},
+            "autoscaling": {
+                "metrics": [{"name": "kvCacheUsage", "target": 0.8}, {"name": "prefixCacheHitRate", "target": 0.5}]
+            },
+        },
         "minReplicas 0 needs the router (router.enabled; default on only when maxReplicas > 1): nothing else could"
         " hold the requests while no engine runs": {"minReplicas": 0, "maxReplicas": 1},
         "autoscaling.idle and autoscaling.standby need minReplicas: 0": {
-            "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"idle": {"afterSeconds": 60}}},
-        "autoscaling.standby must be <= maxReplicas": {"minReplicas": 0, "maxReplicas": 2,
-                                                       "autoscaling": {"standby": 3}},
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "autoscaling": {"idle": {"afterSeconds": 60}},
+        },
+        "autoscaling.standby must be <= maxReplicas": {
+            "minReplicas": 0,
+            "maxReplicas": 2,
+            "autoscaling": {"standby": 3},
+        },
         "autoscaling.standby cannot be used with engine.apiKeySecretRef (the engines' POST /sleep needs their key,"
-        " which the operator never reads)": {"minReplicas": 0, "maxReplicas": 2, "autoscaling": {"standby": 1},
-                                             "engine": {"apiKeySecretRef": {"name": "key"}}},
+        " which the operator never reads)": {
+            "minReplicas": 0,
+            "maxReplicas": 2,
+            "autoscaling": {"standby": 1},
+            "engine": {"apiKeySecretRef": {"name": "key"}},
+        },
         "source.url is required when source.type is prometheus": None,  # the autoscaler parses spec.autoscaling
         "prefixCacheHitRate needs kvCacheUsage listed too": None,  # (test_autoscaling_spec.py)
     }
     name_rule = "metadata.name must be at most 47 characters (the engine pods' names derive from it)"
     assert set(rules) == set(violations) | {name_rule}
-    for message, spec in violations.items():
+    for _message, spec in violations.items():
         if spec is not None:
             with pytest.raises(ValueError):
                 parse_spec("x", spec)
@@ -165,24 +203,33 @@ def test_the_status_schema_holds_every_kv_cache_field_and_source():
 def test_the_extra_args_rule_lists_the_operators_managed_flags():
     engine = SCHEMA["properties"]["spec"]["properties"]["engine"]["properties"]
     (rule,) = [v["rule"] for v in engine["extraArgs"]["x-kubernetes-validations"]]
-    listed = re.fullmatch(r"self\.all\(a, !a\.startsWith\('--'\) \|\| !\[(.*)\]\.exists\(f, "
-                          r"f\.startsWith\(a\.split\('='\)\[0\]\)\)\)", rule)
+    listed = re.fullmatch(
+        r"self\.all\(a, !a\.startsWith\('--'\) \|\| !\[(.*)\]\.exists\(f, "
+        r"f\.startsWith\(a\.split\('='\)\[0\]\)\)\)",
+        rule,
+    )
     assert listed, rule
     derived = managed_flags(EngineConfig, ServeArgs)
     expected = ", ".join(f"'{flag}'" for flag in derived)
-    assert tuple(re.findall(r"'([^']*)'", listed.group(1))) == MANAGED_FLAGS == derived, \
+    assert tuple(re.findall(r"'([^']*)'", listed.group(1))) == MANAGED_FLAGS == derived, (
         f"the CEL list must be the flags marked managed, in order: [{expected}]"
+    )
 
 
 def test_the_crds_engine_defaults_are_the_engines_own():
     """spec.engine's defaults (and spec.model.dtype's) are EngineConfig's, the options' one definition."""
     spec = SCHEMA["properties"]["spec"]["properties"]
     engine = spec["engine"]["properties"]
-    for field, option in [("blockSize", "block_size"), ("gpuMemoryUtilization", "gpu_memory_utilization"),
-                          ("maxNumSeqs", "max_num_seqs"), ("maxNumBatchedTokens", "max_num_batched_tokens"),
-                          ("enablePrefixCaching", "enable_prefix_caching"),
-                          ("enableChunkedPrefill", "enable_chunked_prefill"), ("swapSpaceGiB", "swap_space"),
-                          ("tensorParallelSize", "tensor_parallel_size")]:
+    for field, option in [
+        ("blockSize", "block_size"),
+        ("gpuMemoryUtilization", "gpu_memory_utilization"),
+        ("maxNumSeqs", "max_num_seqs"),
+        ("maxNumBatchedTokens", "max_num_batched_tokens"),
+        ("enablePrefixCaching", "enable_prefix_caching"),
+        ("enableChunkedPrefill", "enable_chunked_prefill"),
+        ("swapSpaceGiB", "swap_space"),
+        ("tensorParallelSize", "tensor_parallel_size"),
+    ]:
         assert engine[field]["default"] == field_default(EngineConfig, option), field
     dtype = spec["model"]["properties"]["dtype"]
     assert dtype["default"] == field_default(EngineConfig, "dtype")

@@ -1,16 +1,18 @@
 """Drift is a difference in a field the operator sets; what the API server defaults or others add is not."""
 
 from pagedinfer.operator.children import builders
-from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.children.drift import drifted_paths, fingerprint
+from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.parser import parse_spec
 
 OWNER = builders.Owner(name="llama", namespace="default", uid="uid-1", generation=2)
-SPEC_DICT = {"model": {"architecture": {"numLayers": 32, "numKVHeads": 8, "headDim": 128,
-                                        "numParameters": 8_030_261_248}}}
+SPEC_DICT = {
+    "model": {"architecture": {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}}
+}
 SPEC = parse_spec("llama", SPEC_DICT)
-PLAN = planning.plan_for(SPEC, planning.shape_from_architecture(SPEC.model.architecture, "auto"), 81559 * 2**20,
-                         planning.SOURCE_NODE_LABELS)
+PLAN = planning.plan_for(
+    SPEC, planning.shape_from_architecture(SPEC.model.architecture, "auto"), 81559 * 2**20, planning.SOURCE_NODE_LABELS
+)
 
 
 def live_deployment():
@@ -72,30 +74,43 @@ def test_the_fingerprint_covers_only_the_metadata_the_operator_sets():
     others["metadata"]["labels"] = {**others["metadata"]["labels"], "team": "search"}
     others["metadata"]["finalizers"] = ["example.com/backup"]
     assert fingerprint(others) == fingerprint(live)
-    for edit in ({"annotations": {**live["metadata"]["annotations"], builders.SPEC_HASH_ANNOTATION: "x"}},
-                 {"labels": {**live["metadata"]["labels"], builders.OWNER_LABEL: "other"}},
-                 {"ownerReferences": []}):
+    for edit in (
+        {"annotations": {**live["metadata"]["annotations"], builders.SPEC_HASH_ANNOTATION: "x"}},
+        {"labels": {**live["metadata"]["labels"], builders.OWNER_LABEL: "other"}},
+        {"ownerReferences": []},
+    ):
         assert fingerprint({**live, "metadata": {**live["metadata"], **edit}}) != fingerprint(live), edit
 
 
 def test_quantities_and_empty_values_as_the_api_server_stores_them_are_not_drift():
-    spec = parse_spec("llama", {"model": SPEC_DICT["model"], "resources": {"cpu": "0.5", "memory": "1024Mi"},
-                                "engine": {"env": [{"name": "EMPTY", "value": ""}]}})
+    spec = parse_spec(
+        "llama",
+        {
+            "model": SPEC_DICT["model"],
+            "resources": {"cpu": "0.5", "memory": "1024Mi"},
+            "engine": {"env": [{"name": "EMPTY", "value": ""}]},
+        },
+    )
     desired = builders.build_deployment(OWNER, spec, PLAN)
     live = builders.build_deployment(OWNER, spec, PLAN)
     container = live["spec"]["template"]["spec"]["containers"][0]
-    container["resources"] = {"requests": {"cpu": "500m", "memory": "1Gi"},
-                              "limits": {"memory": "1Gi", "nvidia.com/gpu": "1"}}
+    container["resources"] = {
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"memory": "1Gi", "nvidia.com/gpu": "1"},
+    }
     container["env"] = [{"name": "EMPTY"} if e["name"] == "EMPTY" else e for e in container["env"]]
     assert drifted_paths(live, builders.patch_for(desired, live)) == []
     container["resources"]["requests"]["cpu"] = "2000m"
     container["env"][-1]["value"] = "set by hand"
     assert drifted_paths(live, builders.patch_for(desired, live)) == [
-        "spec.template.spec.containers[0].env[2].value", "spec.template.spec.containers[0].resources.requests.cpu"]
+        "spec.template.spec.containers[0].env[2].value",
+        "spec.template.spec.containers[0].resources.requests.cpu",
+    ]
     args = container["args"]
     args[args.index("--max-num-seqs") + 1] = "256.0"  # not a quantity: compared as text
     assert f"spec.template.spec.containers[0].args[{args.index('256.0')}]" in drifted_paths(
-        live, builders.patch_for(desired, live))
+        live, builders.patch_for(desired, live)
+    )
 
 
 def test_a_key_added_to_a_map_the_operator_owns_whole_is_drift_and_the_patch_deletes_it():

@@ -8,11 +8,24 @@ The emulator has no controllers and no garbage collector: the tests write the De
 
 import pytest
 
-from pagedinfer.testing.kube_emulator import Fault
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B_SPEC, SERVICES, add_gpu_node, condition,
-                                                 deployment_of, eventually, inference_service, isvc_of, reconciles,
-                                                 reconciles_once_handled, roll_out, running_operator)
 from pagedinfer.operator.children import builders
+from pagedinfer.testing.kube_emulator import Fault
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    LLAMA3_8B_SPEC,
+    SERVICES,
+    add_gpu_node,
+    condition,
+    deployment_of,
+    eventually,
+    inference_service,
+    isvc_of,
+    reconciles,
+    reconciles_once_handled,
+    roll_out,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,8 +47,9 @@ async def test_a_hand_edit_whose_reconcile_fails_for_good_is_still_reported_and_
         emulator.faults.append(Fault(verb="patch", resource="deployments", status=403, times=None))
         await emulator.merge(DEPLOYMENTS, "default", "llama", {"spec": {"replicas": 3}})
         await eventually(lambda: applied(emulator)["reason"] == "ApplyFailed")
-        ready = await eventually(lambda: condition(isvc_of(emulator), "Ready")["status"] == "False"
-                                 and condition(isvc_of(emulator), "Ready"))
+        ready = await eventually(
+            lambda: condition(isvc_of(emulator), "Ready")["status"] == "False" and condition(isvc_of(emulator), "Ready")
+        )
         assert ready["reason"] == "RolloutInProgress" and "/3 replicas" in ready["message"]  # the edited Deployment
         after_edit = reconciles(runtime)
         for ready_pods in (1, 2, 3):
@@ -66,16 +80,21 @@ async def test_metadata_other_controllers_write_on_a_child_costs_no_reconcile(em
         await eventually(lambda: applied(emulator)["status"] == "True")
         before = await reconciles_once_handled(emulator, runtime)
         # Playing the Deployment controller (its revision annotation) and other tools (their labels).
-        await emulator.merge(DEPLOYMENTS, "default", "llama", {"metadata": {
-            "annotations": {"deployment.kubernetes.io/revision": "2"}, "labels": {"team": "search"}}})
+        await emulator.merge(
+            DEPLOYMENTS,
+            "default",
+            "llama",
+            {"metadata": {"annotations": {"deployment.kubernetes.io/revision": "2"}, "labels": {"team": "search"}}},
+        )
         await emulator.merge(SERVICES, "default", "llama", {"metadata": {"annotations": {"note": "x"}}})
         await roll_out(emulator, "llama", ready=1)  # a later event: once it is reported, the others were handled
         await eventually(lambda: isvc_of(emulator)["status"]["readyReplicas"] == 1)
         assert reconciles(runtime) == before
         await emulator.merge(SERVICES, "default", "llama", {"metadata": {"labels": {builders.OWNER_LABEL: "x"}}})
         await eventually(lambda: reconciles(runtime) > before)  # a label the operator sets is its own
-        await eventually(lambda: emulator.read(SERVICES, "default", "llama")["metadata"]["labels"][
-            builders.OWNER_LABEL] == "llama")
+        await eventually(
+            lambda: emulator.read(SERVICES, "default", "llama")["metadata"]["labels"][builders.OWNER_LABEL] == "llama"
+        )
 
 
 async def test_a_child_whose_owner_reference_was_removed_is_adopted_again(emulator):
@@ -87,8 +106,15 @@ async def test_a_child_whose_owner_reference_was_removed_is_adopted_again(emulat
         for resource in (DEPLOYMENTS, SERVICES):
             await emulator.merge(resource, "default", "llama", {"metadata": {"ownerReferences": None}})
         for resource in (DEPLOYMENTS, SERVICES):
-            await eventually(lambda: [r["uid"] for r in emulator.read(resource, "default", "llama")["metadata"].get(
-                "ownerReferences") or []] == [owner_uid])
+            await eventually(
+                lambda: (
+                    [
+                        r["uid"]
+                        for r in emulator.read(resource, "default", "llama")["metadata"].get("ownerReferences") or []
+                    ]
+                    == [owner_uid]
+                )
+            )
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64}}})
         done = await eventually(lambda: applied(emulator)["observedGeneration"] == 2 and applied(emulator))
         assert (done["status"], done["reason"]) == ("True", "ChildrenApplied")
@@ -119,8 +145,11 @@ async def test_orphans_are_forgotten_when_deleted_and_adopted_by_a_new_owner_of_
 
 async def test_quantities_and_empty_env_values_the_api_server_rewrites_are_not_drift(emulator):
     await add_gpu_node(emulator, "h100", 81559)
-    spec = {**SPEC, "resources": {"cpu": "0.5", "memory": "1024Mi"},
-            "engine": {"env": [{"name": "FEATURE_FLAGS", "value": ""}]}}
+    spec = {
+        **SPEC,
+        "resources": {"cpu": "0.5", "memory": "1024Mi"},
+        "engine": {"env": [{"name": "FEATURE_FLAGS", "value": ""}]},
+    }
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", spec))
         await eventually(lambda: applied(emulator)["status"] == "True")

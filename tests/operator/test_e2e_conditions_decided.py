@@ -9,14 +9,30 @@ import json
 
 import pytest
 
-from pagedinfer.testing.operator_harness import (CONFIGMAPS, LLAMA3_8B, ISVC, add_gpu_node, condition, eventually,
-                                                 inference_service, isvc_of, running_operator)
+from pagedinfer.testing.operator_harness import (
+    CONFIGMAPS,
+    ISVC,
+    LLAMA3_8B,
+    add_gpu_node,
+    condition,
+    eventually,
+    inference_service,
+    isvc_of,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 2,
-          "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
-          "torch_dtype": "bfloat16"}
+CONFIG = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 2,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
 
 
 def undecided(isvc):
@@ -32,13 +48,23 @@ def assert_not_sized_because_invalid(isvc, *, says):
 
 
 async def test_an_invalid_spec_is_not_sized_and_leaves_no_condition_unknown(emulator):
-    await emulator.create(CONFIGMAPS, {"metadata": {"name": "two-heads", "namespace": "default"},
-                                       "data": {"config.json": json.dumps(CONFIG)}})
+    await emulator.create(
+        CONFIGMAPS,
+        {"metadata": {"name": "two-heads", "namespace": "default"}, "data": {"config.json": json.dumps(CONFIG)}},
+    )
     async with running_operator():
         await emulator.create(ISVC, inference_service("bad", {"engine": {"blockSize": 24}}))
-        await emulator.create(ISVC, inference_service("tp4", {
-            "model": {"uri": "pvc://models/llama", "configMapRef": {"name": "two-heads"}},
-            "engine": {"tensorParallelSize": 4}, "resources": {"gpuMemory": "80Gi"}}))
+        await emulator.create(
+            ISVC,
+            inference_service(
+                "tp4",
+                {
+                    "model": {"uri": "pvc://models/llama", "configMapRef": {"name": "two-heads"}},
+                    "engine": {"tensorParallelSize": 4},
+                    "resources": {"gpuMemory": "80Gi"},
+                },
+            ),
+        )
         for name, says in [("bad", "spec.engine.blockSize"), ("tp4", "does not divide the model's 2 KV heads")]:
             await eventually(lambda: condition(isvc_of(emulator, name), "Valid")["status"] == "False")
             assert_not_sized_because_invalid(isvc_of(emulator, name), says=says)

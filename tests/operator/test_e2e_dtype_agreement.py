@@ -17,11 +17,17 @@ import sys
 import pytest
 import torch
 
-from pagedinfer.testing.operator_harness import (CONFIGMAPS, ISVC, eventually, inference_service, isvc_of,
-                                                 running_operator)
 from pagedinfer.engine import sizing
 from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.model_runner import resolve_dtype
+from pagedinfer.testing.operator_harness import (
+    CONFIGMAPS,
+    ISVC,
+    eventually,
+    inference_service,
+    isvc_of,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -38,22 +44,42 @@ def undeclared_dtype_model(make_model, tmp_path):
 
 
 def plan_bytes_per_block(model, device: str) -> int:
-    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(model),
-                          "--gpu-memory", "2GiB", "--device", device, "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "pagedinfer.engine.cli",
+            "plan",
+            "--model",
+            str(model),
+            "--gpu-memory",
+            "2GiB",
+            "--device",
+            device,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)["bytes_per_block"]
 
 
 async def operator_bytes_per_block(emulator, config) -> dict[str, int]:
     """status.kvCache.bytesPerBlock of a CPU engine and a GPU engine sized from a ConfigMap holding `config`."""
-    await emulator.create(CONFIGMAPS, {"metadata": {"name": "tiny-config", "namespace": "default"},
-                                       "data": {"config.json": json.dumps(config)}})
+    await emulator.create(
+        CONFIGMAPS,
+        {"metadata": {"name": "tiny-config", "namespace": "default"}, "data": {"config.json": json.dumps(config)}},
+    )
     model = {"uri": "pvc://models/tiny", "configMapRef": {"name": "tiny-config"}}
     async with running_operator():
         await emulator.create(ISVC, inference_service("cpu", {"model": model, "resources": {"gpus": 0}}))
         await emulator.create(ISVC, inference_service("gpu", {"model": model, "resources": {"gpuMemory": "80Gi"}}))
-        return {name: (await eventually(lambda: isvc_of(emulator, name)["status"]["kvCache"]))["bytesPerBlock"]
-                for name in ("cpu", "gpu")}
+        return {
+            name: (await eventually(lambda: isvc_of(emulator, name)["status"]["kvCache"]))["bytesPerBlock"]
+            for name in ("cpu", "gpu")
+        }
 
 
 async def test_engine_plan_and_operator_agree_on_the_bytes_per_block(emulator, undeclared_dtype_model):

@@ -3,8 +3,15 @@
 import pytest
 
 from pagedinfer.testing.kube_emulator import Fault
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, add_gpu_node, eventually,
-                                                 inference_service, running_operator)
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    SERVICES,
+    add_gpu_node,
+    eventually,
+    inference_service,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -12,8 +19,9 @@ LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 
 
 
 def created(emulator, resource):
-    return sum(1 for access, code in emulator.calls if access.verb == "create" and access.resource == resource
-               and code == 201)
+    return sum(
+        1 for access, code in emulator.calls if access.verb == "create" and access.resource == resource and code == 201
+    )
 
 
 def converged(emulator, names):

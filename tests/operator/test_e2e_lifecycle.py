@@ -9,13 +9,31 @@ import logging
 
 import pytest
 
-from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, ISVC, NODES, SERVICES, add_gpu_node,
-                                                 condition, eventually, inference_service, isvc_of, running_operator)
+from pagedinfer.testing.operator_harness import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    ISVC,
+    NODES,
+    SERVICES,
+    add_gpu_node,
+    condition,
+    eventually,
+    inference_service,
+    isvc_of,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
-             "hiddenSize": 4096, "maxPositionEmbeddings": 8192}
+LLAMA3_8B = {
+    "numLayers": 32,
+    "numKVHeads": 8,
+    "headDim": 128,
+    "numParameters": 8_030_261_248,
+    "hiddenSize": 4096,
+    "maxPositionEmbeddings": 8192,
+}
 
 
 def args_of(deployment):
@@ -32,8 +50,9 @@ async def test_a_spec_change_rolls_the_deployment_and_bumps_observed_generation(
         await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}}))
         await eventually(lambda: isvc_of(emulator)["status"]["observedGeneration"] == 1)
         first = emulator.read(DEPLOYMENTS, "default", "llama")
-        await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64,
-                                                                             "gpuMemoryUtilization": 0.8}}})
+        await emulator.merge(
+            ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64, "gpuMemoryUtilization": 0.8}}}
+        )
         assert isvc_of(emulator)["metadata"]["generation"] == 2
         await eventually(lambda: isvc_of(emulator)["status"]["observedGeneration"] == 2)
         second = emulator.read(DEPLOYMENTS, "default", "llama")
@@ -46,15 +65,17 @@ async def test_a_spec_change_rolls_the_deployment_and_bumps_observed_generation(
         assert blocks_after < blocks_before
         assert isvc_of(emulator)["status"]["kvCache"]["numGpuBlocks"] == blocks_after
         # The Deployment controller has not caught up: Ready says the rollout is in progress.
-        await eventually(lambda: condition(isvc_of(emulator), "Ready")["reason"] in ("RolloutInProgress",
-                                                                                     "ReplicasNotReady"))
+        await eventually(
+            lambda: condition(isvc_of(emulator), "Ready")["reason"] in ("RolloutInProgress", "ReplicasNotReady")
+        )
 
 
 async def test_scaling_through_the_scale_subresource_reaches_the_deployment_without_a_rollout(emulator):
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
-                                                                "maxReplicas": 5}))
+        await emulator.create(
+            ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}, "maxReplicas": 5})
+        )
         await eventually(lambda: emulator.read(DEPLOYMENTS, "default", "llama"))
         before = emulator.read(DEPLOYMENTS, "default", "llama")
         # What an HPA does: write spec.replicas through /scale.
@@ -101,8 +122,12 @@ async def test_extra_args_abbreviating_managed_flags_are_invalid_and_the_key_is_
 
 async def test_an_hf_model_that_could_never_load_is_invalid_and_says_what_to_set(emulator):
     async with running_operator():
-        await emulator.create(ISVC, inference_service("offline", {
-            "model": {"uri": "hf://meta-llama/Meta-Llama-3-8B-Instruct", "architecture": LLAMA3_8B}}))
+        await emulator.create(
+            ISVC,
+            inference_service(
+                "offline", {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B-Instruct", "architecture": LLAMA3_8B}}
+            ),
+        )
         valid = await eventually(lambda: condition(isvc_of(emulator, "offline"), "Valid"))
         assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
         assert "allowDownload: true" in valid["message"] and "cacheClaimName" in valid["message"]
@@ -143,31 +168,52 @@ async def test_a_cpu_engine_whose_memory_cannot_hold_one_sequence_starts_nothing
 async def test_no_matching_nodes_is_retried_until_a_node_joins(emulator):
     await add_gpu_node(emulator, "l4", 23034, product="NVIDIA-L4")
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
-                                                                "resources": {"gpuProduct": "NVIDIA-H200"}}))
+        await emulator.create(
+            ISVC,
+            inference_service(
+                "llama", {"model": {"architecture": LLAMA3_8B}, "resources": {"gpuProduct": "NVIDIA-H200"}}
+            ),
+        )
         sized = await eventually(lambda: condition(isvc_of(emulator), "Sized"))
         assert (sized["status"], sized["reason"]) == ("False", "NoMatchingNodes")
         assert "without label nvidia.com/gpu.product=NVIDIA-H200" in sized["message"]
         assert isvc_of(emulator)["status"]["phase"] == "Pending"
         await add_gpu_node(emulator, "h200", 143771, product="NVIDIA-H200")
-        sized = await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True"
-                                 and condition(isvc_of(emulator), "Sized"))
+        sized = await eventually(
+            lambda: condition(isvc_of(emulator), "Sized")["status"] == "True" and condition(isvc_of(emulator), "Sized")
+        )
         assert "h200" in sized["message"]
         deployment = emulator.read(DEPLOYMENTS, "default", "llama")
         assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
 
 
 async def test_config_from_a_configmap_and_cpu_engines(emulator):
-    config = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-              "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
-              "torch_dtype": "bfloat16"}
-    await emulator.create(CONFIGMAPS, {"metadata": {"name": "llama-config", "namespace": "default"},
-                                       "data": {"config.json": json.dumps(config)}})
+    config = {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16",
+    }
+    await emulator.create(
+        CONFIGMAPS,
+        {"metadata": {"name": "llama-config", "namespace": "default"}, "data": {"config.json": json.dumps(config)}},
+    )
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {
-            "model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
-            "resources": {"gpuMemory": "80Gi"}}))
+        await emulator.create(
+            ISVC,
+            inference_service(
+                "llama",
+                {
+                    "model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
+                    "resources": {"gpuMemory": "80Gi"},
+                },
+            ),
+        )
         await emulator.create(ISVC, inference_service("tiny", {"resources": {"gpus": 0}}))
         llama = await eventually(lambda: isvc_of(emulator)["status"]["kvCache"])
         assert llama["bytesPerToken"] == 128 * 1024 and llama["source"] == "spec"
@@ -186,13 +232,19 @@ async def test_config_from_a_configmap_and_cpu_engines(emulator):
 
 async def test_a_missing_configmap_is_reported_and_picked_up_when_created(emulator):
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {
-            "model": {"configMapRef": {"name": "later"}}, "resources": {"gpuMemory": "80Gi"}}))
+        await emulator.create(
+            ISVC,
+            inference_service(
+                "llama", {"model": {"configMapRef": {"name": "later"}}, "resources": {"gpuMemory": "80Gi"}}
+            ),
+        )
         sized = await eventually(lambda: condition(isvc_of(emulator), "Sized"))
         assert sized["reason"] == "ModelConfigUnavailable" and "later" in sized["message"]
         config = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
-        await emulator.create(CONFIGMAPS, {"metadata": {"name": "later", "namespace": "default"},
-                                           "data": {"config.json": json.dumps(config)}})
+        await emulator.create(
+            CONFIGMAPS,
+            {"metadata": {"name": "later", "namespace": "default"}, "data": {"config.json": json.dumps(config)}},
+        )
         await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
 
 

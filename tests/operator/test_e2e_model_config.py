@@ -11,17 +11,37 @@ import json
 
 import pytest
 
-from pagedinfer.testing.operator_harness import (CONFIGMAPS, DEPLOYMENTS, EVENTS, FAST_CONFIG, ISVC, condition,
-                                                 eventually, inference_service, isvc_of, reconciles,
-                                                 reconciles_once_handled, running_operator)
+from pagedinfer.testing.operator_harness import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    FAST_CONFIG,
+    ISVC,
+    condition,
+    eventually,
+    inference_service,
+    isvc_of,
+    reconciles,
+    reconciles_once_handled,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-GOOD = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
-        "torch_dtype": "bfloat16"}
-SPEC = {"model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
-        "resources": {"gpuMemory": "80Gi"}}
+GOOD = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
+SPEC = {
+    "model": {"uri": "pvc://models/llama", "configMapRef": {"name": "llama-config"}},
+    "resources": {"gpuMemory": "80Gi"},
+}
 
 
 def config_map(text: str) -> dict:
@@ -36,20 +56,29 @@ def warnings(emulator) -> list[str]:
     return [e["message"] for e in emulator.read_all(EVENTS) if e.get("reason") == "ModelConfigInvalid"]
 
 
-@pytest.mark.parametrize("text, named", [
-    (json.dumps({**GOOD, "num_attention_heads": 0}), "num_attention_heads must be an integer from 1 to 65536, got 0"),
-    (json.dumps([GOOD]), "config.json must hold a JSON object, got 'list'"),
-    (json.dumps({**GOOD, "head_dim": [1]}), "head_dim must be an integer from 1 to 65536, got [1]"),
-    (json.dumps(GOOD)[:-1] + ', "max_position_embeddings": 1e400}', "max_position_embeddings must be an integer"
-                                                                     " from 1 to 4294967296, got inf"),
-    ("{not json", "is not JSON"),
-])
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        (
+            json.dumps({**GOOD, "num_attention_heads": 0}),
+            "num_attention_heads must be an integer from 1 to 65536, got 0",
+        ),
+        (json.dumps([GOOD]), "config.json must hold a JSON object, got 'list'"),
+        (json.dumps({**GOOD, "head_dim": [1]}), "head_dim must be an integer from 1 to 65536, got [1]"),
+        (
+            json.dumps(GOOD)[:-1] + ', "max_position_embeddings": 1e400}',
+            "max_position_embeddings must be an integer from 1 to 4294967296, got inf",
+        ),
+        ("{not json", "is not JSON"),
+    ],
+)
 async def test_a_bad_config_map_is_named_counted_and_fixed_by_editing_it(emulator, text, named):
     await emulator.create(CONFIGMAPS, config_map(text))
     async with running_operator() as runtime:
         await emulator.create(ISVC, inference_service("llama", SPEC))
-        sized = await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "False"
-                                 and condition(isvc_of(emulator), "Sized"))
+        sized = await eventually(
+            lambda: condition(isvc_of(emulator), "Sized")["status"] == "False" and condition(isvc_of(emulator), "Sized")
+        )
         assert sized["reason"] == "ModelConfigInvalid" and named in sized["message"], sized
         assert "ConfigMap llama-config" in sized["message"]
         assert isvc_of(emulator)["status"]["phase"] == "Failed"
@@ -85,9 +114,13 @@ async def test_a_spec_change_also_retries_a_bad_config(emulator):
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", SPEC))
         await eventually(lambda: condition(isvc_of(emulator), "Sized")["reason"] == "ModelConfigInvalid")
-        fixed = {"model": {"uri": "pvc://models/llama", "configMapRef": None,
-                           "architecture": {"numLayers": 32, "numKVHeads": 8, "headDim": 128,
-                                            "numParameters": 8_030_261_248}}}
+        fixed = {
+            "model": {
+                "uri": "pvc://models/llama",
+                "configMapRef": None,
+                "architecture": {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248},
+            }
+        }
         await emulator.merge(ISVC, "default", "llama", {"spec": fixed})
         await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
 
@@ -98,8 +131,9 @@ async def test_config_maps_nobody_references_cost_no_reconcile(emulator):
         await emulator.create(ISVC, inference_service("llama", SPEC))
         await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "True")
         done = await reconciles_once_handled(emulator, runtime)
-        await emulator.create(CONFIGMAPS, {"metadata": {"name": "other", "namespace": "default"},
-                                           "data": {"config.json": "{}"}})
+        await emulator.create(
+            CONFIGMAPS, {"metadata": {"name": "other", "namespace": "default"}, "data": {"config.json": "{}"}}
+        )
         await emulator.merge(CONFIGMAPS, "default", "llama-config", {"metadata": {"labels": {"a": "b"}}})
         await eventually(lambda: reconciles(runtime) == done + 1)
         await asyncio.sleep(1)
@@ -110,10 +144,15 @@ async def test_a_tensor_parallel_size_the_configs_heads_do_not_divide_is_an_inva
     """The CRD cannot see a ConfigMap's head counts: the operator says Valid=False once it reads them."""
     await emulator.create(CONFIGMAPS, config_map(json.dumps({**GOOD, "num_key_value_heads": 2})))
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {**SPEC, "engine": {"tensorParallelSize": 4},
-                                                                "resources": {"gpuMemory": "80Gi"}}))
-        valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
-                                 and condition(isvc_of(emulator), "Valid"))
+        await emulator.create(
+            ISVC,
+            inference_service(
+                "llama", {**SPEC, "engine": {"tensorParallelSize": 4}, "resources": {"gpuMemory": "80Gi"}}
+            ),
+        )
+        valid = await eventually(
+            lambda: condition(isvc_of(emulator), "Valid")["status"] == "False" and condition(isvc_of(emulator), "Valid")
+        )
         assert valid["reason"] == "InvalidSpec"
         assert "spec.engine.tensorParallelSize: 4 does not divide the model's 2 KV heads" in valid["message"]
         assert emulator.read(DEPLOYMENTS, "default", "llama") is None

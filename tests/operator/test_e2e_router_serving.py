@@ -25,12 +25,19 @@ import httpx
 import openai
 import pytest
 
+from pagedinfer.operator.routing import builders as routing
 from pagedinfer.testing.endpoint_slices import EndpointSliceController
 from pagedinfer.testing.kubelet_harness import PODS, KubeletHarness, loopback_ip
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, SERVICES, eventually, inference_service,
-                                                 kubeconfig_server, running_operator)
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    SERVICES,
+    eventually,
+    inference_service,
+    kubeconfig_server,
+    running_operator,
+)
 from pagedinfer.testing.pod_process import local_process
-from pagedinfer.operator.routing import builders as routing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 NS = "default"
@@ -49,8 +56,14 @@ class Load:
         turn = 0
         while not stop.is_set():
             turn += 1
-            body = {"model": "tiny", "prompt": f"Tenant {index} asks question {turn}:", "max_tokens": 24,
-                    "ignore_eos": True, "stream": True, "temperature": 0.0}
+            body = {
+                "model": "tiny",
+                "prompt": f"Tenant {index} asks question {turn}:",
+                "max_tokens": 24,
+                "ignore_eos": True,
+                "stream": True,
+                "temperature": 0.0,
+            }
             try:
                 async with client.stream("POST", self.url + "/v1/completions", json=body) as response:
                     text = (await response.aread()).decode()
@@ -70,8 +83,13 @@ class Load:
 
 
 async def test_the_operators_router_serves_through_a_scale_in_without_aborting(emulator, tmp_path):
-    spec = {"resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
-            "replicas": 2, "maxReplicas": 2, "router": {"replicas": 1}}
+    spec = {
+        "resources": {"gpus": 0},
+        "engine": {"numGpuBlocksOverride": 32, "maxModelLen": 256},
+        "replicas": 2,
+        "maxReplicas": 2,
+        "router": {"replicas": 1},
+    }
     await emulator.create(ISVC, inference_service("tiny", spec))
     engines = KubeletHarness(emulator, NS, "tiny", tmp_path, max_engines=3, lifecycle=True)
     slices = EndpointSliceController(emulator, NS, "tiny-engines")
@@ -86,15 +104,15 @@ async def test_the_operators_router_serves_through_a_scale_in_without_aborting(e
             local = local_process(template["spec"], ip, tmp_path / "router-pod", Path(sys.executable).parent)
             argv = [*local.argv, "--kube-api", kubeconfig_server(), "--namespace", NS]
             with open(tmp_path / "router.log", "wb") as log:
-                router = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                          env={**os.environ, **local.env, "OMP_NUM_THREADS": "1"})
+                router = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **local.env, "OMP_NUM_THREADS": "1"}
+                )
             client = openai.AsyncOpenAI(base_url=f"http://{ip}:8000/v1", api_key="unused", timeout=60, max_retries=0)
 
             async def routed():
                 assert router.poll() is None, (tmp_path / "router.log").read_text()[-2000:]
                 try:
-                    return await client.completions.with_raw_response.create(model="tiny", prompt="Hello",
-                                                                              max_tokens=4)
+                    return await client.completions.with_raw_response.create(model="tiny", prompt="Hello", max_tokens=4)
                 except (openai.APIConnectionError, openai.InternalServerError, openai.APIStatusError):
                     return None
 
@@ -109,8 +127,9 @@ async def test_the_operators_router_serves_through_a_scale_in_without_aborting(e
             assert any(f"engine={url}" in route for url in engines.urls), route
             assert response.parse().choices[0].text
             assert all("--kv-events" in open(f"/proc/{e.process.pid}/cmdline").read() for e in engines.engines)
-            pre_stop = emulator.read(DEPLOYMENTS, NS, "tiny")["spec"]["template"]["spec"]["containers"][0][
-                "lifecycle"]["preStop"]["exec"]["command"]
+            pre_stop = emulator.read(DEPLOYMENTS, NS, "tiny")["spec"]["template"]["spec"]["containers"][0]["lifecycle"][
+                "preStop"
+            ]["exec"]["command"]
             assert pre_stop == ["sleep", "3"]  # the router's 1 s poll + 2 s margin (router/lifecycle.py)
 
             load, stop = Load(f"http://{ip}:8000"), asyncio.Event()
@@ -121,8 +140,9 @@ async def test_the_operators_router_serves_through_a_scale_in_without_aborting(e
                     # Scale in: the victim terminates (preStop, SIGTERM, drain) while requests flow.
                     before = set(engines.urls)
                     await emulator.merge(ISVC, NS, "tiny", {"spec": {"replicas": 1}})
-                    await eventually(lambda: len(engines.urls) == 1 and len(emulator.read_all(PODS, NS)) == 1,
-                                     timeout_seconds=120)  # the victim's Pod goes once its process exited
+                    await eventually(
+                        lambda: len(engines.urls) == 1 and len(emulator.read_all(PODS, NS)) == 1, timeout_seconds=120
+                    )  # the victim's Pod goes once its process exited
                     (victim,) = before - set(engines.urls)
                     served = load.completed
                     await eventually(lambda: load.completed >= served + 6 or load.aborted, timeout_seconds=60)
@@ -135,5 +155,3 @@ async def test_the_operators_router_serves_through_a_scale_in_without_aborting(e
         if router is not None:
             router.terminate()
             router.wait(30)
-
-

@@ -11,24 +11,43 @@ fallback (0 -> 1 on a queued request) never fires and the scale from zero is the
 from __future__ import annotations
 
 import pytest
-
 from fake_engine_metrics import fake_engines
+
 from pagedinfer.operator.routing.builders import router_selector_labels
 from pagedinfer.router.hold.contract import DEMAND_ANNOTATION
 from pagedinfer.router.hold.demand import DemandSignal, DemandTarget
 from pagedinfer.testing.kubelet_harness import PODS, add_ready_pod, pod_manifest
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, EVENTS, ISVC, condition, eventually,
-                                                 inference_service, kubeconfig_server, running_operator)
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    EVENTS,
+    ISVC,
+    condition,
+    eventually,
+    inference_service,
+    kubeconfig_server,
+    running_operator,
+)
 
 NS = "default"
 pytestmark = pytest.mark.timeout(90)
 
 
 def scale_to_zero_spec(**overrides):
-    return {"resources": {"gpus": 0}, "replicas": 1, "minReplicas": 0, "maxReplicas": 2, "router": {"replicas": 1},
-            "autoscaling": {"enabled": True, "intervalSeconds": 0.3, "scrapeTimeoutSeconds": 0.5,
-                            "metrics": [{"name": "kvCacheUsage", "target": 0.5}], "idle": {"afterSeconds": 1}},
-            **overrides}
+    return {
+        "resources": {"gpus": 0},
+        "replicas": 1,
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "router": {"replicas": 1},
+        "autoscaling": {
+            "enabled": True,
+            "intervalSeconds": 0.3,
+            "scrapeTimeoutSeconds": 0.5,
+            "metrics": [{"name": "kvCacheUsage", "target": 0.5}],
+            "idle": {"afterSeconds": 1},
+        },
+        **overrides,
+    }
 
 
 def events(emulator, reason):
@@ -51,7 +70,8 @@ async def test_idle_goes_to_zero_then_the_routers_demand_brings_one_replica_back
         await eventually(lambda: emulator.read(DEPLOYMENTS, NS, "svc")["spec"]["replicas"] == 0, timeout_seconds=30)
         reason = status_of(emulator)["lastScaleReason"]
         assert reason.startswith("idle for ") and reason.endswith(
-            "(afterSeconds 1): no request running or waiting at the engines, none queued at the router: 1 -> 0 replicas")
+            "(afterSeconds 1): no request running or waiting at the engines, none queued at the router: 1 -> 0 replicas"
+        )
         (event,) = await eventually(lambda: events(emulator, "ScaledToZero"))
         assert event["message"] == reason and event["type"] == "Normal"
         await eventually(lambda: condition(emulator.read(ISVC, NS, "svc"), "Available")["reason"] == "ScaledToZero")
@@ -70,23 +90,40 @@ async def test_idle_goes_to_zero_then_the_routers_demand_brings_one_replica_back
 
         await eventually(lambda: emulator.read(DEPLOYMENTS, NS, "svc")["spec"]["replicas"] == 1, timeout_seconds=30)
         (event,) = await eventually(lambda: events(emulator, "ScaledFromZero"))
-        assert event["message"] == f"the router holds requests and has no engine (demand at {demand_at}): 0 -> 1 replica"
+        assert (
+            event["message"] == f"the router holds requests and has no engine (demand at {demand_at}): 0 -> 1 replica"
+        )
         assert router.router_queue_length == 0  # the daemon saw nothing queued: the demand handler scaled
         await eventually(lambda: status_of(emulator).get("lastScaleReason") == event["message"])
 
 
-@pytest.mark.parametrize("name, spec, field", [
-    ("no-router", scale_to_zero_spec(router={"enabled": False}), "spec.minReplicas: 0 needs the router"),
-    ("idle-zero", scale_to_zero_spec(autoscaling={"enabled": True, "idle": {"afterSeconds": 0},
-                                                  "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}),
-     "spec.autoscaling.idle.afterSeconds"),
-    ("queue-zero", scale_to_zero_spec(router={"queue": {"maxRequests": 0}}), "spec.router.queue.maxRequests"),
-])
+@pytest.mark.parametrize(
+    "name, spec, field",
+    [
+        ("no-router", scale_to_zero_spec(router={"enabled": False}), "spec.minReplicas: 0 needs the router"),
+        (
+            "idle-zero",
+            scale_to_zero_spec(
+                autoscaling={
+                    "enabled": True,
+                    "idle": {"afterSeconds": 0},
+                    "metrics": [{"name": "kvCacheUsage", "target": 0.5}],
+                }
+            ),
+            "spec.autoscaling.idle.afterSeconds",
+        ),
+        ("queue-zero", scale_to_zero_spec(router={"queue": {"maxRequests": 0}}), "spec.router.queue.maxRequests"),
+    ],
+)
 async def test_a_scale_to_zero_spec_that_cannot_work_is_invalid_naming_the_field(emulator, name, spec, field):
     async with running_operator():
         await emulator.create(ISVC, inference_service(name, spec))
-        valid = await eventually(lambda: condition(emulator.read(ISVC, NS, name), "Valid")["status"] == "False"
-                                 and condition(emulator.read(ISVC, NS, name), "Valid"))
+        valid = await eventually(
+            lambda: (
+                condition(emulator.read(ISVC, NS, name), "Valid")["status"] == "False"
+                and condition(emulator.read(ISVC, NS, name), "Valid")
+            )
+        )
         assert valid["reason"] == "InvalidSpec" and field in valid["message"]
         assert emulator.read(DEPLOYMENTS, NS, name) is None
 
@@ -104,8 +141,9 @@ async def test_idle_with_standby_keeps_k_replicas_and_puts_every_awake_engine_to
         router_pod["metadata"]["labels"] = router_selector_labels("svc")
         await add_ready_pod(emulator, NS, router_pod)
 
-        await eventually(lambda: first.sleeping and emulator.read(ISVC, NS, "svc")["spec"]["replicas"] == 1,
-                         timeout_seconds=30)
+        await eventually(
+            lambda: first.sleeping and emulator.read(ISVC, NS, "svc")["spec"]["replicas"] == 1, timeout_seconds=30
+        )
         (event, *_) = await eventually(lambda: events(emulator, "Standby"))
         assert event["message"].endswith(": 2 -> 1 replicas, 2 awake engines put to sleep (standby 1)")
         second.sleep_status = 200

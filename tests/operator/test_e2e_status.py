@@ -9,12 +9,21 @@ import asyncio
 
 import pytest
 
-from pagedinfer.testing.kube_emulator import Fault
-from pagedinfer.testing.operator_harness import LLAMA3_8B as LLAMA3_8B_SHAPE
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, add_gpu_node, condition, eventually,
-                                                 inference_service, isvc_of, roll_out, running_operator)
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.status import conditions
+from pagedinfer.testing.kube_emulator import Fault
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    add_gpu_node,
+    condition,
+    eventually,
+    inference_service,
+    isvc_of,
+    roll_out,
+    running_operator,
+)
+from pagedinfer.testing.operator_harness import LLAMA3_8B as LLAMA3_8B_SHAPE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,8 +39,12 @@ async def test_every_condition_carries_the_generation_it_was_set_for(emulator):
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}}))
         # Applied too: the Deployment's first event can report Available before the reconcile writes the rest.
-        await eventually(lambda: condition(isvc_of(emulator), "Available")["reason"] == "NoReplicasAvailable"
-                         and condition(isvc_of(emulator), "Applied")["status"] == "True")
+        await eventually(
+            lambda: (
+                condition(isvc_of(emulator), "Available")["reason"] == "NoReplicasAvailable"
+                and condition(isvc_of(emulator), "Applied")["status"] == "True"
+            )
+        )
         assert generations(isvc_of(emulator)) == dict.fromkeys(conditions.CONDITION_TYPES, 1)
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64}}})
         await eventually(lambda: isvc_of(emulator)["status"]["observedGeneration"] == 2)
@@ -44,17 +57,19 @@ async def test_an_update_that_cannot_be_applied_keeps_the_plan_the_running_deplo
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator():
         await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}}))
-        applied = (await eventually(lambda: isvc_of(emulator)["status"].get("kvCache") and isvc_of(emulator)))
+        applied = await eventually(lambda: isvc_of(emulator)["status"].get("kvCache") and isvc_of(emulator))
         deployment = emulator.read(DEPLOYMENTS, "default", "llama")
         too_big = {**LLAMA3_8B, "numLayers": 80, "numParameters": 70_553_706_496, "hiddenSize": 8192}
         await emulator.merge(ISVC, "default", "llama", {"spec": {"model": {"architecture": too_big}}})
-        sized = await eventually(lambda: condition(isvc_of(emulator), "Sized")["status"] == "False"
-                                 and condition(isvc_of(emulator), "Sized"))
+        sized = await eventually(
+            lambda: condition(isvc_of(emulator), "Sized")["status"] == "False" and condition(isvc_of(emulator), "Sized")
+        )
         assert sized["reason"] == "InsufficientGPUMemory" and "keeps serving the last applied spec" in sized["message"]
         assert isvc_of(emulator)["status"]["kvCache"] == applied["status"]["kvCache"]
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"blockSize": 24}}})
-        valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
-                                 and condition(isvc_of(emulator), "Valid"))
+        valid = await eventually(
+            lambda: condition(isvc_of(emulator), "Valid")["status"] == "False" and condition(isvc_of(emulator), "Valid")
+        )
         assert "spec.engine.blockSize" in valid["message"] and "keeps serving" in valid["message"]
         assert isvc_of(emulator)["status"]["kvCache"] == applied["status"]["kvCache"]
         assert emulator.read(DEPLOYMENTS, "default", "llama")["spec"] == deployment["spec"]
@@ -101,8 +116,12 @@ async def test_ready_is_not_claimed_for_a_generation_whose_patch_is_still_in_fli
         await roll_out(emulator, "llama", ready=1, replicas=2)  # a surge pod of the old template
         await eventually(lambda: isvc_of(emulator)["status"]["replicas"] == 2)
         assert rollout_generations(isvc_of(emulator)) == {"Available": 1, "Ready": 1}
-        ready = await eventually(lambda: condition(isvc_of(emulator), "Ready").get("observedGeneration") == 2
-                                 and condition(isvc_of(emulator), "Ready"))
+        ready = await eventually(
+            lambda: (
+                condition(isvc_of(emulator), "Ready").get("observedGeneration") == 2
+                and condition(isvc_of(emulator), "Ready")
+            )
+        )
         assert (ready["status"], ready["reason"]) == ("False", "RolloutInProgress")  # the new template rolls
         await roll_out(emulator, "llama", ready=1)
         await eventually(lambda: condition(isvc_of(emulator), "Ready")["status"] == "True")
@@ -112,10 +131,12 @@ async def test_ready_is_not_claimed_for_a_generation_whose_patch_is_still_in_fli
 async def test_a_gpu_memory_of_half_a_byte_is_an_invalid_spec_naming_the_field_not_500_megabytes(emulator):
     await add_gpu_node(emulator, "h100", 81559)
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
-                                                                "resources": {"gpuMemory": "500m"}}))
-        valid = await eventually(lambda: condition(isvc_of(emulator), "Valid")["status"] == "False"
-                                 and condition(isvc_of(emulator), "Valid"))
+        await emulator.create(
+            ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}, "resources": {"gpuMemory": "500m"}})
+        )
+        valid = await eventually(
+            lambda: condition(isvc_of(emulator), "Valid")["status"] == "False" and condition(isvc_of(emulator), "Valid")
+        )
         assert valid["reason"] == conditions.REASON_INVALID_SPEC
         assert "spec.resources.gpuMemory: '500m' is 0.5 bytes" in valid["message"]
         assert emulator.read(DEPLOYMENTS, "default", "llama") is None

@@ -8,8 +8,17 @@ import openai
 import pytest
 
 from pagedinfer.testing.kubelet_harness import KubeletHarness
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B, add_gpu_node, condition, eventually,
-                                                 inference_service, isvc_of, running_operator)
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    LLAMA3_8B,
+    add_gpu_node,
+    condition,
+    eventually,
+    inference_service,
+    isvc_of,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,8 +37,10 @@ def children_of(pid: int) -> list[int]:
 async def test_two_ranks_need_two_gpus_on_one_node_and_are_sized_per_gpu(emulator):
     await add_gpu_node(emulator, "one-gpu", 81559, gpus=1)
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
-                                                                "engine": {"tensorParallelSize": 2}}))
+        await emulator.create(
+            ISVC,
+            inference_service("llama", {"model": {"architecture": LLAMA3_8B}, "engine": {"tensorParallelSize": 2}}),
+        )
         sized = await eventually(lambda: condition(isvc_of(emulator), "Sized"))
         assert (sized["status"], sized["reason"]) == ("False", "NoMatchingNodes")
         assert "with fewer than 2 allocatable nvidia.com/gpu" in sized["message"]
@@ -51,9 +62,12 @@ async def test_two_ranks_need_two_gpus_on_one_node_and_are_sized_per_gpu(emulato
 @pytest.mark.slow
 async def test_a_two_rank_pod_runs_its_real_command_line_and_serves(emulator, tmp_path):
     # the engine's embedded tiny model (4 attention heads, 2 KV heads); two CPU ranks play the pod's two GPUs
-    await emulator.create(ISVC, inference_service("tiny", {"engine": {"tensorParallelSize": 2,
-                                                                      "numGpuBlocksOverride": 32,
-                                                                      "maxModelLen": 256}}))
+    await emulator.create(
+        ISVC,
+        inference_service(
+            "tiny", {"engine": {"tensorParallelSize": 2, "numGpuBlocksOverride": 32, "maxModelLen": 256}}
+        ),
+    )
     harness = KubeletHarness(emulator, "default", "tiny", tmp_path, max_engines=1)
     async with harness.running(), running_operator():  # an engine that exits fails the wait at once, naming it
         await eventually(lambda: harness.urls, timeout_seconds=240)

@@ -11,8 +11,16 @@ import json
 import aiohttp
 import pytest
 
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, condition, eventually, inference_service,
-                                                 isvc_of, running_operator, serving_emulator, write_kubeconfig)
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    condition,
+    eventually,
+    inference_service,
+    isvc_of,
+    running_operator,
+    serving_emulator,
+    write_kubeconfig,
+)
 
 pytestmark = pytest.mark.timeout(120)
 PATH = "apis/serving.pagedinfer.dev/v1alpha1/namespaces/default/inferenceservices"
@@ -29,8 +37,9 @@ async def api(tmp_path, monkeypatch):
 
 async def apply(session, body, validation=None):
     params = {"fieldValidation": validation} if validation else {}
-    async with session.post(PATH, data=json.dumps(body), params=params,
-                            headers={"Content-Type": "application/json"}) as r:
+    async with session.post(
+        PATH, data=json.dumps(body), params=params, headers={"Content-Type": "application/json"}
+    ) as r:
         return r.status, await r.json(), r.headers.getall("Warning", [])
 
 

@@ -21,12 +21,25 @@ OWNER = builders.Owner(name="llama", namespace="serving", uid="0b7d4b3e-1111-222
 ARCH = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248}
 
 SPECS = [
-    {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "revision": "v1.0", "architecture": ARCH,
-               "allowDownload": True},
-     "engine": {"blockSize": 32, "gpuMemoryUtilization": 0.85, "maxModelLen": 4096, "maxNumSeqs": 64,
-                "maxNumBatchedTokens": 4096, "enablePrefixCaching": False, "enableChunkedPrefill": False,
-                "swapSpaceGiB": 2},
-     "resources": {"gpus": 1}},
+    {
+        "model": {
+            "uri": "hf://meta-llama/Meta-Llama-3-8B",
+            "revision": "v1.0",
+            "architecture": ARCH,
+            "allowDownload": True,
+        },
+        "engine": {
+            "blockSize": 32,
+            "gpuMemoryUtilization": 0.85,
+            "maxModelLen": 4096,
+            "maxNumSeqs": 64,
+            "maxNumBatchedTokens": 4096,
+            "enablePrefixCaching": False,
+            "enableChunkedPrefill": False,
+            "swapSpaceGiB": 2,
+        },
+        "resources": {"gpus": 1},
+    },
     {"model": {"uri": "pvc://models/llama/8b", "architecture": ARCH}, "resources": {"gpus": 1}},
     {"resources": {"gpus": 0}, "engine": {"maxModelLen": 512}},
 ]
@@ -75,8 +88,7 @@ def test_every_prefix_of_a_managed_flag_is_refused():
             assert managed_flag_of(flag[:end]) is not None and managed_flag_of(flag[:end] + "=v") is not None
 
 
-@pytest.mark.parametrize("resources, graphs", [({"gpus": 0, "memory": "2Gi"}, 0), ({"gpus": 0}, 0),
-                                               ({"gpus": 0}, 16)])
+@pytest.mark.parametrize("resources, graphs", [({"gpus": 0, "memory": "2Gi"}, 0), ({"gpus": 0}, 0), ({"gpus": 0}, 16)])
 def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_passes(resources, graphs):
     """The engine's own CPU plan (no override) from the operator's flags equals status.kvCache's; with decode
     graphs (maxCudagraphCaptureSize) the same graph term, fewer blocks."""
@@ -87,20 +99,26 @@ def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_p
     from pagedinfer.engine.server.launcher import default_model_dir
     from pagedinfer.operator.kv_plan import resolver
 
-    spec = parse_spec("tiny", {"resources": resources,
-                               "engine": {"maxModelLen": 512, "maxCudagraphCaptureSize": graphs}})
+    spec = parse_spec(
+        "tiny", {"resources": resources, "engine": {"maxModelLen": 512, "maxCudagraphCaptureSize": graphs}}
+    )
     shape = planning.shape_from_config(resolver._embedded_default_config(), spec.model.dtype, cpu=True)
     plan = planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY)
     args = build_parser().parse_args(builders.engine_args(spec, plan))
     assert args.cpu_memory_budget == str(plan.cpu_memory_budget_bytes)
-    config = dataclasses.replace(engine_config_from_args(args, model=str(default_model_dir())),
-                                 num_gpu_blocks_override=None, device="cpu")
+    config = dataclasses.replace(
+        engine_config_from_args(args, model=str(default_model_dir())), num_gpu_blocks_override=None, device="cpu"
+    )
     engine_plan = ModelRunner(config).plan_kv_cache(512)
     assert (engine_plan.num_gpu_blocks, engine_plan.bytes_per_block) == (plan.num_gpu_blocks, plan.bytes_per_block)
     assert engine_plan.gpu_memory_bytes == plan.cpu_memory_budget_bytes == planning.cpu_memory(spec)[1] - 2**30
     assert args.max_cudagraph_capture_size == graphs
     assert (engine_plan.cuda_graph_bytes or None) == plan.cuda_graph_bytes == (plan.to_status().get("cudaGraphBytes"))
     if graphs:
-        without = planning.plan_for(parse_spec("tiny", {"resources": resources, "engine": {"maxModelLen": 512}}),
-                                    shape, None, planning.SOURCE_MEMORY)
+        without = planning.plan_for(
+            parse_spec("tiny", {"resources": resources, "engine": {"maxModelLen": 512}}),
+            shape,
+            None,
+            planning.SOURCE_MEMORY,
+        )
         assert plan.cuda_graph_bytes > 0 and plan.num_gpu_blocks < without.num_gpu_blocks

@@ -6,15 +6,30 @@ import dataclasses
 import aiohttp.web
 import pytest
 
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, FAST_CONFIG, ISVC, add_gpu_node, condition, eventually,
-                                                 inference_service, running_operator)
 from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher, ModelConfigError
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    FAST_CONFIG,
+    ISVC,
+    add_gpu_node,
+    condition,
+    eventually,
+    inference_service,
+    running_operator,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
-CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-          "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
-          "torch_dtype": "bfloat16"}
+CONFIG = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
 
 
 @pytest.fixture
@@ -53,8 +68,10 @@ async def test_fetches_once_and_serves_from_the_cache_with_the_token(hub):
     assert "hf_secret" not in repr(fetcher)
 
 
-@pytest.mark.parametrize("repo, message", [("missing/model", "answered 404"), ("broken/model", "not valid JSON"),
-                                           ("slow/model", "TimeoutError")])
+@pytest.mark.parametrize(
+    "repo, message",
+    [("missing/model", "answered 404"), ("broken/model", "not valid JSON"), ("slow/model", "TimeoutError")],
+)
 async def test_failures_say_why_and_are_cached_briefly(hub, repo, message):
     url, _ = hub
     fetcher = HubConfigFetcher(endpoint=url, timeout_seconds=0.5)
@@ -71,9 +88,13 @@ async def test_the_operator_sizes_hf_models_from_the_hub_config(emulator, hub):
     config = dataclasses.replace(FAST_CONFIG, fetch_hf_config=True, hf_endpoint=url)
     async with running_operator(config):
         for name in ("one", "two"):
-            await emulator.create(ISVC, inference_service(name, {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B",
-                                                                                 "allowDownload": True}}))
-        await emulator.create(ISVC, inference_service("gone", {"model": {"uri": "hf://missing/model", "allowDownload": True}}))
+            await emulator.create(
+                ISVC,
+                inference_service(name, {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B", "allowDownload": True}}),
+            )
+        await emulator.create(
+            ISVC, inference_service("gone", {"model": {"uri": "hf://missing/model", "allowDownload": True}})
+        )
         for name in ("one", "two"):
             kv = await eventually(lambda: emulator.read(ISVC, "default", name)["status"]["kvCache"])
             assert kv["bytesPerToken"] == 128 * 1024

@@ -25,14 +25,18 @@ async def api():
 
 async def send(session, method, path, body=None, headers=None):
     data = None if body is None else json.dumps(body)
-    async with session.request(method, path.lstrip("/"), data=data,
-                               headers=headers or {"Content-Type": "application/json"}) as r:
+    async with session.request(
+        method, path.lstrip("/"), data=data, headers=headers or {"Content-Type": "application/json"}
+    ) as r:
         return r.status, await r.json()
 
 
 def deployment(name, labels=None):
-    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {"replicas": 1, "selector": {}},
-            "status": {"readyReplicas": 7}}
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"replicas": 1, "selector": {}},
+        "status": {"readyReplicas": 7},
+    }
 
 
 async def test_create_sets_server_fields_and_conflicts_on_duplicates(api):
@@ -49,8 +53,9 @@ async def test_create_sets_server_fields_and_conflicts_on_duplicates(api):
 async def test_generation_moves_with_spec_only_and_status_only_through_the_subresource(api):
     _, s = api
     await send(s, "POST", DEPLOY, deployment("a"))
-    _, obj = await send(s, "PATCH", DEPLOY + "/a", {"metadata": {"labels": {"x": "y"}}, "status": {"replicas": 3}},
-                        MERGE)
+    _, obj = await send(
+        s, "PATCH", DEPLOY + "/a", {"metadata": {"labels": {"x": "y"}}, "status": {"replicas": 3}}, MERGE
+    )
     assert obj["metadata"]["generation"] == 1 and "status" not in obj
     _, obj = await send(s, "PATCH", DEPLOY + "/a", {"spec": {"replicas": 2}}, MERGE)
     assert obj["metadata"]["generation"] == 2
@@ -65,14 +70,17 @@ async def test_json_patch_test_ops_and_stale_resource_versions_are_rejected(api)
     _, s = api
     _, obj = await send(s, "POST", DEPLOY, deployment("a"))
     rv = obj["metadata"]["resourceVersion"]
-    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-           {"op": "add", "path": "/metadata/finalizers", "value": ["x"]}]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["x"]},
+    ]
     code, obj = await send(s, "PATCH", DEPLOY + "/a", ops, JSON_PATCH)
     assert code == 200 and obj["metadata"]["finalizers"] == ["x"]
     code, status = await send(s, "PATCH", DEPLOY + "/a", ops, JSON_PATCH)
     assert code == 422 and status["kind"] == "Status"
-    code, _ = await send(s, "PATCH", DEPLOY + "/a", {"metadata": {"resourceVersion": rv}, "spec": {"replicas": 5}},
-                         MERGE)
+    code, _ = await send(
+        s, "PATCH", DEPLOY + "/a", {"metadata": {"resourceVersion": rv}, "spec": {"replicas": 5}}, MERGE
+    )
     assert code == 409
     code, _ = await send(s, "PATCH", DEPLOY + "/a", {"spec": {}}, {"Content-Type": "application/apply-patch+yaml"})
     assert code == 415
@@ -108,8 +116,9 @@ async def test_list_and_watch_filter_by_labels_and_fields_and_watch_times_out(ap
     since = listed["metadata"]["resourceVersion"]
 
     async def watch():
-        async with s.get(f"{DEPLOY.lstrip('/')}?watch=true&resourceVersion={since}&labelSelector=tier%3Dgpu"
-                         f"&timeoutSeconds=1") as r:
+        async with s.get(
+            f"{DEPLOY.lstrip('/')}?watch=true&resourceVersion={since}&labelSelector=tier%3Dgpu&timeoutSeconds=1"
+        ) as r:
             return [json.loads(line) for line in (await r.text()).splitlines()]
 
     watcher = asyncio.create_task(watch())
@@ -161,10 +170,22 @@ def test_label_selector_grammar():
     assert label_selector("")({})
 
 
-@pytest.mark.parametrize("written, stored", [
-    ("0.5", "500m"), ("2000m", "2"), ("1500m", "1500m"), ("1024Mi", "1Gi"), ("1.5Gi", "1536Mi"), ("0.5Gi", "512Mi"),
-    ("1000Mi", "1000Mi"), ("1000k", "1M"), ("512", "512"), ("0.0001", "1m"), ("2 GiB", "2 GiB"),
-])
+@pytest.mark.parametrize(
+    "written, stored",
+    [
+        ("0.5", "500m"),
+        ("2000m", "2"),
+        ("1500m", "1500m"),
+        ("1024Mi", "1Gi"),
+        ("1.5Gi", "1536Mi"),
+        ("0.5Gi", "512Mi"),
+        ("1000Mi", "1000Mi"),
+        ("1000k", "1M"),
+        ("512", "512"),
+        ("0.0001", "1m"),
+        ("2 GiB", "2 GiB"),
+    ],
+)
 def test_quantities_are_stored_in_the_api_servers_canonical_form(written, stored):
     assert canonical_quantity(written) == stored
 
@@ -172,9 +193,18 @@ def test_quantities_are_stored_in_the_api_servers_canonical_form(written, stored
 async def test_a_deployments_pod_template_is_stored_as_the_api_server_stores_it(api):
     _, s = api
     body = deployment("a")
-    body["spec"]["template"] = {"spec": {"containers": [{
-        "name": "c", "image": "x", "env": [{"name": "EMPTY", "value": ""}, {"name": "SET", "value": "1"}],
-        "resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"}, "limits": {"nvidia.com/gpu": "1"}}}]}}
+    body["spec"]["template"] = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "x",
+                    "env": [{"name": "EMPTY", "value": ""}, {"name": "SET", "value": "1"}],
+                    "resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"}, "limits": {"nvidia.com/gpu": "1"}},
+                }
+            ]
+        }
+    }
     _, obj = await send(s, "POST", DEPLOY, body)
     container = obj["spec"]["template"]["spec"]["containers"][0]
     assert container["env"] == [{"name": "EMPTY"}, {"name": "SET", "value": "1"}]

@@ -28,14 +28,23 @@ async def api():
 
 async def send(session, method, path, body, headers=None, validation=None):
     params = {"fieldValidation": validation} if validation else {}
-    async with session.request(method, path.lstrip("/"), data=json.dumps(body), params=params,
-                               headers=headers or {"Content-Type": "application/json"}) as r:
+    async with session.request(
+        method,
+        path.lstrip("/"),
+        data=json.dumps(body),
+        params=params,
+        headers=headers or {"Content-Type": "application/json"},
+    ) as r:
         return r.status, await r.json(), r.headers.getall("Warning", [])
 
 
 def misspelt(name="typo"):
-    return {"apiVersion": "serving.pagedinfer.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": name}, "spec": {"modle": {"uri": "hf://a/b"}, "replicas": 1}}
+    return {
+        "apiVersion": "serving.pagedinfer.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {"modle": {"uri": "hf://a/b"}, "replicas": 1},
+    }
 
 
 async def test_a_misspelt_field_is_pruned_and_warned_about_by_default(api):
@@ -52,9 +61,11 @@ async def test_strict_field_validation_refuses_unknown_fields_with_400_naming_ea
     body["spec"]["engine"] = {"blockSize": 16, "gpuMemoryUtilisation": 0.8}
     code, status, _ = await send(s, "POST", ISVC, body, validation="Strict")
     assert code == 400 and status["reason"] == "BadRequest"
-    assert status["message"] == ('InferenceService in version "v1alpha1" cannot be handled as a InferenceService: '
-                                 'strict decoding error: unknown field "spec.modle", '
-                                 'unknown field "spec.engine.gpuMemoryUtilisation"')
+    assert status["message"] == (
+        'InferenceService in version "v1alpha1" cannot be handled as a InferenceService: '
+        'strict decoding error: unknown field "spec.modle", '
+        'unknown field "spec.engine.gpuMemoryUtilisation"'
+    )
     assert emulator.read(ISVC_RESOURCE, "default", "typo") is None
 
 
@@ -71,25 +82,37 @@ async def test_updates_and_patches_are_pruned_and_validated_too(api):
     await send(s, "POST", ISVC, {"metadata": {"name": "a"}, "spec": {"replicas": 1}})
     code, status, _ = await send(s, "PATCH", ISVC + "/a", {"spec": {"modle": {}}}, MERGE, validation="Strict")
     assert code == 400 and 'unknown field "spec.modle"' in status["message"]
-    code, obj, warnings = await send(s, "PATCH", ISVC + "/a", [{"op": "add", "path": "/spec/tolerations",
-                                                                "value": [{"key": "k", "colour": "red"}]}], JSON_PATCH)
+    code, obj, warnings = await send(
+        s,
+        "PATCH",
+        ISVC + "/a",
+        [{"op": "add", "path": "/spec/tolerations", "value": [{"key": "k", "colour": "red"}]}],
+        JSON_PATCH,
+    )
     assert code == 200 and obj["spec"]["tolerations"] == [{"key": "k"}]
     assert warnings == ['299 - "unknown field \\"spec.tolerations[0].colour\\""']
     current = emulator.read(ISVC_RESOURCE, "default", "a")
     code, obj, _ = await send(s, "PUT", ISVC + "/a", {**current, "spec": {"replicas": 2, "replicaz": 3}})
     assert code == 200 and obj["spec"] == {"replicas": 2}
-    code, obj, warnings = await send(s, "PATCH", ISVC + "/a/status", {"status": {"phase": "Ready", "mood": "ok"}},
-                                     MERGE)
+    code, obj, warnings = await send(
+        s, "PATCH", ISVC + "/a/status", {"status": {"phase": "Ready", "mood": "ok"}}, MERGE
+    )
     assert obj["status"] == {"phase": "Ready"} and warnings == ['299 - "unknown field \\"status.mood\\""']
 
 
 def test_preserve_unknown_fields_subtrees_keep_everything_and_maps_keep_their_keys():
     schema = crd_schema()
-    obj = {"apiVersion": "v", "kind": "k", "metadata": {"name": "x", "anything": 1}, "spec": {
-        "affinity": {"nodeAffinity": {"whatever": [1]}},
-        "nodeSelector": {"gpu": "h100"},
-        "engine": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}, "valu": "x"}]}},
-        "extra": True}
+    obj = {
+        "apiVersion": "v",
+        "kind": "k",
+        "metadata": {"name": "x", "anything": 1},
+        "spec": {
+            "affinity": {"nodeAffinity": {"whatever": [1]}},
+            "nodeSelector": {"gpu": "h100"},
+            "engine": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}, "valu": "x"}]},
+        },
+        "extra": True,
+    }
     dropped = prune(obj, schema)
     assert obj["spec"]["affinity"] == {"nodeAffinity": {"whatever": [1]}}
     assert obj["spec"]["nodeSelector"] == {"gpu": "h100"} and obj["metadata"]["anything"] == 1

@@ -15,22 +15,38 @@ pytestmark = pytest.mark.timeout(60)
 NS = "default"
 PODS = kmock.resource("", "v1", "pods")
 NEVER = 600.0  # a wait's timeout: `Died` raised proves the wait ended on the death, not on this
-SERVES = ("import http.server, sys; http.server.ThreadingHTTPServer((sys.argv[sys.argv.index('--host') + 1], "
-          "int(sys.argv[sys.argv.index('--port') + 1])), http.server.SimpleHTTPRequestHandler).serve_forever()")
+SERVES = (
+    "import http.server, sys; http.server.ThreadingHTTPServer((sys.argv[sys.argv.index('--host') + 1], "
+    "int(sys.argv[sys.argv.index('--port') + 1])), http.server.SimpleHTTPRequestHandler).serve_forever()"
+)
 EXITS = "import sys; print('loading the model'); print('no such model: tiny', file=sys.stderr); sys.exit(1)"
 
 
 def deployment(script: str, replicas: int, port: int) -> dict:
-    container = {"name": "engine", "command": ["python", "-c", script], "args": ["--port", str(port)],
-                 "ports": [{"name": "http", "containerPort": port}], "readinessProbe": {"httpGet": {"path": "/"}}}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "tiny", "namespace": NS},
-            "spec": {"replicas": replicas, "template": {
+    container = {
+        "name": "engine",
+        "command": ["python", "-c", script],
+        "args": ["--port", str(port)],
+        "ports": [{"name": "http", "containerPort": port}],
+        "readinessProbe": {"httpGet": {"path": "/"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "tiny", "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "template": {
                 "metadata": {"labels": {"app": "tiny"}},
-                "spec": {"containers": [container], "terminationGracePeriodSeconds": 5}}}}
+                "spec": {"containers": [container], "terminationGracePeriodSeconds": 5},
+            },
+        },
+    }
 
 
 async def test_a_pod_whose_process_exits_at_start_fails_the_wait_naming_the_pod_its_exit_code_and_log(
-        emulator, tmp_path):
+    emulator, tmp_path
+):
     await emulator.create(DEPLOYMENTS, deployment(EXITS, 1, free_port()))
     harness = KubeletHarness(emulator, NS, "tiny", tmp_path, max_engines=1)
     with pytest.raises(Died) as died:
@@ -51,8 +67,9 @@ async def test_a_ready_pod_whose_process_dies_fails_the_wait_naming_its_signal(e
             process = harness.engines[0].process
             process.kill()
             await eventually(lambda: False, timeout_seconds=NEVER)
-    assert str(died.value).startswith(f"pod default/tiny-engine-1's process (pid {process.pid}) "
-                                      "was killed by SIGKILL; the last 30 lines of its log")
+    assert str(died.value).startswith(
+        f"pod default/tiny-engine-1's process (pid {process.pid}) was killed by SIGKILL; the last 30 lines of its log"
+    )
 
 
 async def test_pods_stopped_by_the_harness_or_deleted_on_purpose_do_not_fail_the_wait(emulator, tmp_path):

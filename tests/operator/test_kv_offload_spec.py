@@ -7,28 +7,41 @@ from pagedinfer.operator.kv_plan import offload
 from pagedinfer.operator.kv_plan.node_memory import Placement
 from pagedinfer.operator.spec.parser import SpecError, parse_spec
 from pagedinfer.operator.spec.quantity import quantity_bytes
-from pagedinfer.testing.operator_harness import (DEPLOYMENTS, ISVC, LLAMA3_8B, add_gpu_node, condition, eventually,
-                                                 inference_service, running_operator)
+from pagedinfer.testing.operator_harness import (
+    DEPLOYMENTS,
+    ISVC,
+    LLAMA3_8B,
+    add_gpu_node,
+    condition,
+    eventually,
+    inference_service,
+    running_operator,
+)
 
 GIB = 2**30
 
 
 def spec(**engine):
-    return parse_spec("llama", {"model": {"architecture": LLAMA3_8B}, "resources": {"gpus": 1},
-                                "engine": engine})
+    return parse_spec("llama", {"model": {"architecture": LLAMA3_8B}, "resources": {"gpus": 1}, "engine": engine})
 
 
-@pytest.mark.parametrize("text, size, fraction", [("8Gi", 8 * GIB, None), ("25%", None, 0.25),
-                                                  ("1.5Gi", 3 * GIB // 2, None)])
+@pytest.mark.parametrize(
+    "text, size, fraction", [("8Gi", 8 * GIB, None), ("25%", None, 0.25), ("1.5Gi", 3 * GIB // 2, None)]
+)
 def test_a_size_or_a_percentage_of_the_nodes_memory(text, size, fraction):
     parsed = spec(kvOffload=text).engine.kv_offload
     assert (parsed.size_bytes, parsed.node_memory_fraction) == (size, fraction)
 
 
-@pytest.mark.parametrize("engine, says", [
-    ({"kvOffload": "150%"}, "in (0%, 100%)"), ({"kvOffload": "lots"}, "a memory quantity"),
-    ({"kvOffload": "0"}, "more than 0"), ({"kvOffload": "8Gi", "enablePrefixCaching": False}, "enablePrefixCaching"),
-])
+@pytest.mark.parametrize(
+    "engine, says",
+    [
+        ({"kvOffload": "150%"}, "in (0%, 100%)"),
+        ({"kvOffload": "lots"}, "a memory quantity"),
+        ({"kvOffload": "0"}, "more than 0"),
+        ({"kvOffload": "8Gi", "enablePrefixCaching": False}, "enablePrefixCaching"),
+    ],
+)
 def test_a_bad_tier_is_a_spec_error_naming_the_field(engine, says):
     with pytest.raises(SpecError) as err:
         spec(**engine)
@@ -36,8 +49,10 @@ def test_a_bad_tier_is_a_spec_error_naming_the_field(engine, says):
 
 
 def node(name, memory, gpus=8):
-    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.memory": "81559"}},
-            "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "memory": memory}}}
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.memory": "81559"}},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "memory": memory}},
+    }
 
 
 def test_a_percentage_is_of_the_smallest_node_and_the_fit_of_the_largest():
@@ -46,7 +61,9 @@ def test_a_percentage_is_of_the_smallest_node_and_the_fit_of_the_largest():
     assert (memory.smallest_bytes, memory.largest_bytes, memory.largest_node) == (64 * GIB, 512 * GIB, "big")
     assert offload.tier_bytes(spec(kvOffload="25%"), memory) == 16 * GIB
     offload.check_fits(spec(kvOffload="500Gi"), 500 * GIB, 8 * GIB, memory)  # 508Gi fit the big node
-    with pytest.raises(offload.OffloadDoesNotFit, match=r"spec.engine.kvOffload: 510Gi .* largest node it can land on \(big\)"):
+    with pytest.raises(
+        offload.OffloadDoesNotFit, match=r"spec.engine.kvOffload: 510Gi .* largest node it can land on \(big\)"
+    ):
         offload.check_fits(spec(kvOffload="510Gi"), 510 * GIB, 8 * GIB, memory)
     with pytest.raises(offload.OffloadDoesNotFit, match="no node"):
         offload.tier_bytes(spec(kvOffload="25%"), offload.node_memory([], Placement(gpus=1)))
@@ -56,8 +73,9 @@ def test_a_percentage_is_of_the_smallest_node_and_the_fit_of_the_largest():
 async def test_the_operator_gives_the_engine_its_tier_and_refuses_one_no_node_can_hold(emulator):
     await add_gpu_node(emulator, "h100", 81559)  # 1Ti allocatable memory
     async with running_operator():
-        await emulator.create(ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B},
-                                                                "engine": {"kvOffload": "25%"}}))
+        await emulator.create(
+            ISVC, inference_service("llama", {"model": {"architecture": LLAMA3_8B}, "engine": {"kvOffload": "25%"}})
+        )
         kv = await eventually(lambda: (emulator.read(ISVC, "default", "llama").get("status") or {}).get("kvCache"))
         deployment = await eventually(lambda: emulator.read(DEPLOYMENTS, "default", "llama"))
         assert kv["offloadBytes"] == 256 * GIB
@@ -67,8 +85,12 @@ async def test_the_operator_gives_the_engine_its_tier_and_refuses_one_no_node_ca
         assert args[args.index("--kv-offloading-size") + 1] == "256"
         assert quantity_bytes(container["resources"]["requests"]["memory"]) == 256 * GIB  # a GPU pod: the tier alone
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"kvOffload": "2Ti"}}})
-        valid = await eventually(lambda: condition(emulator.read(ISVC, "default", "llama"), "Valid")["status"]
-                                 == "False" and condition(emulator.read(ISVC, "default", "llama"), "Valid"))
+        valid = await eventually(
+            lambda: (
+                condition(emulator.read(ISVC, "default", "llama"), "Valid")["status"] == "False"
+                and condition(emulator.read(ISVC, "default", "llama"), "Valid")
+            )
+        )
     assert valid["reason"] == "InvalidSpec" and "spec.engine.kvOffload: 2Ti" in valid["message"]
     assert "largest node it can land on (h100)" in valid["message"]
 

@@ -1,6 +1,5 @@
 """The operator's KV plan is pagedinfer.engine.sizing's, with inputs chosen from the spec."""
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -14,11 +13,25 @@ from pagedinfer.engine import sizing
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.parser import parse_spec
 
-LLAMA3_8B = {"numLayers": 32, "numKVHeads": 8, "headDim": 128, "numParameters": 8_030_261_248,
-             "hiddenSize": 4096, "maxPositionEmbeddings": 8192}
-LLAMA3_8B_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-                    "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-                    "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+LLAMA3_8B = {
+    "numLayers": 32,
+    "numKVHeads": 8,
+    "headDim": 128,
+    "numParameters": 8_030_261_248,
+    "hiddenSize": 4096,
+    "maxPositionEmbeddings": 8192,
+}
+LLAMA3_8B_CONFIG = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 H100_BYTES = 81559 * 2**20
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -29,8 +42,9 @@ def spec(**engine):
 
 def test_llama3_8b_is_128_kib_per_token_and_2_mib_per_block():
     s = spec()
-    plan = planning.plan_for(s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES,
-                             planning.SOURCE_NODE_LABELS)
+    plan = planning.plan_for(
+        s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES, planning.SOURCE_NODE_LABELS
+    )
     assert plan.bytes_per_token == 128 * 1024
     assert plan.bytes_per_block == 2 * 2**20
     assert plan.max_tokens == plan.num_gpu_blocks * 16
@@ -77,9 +91,18 @@ def test_override_skips_sizing():
     assert (plan.source, plan.num_gpu_blocks, plan.max_tokens) == ("override", 1234, 1234 * 32)
 
 
-TINY_CONFIG = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-               "head_dim": 32, "intermediate_size": 384, "vocab_size": 2048, "max_position_embeddings": 2048,
-               "tie_word_embeddings": True, "dtype": "float32"}
+TINY_CONFIG = {
+    "num_hidden_layers": 4,
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 384,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "dtype": "float32",
+}
 
 
 def cpu_spec(**resources):
@@ -95,9 +118,15 @@ def test_a_cpu_engine_is_sized_from_its_pod_memory_less_the_runtime_overhead():
     usable = int(budget * 0.9) - shape.num_parameters * 4 - reserve
     assert plan.num_gpu_blocks == usable // (2 * 4 * 2 * 32 * 4 * 16)
     assert plan.to_status() == {
-        "source": "memory", "blockSize": 16, "numGpuBlocks": plan.num_gpu_blocks, "maxTokens": plan.max_tokens,
-        "weightBytesPerGpu": shape.num_parameters * 4, "bytesPerToken": 2048, "bytesPerBlock": 32768,
-        "cpuMemoryBudgetBytes": budget}
+        "source": "memory",
+        "blockSize": 16,
+        "numGpuBlocks": plan.num_gpu_blocks,
+        "maxTokens": plan.max_tokens,
+        "weightBytesPerGpu": shape.num_parameters * 4,
+        "bytesPerToken": 2048,
+        "bytesPerBlock": 32768,
+        "cpuMemoryBudgetBytes": budget,
+    }
 
 
 def test_unset_cpu_memory_is_the_documented_default_and_a_cpu_engine_without_the_shape_sizes_itself():
@@ -105,8 +134,9 @@ def test_unset_cpu_memory_is_the_documented_default_and_a_cpu_engine_without_the
     assert planning.cpu_memory(s) == ("3Gi", 3 * 2**30)
     plan = planning.plan_for(s, None, None, "ignored")
     assert plan.to_status() == {"source": "engine", "blockSize": 16, "cpuMemoryBudgetBytes": 2 * 2**30}
-    override = planning.plan_for(parse_spec("x", {"resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 64}}),
-                                 None, None, "ignored")
+    override = planning.plan_for(
+        parse_spec("x", {"resources": {"gpus": 0}, "engine": {"numGpuBlocksOverride": 64}}), None, None, "ignored"
+    )
     assert (override.source, override.num_gpu_blocks, override.cpu_memory_budget_bytes) == ("override", 64, 2**31)
 
 
@@ -134,10 +164,20 @@ def test_a_cpu_engine_too_small_for_one_sequence_names_the_memory_that_fits():
 
 def test_status_fields_are_camel_case_and_complete():
     s = spec()
-    plan = planning.plan_for(s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES,
-                             "node-labels")
-    assert set(plan.to_status()) == {"source", "tensorParallelSize", "blockSize", "numGpuBlocks", "maxTokens", "gpuMemoryBytes",
-                                     "weightBytesPerGpu", "bytesPerToken", "bytesPerBlock"}  # no CPU budget
+    plan = planning.plan_for(
+        s, planning.shape_from_architecture(s.model.architecture, "auto"), H100_BYTES, "node-labels"
+    )
+    assert set(plan.to_status()) == {
+        "source",
+        "tensorParallelSize",
+        "blockSize",
+        "numGpuBlocks",
+        "maxTokens",
+        "gpuMemoryBytes",
+        "weightBytesPerGpu",
+        "bytesPerToken",
+        "bytesPerBlock",
+    }  # no CPU budget
 
 
 def test_gpu_pods_tolerate_the_gpu_taint_and_select_the_product():
@@ -152,16 +192,42 @@ def test_pagedinfer_plan_gives_the_same_number(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG))
     s = parse_spec("llama", {"engine": {"maxModelLen": 8192}})
     plan = planning.plan_for(s, planning.shape_from_config(LLAMA3_8B_CONFIG, "auto"), H100_BYTES, "spec")
-    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
-                          "--gpu-memory", "81559Mi", "--max-model-len", "8192", "--json"],
-                         check=True, capture_output=True, text=True, cwd="/").stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "pagedinfer.engine.cli",
+            "plan",
+            "--model",
+            str(tmp_path),
+            "--gpu-memory",
+            "81559Mi",
+            "--max-model-len",
+            "8192",
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd="/",
+    ).stdout
     assert json.loads(out)["num_gpu_blocks"] == plan.num_gpu_blocks
 
 
-LLAMA3_70B_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
-                     "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-                     "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
-                     "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+LLAMA3_70B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 
 
 def test_the_tensor_parallel_example_and_pagedinfer_plan_give_the_same_numbers(tmp_path):
@@ -171,10 +237,33 @@ def test_the_tensor_parallel_example_and_pagedinfer_plan_give_the_same_numbers(t
     shape = planning.shape_from_architecture(s.model.architecture, s.model.dtype)
     status = planning.plan_for(s, shape, H100_BYTES, "node-labels").to_status()
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_70B_CONFIG))
-    out = subprocess.run([sys.executable, "-P", "-m", "pagedinfer.engine.cli", "plan", "--model", str(tmp_path),
-                          "--gpu-memory", "81559Mi", "--max-model-len", "8192", "--tensor-parallel-size", "4",
-                          "--json"], check=True, capture_output=True, text=True, cwd="/").stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "pagedinfer.engine.cli",
+            "plan",
+            "--model",
+            str(tmp_path),
+            "--gpu-memory",
+            "81559Mi",
+            "--max-model-len",
+            "8192",
+            "--tensor-parallel-size",
+            "4",
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd="/",
+    ).stdout
     cli = json.loads(out)
     assert status["tensorParallelSize"] == 4
     assert (status["numGpuBlocks"], status["maxTokens"], status["bytesPerBlock"], status["weightBytesPerGpu"]) == (
-        cli["num_gpu_blocks"], cli["max_tokens"], cli["bytes_per_block"], cli["weight_bytes_per_gpu"])
+        cli["num_gpu_blocks"],
+        cli["max_tokens"],
+        cli["bytes_per_block"],
+        cli["weight_bytes_per_gpu"],
+    )

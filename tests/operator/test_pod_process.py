@@ -55,10 +55,15 @@ def test_a_host_path_model_is_the_same_directory_here(bin_dir):
 
 def test_what_cannot_be_mounted_or_resolved_locally_is_refused(bin_dir):
     with pytest.raises(ValueError, match="volume 'model' of kind persistentVolumeClaim"):
-        local_process(pod_spec({"resources": {"gpus": 0}, "model": {"uri": "pvc://models/tiny"}}),
-                      "127.0.0.2", POD_DIR, bin_dir)
+        local_process(
+            pod_spec({"resources": {"gpus": 0}, "model": {"uri": "pvc://models/tiny"}}), "127.0.0.2", POD_DIR, bin_dir
+        )
     with pytest.raises(ValueError, match="env 'PAGEDINFER_API_KEY': valueFrom"):
-        local_process(pod_spec({"resources": {"gpus": 0}, "engine": {"apiKeySecretRef": {"name": "key"}}}),
-                      "127.0.0.2", POD_DIR, bin_dir)
+        local_process(
+            pod_spec({"resources": {"gpus": 0}, "engine": {"apiKeySecretRef": {"name": "key"}}}),
+            "127.0.0.2",
+            POD_DIR,
+            bin_dir,
+        )
     with pytest.raises(ValueError, match="'pagedinfer' is not in"):
         local_process(pod_spec({"resources": {"gpus": 0}}), "127.0.0.2", POD_DIR, bin_dir / "missing")

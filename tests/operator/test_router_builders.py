@@ -5,8 +5,8 @@ import kubernetes_validate
 import pytest
 
 from pagedinfer.operator.children import builders
-from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.children.drift import drifted_paths
+from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.routing import builders as routing
 from pagedinfer.operator.routing.engine_flags import KV_EVENTS_PORT
 from pagedinfer.operator.spec.parser import parse_spec
@@ -17,8 +17,15 @@ PLAN = planning.KVCachePlan(source="engine", block_size=16, num_gpu_blocks=None)
 
 
 def spec(**router):
-    return parse_spec("llama", {"model": {"uri": "pvc://models/llama-3"}, "maxReplicas": 4,
-                                "engine": {"apiKeySecretRef": {"name": "key"}}, "router": router})
+    return parse_spec(
+        "llama",
+        {
+            "model": {"uri": "pvc://models/llama-3"},
+            "maxReplicas": 4,
+            "engine": {"apiKeySecretRef": {"name": "key"}},
+            "router": router,
+        },
+    )
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -38,7 +45,8 @@ def test_the_router_tokenizes_with_the_mounted_model_and_keeps_the_key_a_referen
     assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in container["volumeMounts"]
     assert container["args"][container["args"].index("--policy") + 1] == "least-load"
     assert [e for e in container["env"] if e["name"] == "PAGEDINFER_API_KEY"][0]["valueFrom"] == {
-        "secretKeyRef": {"name": "key", "key": "api-key"}}
+        "secretKeyRef": {"name": "key", "key": "api-key"}
+    }
     assert "livenessProbe" in container and "httpGet" not in container["livenessProbe"]  # engines down != router down
     assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
@@ -54,20 +62,35 @@ def test_the_engines_publish_kv_events_only_with_the_router():
 
 def test_the_role_grants_list_on_endpointslices_and_nothing_else():
     assert routing.build_role(OWNER, spec())["rules"] == [
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}
+    ]
 
 
 def zero_spec(**router):
-    return parse_spec("llama", {"minReplicas": 0, "maxReplicas": 4, "router": router, "autoscaling": {
-        "enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]}})
+    return parse_spec(
+        "llama",
+        {
+            "minReplicas": 0,
+            "maxReplicas": 4,
+            "router": router,
+            "autoscaling": {"enabled": True, "metrics": [{"name": "kvCacheUsage", "target": 0.5}]},
+        },
+    )
 
 
 def test_with_scale_to_zero_the_router_may_get_and_patch_its_own_inference_service_only():
     role = routing.build_role(OWNER, zero_spec())
-    assert role["rules"][1:] == [{"apiGroups": ["serving.pagedinfer.dev"], "resources": ["inferenceservices"],
-                                  "verbs": ["get", "patch"], "resourceNames": ["llama"]}]
-    env = routing.build_router_deployment(OWNER, zero_spec(), "router:1")["spec"]["template"]["spec"][
-        "containers"][0]["env"]
+    assert role["rules"][1:] == [
+        {
+            "apiGroups": ["serving.pagedinfer.dev"],
+            "resources": ["inferenceservices"],
+            "verbs": ["get", "patch"],
+            "resourceNames": ["llama"],
+        }
+    ]
+    env = routing.build_router_deployment(OWNER, zero_spec(), "router:1")["spec"]["template"]["spec"]["containers"][0][
+        "env"
+    ]
     assert {"name": "PAGEDINFER_INFERENCESERVICE_NAME", "value": "llama"} in env
     assert {"name": "PAGEDINFER_INFERENCESERVICE_NAMESPACE", "value": "team-a"} in env
     plain = routing.build_router_deployment(OWNER, spec(), "router:1")["spec"]["template"]["spec"]["containers"][0]
@@ -78,7 +101,8 @@ def test_with_scale_to_zero_the_router_may_get_and_patch_its_own_inference_servi
 
 def test_the_queue_fields_set_become_the_routers_flags_and_only_those():
     args = lambda s: routing.build_router_deployment(OWNER, s, "router:1")["spec"]["template"]["spec"][  # noqa: E731
-        "containers"][0]["args"]
+        "containers"
+    ][0]["args"]
     both = args(zero_spec(queue={"maxRequests": 64, "timeoutSeconds": 30}))
     assert both[both.index("--max-queued-requests") + 1] == "64"
     assert both[both.index("--queue-timeout-seconds") + 1] == "30"
@@ -91,17 +115,21 @@ def test_the_router_image_is_the_spec_s_else_the_operator_setting(monkeypatch):
 
     monkeypatch.setenv("PAGEDINFER_ROUTER_IMAGE", "registry.local/router:env")
     assert OperatorConfig.from_env().router_image == "registry.local/router:env"
-    assert OperatorConfig.from_env(router_image="registry.local/router:flag").router_image == "registry.local/router:flag"
+    assert (
+        OperatorConfig.from_env(router_image="registry.local/router:flag").router_image == "registry.local/router:flag"
+    )
     image = lambda s: routing.build_router_deployment(OWNER, s, "default:1")["spec"]["template"]["spec"][  # noqa: E731
-        "containers"][0]["image"]
+        "containers"
+    ][0]["image"]
     assert image(spec()) == "default:1" and image(spec(image="mine:2")) == "mine:2"
 
 
 def test_the_warmup_fields_reach_the_routers_own_flags():
     from pagedinfer.engine.cli import build_parser
 
-    (container,) = routing.build_router_deployment(OWNER, spec(warmup={"prefixes": 5, "tokenBudget": 900}),
-                                                   "router:1")["spec"]["template"]["spec"]["containers"]
+    (container,) = routing.build_router_deployment(OWNER, spec(warmup={"prefixes": 5, "tokenBudget": 900}), "router:1")[
+        "spec"
+    ]["template"]["spec"]["containers"]
     args = build_parser().parse_args(container["args"])
     assert (args.warmup_prefixes, args.warmup_token_budget) == (5, 900)
     (default,) = routing.build_router_deployment(OWNER, spec(), "router:1")["spec"]["template"]["spec"]["containers"]
@@ -112,7 +140,8 @@ def test_the_warmup_fields_reach_the_routers_own_flags():
 def test_the_router_command_line_is_one_the_router_takes():
     from pagedinfer.engine.cli import build_parser
 
-    container = routing.build_router_deployment(OWNER, zero_spec(queue={"maxRequests": 64, "timeoutSeconds": 30}),
-                                                "router:1")["spec"]["template"]["spec"]["containers"][0]
+    container = routing.build_router_deployment(
+        OWNER, zero_spec(queue={"maxRequests": 64, "timeoutSeconds": 30}), "router:1"
+    )["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(container["args"])
     assert (args.max_queued_requests, args.queue_timeout_seconds) == (64, 30.0)

@@ -26,8 +26,9 @@ def started(tmp_path, script: str) -> tuple[subprocess.Popen, object]:
 
 
 async def test_a_wait_on_a_process_that_exited_fails_at_once_with_its_name_exit_code_and_log(tmp_path):
-    process, log_path = started(tmp_path, "import sys; print('loading the model'); print('no such model: x'); "
-                                          "sys.exit(3)")
+    process, log_path = started(
+        tmp_path, "import sys; print('loading the model'); print('no such model: x'); sys.exit(3)"
+    )
     with watching(ProcessWatch("pod default/tiny-engine-1's process", process, log_path)):
         with pytest.raises(Died) as died:
             await eventually(lambda: False, timeout_seconds=NEVER)
@@ -102,10 +103,11 @@ def test_the_log_tail_is_the_last_lines_of_a_long_log_and_says_when_there_is_non
 
 
 def test_a_server_that_exits_before_it_is_healthy_is_named_with_its_exit_code_and_log(tmp_path):
-    process, log_path = started(tmp_path, "import sys; print('address already in use', file=sys.stderr); "
-                                          "sys.exit(2)")
+    process, log_path = started(tmp_path, "import sys; print('address already in use', file=sys.stderr); sys.exit(2)")
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(AssertionError) as failed:
         wait_process_healthy(url, process, timeout_seconds=NEVER, log_path=log_path)
-    assert str(failed.value) == (f"server {url} (pid {process.pid}) exited with code 2 before it was healthy; "
-                                 f"the last 30 lines of its log {log_path}:\naddress already in use")
+    assert str(failed.value) == (
+        f"server {url} (pid {process.pid}) exited with code 2 before it was healthy; "
+        f"the last 30 lines of its log {log_path}:\naddress already in use"
+    )

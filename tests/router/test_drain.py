@@ -11,27 +11,37 @@ from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS, DRAIN_M
 from pagedinfer.testing.endpoint_slices import endpoint_slice
 
 PLAN = planning.KVCachePlan(source="engine", block_size=16, num_gpu_blocks=None)
-SERVICE = {"metadata": {"name": "svc-engines", "namespace": "ns"},
-           "spec": {"selector": {"app": "engine"}, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]}}
+SERVICE = {
+    "metadata": {"name": "svc-engines", "namespace": "ns"},
+    "spec": {"selector": {"app": "engine"}, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
+}
 
 
 def pod(name, ip, ready=True, deleting=False):
     meta = {"name": name, "labels": {"app": "engine"}}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-04T00:00:00Z"
-    return {"metadata": meta, "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8001}]}]},
-            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "metadata": meta,
+        "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8001}]}]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
 
 
 def test_a_deleting_pod_is_terminating_and_serving_and_the_router_drops_it():
-    pods = [pod("a", "10.0.0.1"), pod("b", "10.0.0.2", deleting=True), pod("c", "10.0.0.3", ready=False),
-            {**pod("d", "10.0.0.4"), "metadata": {"name": "d", "labels": {"app": "other"}}}]
+    pods = [
+        pod("a", "10.0.0.1"),
+        pod("b", "10.0.0.2", deleting=True),
+        pod("c", "10.0.0.3", ready=False),
+        {**pod("d", "10.0.0.4"), "metadata": {"name": "d", "labels": {"app": "other"}}},
+    ]
     s = endpoint_slice(SERVICE, pods)
     assert s["ports"] == [{"name": "http", "port": 8001, "protocol": "TCP"}]
     assert [e["conditions"] for e in s["endpoints"]] == [
         {"ready": True, "serving": True, "terminating": False},
         {"ready": False, "serving": True, "terminating": True},  # in its preStop: still serving, not ready
-        {"ready": False, "serving": False, "terminating": False}]
+        {"ready": False, "serving": False, "terminating": False},
+    ]
     assert ready_engine_urls([s]) == ["http://10.0.0.1:8001"]
 
 
@@ -40,8 +50,10 @@ def test_the_engines_pre_stop_outlasts_the_routers_poll_and_the_grace_period_cov
     assert engine_pre_stop_seconds(4.5) == 7
     with pytest.raises(ValueError, match="poll_interval_seconds"):
         engine_pre_stop_seconds(0)
-    for router, wait in (({"enabled": True}, engine_pre_stop_seconds()),
-                         ({"enabled": False}, builders.PRE_STOP_SLEEP_SECONDS)):
+    for router, wait in (
+        ({"enabled": True}, engine_pre_stop_seconds()),
+        ({"enabled": False}, builders.PRE_STOP_SLEEP_SECONDS),
+    ):
         spec = parse_spec("m", {"model": {"uri": "pvc://models/m"}, "router": router})
         pod_spec = builders.build_pod_spec(spec, PLAN)
         assert pod_spec["containers"][0]["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", str(wait)]}}

@@ -26,8 +26,10 @@ from pagedinfer.router.request_tokens import RequestTokenizer
 
 KEY = "sesame"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-CORPUS = ["quartz zebras jump over vexing fjords while wizards box the jukebox",
-          "seven tenants share one prefix and the router keeps each on its engine"]
+CORPUS = [
+    "quartz zebras jump over vexing fjords while wizards box the jukebox",
+    "seven tenants share one prefix and the router keeps each on its engine",
+]
 PROMPT = "The tenant's long system prompt says the same thing again and again. " * 4
 
 
@@ -88,8 +90,9 @@ def test_a_router_without_a_tokenizer_takes_the_engines_and_routes_by_its_prefix
         assert httpx.post(router.url + "/v1/completions", json=body, headers=AUTH, timeout=60).status_code == 200
         state = router.app.state.router
         wait_for(lambda: len(state.engines[engine.url].hashes) >= 3, "the engine's blocks never reached the router")
-        again = httpx.post(router.url + "/v1/completions", json={**body, "prompt": PROMPT + " More."},
-                           headers=AUTH, timeout=60)
+        again = httpx.post(
+            router.url + "/v1/completions", json={**body, "prompt": PROMPT + " More."}, headers=AUTH, timeout=60
+        )
         route = route_of(again)
         assert route["reason"] == "prefix-hit" and int(route["matched_tokens"]) >= 3 * 16, route
 
@@ -97,6 +100,7 @@ def test_a_router_without_a_tokenizer_takes_the_engines_and_routes_by_its_prefix
         async def offer_wrong():
             async with httpx.AsyncClient() as client:
                 await tokenizer.offer(client, engine.url, "0" * 64)
+
         asyncio.run(offer_wrong())
         assert tokenizer.sha256 == sha256 and tokenizer.source == f"engine {engine.url}"
     finally:

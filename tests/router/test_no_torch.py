@@ -11,17 +11,23 @@ from transformers import AutoTokenizer
 from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.router.request_tokens import RequestTokenizer
 
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there, how are you?"},
-            {"role": "assistant", "content": "Fine."}, {"role": "user", "content": [{"type": "text", "text": "x"}]}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi there, how are you?"},
+    {"role": "assistant", "content": "Fine."},
+    {"role": "user", "content": [{"type": "text", "text": "x"}]},
+]
 
 
 def test_importing_and_running_the_router_never_imports_torch(tiny_llama):
-    code = ("import sys; from pagedinfer.router.app import RouterSettings, create_router_app;"
-            " import pagedinfer.router.cli, pagedinfer.engine.cli;"
-            f" create_router_app(RouterSettings(('http://127.0.0.1:1',), tokenizer_dir={str(tiny_llama)!r}));"
-            " from pagedinfer.router.request_tokens import RequestTokenizer;"
-            f" RequestTokenizer({str(tiny_llama)!r}).prompt_ids({{'messages': [{{'role': 'user', 'content': 'a'}}]}},"
-            " True); print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))")
+    code = (
+        "import sys; from pagedinfer.router.app import RouterSettings, create_router_app;"
+        " import pagedinfer.router.cli, pagedinfer.engine.cli;"
+        f" create_router_app(RouterSettings(('http://127.0.0.1:1',), tokenizer_dir={str(tiny_llama)!r}));"
+        " from pagedinfer.router.request_tokens import RequestTokenizer;"
+        f" RequestTokenizer({str(tiny_llama)!r}).prompt_ids({{'messages': [{{'role': 'user', 'content': 'a'}}]}},"
+        " True); print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
+    )
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -34,8 +40,7 @@ def test_router_token_ids_equal_the_engine_tokenizers(which, tiny_llama):
     for text in ("hello world", "  spaces\tand\nnewlines ", "ünïcödé ✓"):
         assert ours.prompt_ids({"prompt": text}, chat=False) == theirs.encode(text, add_special_tokens=True)
     if theirs.chat_template:
-        engine_messages = [{**m, "content": m["content"] if isinstance(m["content"], str) else "x"}
-                           for m in MESSAGES]
+        engine_messages = [{**m, "content": m["content"] if isinstance(m["content"], str) else "x"} for m in MESSAGES]
         text = theirs.apply_chat_template(engine_messages, add_generation_prompt=True, tokenize=False)
         assert ours.prompt_ids({"messages": MESSAGES}, chat=True) == theirs.encode(text, add_special_tokens=False)
     assert ours.prompt_ids({"prompt": [5, 6, 7]}, chat=False) == [5, 6, 7]

@@ -20,13 +20,16 @@ def views(*specs):
     return [EngineView(name, load, frozenset(H[:cached])) for name, load, cached in specs]
 
 
-@pytest.mark.parametrize("specs, engine, matched, reason", [
-    ([("a", 0, 0), ("b", 0, 3)], "b", 12, "prefix-hit"),  # the longest cached prefix wins
-    ([("a", 0, 2), ("b", 1, 5)], "b", 20, "prefix-hit"),  # a little load does not move a hit
-    ([("a", 0, 2), ("b", 0, 2)], "a", 8, "prefix-hit"),  # equal match and load: ring order, deterministic
-    ([("a", 0, 0), ("b", SATURATION_SLACK + 1, 5)], "a", 0, "prefix-spread"),  # saturated: spread
-    ([("a", 0, 1), ("b", SATURATION_SLACK + 1, 5)], "a", 4, "prefix-spread"),  # spread to the next best match
-])
+@pytest.mark.parametrize(
+    "specs, engine, matched, reason",
+    [
+        ([("a", 0, 0), ("b", 0, 3)], "b", 12, "prefix-hit"),  # the longest cached prefix wins
+        ([("a", 0, 2), ("b", 1, 5)], "b", 20, "prefix-hit"),  # a little load does not move a hit
+        ([("a", 0, 2), ("b", 0, 2)], "a", 8, "prefix-hit"),  # equal match and load: ring order, deterministic
+        ([("a", 0, 0), ("b", SATURATION_SLACK + 1, 5)], "a", 0, "prefix-spread"),  # saturated: spread
+        ([("a", 0, 1), ("b", SATURATION_SLACK + 1, 5)], "a", 4, "prefix-spread"),  # spread to the next best match
+    ],
+)
 def test_prefix_policy(specs, engine, matched, reason):
     d = pick("prefix", views(*specs), H, BS, H[0], 0)
     assert (d.engine, d.matched_tokens, d.reason) == (engine, matched, reason)
@@ -58,10 +61,14 @@ def test_removing_an_engine_moves_only_its_keys():
         assert before == "d" or before == after
 
 
-@pytest.mark.parametrize("policy, loads, turn, engine", [
-    ("round-robin", (0, 0, 0), 0, "a"), ("round-robin", (0, 0, 0), 4, "b"),
-    ("least-load", (3, 1, 2), 0, "b"),
-])
+@pytest.mark.parametrize(
+    "policy, loads, turn, engine",
+    [
+        ("round-robin", (0, 0, 0), 0, "a"),
+        ("round-robin", (0, 0, 0), 4, "b"),
+        ("least-load", (3, 1, 2), 0, "b"),
+    ],
+)
 def test_load_policies(policy, loads, turn, engine):
     d = pick(policy, [EngineView(n, load) for n, load in zip("abc", loads)], H, BS, H[0], turn)
     assert (d.engine, d.reason) == (engine, policy)
@@ -82,8 +89,17 @@ def test_two_routers_fed_the_same_requests_agree_on_at_least_99_percent_of_choic
     import sys
 
     code = "import json, router_simulation; print(json.dumps(router_simulation.choices()))"
-    runs = [subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
-                           env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(SUPPORT)}) for seed in ("1", "2")]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-P", "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+            env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(SUPPORT)},
+        )
+        for seed in ("1", "2")
+    ]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
     first, second = (json.loads(r.stdout) for r in runs)
     agree = sum(a == b for a, b in zip(first, second)) / len(first)
@@ -96,13 +112,16 @@ def tiered(name, load, device, tier):
     return EngineView(name, load, frozenset(H[i] for i in device), frozenset(H[i] for i in tier))
 
 
-@pytest.mark.parametrize("device, tier, cost, score", [
-    ((0, 1, 2), (), 0.25, 3.0),  # all on the device
-    ((), (0, 1, 2), 0.25, 2.25),  # all in the tier: each block less its copy
-    ((0,), (1, 2), 0.25, 2.5),  # the head on the device, the tail in the tier
-    ((0, 2), (), 0.25, 1.0),  # a gap ends the prefix: the chain cannot skip a block
-    ((), (0, 1), 1.0, 0.0),  # a copy as dear as the compute gains nothing
-])
+@pytest.mark.parametrize(
+    "device, tier, cost, score",
+    [
+        ((0, 1, 2), (), 0.25, 3.0),  # all on the device
+        ((), (0, 1, 2), 0.25, 2.25),  # all in the tier: each block less its copy
+        ((0,), (1, 2), 0.25, 2.5),  # the head on the device, the tail in the tier
+        ((0, 2), (), 0.25, 1.0),  # a gap ends the prefix: the chain cannot skip a block
+        ((), (0, 1), 1.0, 0.0),  # a copy as dear as the compute gains nothing
+    ],
+)
 def test_a_tier_hit_scores_below_a_device_hit_by_its_copy_cost(device, tier, cost, score):
     from pagedinfer.router.policy import score_tiered_prefix
 
@@ -119,14 +138,18 @@ def test_the_tier_hit_cost_is_copy_over_compute_capped_at_one():
         tier_hit_cost(0.001, 0)
 
 
-@pytest.mark.parametrize("a, b, engine, matched", [
-    (((0, 1, 2), ()), ((), (0, 1, 2)), "a", 12),  # the same blocks: the device holder wins
-    (((0, 1), ()), ((), (0, 1, 2, 3)), "b", 16),  # two more blocks in b's tier outweigh the copies
-    (((0,), (1, 2)), ((0, 1), ()), "a", 12),  # a third block, even from the tier, beats a shorter device hit
-])
+@pytest.mark.parametrize(
+    "a, b, engine, matched",
+    [
+        (((0, 1, 2), ()), ((), (0, 1, 2)), "a", 12),  # the same blocks: the device holder wins
+        (((0, 1), ()), ((), (0, 1, 2, 3)), "b", 16),  # two more blocks in b's tier outweigh the copies
+        (((0,), (1, 2)), ((0, 1), ()), "a", 12),  # a third block, even from the tier, beats a shorter device hit
+    ],
+)
 def test_the_picker_weighs_tier_hits(a, b, engine, matched):
     decision = pick("prefix", [tiered("a", 0, *a), tiered("b", 0, *b)], H, BS, H[0], 0)
     assert (decision.engine, decision.matched_tokens, decision.reason) == (engine, matched, "prefix-hit")
+
 
 def _tenant(t, turns):
     """Tenant t's prompt after `turns` turns: a 3-block system prompt, then 2 blocks per turn."""
@@ -140,8 +163,11 @@ def test_a_warmed_idle_engine_takes_a_share_of_saturated_engines_hot_tenants_eac
     convs = {t: prefix_block_hashes(_tenant(t, 3), BS) for t in range(8)}
     system = {t: h[:3] for t, h in convs.items()}
     load = {"a": 6, "b": 6, "c": 0}
-    held = {"a": {x for t in range(0, 8, 2) for x in convs[t]}, "b": {x for t in range(1, 8, 2) for x in convs[t]},
-            "c": {x for t in range(8) for x in system[t]}}
+    held = {
+        "a": {x for t in range(0, 8, 2) for x in convs[t]},
+        "b": {x for t in range(1, 8, 2) for x in convs[t]},
+        "c": {x for t in range(8) for x in system[t]},
+    }
     moved = []
     for t in range(8):
         engines = [EngineView(n, load[n], frozenset(held[n])) for n in ("a", "b", "c")]
@@ -159,6 +185,6 @@ def test_no_tenant_moves_to_a_warmed_engine_while_its_holder_is_within_the_slack
     convs = {t: prefix_block_hashes(_tenant(t, 3), BS) for t in range(4)}
     a = EngineView("a", SATURATION_SLACK, frozenset(x for h in convs.values() for x in h))
     c = EngineView("c", 0, frozenset(x for h in convs.values() for x in h[:3]))
-    for t, hashes in convs.items():
+    for _t, hashes in convs.items():
         d = pick("prefix", [a, c], hashes, BS, hashes[0], 0)
         assert (d.engine, d.reason) == ("a", "prefix-hit")  # a longer match on a holder not saturated: no move

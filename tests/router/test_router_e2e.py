@@ -15,8 +15,11 @@ SYSTEM = "You are a careful assistant for tenant number seven. " * 6
 
 def _chat(url: str, turns: list[str], stream: bool = False) -> httpx.Response:
     messages = [{"role": "system", "content": SYSTEM}] + [{"role": "user", "content": t} for t in turns]
-    return httpx.post(url + "/v1/chat/completions", timeout=60,
-                      json={"model": "tiny", "messages": messages, "max_tokens": 4, "stream": stream})
+    return httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": "tiny", "messages": messages, "max_tokens": 4, "stream": stream},
+    )
 
 
 def test_a_conversations_next_turn_goes_to_the_engine_that_holds_its_prefix(router):
@@ -43,8 +46,9 @@ def test_the_openai_client_streams_through_the_router_and_sees_the_route_header(
 
 def test_a_dead_engine_is_dropped_its_request_retried_and_with_none_left_the_request_is_held_then_503(tiny_llama):
     engines = [start_server(tiny_llama, kv_events=KVEventsConfig(port=0)) for _ in range(2)]
-    router = start_router([e.url for e in engines], tiny_llama, policy="round-robin",
-                          hold=HoldSettings(timeout_seconds=0.5))
+    router = start_router(
+        [e.url for e in engines], tiny_llama, policy="round-robin", hold=HoldSettings(timeout_seconds=0.5)
+    )
     try:
         stop_server(engines[0])
         state = router.app.state.router
@@ -66,8 +70,9 @@ def test_a_dead_engine_is_dropped_its_request_retried_and_with_none_left_the_req
 def test_bad_bodies_are_refused_by_the_router_itself(router):
     r = httpx.post(router.url + "/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"})
     assert r.status_code == 400 and route_of(r)["reason"] == "invalid-request"
-    r = httpx.post(router.url + "/v1/completions", content=b"x" * ((1 << 20) + 1),
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        router.url + "/v1/completions", content=b"x" * ((1 << 20) + 1), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413
 
 
@@ -76,8 +81,9 @@ def test_an_api_key_is_required_on_v1_and_passed_on(engines, tiny_llama):
     try:
         body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
         assert httpx.post(router.url + "/v1/completions", json=body, timeout=60).status_code == 401
-        ok = httpx.post(router.url + "/v1/completions", json=body, timeout=60,
-                        headers={"Authorization": "Bearer sesame"})
+        ok = httpx.post(
+            router.url + "/v1/completions", json=body, timeout=60, headers={"Authorization": "Bearer sesame"}
+        )
         assert ok.status_code == 200
         assert httpx.get(router.url + "/health").status_code == 200  # probes need no key
     finally:

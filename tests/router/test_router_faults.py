@@ -8,12 +8,12 @@ import httpx
 import pytest
 from engine_process import serve_process
 from router_harness import route_of, start_router, wait_for
+
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 
 @pytest.mark.slow
-def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_and_done_then_comes_back(
-        tiny_llama, tmp_path):
+def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_and_done_then_comes_back(tiny_llama, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = serve_process(tiny_llama, port, tmp_path / "engine.log")
@@ -31,7 +31,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_and_don
                 if len(lines) == 3:
                     proc.kill()
         assert lines[-1] == "data: [DONE]"
-        error = json.loads(lines[-2][len("data: "):])
+        error = json.loads(lines[-2][len("data: ") :])
         assert error["error"]["code"] == "upstream_broken"
 
         proc.wait(30)
@@ -40,10 +40,15 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_and_don
         assert not state.engines[url].hashes
         proc = serve_process(tiny_llama, port, tmp_path / "engine.log")  # the same address, a fresh cache
         wait_process_healthy(url, proc)
-        wait_for(lambda: state.engines[url].healthy and state.engines[url].kv_seq is None
-                 and state.engines[url].block_size, "the restarted engine never came back")
-        r = httpx.post(router.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 2,
-                                                             "prompt": "word " * 60}, timeout=60)
+        wait_for(
+            lambda: state.engines[url].healthy and state.engines[url].kv_seq is None and state.engines[url].block_size,
+            "the restarted engine never came back",
+        )
+        r = httpx.post(
+            router.url + "/v1/completions",
+            json={**body, "stream": False, "max_tokens": 2, "prompt": "word " * 60},
+            timeout=60,
+        )
         assert r.status_code == 200 and route_of(r)["engine"] == url
         wait_for(lambda: len(state.engines[url].hashes) >= 3, "the new engine's events never reached the router")
     finally:
@@ -66,8 +71,9 @@ def test_when_every_engine_answers_503_the_router_answers_503_with_retry_after(t
     try:
         for e in engines:
             e.engine_loop.begin_drain(None)
-        r = httpx.post(router.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
-                       timeout=60)
+        r = httpx.post(
+            router.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1}, timeout=60
+        )
         assert r.status_code == 503 and r.headers["retry-after"]
         assert route_of(r)["engine"] in {e.url for e in engines} | {"none"}
     finally:

@@ -51,8 +51,18 @@ def router(engines, tiny_llama, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "router.log"
-    args = ["--tokenizer", str(tiny_llama), "--port", str(port), "--policy", "round-robin", "--log-level", "info",
-            "--upstream-first-byte-timeout-seconds", str(FIRST_BYTE_TIMEOUT_SECONDS)]
+    args = [
+        "--tokenizer",
+        str(tiny_llama),
+        "--port",
+        str(port),
+        "--policy",
+        "round-robin",
+        "--log-level",
+        "info",
+        "--upstream-first-byte-timeout-seconds",
+        str(FIRST_BYTE_TIMEOUT_SECONDS),
+    ]
     for engine_url, _ in engines:
         args += ["--engine", engine_url]
     proc = start_router_process(url, args, log)
@@ -95,11 +105,11 @@ def _ask(client: openai.OpenAI, i: int) -> tuple[str, str | None]:
 def test_requests_on_a_frozen_engine_are_retried_or_end_with_upstream_broken_and_none_hangs(engines, router):
     router_url, _ = router
     (frozen_url, frozen), (live_url, _) = engines
-    reference = openai.OpenAI(base_url=live_url + "/v1", api_key="unused", max_retries=0,
-                              timeout=CLIENT_TIMEOUT_SECONDS)
+    reference = openai.OpenAI(
+        base_url=live_url + "/v1", api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS
+    )
     expected = {i: _ask(reference, i)[0] for i in range(NUM_REQUESTS)}  # greedy: both engines agree
-    client = openai.OpenAI(base_url=router_url + "/v1", api_key="unused", max_retries=0,
-                           timeout=CLIENT_TIMEOUT_SECONDS)
+    client = openai.OpenAI(base_url=router_url + "/v1", api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_SECONDS)
     try:
         with ThreadPoolExecutor(NUM_CONCURRENT) as pool:
             futures = {pool.submit(_ask, client, i): i for i in range(NUM_REQUESTS)}
@@ -137,8 +147,9 @@ def test_the_router_logs_an_engines_drop_and_return_once_each_and_no_health_chec
     assert len([line for line in lines if f"engine {frozen_url} healthy again" in line]) == 1, lines
 
 
-def test_a_stream_whose_headers_miss_the_first_byte_bound_is_retried_on_another_engine(engines, tiny_llama,
-                                                                                       monkeypatch):
+def test_a_stream_whose_headers_miss_the_first_byte_bound_is_retried_on_another_engine(
+    engines, tiny_llama, monkeypatch
+):
     """Health checks that cannot see the freeze (a 120 s timeout here): the first-byte bound alone retries."""
     monkeypatch.setattr("pagedinfer.router.state.HEALTH_TIMEOUT_SECONDS", 120.0)
     (frozen_url, frozen), (live_url, _) = engines
@@ -159,8 +170,7 @@ def test_a_stream_whose_headers_miss_the_first_byte_bound_is_retried_on_another_
         router.stop()
 
 
-def test_a_started_stream_on_an_engine_that_freezes_ends_with_upstream_broken_once_it_is_dropped(engines,
-                                                                                                  tiny_llama):
+def test_a_started_stream_on_an_engine_that_freezes_ends_with_upstream_broken_once_it_is_dropped(engines, tiny_llama):
     (frozen_url, frozen), (live_url, _) = engines
     router = start_router([frozen_url, live_url], tiny_llama, policy="round-robin")
     body = {"model": "tiny", "prompt": _prompt(0), "max_tokens": 900, "ignore_eos": True, "stream": True}
@@ -177,7 +187,7 @@ def test_a_started_stream_on_an_engine_that_freezes_ends_with_upstream_broken_on
                         os.kill(frozen.pid, signal.SIGSTOP)  # mid-stream: a byte came, so no retry
                 break
         assert lines[-1] == "data: [DONE]", lines[-3:]
-        assert json.loads(lines[-2][len("data: "):])["error"]["code"] == "upstream_broken"
+        assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == "upstream_broken"
         assert not router.app.state.router.engines[frozen_url].healthy
     finally:
         os.kill(frozen.pid, signal.SIGCONT)

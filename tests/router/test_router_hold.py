@@ -110,10 +110,14 @@ async def test_full_queue_deadline_and_unreachable_api_each_end_in_a_503_that_sa
 
 
 def _slice(port: int) -> dict:
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-            "metadata": {"name": "a", "namespace": NS, "labels": {"kubernetes.io/service-name": "llama-engines"}},
-            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]}
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "addressType": "IPv4",
+        "metadata": {"name": "a", "namespace": NS, "labels": {"kubernetes.io/service-name": "llama-engines"}},
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+    }
 
 
 def _router_rights(access) -> bool:
@@ -121,27 +125,37 @@ def _router_rights(access) -> bool:
     if (access.group, access.resource, access.verb) == ("discovery.k8s.io", "endpointslices", "list"):
         return access.namespace == NS
     return (access.group, access.resource, access.namespace, access.name) == (
-        "serving.pagedinfer.dev", "inferenceservices", NS, "llama") and access.verb in ("get", "patch")
+        "serving.pagedinfer.dev",
+        "inferenceservices",
+        NS,
+        "llama",
+    ) and access.verb in ("get", "patch")
 
 
-async def test_held_requests_signal_demand_keep_streams_alive_and_complete_once_an_engine_appears(
-        tiny_llama):
+async def test_held_requests_signal_demand_keep_streams_alive_and_complete_once_an_engine_appears(tiny_llama):
     engine = await asyncio.to_thread(start_server, tiny_llama, kv_events=KVEventsConfig(port=0))
     async with serving_emulator(authorizer=_router_rights) as (emulator, api_url):
         isvcs = next(r for r in emulator.resources if r.plural == "inferenceservices")
         await emulator.create(isvcs, inference_service("llama", {"model": {"uri": "hf://org/tiny"}}, NS))
         slices = emulator.register("discovery.k8s.io/v1", "EndpointSlice", "endpointslices")
         router = await asyncio.to_thread(
-            start_router, [], tiny_llama, "prefix", None,
+            start_router,
+            [],
+            tiny_llama,
+            "prefix",
+            None,
             DiscoverySettings("llama-engines", NS, api_url=api_url, poll_interval_seconds=0.2),
-            hold=HoldSettings(120.0, 8, keepalive_seconds=0.2), demand=DemandTarget("llama", NS, api_url))
+            hold=HoldSettings(120.0, 8, keepalive_seconds=0.2),
+            demand=DemandTarget("llama", NS, api_url),
+        )
         client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         streamed: dict = {}
         headers_came = threading.Event()
 
         def openai_stream() -> None:
-            raw = client.completions.with_raw_response.create(model="tiny", prompt="Once upon", max_tokens=4,
-                                                              stream=True)
+            raw = client.completions.with_raw_response.create(
+                model="tiny", prompt="Once upon", max_tokens=4, stream=True
+            )
             streamed["route"] = route_of(raw)
             headers_came.set()
             streamed["chunks"] = list(raw.parse())
@@ -155,8 +169,12 @@ async def test_held_requests_signal_demand_keep_streams_alive_and_complete_once_
                     lines = r.aiter_lines()
                     assert await anext(lines) == ": keep-alive"
                     await until(lambda: _queue_length(router) == 3)
-                    await until(lambda: DEMAND_ANNOTATION in (emulator.read(isvcs, NS, "llama")["metadata"]
-                                                               .get("annotations") or {}))
+                    await until(
+                        lambda: (
+                            DEMAND_ANNOTATION
+                            in (emulator.read(isvcs, NS, "llama")["metadata"].get("annotations") or {})
+                        )
+                    )
                     assert "queue_length 3.0" in (await http.get(router.url + "/metrics")).text
                     await asyncio.to_thread(headers_came.wait, 60)
                     assert streamed["route"]["reason"] == "held"

@@ -41,8 +41,13 @@ def _snapshot(url: str) -> tuple[int, set[bytes]]:
 def engine_behind_proxy(tiny_llama, tmp_path):
     port = free_port()
     url = f"http://{ENGINE_HOST}:{port}"
-    proc = serve_process(tiny_llama, port, tmp_path / "engine.log", host=ENGINE_HOST,
-                         extra_args=("--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-model-len", "256"))
+    proc = serve_process(
+        tiny_llama,
+        port,
+        tmp_path / "engine.log",
+        host=ENGINE_HOST,
+        extra_args=("--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-model-len", "256"),
+    )
     proxy = None
     try:
         wait_process_healthy(url, proc, log_path=tmp_path / "engine.log")
@@ -56,7 +61,8 @@ def engine_behind_proxy(tiny_llama, tmp_path):
 
 
 def test_a_silenced_publisher_stops_being_scored_and_a_heartbeat_brings_back_what_it_missed(
-        engine_behind_proxy, tiny_llama):
+    engine_behind_proxy, tiny_llama
+):
     engine_url, proxy = engine_behind_proxy
     router = start_router([proxy.url], tiny_llama)
     try:
@@ -78,8 +84,10 @@ def test_a_silenced_publisher_stops_being_scored_and_a_heartbeat_brings_back_wha
 
         proxy.resume()  # no batch follows: only a heartbeat can say that one was missed
         wait_for(lambda: not record.kv_stale, "the router never took the engine's events back")
-        wait_for(lambda: set(prefix_block_hashes(second, BLOCK)) <= record.hashes,
-                 "the heartbeat did not bring back the batch sent during the silence")
+        wait_for(
+            lambda: set(prefix_block_hashes(second, BLOCK)) <= record.hashes,
+            "the heartbeat did not bring back the batch sent during the silence",
+        )
         assert proxy.counters.silenced >= 2  # the silence took at least the batch and a heartbeat
         route, cached = _ask(router.url, second)
         assert route["reason"] == "prefix-hit" and cached >= 64

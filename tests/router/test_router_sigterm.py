@@ -7,21 +7,40 @@ import threading
 
 import httpx
 from router_harness import start_router_process, wait_for
+
 from pagedinfer.testing.server_process import free_port
 
 
 def test_the_router_process_exits_0_on_sigterm(tiny_llama, tmp_path):
     port = free_port()
-    proc = start_router_process(f"http://127.0.0.1:{port}", [
-        "--engine", f"http://127.0.0.1:{free_port()}", "--tokenizer", str(tiny_llama), "--port", str(port),
-        "--log-level", "warning", "--queue-timeout-seconds", "600"], tmp_path / "router.log")
+    proc = start_router_process(
+        f"http://127.0.0.1:{port}",
+        [
+            "--engine",
+            f"http://127.0.0.1:{free_port()}",
+            "--tokenizer",
+            str(tiny_llama),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--queue-timeout-seconds",
+            "600",
+        ],
+        tmp_path / "router.log",
+    )
     answers = []
-    held = threading.Thread(target=lambda: answers.append(httpx.post(
-        f"http://127.0.0.1:{port}/v1/completions", json={"model": "tiny", "prompt": "hi"}, timeout=120)))
+    held = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": "tiny", "prompt": "hi"}, timeout=120)
+        )
+    )
     try:
         held.start()  # no engine answers: the request is held
-        wait_for(lambda: "pagedinfer_router_queue_length 1.0" in httpx.get(f"http://127.0.0.1:{port}/metrics").text,
-                 "the request was never held")
+        wait_for(
+            lambda: "pagedinfer_router_queue_length 1.0" in httpx.get(f"http://127.0.0.1:{port}/metrics").text,
+            "the request was never held",
+        )
         proc.terminate()
         code = proc.wait(30)
         held.join(30)

@@ -11,8 +11,12 @@ from pagedinfer.engine.kv_events.publisher import KVEventsConfig
 from pagedinfer.router.hold.queue import HoldSettings
 
 KEY = {"Authorization": "Bearer sesame"}
-BODY = {"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog " * 3, "max_tokens": 6,
-        "temperature": 0.0}
+BODY = {
+    "model": "tiny",
+    "prompt": "The quick brown fox jumps over the lazy dog " * 3,
+    "max_tokens": 6,
+    "temperature": 0.0,
+}
 
 
 def test_the_router_wakes_an_asleep_engine_for_a_held_request_and_greedy_output_is_unchanged(tiny_llama):

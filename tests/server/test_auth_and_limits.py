@@ -26,9 +26,17 @@ def completion(**fields):
     return body
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
-                                     {"Authorization": f"Basic {KEY}"}, {"Authorization": f"Bearer {KEY}x"}],
-                         ids=["missing", "wrong", "no-scheme", "basic", "longer"])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": KEY},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": f"Bearer {KEY}x"},
+    ],
+    ids=["missing", "wrong", "no-scheme", "basic", "longer"],
+)
 def test_v1_requires_the_bearer_key(keyed_server, headers):
     r = httpx.post(keyed_server.url + "/v1/completions", json=completion(), headers=headers)
     assert r.status_code == 401
@@ -92,8 +100,11 @@ def test_chunked_body_over_the_limit_is_a_413(keyed_server):
             yield b"x" * 100
         yield b'"}'
 
-    r = httpx.post(keyed_server.url + "/v1/completions", content=chunks(),
-                   headers={**keyed_server.headers(), "Content-Type": "application/json"})
+    r = httpx.post(
+        keyed_server.url + "/v1/completions",
+        content=chunks(),
+        headers={**keyed_server.headers(), "Content-Type": "application/json"},
+    )
     assert r.status_code == 413
     assert httpx.get(keyed_server.url + "/health").status_code == 200
 
@@ -120,8 +131,10 @@ def test_waiting_limit_counts_every_prompt_times_n(tiny_llama):
         return httpx.post(running.url + "/v1/completions", json=completion(**fields), timeout=30)
 
     long = dict(max_tokens=1000, ignore_eos=True, stream=True)
-    holders = [threading.Thread(target=hold_stream, args=(completion(n=2, **long),)),
-               threading.Thread(target=hold_stream, args=(completion(prompt=["a", "b"], **long),))]
+    holders = [
+        threading.Thread(target=hold_stream, args=(completion(n=2, **long),)),
+        threading.Thread(target=hold_stream, args=(completion(prompt=["a", "b"], **long),)),
+    ]
     try:
         holders[0].start()
         _wait_for(running, "pagedinfer_num_requests_running", 1)  # one request: its n=2 hold both seats
@@ -158,8 +171,13 @@ def test_a_burst_of_concurrent_requests_admits_exactly_the_free_waiting_slots(ti
     hang_up = threading.Event()
     statuses: list[int] = []
     lock = threading.Lock()
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
-            "ignore_eos": True, "stream": True}
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
 
     def hold_chat() -> None:
         with httpx.stream("POST", running.url + "/v1/chat/completions", json=chat, timeout=60) as r:
@@ -196,8 +214,9 @@ def test_health_is_503_until_the_engine_is_loaded(tiny_llama):
     from pagedinfer.engine.server.metrics import ServerMetrics
 
     gate = threading.Event()
-    load = engine_factory(EngineConfig(model=str(tiny_llama), device="cpu", max_model_len=128,
-                                       num_gpu_blocks_override=16), "tiny")
+    load = engine_factory(
+        EngineConfig(model=str(tiny_llama), device="cpu", max_model_len=128, num_gpu_blocks_override=16), "tiny"
+    )
 
     def gated_load():
         gate.wait(60)
@@ -237,8 +256,9 @@ def test_bench_serve_without_the_key_names_api_key(keyed_server, monkeypatch):
     from pagedinfer.engine.cli import build_parser
 
     monkeypatch.delenv("PAGEDINFER_API_KEY", raising=False)
-    args = build_parser().parse_args(["bench", "serve", "--url", keyed_server.url, "--num-prompts", "1",
-                                      "--no-progress"])
+    args = build_parser().parse_args(
+        ["bench", "serve", "--url", keyed_server.url, "--num-prompts", "1", "--no-progress"]
+    )
     with pytest.raises(ValueError, match="--api-key") as refused:
         args.func(args)
     assert KEY not in str(refused.value)

@@ -42,8 +42,15 @@ def test_sharegpt_like_lengths_vary_within_bounds():
 
 @pytest.mark.parametrize("field, value", [("dataset", "tweets"), ("num_prompts", 0), ("request_rate", 0.0)])
 def test_bad_workload_flags_are_named(field, value):
-    kwargs = dict(dataset="synthetic", num_prompts=5, request_rate=1.0, input_words=4, output_tokens=4,
-                  shared_prefix_words=0, seed=0)
+    kwargs = dict(
+        dataset="synthetic",
+        num_prompts=5,
+        request_rate=1.0,
+        input_words=4,
+        output_tokens=4,
+        shared_prefix_words=0,
+        seed=0,
+    )
     kwargs[field] = value
     with pytest.raises(ValueError, match=field):
         build_workload(**kwargs)
@@ -67,8 +74,15 @@ def test_word_count_flags_are_named_for_words_and_the_old_names_are_deprecated_a
 
 @pytest.mark.parametrize("field", ["input_words", "output_tokens", "shared_prefix_words"])
 def test_bad_lengths_name_their_field(field):
-    kwargs = dict(dataset="synthetic", num_prompts=5, request_rate=1.0, input_words=4, output_tokens=4,
-                  shared_prefix_words=0, seed=0)
+    kwargs = dict(
+        dataset="synthetic",
+        num_prompts=5,
+        request_rate=1.0,
+        input_words=4,
+        output_tokens=4,
+        shared_prefix_words=0,
+        seed=0,
+    )
     kwargs[field] = -1
     with pytest.raises(ValueError, match=f"^{field}: must be >= "):
         build_workload(**kwargs)
@@ -79,10 +93,12 @@ def test_server_counters_are_read_by_the_prometheus_parser():
     (the hand-written line splitter this replaced read the timestamp as the value)."""
     from pagedinfer.engine.bench.scrape import sample_totals
 
-    text = ('# HELP pagedinfer_prefix_cache_hits Prompt tokens found in the prefix cache.\n'
-            '# TYPE pagedinfer_prefix_cache_hits counter\n'
-            'pagedinfer_prefix_cache_hits_total{model_name="a b"} 5.0 1700000000000\n'
-            'pagedinfer_prefix_cache_hits_total{model_name="say \\"hi\\" 9"} 2.0\n')
+    text = (
+        "# HELP pagedinfer_prefix_cache_hits Prompt tokens found in the prefix cache.\n"
+        "# TYPE pagedinfer_prefix_cache_hits counter\n"
+        'pagedinfer_prefix_cache_hits_total{model_name="a b"} 5.0 1700000000000\n'
+        'pagedinfer_prefix_cache_hits_total{model_name="say \\"hi\\" 9"} 2.0\n'
+    )
     totals = sample_totals(text, ["pagedinfer_prefix_cache_hits_total", "pagedinfer_prefix_cache_queries_total"])
     assert totals == {"pagedinfer_prefix_cache_hits_total": 7.0, "pagedinfer_prefix_cache_queries_total": None}
     with pytest.raises(ValueError, match="not Prometheus text exposition"):
@@ -99,9 +115,18 @@ def test_percentile_interpolates_between_order_statistics():
 
 
 def test_summary_counts_only_successful_requests():
-    results = [RequestResult(ok=True, ttft_seconds=0.1, itl_seconds=(0.01, 0.03), latency_seconds=0.2,
-                             prompt_tokens=100, completion_tokens=3, cached_tokens=64),
-               RequestResult(ok=False, error="HTTP 503")]
+    results = [
+        RequestResult(
+            ok=True,
+            ttft_seconds=0.1,
+            itl_seconds=(0.01, 0.03),
+            latency_seconds=0.2,
+            prompt_tokens=100,
+            completion_tokens=3,
+            cached_tokens=64,
+        ),
+        RequestResult(ok=False, error="HTTP 503"),
+    ]
     s = summarize(results, 2.0, cache_queries_delta=100, cache_hits_delta=64)
     assert (s.num_ok, s.num_failed) == (1, 1)
     assert s.output_token_throughput_per_second == 1.5
@@ -114,9 +139,28 @@ def test_bench_serve_against_a_real_server_reports_cache_hits(server, capsys):
     from pagedinfer.engine.cli import build_parser
 
     args = build_parser().parse_args(
-        ["bench", "serve", "--url", server.url, "--num-prompts", "6", "--request-rate", "inf", "--dataset",
-         "synthetic", "--input-words", "4", "--output-tokens", "3", "--shared-prefix-words", "40",
-         "--no-progress", "--max-concurrency", "1"])
+        [
+            "bench",
+            "serve",
+            "--url",
+            server.url,
+            "--num-prompts",
+            "6",
+            "--request-rate",
+            "inf",
+            "--dataset",
+            "synthetic",
+            "--input-words",
+            "4",
+            "--output-tokens",
+            "3",
+            "--shared-prefix-words",
+            "40",
+            "--no-progress",
+            "--max-concurrency",
+            "1",
+        ]
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "ok 6, failed 0" in out

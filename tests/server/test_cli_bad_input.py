@@ -24,10 +24,16 @@ BAD_INVOCATIONS = [
     ("serve-negative-body-limit", ["serve", "--max-request-body-bytes", "-1"], "--max-request-body-bytes"),
     ("serve-negative-grace", ["serve", "--shutdown-grace-seconds", "-1"], "--shutdown-grace-seconds"),
     ("serve-nan-grace", ["serve", "--shutdown-grace-seconds", "nan"], "--shutdown-grace-seconds"),
-    ("serve-zero-header-timeout", ["serve", "--request-header-timeout-seconds", "0"],
-     "--request-header-timeout-seconds"),
-    ("serve-infinite-body-timeout", ["serve", "--request-body-timeout-seconds", "inf"],
-     "--request-body-timeout-seconds"),
+    (
+        "serve-zero-header-timeout",
+        ["serve", "--request-header-timeout-seconds", "0"],
+        "--request-header-timeout-seconds",
+    ),
+    (
+        "serve-infinite-body-timeout",
+        ["serve", "--request-body-timeout-seconds", "inf"],
+        "--request-body-timeout-seconds",
+    ),
     ("bench-nothing-listening", ["bench", "serve", "--url", "http://127.0.0.1:1", "--no-progress"], "--url"),
     ("bench-not-a-url", ["bench", "serve", "--url", "notaurl", "--no-progress"], "--url"),
     ("bench-url-bad-port", ["bench", "serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "--url"),
@@ -57,8 +63,14 @@ def test_serve_on_a_port_in_use_exits_2_naming_it_before_loading_the_model(tmp_p
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([str(CLI), "serve", "--port", str(port), "--device", "cpu", "--log-level", "debug"],
-                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        proc = subprocess.run(
+            [str(CLI), "serve", "--port", str(port), "--device", "cpu", "--log-level", "debug"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=tmp_path,
+        )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     last_line = proc.stderr.strip().splitlines()[-1]
@@ -92,8 +104,12 @@ def test_no_parser_takes_an_abbreviated_flag():
     parsers = list(walk(build_parser()))
     assert {p.prog for p in parsers} >= {"pagedinfer serve", "pagedinfer bench serve", "pagedinfer generate"}
     assert all(p.allow_abbrev is False for p in parsers), [p.prog for p in parsers if p.allow_abbrev]
-    for argv in (["serve", "--served=other"], ["bench", "serve", "--ur", "http://127.0.0.1:1"],
-                 ["generate", "--max-tok", "3"], ["plan", "--mod", "m", "--gpu-memory", "1G"]):
+    for argv in (
+        ["serve", "--served=other"],
+        ["bench", "serve", "--ur", "http://127.0.0.1:1"],
+        ["generate", "--max-tok", "3"],
+        ["plan", "--mod", "m", "--gpu-memory", "1G"],
+    ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
     assert build_parser().parse_args(["serve", "--api-key=k"]).api_key == "k"
@@ -133,15 +149,21 @@ def test_timeouts_must_be_positive_and_the_error_says_so():
             cli_types.positive_seconds(text)
 
 
-@pytest.mark.parametrize("text, expected", [("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
-                                            ("https://llm.example:443/api", "https://llm.example:443/api"),
-                                            ("http://[::1]:8000", "http://[::1]:8000")])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("https://llm.example:443/api", "https://llm.example:443/api"),
+        ("http://[::1]:8000", "http://[::1]:8000"),
+    ],
+)
 def test_url_keeps_http_base_urls(text, expected):
     assert cli_types.http_url(text) == expected
 
 
-@pytest.mark.parametrize("text", ["notaurl", "127.0.0.1:8000", "ftp://host", "http://", "http://h:99999",
-                                  "http://h/v1?x=1"])
+@pytest.mark.parametrize(
+    "text", ["notaurl", "127.0.0.1:8000", "ftp://host", "http://", "http://h:99999", "http://h/v1?x=1"]
+)
 def test_url_refuses_what_httpx_cannot_use(text):
     with pytest.raises(argparse.ArgumentTypeError):
         cli_types.http_url(text)

@@ -37,8 +37,9 @@ def test_embedded_model_is_served_under_its_default_name():
 
 @pytest.fixture(scope="module")
 def default_server():
-    running = start_server(default_model_dir(), served_model_name=DEFAULT_MODEL_NAME, max_model_len=512,
-                           num_gpu_blocks_override=64)
+    running = start_server(
+        default_model_dir(), served_model_name=DEFAULT_MODEL_NAME, max_model_len=512, num_gpu_blocks_override=64
+    )
     yield running
     stop_server(running)
 
@@ -52,8 +53,9 @@ def test_chat_answers_are_mostly_english_words(default_server, question):
     import openai
 
     client = openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0)
-    answer = client.chat.completions.create(model=DEFAULT_MODEL_NAME, max_tokens=30, temperature=0,
-                                            messages=[{"role": "user", "content": question}])
+    answer = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, max_tokens=30, temperature=0, messages=[{"role": "user", "content": question}]
+    )
     text = answer.choices[0].message.content
     tokens = _words(text)
     alphabetic = [t for t in tokens if t.isalpha() and t.isascii()]

@@ -55,8 +55,10 @@ def _reset_after_first_events(url: str, body: dict, num_events: int = 3) -> None
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+        )
         received = b""
         while received.count(b"data: ") < num_events:
             data = sock.recv(65536)
@@ -71,8 +73,13 @@ def test_a_reset_stream_of_many_prompts_is_not_written_to_after_it_is_gone(serve
     Each engine step delivers one output per prompt; written one by one, the
     40 chunks of a step all went to a connection that had just been reset.
     """
-    body = {"model": "tiny", "prompt": [f"Prompt {i} goes on and on" for i in range(40)], "max_tokens": 60,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": [f"Prompt {i} goes on and on" for i in range(40)],
+        "max_tokens": 60,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         for _ in range(3):
             _reset_after_first_events(server.url, body)

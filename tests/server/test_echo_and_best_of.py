@@ -30,18 +30,17 @@ def post(server, **body):
 
 def test_echo_returns_the_prompt_and_its_token_logprobs_in_openais_shape(openai_client, server, reference):
     prompt = [11, 57, 93, 140, 201, 7, 66]
-    out = openai_client.completions.create(model=server.model, prompt=prompt, max_tokens=1, temperature=0,
-                                           logprobs=1, echo=True)
+    out = openai_client.completions.create(
+        model=server.model, prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
     choice = out.choices[0]
     lp = choice.logprobs
     assert len(lp.tokens) == len(prompt) + 1 and len(lp.token_logprobs) == len(prompt) + 1
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     expected = reference(prompt)
     for position in range(1, len(prompt)):
-        assert lp.token_logprobs[position] == pytest.approx(float(expected[position - 1, prompt[position]]),
-                                                            abs=1e-4)
-        assert max(lp.top_logprobs[position].values()) == pytest.approx(float(expected[position - 1].max()),
-                                                                        abs=1e-4)
+        assert lp.token_logprobs[position] == pytest.approx(float(expected[position - 1, prompt[position]]), abs=1e-4)
+        assert max(lp.top_logprobs[position].values()) == pytest.approx(float(expected[position - 1].max()), abs=1e-4)
     decoded = httpx.post(server.url + "/detokenize", json={"tokens": prompt}, timeout=30).json()["prompt"]
     assert choice.text.startswith(decoded)
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] == len(decoded)
@@ -61,8 +60,7 @@ def test_echo_with_max_tokens_zero_scores_the_prompt_alone(server, reference):
 
 
 def test_max_tokens_zero_without_echo_is_a_400(server):
-    r = httpx.post(server.url + COMPLETIONS, json={"model": server.model, "prompt": "x", "max_tokens": 0},
-                   timeout=30)
+    r = httpx.post(server.url + COMPLETIONS, json={"model": server.model, "prompt": "x", "max_tokens": 0}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
 
 
@@ -80,8 +78,15 @@ def test_streamed_echo_concatenates_to_the_whole_response(server):
 def test_streamed_echo_logprobs_concatenate_to_the_whole_responses(server):
     # every chunk's text_offset counts the echoed prompt: a chunk's first offset is where its text starts in
     # the whole streamed text (it counted the generated text only, after the first chunk)
-    body = {"model": server.model, "prompt": "A paged KV cache", "max_tokens": 6, "temperature": 0, "echo": True,
-            "logprobs": 1, "n": 2}
+    body = {
+        "model": server.model,
+        "prompt": "A paged KV cache",
+        "max_tokens": 6,
+        "temperature": 0,
+        "echo": True,
+        "logprobs": 1,
+        "n": 2,
+    }
     whole = post(server, **{k: v for k, v in body.items() if k != "model"})["choices"]
     import json
 
@@ -105,8 +110,9 @@ def test_streamed_echo_logprobs_concatenate_to_the_whole_responses(server):
 
 
 def test_best_of_returns_the_completions_with_the_highest_cumulative_logprob(openai_client, server):
-    common = dict(model=server.model, prompt="Numbers:", max_tokens=5, temperature=1.0, seed=11,
-                  extra_body={"ignore_eos": True})
+    common = dict(
+        model=server.model, prompt="Numbers:", max_tokens=5, temperature=1.0, seed=11, extra_body={"ignore_eos": True}
+    )
     every = openai_client.completions.create(n=4, logprobs=0, **common).choices
     scores = {c.text: sum(c.logprobs.token_logprobs) for c in every}
     best = openai_client.completions.create(n=2, best_of=4, logprobs=0, **common).choices

@@ -86,10 +86,30 @@ def test_a_fault_in_a_real_serve_process_answers_every_request_500_and_exits_1(m
     trigger = tmp_path / "fault"
     log = (tmp_path / "server.log").open("w+")
     proc = subprocess.Popen(
-        [sys.executable, str(FAULT_WRAPPER), method, str(trigger), "serve", "--model", str(tiny_llama),
-         "--served-model-name", "tiny", "--port", str(port), "--device", "cpu", "--max-model-len", "1024",
-         "--num-gpu-blocks-override", "256"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+        [
+            sys.executable,
+            str(FAULT_WRAPPER),
+            method,
+            str(trigger),
+            "serve",
+            "--model",
+            str(tiny_llama),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "1024",
+            "--num-gpu-blocks-override",
+            "256",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+    )
     try:
         wait_process_healthy(url, proc)
         streams = [Stream(url) for _ in range(3)]
@@ -136,8 +156,9 @@ def test_health_is_503_and_new_requests_are_refused_once_the_engine_failed(tiny_
     from pagedinfer.engine.server.metrics import ServerMetrics
 
     fault = threading.Event()
-    load = engine_factory(EngineConfig(model=str(tiny_llama), device="cpu", max_model_len=1024,
-                                       num_gpu_blocks_override=128), "tiny")
+    load = engine_factory(
+        EngineConfig(model=str(tiny_llama), device="cpu", max_model_len=1024, num_gpu_blocks_override=128), "tiny"
+    )
 
     def faulty_load():
         engine, info = load()

@@ -100,8 +100,12 @@ def test_a_request_the_engine_refuses_gets_a_full_error_body(limited, swapped_in
     swapped_info(max_num_seqs=16)
     r = post(limited, "/v1/completions", completion(n=3))
     assert_400_naming(r, "n", "max_num_seqs=2")
-    with httpx.stream("POST", limited.url + "/v1/completions", json=dict(completion(n=3, stream=True),
-                                                                          model=limited.model), timeout=60) as r:
+    with httpx.stream(
+        "POST",
+        limited.url + "/v1/completions",
+        json=dict(completion(n=3, stream=True), model=limited.model),
+        timeout=60,
+    ) as r:
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert '"param":"n"' in events[-2] and '"code":"invalid_parameter"' in events[-2]

@@ -19,20 +19,21 @@ import pytest
 import zmq
 from kv_feed_follow import follow_while
 from serving_harness import start_server, stop_server
-from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 from pagedinfer.engine.kv_events.events import BlockStored, decode_batch, seq_from_bytes
 from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig
 from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.kv_feed import KVFeed, replay
+from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 BLOCK = 16
 
 
 def _complete(url: str, prompt: list[int], max_tokens: int = 2) -> None:
-    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": max_tokens},
-                   timeout=60)
+    r = httpx.post(
+        url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": max_tokens}, timeout=60
+    )
     assert r.status_code == 200, r.text
 
 
@@ -61,9 +62,29 @@ def test_a_serve_process_publishes_the_block_hashes_a_consumer_computes_and_repl
     cli = Path(sys.executable).with_name("pagedinfer")
     log = (tmp_path / "server.log").open("w+")
     proc = subprocess.Popen(
-        [str(cli), "serve", "--model", str(tiny_llama), "--served-model-name", "tiny", "--port", str(port),
-         "--device", "cpu", "--max-model-len", "256", "--num-gpu-blocks-override", "64", "--kv-events",
-         "--kv-events-port", "0"], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            str(cli),
+            "serve",
+            "--model",
+            str(tiny_llama),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "256",
+            "--num-gpu-blocks-override",
+            "64",
+            "--kv-events",
+            "--kv-events-port",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         wait_process_healthy(url, proc)
         info = httpx.get(url + "/kv_events", timeout=10).json()
@@ -85,8 +106,8 @@ def test_a_serve_process_publishes_the_block_hashes_a_consumer_computes_and_repl
         assert expected <= {bytes.fromhex(h) for h in snap["block_hashes"]}
 
         replayed = asyncio.run(_replay(f"tcp://127.0.0.1:{info['replay_port']}", seqs[0]))
-        assert [b.seq for b in replayed][:len(batches)] == seqs
-        assert [b.events for b in replayed][:len(batches)] == [b.events for b in batches]
+        assert [b.seq for b in replayed][: len(batches)] == seqs
+        assert [b.events for b in replayed][: len(batches)] == [b.events for b in batches]
         sub.close()
     finally:
         proc.kill()  # how it shuts down is tests/server/test_sigterm.py's business
@@ -104,8 +125,7 @@ def test_a_feed_follows_the_engine_and_recovers_dropped_batches_from_a_snapshot(
     equal to the engine's cache (the snapshot), having re-snapshotted."""
     running = start_server(tiny_llama, kv_events=KVEventsConfig(port=0, max_pending_events=1))
     try:
-        feed, hashes = asyncio.run(_follow(running.url, [[(5 * i + k) % 80 + 2 for i in range(50)]
-                                                         for k in range(6)]))
+        feed, hashes = asyncio.run(_follow(running.url, [[(5 * i + k) % 80 + 2 for i in range(50)] for k in range(6)]))
         assert feed.num_snapshots >= 2 and hashes
     finally:
         stop_server(running)
@@ -114,8 +134,7 @@ def test_a_feed_follows_the_engine_and_recovers_dropped_batches_from_a_snapshot(
 def test_a_feed_without_drops_applies_every_batch_and_matches_the_snapshot(tiny_llama):
     running = start_server(tiny_llama, kv_events=KVEventsConfig(port=0))
     try:
-        feed, hashes = asyncio.run(_follow(running.url, [[(3 * i + k) % 70 + 2 for i in range(40)]
-                                                         for k in range(4)]))
+        feed, hashes = asyncio.run(_follow(running.url, [[(3 * i + k) % 70 + 2 for i in range(40)] for k in range(4)]))
         assert feed.num_snapshots == 1 and feed.num_replays == 0
         assert len(hashes) >= 8
     finally:
@@ -124,10 +143,12 @@ def test_a_feed_without_drops_applies_every_batch_and_matches_the_snapshot(tiny_
 
 async def _follow(url: str, prompts: list[list[int]]):
     """Follow url with a KVFeed while the prompts run; the feed's final set and the snapshot's must agree."""
+
     async def send(client: httpx.AsyncClient) -> None:
         for p in prompts:
-            r = await client.post(url + "/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 3},
-                                  timeout=60)
+            r = await client.post(
+                url + "/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 3}, timeout=60
+            )
             assert r.status_code == 200, r.text
 
     feed, _, snap = await follow_while(url, send)
@@ -143,9 +164,24 @@ def test_a_kv_events_port_in_use_is_one_line_naming_the_flag_and_exit_2(tiny_lla
         taken.listen()
         port = taken.getsockname()[1]
         cli = Path(sys.executable).with_name("pagedinfer")
-        run = subprocess.run([str(cli), "serve", "--model", str(tiny_llama), "--device", "cpu", "--port",
-                              str(free_port()), "--kv-events", "--kv-events-port", str(port)],
-                             capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [
+                str(cli),
+                "serve",
+                "--model",
+                str(tiny_llama),
+                "--device",
+                "cpu",
+                "--port",
+                str(free_port()),
+                "--kv-events",
+                "--kv-events-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1].startswith("pagedinfer serve: error: --kv-events-port: cannot bind")
 
@@ -178,9 +214,11 @@ async def _replay_gap(url: str) -> None:
         sub.connect(info.pub_endpoint)
         await asyncio.sleep(0.3)
         for k in range(3):
-            r = await client.post(url + "/v1/completions", timeout=60,
-                                  json={"model": "tiny", "prompt": [(k + 3 * i) % 60 + 2 for i in range(40)],
-                                        "max_tokens": 2})
+            r = await client.post(
+                url + "/v1/completions",
+                timeout=60,
+                json={"model": "tiny", "prompt": [(k + 3 * i) % 60 + 2 for i in range(40)], "max_tokens": 2},
+            )
             assert r.status_code == 200
         snap = (await client.get(url + "/kv_events/snapshot")).json()
         batches = []

@@ -20,8 +20,9 @@ async def _two_turns(client: httpx.AsyncClient) -> list[dict]:
     usages = []
     for turn in range(2):
         for user in USERS:  # 3 users x 5 blocks > the 8-block pool: each evicts the one before
-            r = await client.post("/v1/completions", json={"model": "tiny", "prompt": user + [9, 10, 11] * turn,
-                                                           "max_tokens": 2})
+            r = await client.post(
+                "/v1/completions", json={"model": "tiny", "prompt": user + [9, 10, 11] * turn, "max_tokens": 2}
+            )
             assert r.status_code == 200, r.text
             usages.append(r.json()["usage"])
     return usages
@@ -46,8 +47,13 @@ async def _router_view(url: str, snap: dict):
 
 
 def test_tier_hits_are_cached_tokens_metrics_and_events_of_their_medium(tiny_llama):
-    running = start_server(tiny_llama, kv_events=KVEventsConfig(port=0), num_gpu_blocks_override=8,
-                           max_model_len=128, kv_offloading_size=0.001)
+    running = start_server(
+        tiny_llama,
+        kv_events=KVEventsConfig(port=0),
+        num_gpu_blocks_override=8,
+        max_model_len=128,
+        kv_offloading_size=0.001,
+    )
     try:
         feed, usages, snap = asyncio.run(follow_while(running.url, _two_turns))
         # every returning user found its 4 blocks, now in the tier: cached tokens say so

@@ -27,16 +27,22 @@ def load_server(tiny_llama):
 
 
 async def _client(http: httpx.AsyncClient, url: str, i: int, disconnect: bool) -> dict:
-    body = {"model": "tiny", "prompt": f"Client {i} says hello to the server and", "temperature": 0,
-            "max_tokens": DISCONNECTING_OUTPUT_TOKENS if disconnect else OUTPUT_TOKENS, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": f"Client {i} says hello to the server and",
+        "temperature": 0,
+        "max_tokens": DISCONNECTING_OUTPUT_TOKENS if disconnect else OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     result = {"tokens_chunks": 0, "finish": None, "usage": None, "status": None, "done": False}
     async with http.stream("POST", url + "/v1/completions", json=body) as r:
         result["status"] = r.status_code
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 result["done"] = True
                 break

@@ -17,8 +17,9 @@ from pagedinfer.engine.server.prompt_chars import longest_decomposition, max_cha
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "naïve café déjà vu", "東京 大阪 名古屋", "x = [1, 2, 3]"]
 PIECES = ["<s>", "</s>", "<|user|>", " ", "  ", "e\u0301", "\u1100\u1161\u11a8", "ﬁ", "🙂", "the", "東"]
-TEXTS = (st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)
-         | st.lists(st.sampled_from(PIECES), max_size=60).map("".join))
+TEXTS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200) | st.lists(
+    st.sampled_from(PIECES), max_size=60
+).map("".join)
 
 
 def _fast_tokenizer(normalizer=None, pre_tokenizer=None, model=None, added=()):
@@ -29,8 +30,12 @@ def _fast_tokenizer(normalizer=None, pre_tokenizer=None, model=None, added=()):
     tok.normalizer = normalizer
     tok.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
     if isinstance(tok.model, models.BPE):
-        trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<unk>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     for token in added:
         tok.add_special_tokens([token])
@@ -86,8 +91,10 @@ def test_tokenizers_that_can_drop_text_have_no_bound():
         _fast_tokenizer(normalizer=normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])),
         _fast_tokenizer(normalizer=normalizers.Replace(" ", "")),
         _fast_tokenizer(pre_tokenizer=pre_tokenizers.Split(" ", "removed")),
-        _fast_tokenizer(model=models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"),
-                        pre_tokenizer=pre_tokenizers.WhitespaceSplit()),  # one [UNK] per unknown word
+        _fast_tokenizer(
+            model=models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"),
+            pre_tokenizer=pre_tokenizers.WhitespaceSplit(),
+        ),  # one [UNK] per unknown word
         _fast_tokenizer(model=models.BPE(unk_token="<unk>", fuse_unk=True)),
         _fast_tokenizer(added=[AddedToken("<mask>", lstrip=True)]),  # swallows the spaces before it
     ]
@@ -128,20 +135,27 @@ MIB_PROMPT = "hello world " * ((1 << 20) // 12)
 def test_a_prompt_longer_than_max_model_len_tokens_can_hold_is_refused_by_its_length(roomy_server):
     info = roomy_server.engine_loop.info
     assert info.max_prompt_chars == (info.max_model_len - 1) * max_chars_per_token(info.tokenizer)
-    r = httpx.post(roomy_server.url + "/v1/completions", timeout=60,
-                   json={"model": "tiny", "prompt": ["hi", MIB_PROMPT], "max_tokens": 2})
+    r = httpx.post(
+        roomy_server.url + "/v1/completions",
+        timeout=60,
+        json={"model": "tiny", "prompt": ["hi", MIB_PROMPT], "max_tokens": 2},
+    )
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "prompt" and error["code"] == "context_length_exceeded"
     assert f"{len(MIB_PROMPT)} characters" in error["message"] and str(info.max_prompt_chars) in error["message"]
-    chat = httpx.post(roomy_server.url + "/v1/chat/completions", timeout=60,
-                      json={"model": "tiny", "messages": [{"role": "user", "content": MIB_PROMPT}]})
+    chat = httpx.post(
+        roomy_server.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": "tiny", "messages": [{"role": "user", "content": MIB_PROMPT}]},
+    )
     assert chat.status_code == 400, chat.text
     assert chat.json()["error"]["param"] == "messages"
     assert "characters" in chat.json()["error"]["message"]
     just_fits = "a" * info.max_prompt_chars  # refused too, but only once tokenized: the bound is not a guess
-    r = httpx.post(roomy_server.url + "/v1/completions", timeout=60,
-                   json={"model": "tiny", "prompt": just_fits, "max_tokens": 1})
+    r = httpx.post(
+        roomy_server.url + "/v1/completions", timeout=60, json={"model": "tiny", "prompt": just_fits, "max_tokens": 1}
+    )
     assert r.status_code == 400 and "tokens" in r.json()["error"]["message"], r.text
 
 
@@ -183,6 +197,8 @@ def test_a_small_request_is_not_held_up_while_huge_prompts_are_refused(roomy_ser
         for f in flooders:
             f.join(120)
     assert set(refused) == {400}
-    print(f"2-token request alone {alone * 1000:.0f} ms, while 1 MiB prompts are refused {loaded * 1000:.0f} ms "
-          f"({loaded / alone:.1f}x; {len(refused)} refused)")
+    print(
+        f"2-token request alone {alone * 1000:.0f} ms, while 1 MiB prompts are refused {loaded * 1000:.0f} ms "
+        f"({loaded / alone:.1f}x; {len(refused)} refused)"
+    )
     assert loaded < max(20 * alone, alone + 1.0)

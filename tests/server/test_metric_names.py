@@ -29,13 +29,34 @@ def named(metrics: tuple[metric_names.Metric, ...]) -> set[tuple[str, str]]:
 
 def test_the_server_exposes_exactly_the_server_names():
     metrics = ServerMetrics("tiny")
-    metrics.on_stats(EngineStats(
-        num_total_blocks=8, num_used_blocks=1, num_free_blocks=7, num_cached_free_blocks=0, kv_usage=0.125,
-        prefix_cache_query_tokens=0, prefix_cache_hit_tokens=0, prefix_cache_preempted_query_tokens=0,
-        prefix_cache_preempted_hit_tokens=0, num_allocation_failures=0, num_preemptions={}, num_running_reqs=1,
-        num_waiting_reqs=0, num_swapped_reqs=0, num_waiting_seqs=0, num_prompt_tokens=0, num_generation_tokens=0))
-    metrics.on_ready(type("Ready", (), {"block_size": 16, "num_gpu_blocks": 8, "gpu_memory_utilization": 0.9,
-                                        "enable_prefix_caching": True})())
+    metrics.on_stats(
+        EngineStats(
+            num_total_blocks=8,
+            num_used_blocks=1,
+            num_free_blocks=7,
+            num_cached_free_blocks=0,
+            kv_usage=0.125,
+            prefix_cache_query_tokens=0,
+            prefix_cache_hit_tokens=0,
+            prefix_cache_preempted_query_tokens=0,
+            prefix_cache_preempted_hit_tokens=0,
+            num_allocation_failures=0,
+            num_preemptions={},
+            num_running_reqs=1,
+            num_waiting_reqs=0,
+            num_swapped_reqs=0,
+            num_waiting_seqs=0,
+            num_prompt_tokens=0,
+            num_generation_tokens=0,
+        )
+    )
+    metrics.on_ready(
+        type(
+            "Ready",
+            (),
+            {"block_size": 16, "num_gpu_blocks": 8, "gpu_memory_utilization": 0.9, "enable_prefix_caching": True},
+        )()
+    )
     assert families(metrics.registry) == named(metric_names.SERVER)
 
 
@@ -57,17 +78,21 @@ def test_the_operator_exposes_exactly_the_operator_names():
 
 def test_docs_design_lists_exactly_the_server_series():
     design = (REPO / "docs" / "design.md").read_text()
-    section = design[design.index("## Metrics"):]
-    section = section[:section.index("\n## ", 1)]
+    section = design[design.index("## Metrics") :]
+    section = section[: section.index("\n## ", 1)]
     documented = set(re.findall(r"`(pagedinfer_[a-z0-9_]+)", section))
-    assert documented == {m.sample if m.kind in ("gauge", "counter") else m.series[0] if m.kind == "info" else m.name
-                          for m in metric_names.SERVER}
+    assert documented == {
+        m.sample if m.kind in ("gauge", "counter") else m.series[0] if m.kind == "info" else m.name
+        for m in metric_names.SERVER
+    }
 
 
 def test_importing_the_names_pulls_in_nothing_but_the_standard_library():
-    code = ("import sys; before = set(sys.modules); import pagedinfer.engine.server.metric_names\n"
-            "new = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
-            "assert new <= {'pagedinfer'}, sorted(new)")
+    code = (
+        "import sys; before = set(sys.modules); import pagedinfer.engine.server.metric_names\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
+        "assert new <= {'pagedinfer'}, sorted(new)"
+    )
     subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/")
 
 

@@ -21,12 +21,14 @@ from pagedinfer.operator.autoscaling.readings import parse_pod_metrics
 
 # swap mode with a one-block host pool: the two-block victim cannot be swapped out and is
 # recomputed instead, the path that re-admits it (a victim that fits the pool is never looked up again)
-@pytest.mark.parametrize("mode, swap_space_gib", [("recompute", 4.0), ("swap", 1e-5)],
-                         ids=["recompute", "swap-pool-too-small"])
+@pytest.mark.parametrize(
+    "mode, swap_space_gib", [("recompute", 4.0), ("swap", 1e-5)], ids=["recompute", "swap-pool-too-small"]
+)
 def test_preemption_of_unrelated_prompts_reports_no_prefix_cache_hit(tiny_llama, mode, swap_space_gib):
     # 5 blocks of 16 tokens: two 20-token prompts growing to 60 tokens cannot both fit
-    running = start_server(tiny_llama, max_model_len=64, num_gpu_blocks_override=5, preemption_mode=mode,
-                           swap_space=swap_space_gib)
+    running = start_server(
+        tiny_llama, max_model_len=64, num_gpu_blocks_override=5, preemption_mode=mode, swap_space=swap_space_gib
+    )
     try:
         prompts = [list(range(10, 30)), list(range(200, 220))]
         body = {"model": "tiny", "prompt": prompts, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
@@ -44,8 +46,14 @@ def test_preemption_of_unrelated_prompts_reports_no_prefix_cache_hit(tiny_llama,
 
 
 def test_queue_gauges_count_requests_whatever_their_n(tiny_llama):
-    llm = LLM(model=str(tiny_llama), block_size=16, max_model_len=256, num_gpu_blocks_override=64, max_num_seqs=4,
-              dtype="float32")
+    llm = LLM(
+        model=str(tiny_llama),
+        block_size=16,
+        max_model_len=256,
+        num_gpu_blocks_override=64,
+        max_num_seqs=4,
+        dtype="float32",
+    )
     engine = llm.llm_engine
     params = SamplingParams(n=4, max_tokens=8, ignore_eos=True)
     engine.add_request("a", [5, 6, 7], params)

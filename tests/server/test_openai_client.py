@@ -21,8 +21,9 @@ def openai_client(server):
 
 
 def test_completion_returns_text_and_usage(openai_client, server):
-    out = openai_client.completions.create(model=server.model, prompt="The quick brown fox", max_tokens=5,
-                                           temperature=0)
+    out = openai_client.completions.create(
+        model=server.model, prompt="The quick brown fox", max_tokens=5, temperature=0
+    )
     assert out.object == "text_completion"
     assert len(out.choices) == 1
     choice = out.choices[0]
@@ -33,15 +34,22 @@ def test_completion_returns_text_and_usage(openai_client, server):
 
 
 def test_greedy_completion_is_deterministic(openai_client, server):
-    texts = {openai_client.completions.create(model=server.model, prompt="Hello, world!", max_tokens=8,
-                                              temperature=0).choices[0].text for _ in range(2)}
+    texts = {
+        openai_client.completions.create(model=server.model, prompt="Hello, world!", max_tokens=8, temperature=0)
+        .choices[0]
+        .text
+        for _ in range(2)
+    }
     assert len(texts) == 1
 
 
 def test_chat_completion_uses_the_chat_template(openai_client, server):
     out = openai_client.chat.completions.create(
-        model=server.model, messages=[{"role": "system", "content": "Be brief."},
-                                      {"role": "user", "content": "Say hello"}], max_tokens=6, temperature=0)
+        model=server.model,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}],
+        max_tokens=6,
+        temperature=0,
+    )
     assert out.object == "chat.completion"
     assert out.choices[0].message.role == "assistant"
     assert isinstance(out.choices[0].message.content, str)
@@ -52,8 +60,14 @@ def test_chat_completion_uses_the_chat_template(openai_client, server):
 def test_streaming_chunks_concatenate_to_the_non_streamed_text(openai_client, server):
     prompt = "A paged KV cache stores"
     whole = openai_client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0)
-    stream = openai_client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0,
-                                              stream=True, stream_options={"include_usage": True})
+    stream = openai_client.completions.create(
+        model=server.model,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     pieces, usage, reasons = [], None, []
     for chunk in stream:
         if chunk.usage is not None:
@@ -69,30 +83,36 @@ def test_streaming_chunks_concatenate_to_the_non_streamed_text(openai_client, se
 
 def test_chat_streaming_starts_with_the_role_then_content(openai_client, server):
     stream = openai_client.chat.completions.create(
-        model=server.model, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=8,
-        temperature=0, stream=True)
+        model=server.model,
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
     whole = openai_client.chat.completions.create(
-        model=server.model, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=8, temperature=0)
+        model=server.model, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=8, temperature=0
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert streamed == whole.choices[0].message.content
 
 
 def test_n_returns_n_choices_with_distinct_indices(openai_client, server):
-    out = openai_client.completions.create(model=server.model, prompt="Numbers:", max_tokens=6, n=3,
-                                           temperature=1.0, seed=1)
+    out = openai_client.completions.create(
+        model=server.model, prompt="Numbers:", max_tokens=6, n=3, temperature=1.0, seed=1
+    )
     assert sorted(c.index for c in out.choices) == [0, 1, 2]
     assert 3 <= out.usage.completion_tokens <= 18  # every choice's tokens, counted once each
-    chat = openai_client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=4, n=2, temperature=1.0, seed=2)
+    chat = openai_client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=2, temperature=1.0, seed=2
+    )
     assert sorted(c.index for c in chat.choices) == [0, 1]
 
 
 def test_list_of_prompts_numbers_choices_prompt_major(openai_client, server):
-    out = openai_client.completions.create(model=server.model, prompt=["one", "two"], max_tokens=3, n=2,
-                                           temperature=0)
+    out = openai_client.completions.create(model=server.model, prompt=["one", "two"], max_tokens=3, n=2, temperature=0)
     assert [c.index for c in out.choices] == [0, 1, 2, 3]
     single = openai_client.completions.create(model=server.model, prompt="two", max_tokens=3, temperature=0)
     assert out.choices[2].text == single.choices[0].text
@@ -104,21 +124,22 @@ def test_token_id_prompt_is_accepted(openai_client, server):
 
 
 def test_stop_string_ends_the_completion_before_it(openai_client, server):
-    free = openai_client.completions.create(model=server.model, prompt="Hello", max_tokens=20, temperature=0,
-                                            extra_body={"ignore_eos": True})
+    free = openai_client.completions.create(
+        model=server.model, prompt="Hello", max_tokens=20, temperature=0, extra_body={"ignore_eos": True}
+    )
     text = free.choices[0].text
     assert len(text) >= 4
     stop = text[2:4]
-    cut = openai_client.completions.create(model=server.model, prompt="Hello", max_tokens=20, temperature=0,
-                                           stop=[stop], extra_body={"ignore_eos": True})
+    cut = openai_client.completions.create(
+        model=server.model, prompt="Hello", max_tokens=20, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
     assert cut.choices[0].finish_reason == "stop"
     assert stop not in cut.choices[0].text
     assert text.startswith(cut.choices[0].text)
 
 
 def test_completion_logprobs_report_the_sampled_token_and_top_k(openai_client, server):
-    out = openai_client.completions.create(model=server.model, prompt="Hello", max_tokens=4, temperature=0,
-                                           logprobs=3)
+    out = openai_client.completions.create(model=server.model, prompt="Hello", max_tokens=4, temperature=0, logprobs=3)
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == out.usage.completion_tokens
     for token_lp, top in zip(lp.token_logprobs, lp.top_logprobs):
@@ -128,8 +149,14 @@ def test_completion_logprobs_report_the_sampled_token_and_top_k(openai_client, s
 
 
 def test_chat_logprobs_follow_the_chat_schema(openai_client, server):
-    out = openai_client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+    out = openai_client.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = out.choices[0].logprobs.content
     assert len(content) == out.usage.completion_tokens
     for item in content:
@@ -165,17 +192,25 @@ def test_unknown_model_is_a_404_through_the_client(openai_client):
 
 @pytest.mark.parametrize("temperature", [1e-45, 1e-300])
 def test_a_tiny_temperature_is_greedy(openai_client, server, temperature):
-    greedy = openai_client.completions.create(model=server.model, prompt="Hello, world!", max_tokens=8,
-                                              temperature=0, extra_body={"ignore_eos": True})
-    tiny = openai_client.completions.create(model=server.model, prompt="Hello, world!", max_tokens=8, n=2,
-                                            temperature=temperature, extra_body={"ignore_eos": True})
+    greedy = openai_client.completions.create(
+        model=server.model, prompt="Hello, world!", max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    tiny = openai_client.completions.create(
+        model=server.model,
+        prompt="Hello, world!",
+        max_tokens=8,
+        n=2,
+        temperature=temperature,
+        extra_body={"ignore_eos": True},
+    )
     assert [c.text for c in tiny.choices] == [greedy.choices[0].text] * 2
 
 
 def test_chat_text_parts_are_joined_with_newlines(openai_client, server):
     def ask(content):
-        return openai_client.chat.completions.create(model=server.model, max_tokens=4, temperature=0,
-                                                     messages=[{"role": "user", "content": content}])
+        return openai_client.chat.completions.create(
+            model=server.model, max_tokens=4, temperature=0, messages=[{"role": "user", "content": content}]
+        )
 
     parts = ask([{"type": "text", "text": "First line."}, {"type": "text", "text": "Second line."}])
     joined = ask("First line.\nSecond line.")

@@ -22,8 +22,10 @@ def output_processes() -> set[int]:
     for pid in os.listdir("/proc"):
         try:
             with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if int(stat.read().rpartition(")")[2].split()[1]) == os.getpid() \
-                        and b"overlap.process import serve" in cmdline.read():
+                if (
+                    int(stat.read().rpartition(")")[2].split()[1]) == os.getpid()
+                    and b"overlap.process import serve" in cmdline.read()
+                ):
                     pids.add(int(pid))
         except (OSError, ValueError, IndexError):
             continue
@@ -78,10 +80,10 @@ def test_streams_equal_those_of_a_server_without_overlap(server, overlap_server)
 
 def test_a_hang_up_mid_stream_frees_the_requests_blocks(overlap_server):
     stream = client_of(overlap_server).completions.create(
-        model=overlap_server.model, prompt="Keep talking", max_tokens=200, stream=True,
-        extra_body={"ignore_eos": True})
+        model=overlap_server.model, prompt="Keep talking", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
+    )
     pieces = 0
-    for chunk in stream:
+    for _chunk in stream:
         pieces += 1
         if pieces == 3:
             break
@@ -99,8 +101,9 @@ def serve_with_overlap(model_dir, mode: str):
     from pagedinfer.engine.server.launcher import engine_factory
     from pagedinfer.engine.server.metrics import ServerMetrics
 
-    config = EngineConfig(model=str(model_dir), device="cpu", max_model_len=1024, num_gpu_blocks_override=128,
-                          overlap=mode)
+    config = EngineConfig(
+        model=str(model_dir), device="cpu", max_model_len=1024, num_gpu_blocks_override=128, overlap=mode
+    )
     metrics = ServerMetrics("tiny")
     loop = EngineLoop(engine_factory(config, "tiny"), observer=metrics)
     running = serve_app(create_app(loop, metrics, ServerSettings()), loop)

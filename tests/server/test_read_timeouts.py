@@ -20,8 +20,7 @@ DEADLINE_SECONDS = 1.0
 
 @pytest.fixture(scope="module")
 def strict_server(tiny_llama):
-    running = start_server(tiny_llama, header_timeout_seconds=DEADLINE_SECONDS,
-                           body_timeout_seconds=DEADLINE_SECONDS)
+    running = start_server(tiny_llama, header_timeout_seconds=DEADLINE_SECONDS, body_timeout_seconds=DEADLINE_SECONDS)
     yield running
     stop_server(running)
 
@@ -41,14 +40,16 @@ def test_a_kept_alive_connection_whose_next_request_trickles_is_closed_too(stric
     client = SlowClient(strict_server.url, first, b"GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: " + b"a" * 1000)
     trickle_until_all_closed([client])
     assert client.received.startswith(b"HTTP/1.1 200"), client.received[:200]
-    second = client.received[client.received.index(b"HTTP/1.1", 1):]
+    second = client.received[client.received.index(b"HTTP/1.1", 1) :]
     assert second.startswith(b"HTTP/1.1 408"), second[:200]
 
 
 def test_a_trickled_body_gets_408_and_the_connection_closed(strict_server):
     body = json.dumps({"model": "tiny", "prompt": "hello " * 100, "max_tokens": 2}).encode()
-    opening = (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:10])
+    opening = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:10]
+    )
     clients = [SlowClient(strict_server.url, opening, body[10:]) for _ in range(10)]
     trickle_until_all_closed(clients)
     for c in clients:

@@ -18,8 +18,9 @@ import pytest
 
 def test_openapi_schema_lists_every_endpoint(server):
     schema = httpx.get(server.url + "/openapi.json").json()
-    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-            "/version"} <= set(schema["paths"])
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version"} <= set(
+        schema["paths"]
+    )
 
 
 @pytest.mark.slow
@@ -27,10 +28,31 @@ def test_generated_requests_never_get_a_server_error(server, tmp_path):
     cli = Path(sys.executable).with_name("schemathesis")
     env = {**os.environ, "SCHEMATHESIS_HOOKS": ""}
     proc = subprocess.run(
-        [str(cli), "run", server.url + "/openapi.json", "--checks", "not_a_server_error",
-         "--max-examples", "5", "--seed", "1", "--request-timeout", "60", "--mode", "all",
-         "--phases", "fuzzing", "--suppress-health-check", "all"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+        [
+            str(cli),
+            "run",
+            server.url + "/openapi.json",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "5",
+            "--seed",
+            "1",
+            "--request-timeout",
+            "60",
+            "--mode",
+            "all",
+            "--phases",
+            "fuzzing",
+            "--suppress-health-check",
+            "all",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     operations = len([op for path in httpx.get(server.url + "/openapi.json").json()["paths"].values() for op in path])
     assert f"Operations:       {operations} selected / {operations} total" in proc.stdout, proc.stdout[-4000:]

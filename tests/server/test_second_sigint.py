@@ -63,10 +63,29 @@ def test_a_second_sigint_answers_every_request_and_exits_in_order(make_model, tm
     log = log_path.open("w")
     cli = os.path.join(os.path.dirname(sys.executable), "pagedinfer")
     proc = subprocess.Popen(
-        [cli, "serve", "--model", str(model), "--served-model-name", "tiny", "--port", str(port), "--device", "cpu",
-         "--max-model-len", "16384", "--num-gpu-blocks-override", "3200",
-         "--shutdown-grace-seconds", str(GRACE_SECONDS)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+        [
+            cli,
+            "serve",
+            "--model",
+            str(model),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "16384",
+            "--num-gpu-blocks-override",
+            "3200",
+            "--shutdown-grace-seconds",
+            str(GRACE_SECONDS),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+    )
     try:
         wait_process_healthy(url, proc, log_path=log_path)
         clients = [Client(url, stream=True), Client(url, stream=True), Client(url, stream=False)]

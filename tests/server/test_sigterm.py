@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from proc_tree import children, wait_gone
+
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 GRACE_SECONDS = 2.0
@@ -29,10 +29,30 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
     env = {**os.environ, "PAGEDINFER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
     log = (tmp_path / "server.log").open("w+")
     proc = subprocess.Popen(
-        [str(cli), "serve", "--model", str(tiny_llama), "--served-model-name", "tiny", "--port", str(port),
-         "--device", "cpu", "--max-model-len", "1024", "--num-gpu-blocks-override", "256",
-         "--shutdown-grace-seconds", str(GRACE_SECONDS), "--tensor-parallel-size", str(tp)],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+        [
+            str(cli),
+            "serve",
+            "--model",
+            str(tiny_llama),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "1024",
+            "--num-gpu-blocks-override",
+            "256",
+            "--shutdown-grace-seconds",
+            str(GRACE_SECONDS),
+            "--tensor-parallel-size",
+            str(tp),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         wait_process_healthy(url, proc)
         ranks = children(proc.pid)
@@ -42,8 +62,9 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
 
         def client() -> None:
             try:
-                with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60,
-                                  headers={"Authorization": f"Bearer {KEY}"}) as r:
+                with httpx.stream(
+                    "POST", url + "/v1/completions", json=body, timeout=60, headers={"Authorization": f"Bearer {KEY}"}
+                ) as r:
                     if r.status_code != 200:
                         outcomes.append(f"refused {r.status_code}")
                         return
@@ -106,9 +127,25 @@ def test_a_signal_while_the_model_loads_stops_the_process_at_once(tiny_llama, tm
     log_path = tmp_path / "server.log"
     log = log_path.open("w+")
     proc = subprocess.Popen(
-        [sys.executable, str(SLOW_LOAD), str(LOAD_DELAY_SECONDS), "serve", "--model", str(tiny_llama),
-         "--served-model-name", "tiny", "--port", str(port), "--device", "cpu"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+        [
+            sys.executable,
+            str(SLOW_LOAD),
+            str(LOAD_DELAY_SECONDS),
+            "serve",
+            "--model",
+            str(tiny_llama),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:  # up and answering, the model still loading

@@ -36,10 +36,14 @@ def tokens_per_choice(choice_events: list[dict]) -> Counter:
     return counts
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "Once upon a time", "logprobs": 0}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Once upon a time"}], "logprobs": True}),
-], ids=["completions", "chat"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "Once upon a time", "logprobs": 0}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Once upon a time"}], "logprobs": True}),
+    ],
+    ids=["completions", "chat"],
+)
 def test_each_choice_of_an_n_stream_sends_exactly_one_finish_chunk(server, path, body):
     body = dict(body, model=server.model, n=3, max_tokens=30, temperature=1.0, seed=1, stop=STOPS, stream=True)
     events = stream_events(server, path, body)
@@ -52,13 +56,18 @@ def test_each_choice_of_an_n_stream_sends_exactly_one_finish_chunk(server, path,
         assert mine[-1]["finish_reason"] is not None  # nothing for a choice after its finish chunk
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "Hello"}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]}),
-], ids=["completions", "chat"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "Hello"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]}),
+    ],
+    ids=["completions", "chat"],
+)
 def test_with_include_usage_every_chunk_carries_null_usage_until_the_last(server, path, body):
-    body = dict(body, model=server.model, max_tokens=4, temperature=0, stream=True,
-                stream_options={"include_usage": True})
+    body = dict(
+        body, model=server.model, max_tokens=4, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     events = stream_events(server, path, body)
     assert len(events) >= 2
     assert all("usage" in e and e["usage"] is None for e in events[:-1])

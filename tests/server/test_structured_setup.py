@@ -62,10 +62,29 @@ def test_a_first_structured_request_does_not_pause_a_running_stream(make_model, 
     log_path = tmp_path / "server.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, str(SLOW_BACKEND), str(SETUP_DELAY_SECONDS), "serve", "--model", str(model),
-         "--served-model-name", "tiny", "--port", str(port), "--device", "cpu", "--max-model-len", "16384",
-         "--num-gpu-blocks-override", "1100"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+        [
+            sys.executable,
+            str(SLOW_BACKEND),
+            str(SETUP_DELAY_SECONDS),
+            "serve",
+            "--model",
+            str(model),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "16384",
+            "--num-gpu-blocks-override",
+            "1100",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+    )
     try:
         wait_process_healthy(url, proc, timeout_seconds=180, log_path=log_path)
         plain = PlainStream(url)
@@ -74,8 +93,11 @@ def test_a_first_structured_request_does_not_pause_a_running_stream(make_model, 
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
         sent = time.monotonic()
         out = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Where?"}], max_tokens=16,
-            response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}})
+            model="tiny",
+            messages=[{"role": "user", "content": "Where?"}],
+            max_tokens=16,
+            response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}},
+        )
         done = time.monotonic()
         assert out.choices[0].message.content.startswith("{")
         assert plain.is_alive() and plain.arrivals[-1] > done - 0.5, "the stream ended before the request did"

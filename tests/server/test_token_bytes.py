@@ -32,8 +32,9 @@ def byte_fallback_tokenizer():
     merges = [("▁", "n"), ("▁n", "a")]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 
@@ -55,8 +56,14 @@ def test_the_tokens_bytes_join_into_the_texts_utf8(name, request):
 
 def test_the_server_reports_partial_tokens_bytes(server):
     """The tiny model's vocabulary is mostly single bytes: its top 20 always include some above 0x7F."""
-    body = {"model": server.model, "messages": [{"role": "user", "content": "東京"}], "max_tokens": 8,
-            "temperature": 0, "logprobs": True, "top_logprobs": 20}
+    body = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": "東京"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 20,
+    }
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     entries = [e for token in r.json()["choices"][0]["logprobs"]["content"] for e in [token, *token["top_logprobs"]]]

@@ -19,24 +19,42 @@ import pytest
 from serving_harness import start_server, stop_server
 
 HERMES_STYLE_TEMPLATE = (
-    "{%- if tools %}<|system|>You may call these functions, each as <tool_call>{\"name\": ..., \"arguments\": ...}"
+    '{%- if tools %}<|system|>You may call these functions, each as <tool_call>{"name": ..., "arguments": ...}'
     "</tool_call>:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</s>{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message.role == 'assistant' and message.tool_calls %}<|assistant|>{{ message.content or '' }}"
-    "{%- for call in message.tool_calls %}<tool_call>{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    '{%- for call in message.tool_calls %}<tool_call>{"name": "{{ call.function.name }}", "arguments": '
     "{{ call.function.arguments | tojson }}}</tool_call>{%- endfor %}</s>"
     "{%- elif message.role == 'tool' %}<|user|><tool_response>{{ message.content }}</tool_response></s>"
     "{%- else %}<|{{ message.role }}|>{{ message.content }}</s>{%- endif %}"
     "{%- endfor %}{%- if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"], "properties": {
-        "city": {"enum": ["Paris", "Tokyo", "Lima"]}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
-CLOCK = {"type": "function", "function": {
-    "name": "get_time", "description": "The time in a zone",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"], "properties": {
-        "zone": {"type": "string", "maxLength": 8}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "unit"],
+            "properties": {"city": {"enum": ["Paris", "Tokyo", "Lima"]}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a zone",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["zone"],
+            "properties": {"zone": {"type": "string", "maxLength": 8}},
+        },
+    },
+}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 # "required" is a list of calls of any length (vLLM's); this random model ends it only by chance
@@ -67,8 +85,14 @@ def client(tool_server):
 @pytest.mark.parametrize("seed", range(3))
 def test_a_named_function_returns_a_valid_call_of_it(client, tool_server, seed):
     out = client.chat.completions.create(
-        model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK], temperature=1.0, seed=seed,
-        max_tokens=60, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        model=tool_server.model,
+        messages=QUESTION,
+        tools=[WEATHER, CLOCK],
+        temperature=1.0,
+        seed=seed,
+        max_tokens=60,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -78,9 +102,15 @@ def test_a_named_function_returns_a_valid_call_of_it(client, tool_server, seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_required_returns_calls_of_the_given_tools(client, tool_server, seed):
-    out = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK],
-                                         tool_choice="required", temperature=1.0, seed=seed,
-                                         max_tokens=REQUIRED_MAX_TOKENS)
+    out = client.chat.completions.create(
+        model=tool_server.model,
+        messages=QUESTION,
+        tools=[WEATHER, CLOCK],
+        tool_choice="required",
+        temperature=1.0,
+        seed=seed,
+        max_tokens=REQUIRED_MAX_TOKENS,
+    )
     calls = out.choices[0].message.tool_calls
     assert calls and out.choices[0].finish_reason == "tool_calls"
     for call in calls:
@@ -89,15 +119,28 @@ def test_required_returns_calls_of_the_given_tools(client, tool_server, seed):
 
 def test_parallel_tool_calls_false_returns_one_call(client, tool_server):
     for seed in range(3):
-        out = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK],
-                                             tool_choice="required", parallel_tool_calls=False, temperature=1.0,
-                                             seed=seed, max_tokens=REQUIRED_MAX_TOKENS)
+        out = client.chat.completions.create(
+            model=tool_server.model,
+            messages=QUESTION,
+            tools=[WEATHER, CLOCK],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=REQUIRED_MAX_TOKENS,
+        )
         assert len(out.choices[0].message.tool_calls) == 1
 
 
 def test_streamed_calls_accumulate_to_the_non_streamed_ones(client, tool_server):
-    kwargs = dict(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK], temperature=1.0, seed=4,
-                  max_tokens=REQUIRED_MAX_TOKENS)
+    kwargs = dict(
+        model=tool_server.model,
+        messages=QUESTION,
+        tools=[WEATHER, CLOCK],
+        temperature=1.0,
+        seed=4,
+        max_tokens=REQUIRED_MAX_TOKENS,
+    )
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         whole = client.chat.completions.create(tool_choice=choice, **kwargs).choices[0].message.tool_calls
         calls: dict[int, dict] = {}
@@ -113,31 +156,42 @@ def test_streamed_calls_accumulate_to_the_non_streamed_ones(client, tool_server)
         assert finish == "tool_calls"
         assert num_call_chunks > len(calls)  # arguments stream as they are generated, not whole at the end
         assert [calls[i] for i in sorted(calls)] == [
-            {"name": c.function.name, "arguments": c.function.arguments} for c in whole]
+            {"name": c.function.name, "arguments": c.function.arguments} for c in whole
+        ]
 
 
 def test_a_multi_turn_call_and_answer_renders_through_the_template(client, tool_server):
     first = client.chat.completions.create(
-        model=tool_server.model, messages=QUESTION, tools=[WEATHER], temperature=0, max_tokens=60,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        model=tool_server.model,
+        messages=QUESTION,
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=60,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     call = first.choices[0].message.tool_calls[0]
-    history = QUESTION + [first.choices[0].message.model_dump(exclude_none=True),
-                          {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
-    answer = client.chat.completions.create(model=tool_server.model, messages=history, tools=[WEATHER],
-                                            tool_choice="none", temperature=0, max_tokens=8)
+    history = QUESTION + [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+    ]
+    answer = client.chat.completions.create(
+        model=tool_server.model, messages=history, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=8
+    )
     assert answer.choices[0].message.tool_calls is None
     assert isinstance(answer.choices[0].message.content, str)
     rendered = httpx.post(tool_server.url + "/tokenize", json={"messages": history}, timeout=30).json()["tokens"]
     text = httpx.post(tool_server.url + "/detokenize", json={"tokens": rendered}, timeout=30).json()["prompt"]
     assert "<tool_response>18 degrees and sunny</tool_response>" in text
-    assert f'<tool_call>{{"name": "get_weather", "arguments": {json.dumps(json.loads(call.function.arguments))}}}' \
-        in text
+    assert (
+        f'<tool_call>{{"name": "get_weather", "arguments": {json.dumps(json.loads(call.function.arguments))}}}' in text
+    )
 
 
 def test_tools_are_rendered_unless_tool_choice_is_none(client, tool_server):
     def prompt_tokens(**kwargs):
-        return client.chat.completions.create(model=tool_server.model, messages=QUESTION, max_tokens=1,
-                                              temperature=0, **kwargs).usage.prompt_tokens
+        return client.chat.completions.create(
+            model=tool_server.model, messages=QUESTION, max_tokens=1, temperature=0, **kwargs
+        ).usage.prompt_tokens
 
     bare = prompt_tokens()
     assert prompt_tokens(tools=[WEATHER], tool_choice="none") == bare
@@ -145,16 +199,20 @@ def test_tools_are_rendered_unless_tool_choice_is_none(client, tool_server):
 
 
 def test_auto_returns_content_when_the_model_calls_nothing(client, tool_server):
-    out = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER],
-                                         temperature=0, max_tokens=8)
+    out = client.chat.completions.create(
+        model=tool_server.model, messages=QUESTION, tools=[WEATHER], temperature=0, max_tokens=8
+    )
     message = out.choices[0].message
     if message.tool_calls is None:  # this random model's text is not a call
         assert isinstance(message.content, str) and out.choices[0].finish_reason in ("stop", "length")
 
 
 def test_auto_on_a_model_without_a_tool_format_is_a_400_saying_so(server):
-    r = httpx.post(server.url + "/v1/chat/completions", json={
-        "model": server.model, "messages": QUESTION, "tools": [WEATHER], "max_tokens": 2}, timeout=30)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"model": server.model, "messages": QUESTION, "tools": [WEATHER], "max_tokens": 2},
+        timeout=30,
+    )
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "tool_choice" and "parser" in error["message"]
@@ -162,14 +220,34 @@ def test_auto_on_a_model_without_a_tool_format_is_a_400_saying_so(server):
 
 BAD = [
     ("tool-message-without-call-id", {"messages": QUESTION + [{"role": "tool", "content": "x"}]}, "messages.1"),
-    ("tool-calls-on-a-user-message", {"messages": [{"role": "user", "content": "x", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0"),
+    (
+        "tool-calls-on-a-user-message",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ]
+        },
+        "messages.0",
+    ),
     ("required-without-tools", {"tool_choice": "required"}, "tool_choice"),
-    ("named-and-response-format", {"tools": [WEATHER], "response_format": {"type": "json_object"},
-                                   "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice"),
-    ("tool-with-bad-name", {"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
-     "tools.0.function.name"),
+    (
+        "named-and-response-format",
+        {
+            "tools": [WEATHER],
+            "response_format": {"type": "json_object"},
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        "tool_choice",
+    ),
+    (
+        "tool-with-bad-name",
+        {"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+        "tools.0.function.name",
+    ),
 ]
 
 
@@ -183,14 +261,24 @@ def test_bad_tool_requests_are_400s_naming_the_field(tool_server, fields, param)
     assert metrics["pagedinfer_kv_cache_free_blocks"] == metrics["pagedinfer_kv_cache_num_blocks"]
 
 
-AUTO_CALL = (r'Checking\. <tool_call>\{"name": "get_weather", "arguments": '
-             r'\{"city": "(Paris|Lima)", "unit": "celsius"\}\}</tool_call>')
+AUTO_CALL = (
+    r'Checking\. <tool_call>\{"name": "get_weather", "arguments": '
+    r'\{"city": "(Paris|Lima)", "unit": "celsius"\}\}</tool_call>'
+)
 
 
 def test_auto_reads_the_models_own_call_back_whole_and_streamed(client, tool_server):
     # The random model is held by a regex to the Hermes format, so "auto" meets a real call in its text.
-    kwargs = dict(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK], tool_choice="auto",
-                  temperature=1.0, seed=2, max_tokens=200, extra_body={"guided_regex": AUTO_CALL})
+    kwargs = dict(
+        model=tool_server.model,
+        messages=QUESTION,
+        tools=[WEATHER, CLOCK],
+        tool_choice="auto",
+        temperature=1.0,
+        seed=2,
+        max_tokens=200,
+        extra_body={"guided_regex": AUTO_CALL},
+    )
     out = client.chat.completions.create(**kwargs)
     message = out.choices[0].message
     assert out.choices[0].finish_reason == "tool_calls"
@@ -208,12 +296,17 @@ def test_auto_reads_the_models_own_call_back_whole_and_streamed(client, tool_ser
 
 
 def test_tokenize_renders_tools_with_the_messages_as_chat_does(client, tool_server):
-    counted = httpx.post(tool_server.url + "/tokenize", json={"messages": QUESTION, "tools": [WEATHER]},
-                         timeout=30).json()["count"]
-    used = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER],
-                                          tool_choice="auto", max_tokens=1, temperature=0).usage.prompt_tokens
-    assert counted == used > httpx.post(tool_server.url + "/tokenize", json={"messages": QUESTION},
-                                        timeout=30).json()["count"]
+    counted = httpx.post(
+        tool_server.url + "/tokenize", json={"messages": QUESTION, "tools": [WEATHER]}, timeout=30
+    ).json()["count"]
+    used = client.chat.completions.create(
+        model=tool_server.model, messages=QUESTION, tools=[WEATHER], tool_choice="auto", max_tokens=1, temperature=0
+    ).usage.prompt_tokens
+    assert (
+        counted
+        == used
+        > httpx.post(tool_server.url + "/tokenize", json={"messages": QUESTION}, timeout=30).json()["count"]
+    )
 
 
 def _streamed(client, **kwargs) -> tuple[list[dict], str | None, str]:
@@ -234,8 +327,15 @@ def _streamed(client, **kwargs) -> tuple[list[dict], str | None, str]:
 def test_required_cut_by_max_tokens_gives_the_same_calls_streamed_and_whole(client, tool_server):
     cut_with_a_call = 0
     for max_tokens in (3, 12, 25, 40, 60):
-        kwargs = dict(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK], tool_choice="required",
-                      temperature=1.0, seed=7, max_tokens=max_tokens)
+        kwargs = dict(
+            model=tool_server.model,
+            messages=QUESTION,
+            tools=[WEATHER, CLOCK],
+            tool_choice="required",
+            temperature=1.0,
+            seed=7,
+            max_tokens=max_tokens,
+        )
         whole = client.chat.completions.create(**kwargs).choices[0]
         streamed, finish, content = _streamed(client, **kwargs)
         calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls or []]
@@ -252,8 +352,14 @@ def test_required_ends_the_list_by_the_cap_at_the_latest(client, tool_server):
     from pagedinfer.engine.server.tools.choice import MAX_REQUIRED_CALLS
 
     for seed in range(3):
-        out = client.chat.completions.create(model=tool_server.model, messages=QUESTION, tools=[WEATHER, CLOCK],
-                                             tool_choice="required", temperature=1.0, seed=seed,
-                                             max_tokens=REQUIRED_MAX_TOKENS)
+        out = client.chat.completions.create(
+            model=tool_server.model,
+            messages=QUESTION,
+            tools=[WEATHER, CLOCK],
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=REQUIRED_MAX_TOKENS,
+        )
         assert out.choices[0].finish_reason == "tool_calls"
         assert 1 <= len(out.choices[0].message.tool_calls) <= MAX_REQUIRED_CALLS

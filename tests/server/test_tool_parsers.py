@@ -15,21 +15,41 @@ def args(**kwargs):
     return json.dumps(kwargs)
 
 
-@pytest.mark.parametrize("parser, text, content, calls", [
-    (HERMES, 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-     "Let me check.", [ParsedCall("get_weather", args(city="Paris"))]),
-    (HERMES, '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": '
-             '{"x": 1}}</tool_call>', "", [ParsedCall("a", "{}"), ParsedCall("b", args(x=1))]),
-    (HERMES, "no calls here", "no calls here", []),
-    (HERMES, '<tool_call>{"name": "a", "arguments": {</tool_call>', None, []),  # broken JSON stays content
-    (LLAMA3_JSON, '{"name": "get_weather", "parameters": {"city": "Lima"}}', "",
-     [ParsedCall("get_weather", args(city="Lima"))]),
-    (LLAMA3_JSON, '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"y": 2}}', "",
-     [ParsedCall("a", "{}"), ParsedCall("b", args(y=2))]),
-    (LLAMA3_JSON, "The weather is fine.", "The weather is fine.", []),
-    (MISTRAL, '[TOOL_CALLS][{"name": "a", "arguments": {"z": true}}]', "", [ParsedCall("a", args(z=True))]),
-    (MISTRAL, "[TOOL_CALLS] not json", None, []),
-])
+@pytest.mark.parametrize(
+    "parser, text, content, calls",
+    [
+        (
+            HERMES,
+            'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+            "Let me check.",
+            [ParsedCall("get_weather", args(city="Paris"))],
+        ),
+        (
+            HERMES,
+            '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": '
+            '{"x": 1}}</tool_call>',
+            "",
+            [ParsedCall("a", "{}"), ParsedCall("b", args(x=1))],
+        ),
+        (HERMES, "no calls here", "no calls here", []),
+        (HERMES, '<tool_call>{"name": "a", "arguments": {</tool_call>', None, []),  # broken JSON stays content
+        (
+            LLAMA3_JSON,
+            '{"name": "get_weather", "parameters": {"city": "Lima"}}',
+            "",
+            [ParsedCall("get_weather", args(city="Lima"))],
+        ),
+        (
+            LLAMA3_JSON,
+            '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"y": 2}}',
+            "",
+            [ParsedCall("a", "{}"), ParsedCall("b", args(y=2))],
+        ),
+        (LLAMA3_JSON, "The weather is fine.", "The weather is fine.", []),
+        (MISTRAL, '[TOOL_CALLS][{"name": "a", "arguments": {"z": true}}]', "", [ParsedCall("a", args(z=True))]),
+        (MISTRAL, "[TOOL_CALLS] not json", None, []),
+    ],
+)
 def test_parsers_read_their_family_format(parser, text, content, calls):
     got_content, got_calls = parser.parse(text)
     assert got_calls == calls

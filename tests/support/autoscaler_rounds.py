@@ -17,8 +17,9 @@ other part of the operator lists pods, so `rounds[i]` is one interval after
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import kmock
 

@@ -58,8 +58,7 @@ class BuiltImage:
         return ["buildah", *self.buildah, *args]
 
     def run_buildah(self, *args: str, timeout_seconds: float = 120) -> str:
-        result = subprocess.run(self.buildah_command(*args), capture_output=True, text=True,
-                                timeout=timeout_seconds)
+        result = subprocess.run(self.buildah_command(*args), capture_output=True, text=True, timeout=timeout_seconds)
         if result.returncode != 0:
             raise AssertionError(f"buildah {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout
@@ -80,8 +79,12 @@ def built_image(name: str) -> BuiltImage:
         skip_or_fail(f"no {manifest}: build the images first with `bash scripts/build_images.sh`")
     data = json.loads(manifest.read_text())
     image = BuiltImage(**{**data, "archive": Path(data["archive"]), "buildah": tuple(data["buildah"])})
-    found = subprocess.run(image.buildah_command("inspect", "--type", "image", "--format", "{{.FromImageID}}",
-                                                 image.tag), capture_output=True, text=True, timeout=60)
+    found = subprocess.run(
+        image.buildah_command("inspect", "--type", "image", "--format", "{{.FromImageID}}", image.tag),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if found.returncode != 0 or found.stdout.strip() != image.id:
         skip_or_fail(f"{image.tag} ({image.id[:12]}) is not in the build store: rerun `bash scripts/build_images.sh`")
     return image
@@ -114,7 +117,7 @@ class WorkingContainer:
     root: Path
 
     @classmethod
-    def create(cls, image: BuiltImage, ref: str | None = None) -> "WorkingContainer":
+    def create(cls, image: BuiltImage, ref: str | None = None) -> WorkingContainer:
         name = f"pagedinfer-test-{uuid.uuid4().hex[:12]}"
         image.run_buildah("from", "--pull-never", "--name", name, ref or image.tag, timeout_seconds=600)
         try:
@@ -137,15 +140,21 @@ class ImageContainer:
     the process is killed on exit if it still runs.
     """
 
-    def __init__(self, container: WorkingContainer, command: list[str], scratch: Path,
-                 env: dict[str, str] | None = None, volumes: dict[str, Path] | None = None) -> None:
+    def __init__(
+        self,
+        container: WorkingContainer,
+        command: list[str],
+        scratch: Path,
+        env: dict[str, str] | None = None,
+        volumes: dict[str, Path] | None = None,
+    ) -> None:
         self.container, self.command, self.env = container, command, env or {}
         self.tmp, self.run_dir = scratch / "tmp", scratch / "run"
         self.volumes = {"/tmp": self.tmp, **(volumes or {})}
         self.log_path = scratch / "container.log"
         self.process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "ImageContainer":
+    def __enter__(self) -> ImageContainer:
         root = self.container.root
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for path, host in self.volumes.items():
@@ -156,16 +165,39 @@ class ImageContainer:
                 raise ValueError(f"volume {path}: under /run, or a symbolic link out of the image")
             mount_point.mkdir(parents=True, exist_ok=True)
         run = self.container.image.buildah_command(
-            "run", "--isolation", "chroot", "--network", "host",
+            "run",
+            "--isolation",
+            "chroot",
+            "--network",
+            "host",
             *(f"--volume={host}:{path}" for path, host in self.volumes.items()),
-            *(f"--env={key}={value}" for key, value in self.env.items()), self.container.name, "--", *self.command)
-        read_only_root = ('mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" '
-                          '&& mount --bind "$1" "$0/run" && shift && exec "$@"')
+            *(f"--env={key}={value}" for key, value in self.env.items()),
+            self.container.name,
+            "--",
+            *self.command,
+        )
+        read_only_root = (
+            'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" '
+            '&& mount --bind "$1" "$0/run" && shift && exec "$@"'
+        )
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c", read_only_root,
-                 str(root), str(self.run_dir), *run],
-                stdout=log, stderr=subprocess.STDOUT, cwd="/")
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    read_only_root,
+                    str(root),
+                    str(self.run_dir),
+                    *run,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+            )
         return self
 
     def __exit__(self, exc_type, *exc_info) -> None:
@@ -213,9 +245,16 @@ class ProcessView:
     root_read_only: bool  # its / is mounted ro
 
     @classmethod
-    def of(cls, pid: int) -> "ProcessView":
+    def of(cls, pid: int) -> ProcessView:
         status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-        root_options = [line.split()[5] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-                        if line.split()[4] == "/"][-1]  # the top mount on /, as the process sees it
-        return cls(uid=int(status["Uid"].split()[1]), gid=int(status["Gid"].split()[1]),
-                   capabilities=int(status["CapEff"].strip(), 16), root_read_only="ro" in root_options.split(","))
+        root_options = [
+            line.split()[5]
+            for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+            if line.split()[4] == "/"
+        ][-1]  # the top mount on /, as the process sees it
+        return cls(
+            uid=int(status["Uid"].split()[1]),
+            gid=int(status["Gid"].split()[1]),
+            capabilities=int(status["CapEff"].strip(), 16),
+            root_read_only="ro" in root_options.split(","),
+        )

@@ -22,8 +22,9 @@ resourceNames, subresources).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 
 class AccessLike(Protocol):
@@ -58,11 +59,16 @@ class Rule:
     namespace: str | None
 
     @classmethod
-    def from_manifest(cls, rule: dict[str, Any], namespace: str | None) -> "Rule":
+    def from_manifest(cls, rule: dict[str, Any], namespace: str | None) -> Rule:
         if rule.get("nonResourceURLs"):
             raise ValueError("nonResourceURLs rules are not supported by this evaluator")
-        return cls(frozenset(rule.get("apiGroups") or ()), frozenset(rule.get("resources") or ()),
-                   frozenset(rule.get("verbs") or ()), frozenset(rule.get("resourceNames") or ()), namespace)
+        return cls(
+            frozenset(rule.get("apiGroups") or ()),
+            frozenset(rule.get("resources") or ()),
+            frozenset(rule.get("verbs") or ()),
+            frozenset(rule.get("resourceNames") or ()),
+            namespace,
+        )
 
     def matches(self, access: AccessLike) -> bool:
         if self.namespace is not None and access.namespace != self.namespace:
@@ -74,8 +80,11 @@ class Rule:
         if not self._resource_matches(access):
             return False
         if self.resource_names:
-            return access.name is not None and access.verb not in ("list", "watch", "create") \
+            return (
+                access.name is not None
+                and access.verb not in ("list", "watch", "create")
                 and access.name in self.resource_names
+            )
         return True
 
     def _resource_matches(self, access: AccessLike) -> bool:
@@ -90,18 +99,22 @@ class RbacPolicy:
     rules: tuple[Rule, ...]
 
     @classmethod
-    def for_service_account(cls, documents: Iterable[dict[str, Any]], namespace: str, name: str) -> "RbacPolicy":
+    def for_service_account(cls, documents: Iterable[dict[str, Any]], namespace: str, name: str) -> RbacPolicy:
         documents = list(documents)
-        roles = {("Role", d["metadata"].get("namespace"), d["metadata"]["name"]): d
-                 for d in documents if d["kind"] == "Role"}
-        cluster_roles = {("ClusterRole", None, d["metadata"]["name"]): d
-                         for d in documents if d["kind"] == "ClusterRole"}
+        roles = {
+            ("Role", d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in documents if d["kind"] == "Role"
+        }
+        cluster_roles = {
+            ("ClusterRole", None, d["metadata"]["name"]): d for d in documents if d["kind"] == "ClusterRole"
+        }
         rules: list[Rule] = []
         for binding in documents:
             if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
                 continue
-            if not any(s.get("kind") == "ServiceAccount" and s.get("name") == name and s.get("namespace") == namespace
-                       for s in binding.get("subjects") or ()):
+            if not any(
+                s.get("kind") == "ServiceAccount" and s.get("name") == name and s.get("namespace") == namespace
+                for s in binding.get("subjects") or ()
+            ):
                 continue
             ref = binding["roleRef"]
             scope = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
@@ -112,15 +125,17 @@ class RbacPolicy:
             else:
                 role = cluster_roles.get(("ClusterRole", None, ref["name"]))
             if role is None:
-                raise ValueError(f"{binding['kind']} {binding['metadata']['name']} references "
-                                 f"{ref['kind']} {ref['name']}, which was not rendered")
+                raise ValueError(
+                    f"{binding['kind']} {binding['metadata']['name']} references "
+                    f"{ref['kind']} {ref['name']}, which was not rendered"
+                )
             rules += [Rule.from_manifest(r, scope) for r in role.get("rules") or ()]
         return cls(tuple(rules))
 
     def allows(self, access: AccessLike) -> bool:
         return any(rule.matches(access) for rule in self.rules)
 
-    def without_verb(self, group: str, resource: str, verb: str) -> "RbacPolicy":
+    def without_verb(self, group: str, resource: str, verb: str) -> RbacPolicy:
         """The same policy with `verb` no longer granted on group/resource (other resources keep it)."""
         out: list[Rule] = []
         for rule in self.rules:
@@ -128,7 +143,8 @@ class RbacPolicy:
                 others = rule.resources - {resource}
                 if others:
                     out.append(Rule(rule.api_groups, others, rule.verbs, rule.resource_names, rule.namespace))
-                rule = Rule(rule.api_groups, frozenset({resource}), rule.verbs - {verb}, rule.resource_names,
-                            rule.namespace)
+                rule = Rule(
+                    rule.api_groups, frozenset({resource}), rule.verbs - {verb}, rule.resource_names, rule.namespace
+                )
             out.append(rule)
         return RbacPolicy(tuple(out))

@@ -58,7 +58,7 @@ class Dockerfile:
     text: str
 
     @classmethod
-    def read(cls, path: Path) -> "Dockerfile":
+    def read(cls, path: Path) -> Dockerfile:
         text = path.read_text()
         joined = re.sub(r"\\\n", " ", text)
         args = dict(re.findall(r"^ARG (\w+)=(\S+)", joined, re.M))
@@ -72,21 +72,30 @@ class Dockerfile:
         names = {name for _, name in stages if name}
         bases = tuple(substitute(base) for base, _ in stages if base not in names)  # images, not earlier stages
         users = re.findall(r"^USER (\S+)", joined, re.M)
-        copies = tuple(src for line in re.findall(r"^COPY (?!--from)(.+)$", joined, re.M)
-                       for src in line.split()[:-1])
+        copies = tuple(src for line in re.findall(r"^COPY (?!--from)(.+)$", joined, re.M) for src in line.split()[:-1])
         locks = sorted({src for src in copies if src.endswith(".lock")})
         if len(locks) != 1:
             raise ValueError(f"{path.name}: expected one requirements/*.lock among its COPYs, found {locks}")
         texts = _stages(joined)
         extras = re.findall(r"pagedinfer-\*\.whl\)\[(\w+)\]", texts[""])
         if len(extras) != 1:
-            raise ValueError(f"{path.name}: expected one `pagedinfer-*.whl)[extra]` install in the final stage, "
-                             f"found {extras}")
+            raise ValueError(
+                f"{path.name}: expected one `pagedinfer-*.whl)[extra]` install in the final stage, found {extras}"
+            )
         filters = re.findall(rf"awk '([^']+)' \S*/{re.escape(Path(locks[0]).name)}", texts[""])
         if len(filters) > 1:
             raise ValueError(f"{path.name}: expected at most one awk over the lock in the final stage: {filters}")
-        return cls(bases, args, users[-1] if users else None, copies, texts, locks[0],
-                   filters[0] if filters else None, extras[0], text)
+        return cls(
+            bases,
+            args,
+            users[-1] if users else None,
+            copies,
+            texts,
+            locks[0],
+            filters[0] if filters else None,
+            extras[0],
+            text,
+        )
 
     def pip_commands(self, stage: str = "") -> list[str]:
         """Each `pip install` and `pip wheel` of a stage (the final one by default), up to its `&&`."""
@@ -97,8 +106,9 @@ class Dockerfile:
         text = (REPO / self.lock).read_text()
         if self.lock_filter is None:
             return text
-        return subprocess.run(["awk", self.lock_filter], input=text, capture_output=True, text=True,
-                              check=True, timeout=60).stdout
+        return subprocess.run(
+            ["awk", self.lock_filter], input=text, capture_output=True, text=True, check=True, timeout=60
+        ).stdout
 
 
 def _stages(joined: str) -> dict[str, str]:
@@ -141,6 +151,7 @@ def base_packages(image: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Install:
     """An image's install, replayed."""
+
     lock: dict[str, str]  # {name: version} the lock install puts in (the lock, through the Dockerfile's filter)
     wheel: dict[str, str]  # what the wheel's install resolves from the lock's files (and the base's stand-ins)
     build: dict[str, str]  # what BUILD_REQUIREMENTS resolve to from the lock's files: their closure
@@ -172,11 +183,33 @@ def dry_run(image: str, tmp: Path) -> Install:
     torch_index = os.environ.get("PAGEDINFER_TORCH_INDEX_URL")
     sources = ["--extra-index-url", torch_index] if torch_index else []
     # This machine's pip configuration (find-links, index) finds the files, as for scripts/build_images.sh.
-    _pip(image, "download", "--quiet", "--only-binary=:all:", "--no-deps", "--require-hashes", *sources,
-         "--dest", str(wheels), "-r", str(lock), cwd=tmp)
+    _pip(
+        image,
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--no-deps",
+        "--require-hashes",
+        *sources,
+        "--dest",
+        str(wheels),
+        "-r",
+        str(lock),
+        cwd=tmp,
+    )
     if base_packages(image):
-        _pip(image, "download", "--quiet", "--only-binary=:all:", "--no-deps", *sources, "--dest", str(wheels),
-             *base_packages(image), cwd=tmp)
+        _pip(
+            image,
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "--no-deps",
+            *sources,
+            "--dest",
+            str(wheels),
+            *base_packages(image),
+            cwd=tmp,
+        )
     wheel = _resolve(image, wheels, f".[{dockerfile.install_extra}]", cwd=context)
     build = _resolve(image, wheels, *BUILD_REQUIREMENTS, cwd=tmp)
     return Install(lock_pins(lock.read_text()), wheel, build)
@@ -185,9 +218,22 @@ def dry_run(image: str, tmp: Path) -> Install:
 def _resolve(image: str, wheels: Path, *requirements: str, cwd: Path) -> dict[str, str]:
     """{name: version} pip would install for the requirements from the files in `wheels` alone (--isolated:
     no find-links or index from this machine's configuration)."""
-    report = _pip(image, "--isolated", "install", "--dry-run", "--quiet", "--ignore-installed",
-                  "--no-build-isolation", "--no-index", "--find-links", str(wheels), "--report", "-",
-                  *requirements, cwd=cwd)
+    report = _pip(
+        image,
+        "--isolated",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--ignore-installed",
+        "--no-build-isolation",
+        "--no-index",
+        "--find-links",
+        str(wheels),
+        "--report",
+        "-",
+        *requirements,
+        cwd=cwd,
+    )
     return {canonical(item["metadata"]["name"]): item["metadata"]["version"] for item in json.loads(report)["install"]}
 
 

@@ -26,11 +26,15 @@ def greedy_text(tiny_llama):
 
 
 # what a mode is proven under: a tiny pool preempting by recompute, by swap; prefix caching with chunked prompts
-POOL_SETTINGS = pytest.mark.parametrize("settings", [
-    dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="recompute"),
-    dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="swap", swap_space=0.01),
-    dict(block_size=16, enable_prefix_caching=True, max_num_batched_tokens=32, max_model_len=1024),
-], ids=["recompute", "swap", "prefix-cache-chunked"])
+POOL_SETTINGS = pytest.mark.parametrize(
+    "settings",
+    [
+        dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="recompute"),
+        dict(block_size=8, num_gpu_blocks_override=12, max_model_len=96, preemption_mode="swap", swap_space=0.01),
+        dict(block_size=16, enable_prefix_caching=True, max_num_batched_tokens=32, max_model_len=1024),
+    ],
+    ids=["recompute", "swap", "prefix-cache-chunked"],
+)
 
 
 def generate_twice(llm, prompts, params, want: list[list[int]]) -> list:

@@ -36,12 +36,14 @@ class FakeEngine:
         if self.router_queue_length is not None:
             return web.Response(text=f"pagedinfer_router_queue_length {self.router_queue_length}\n")
         hits = self.scrapes * self.hit_tokens_per_scrape
-        return web.Response(text=f'pagedinfer_kv_cache_usage_ratio{{model_name="m"}} {self.kv_usage}\n'
-                                 f'pagedinfer_num_requests_waiting{{model_name="m"}} 0\n'
-                                 f'pagedinfer_num_requests_running{{model_name="m"}} {self.running}\n'
-                                 f'pagedinfer_engine_sleeping{{model_name="m"}} {int(self.sleeping)}\n'
-                                 f'pagedinfer_prefix_cache_queries_total{{model_name="m"}} {2 * hits}\n'
-                                 f'pagedinfer_prefix_cache_hits_total{{model_name="m"}} {hits}\n')
+        return web.Response(
+            text=f'pagedinfer_kv_cache_usage_ratio{{model_name="m"}} {self.kv_usage}\n'
+            f'pagedinfer_num_requests_waiting{{model_name="m"}} 0\n'
+            f'pagedinfer_num_requests_running{{model_name="m"}} {self.running}\n'
+            f'pagedinfer_engine_sleeping{{model_name="m"}} {int(self.sleeping)}\n'
+            f'pagedinfer_prefix_cache_queries_total{{model_name="m"}} {2 * hits}\n'
+            f'pagedinfer_prefix_cache_hits_total{{model_name="m"}} {hits}\n'
+        )
 
     async def sleep(self, request: web.Request) -> web.Response:
         if self.sleep_status == 200:
@@ -77,6 +79,7 @@ async def fake_engines(count: int):
     try:
         yield engines
     finally:
+
         async def cleanup():
             for runner in runners:
                 await runner.cleanup()

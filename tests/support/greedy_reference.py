@@ -14,9 +14,14 @@ def hf_greedy(model_dir, prompts, max_new_tokens):
     outs = []
     for ids in prompts:
         with torch.no_grad():
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                                 min_new_tokens=max_new_tokens, pad_token_id=0)
-        outs.append(gen[0, len(ids):].tolist())
+            gen = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                min_new_tokens=max_new_tokens,
+                pad_token_id=0,
+            )
+        outs.append(gen[0, len(ids) :].tolist())
     return outs
 
 

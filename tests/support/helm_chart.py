@@ -66,8 +66,15 @@ class Rendered:
         return {d["kind"] for d in self.documents}
 
 
-def helm_template(helm: str, *, set_values: dict[str, Any] | None = None, api_versions: tuple[str, ...] = (),
-                  namespace: str = NAMESPACE, release: str = RELEASE, extra_args: tuple[str, ...] = ()) -> Rendered:
+def helm_template(
+    helm: str,
+    *,
+    set_values: dict[str, Any] | None = None,
+    api_versions: tuple[str, ...] = (),
+    namespace: str = NAMESPACE,
+    release: str = RELEASE,
+    extra_args: tuple[str, ...] = (),
+) -> Rendered:
     """`helm template` the chart with `--set-json` values; RenderError on a refused install."""
     args = [helm, "template", release, str(CHART), "--namespace", namespace, "--include-crds", *extra_args]
     for key, value in (set_values or {}).items():
@@ -81,8 +88,9 @@ def helm_template(helm: str, *, set_values: dict[str, Any] | None = None, api_ve
     return Rendered(documents)
 
 
-def helm_notes(helm: str, *, set_values: dict[str, Any] | None = None, namespace: str = NAMESPACE,
-               release: str = RELEASE) -> str:
+def helm_notes(
+    helm: str, *, set_values: dict[str, Any] | None = None, namespace: str = NAMESPACE, release: str = RELEASE
+) -> str:
     """NOTES.txt as `helm install` prints it, from a client-side dry run (no cluster is contacted)."""
     args = [helm, "install", release, str(CHART), "--namespace", namespace, "--dry-run=client"]
     for key, value in (set_values or {}).items():

@@ -51,8 +51,7 @@ metric_list:
 
 def write_tasks(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "pagedinfer_mc.yaml").write_text(
-        MULTIPLE_CHOICE.format(data=TASKS_DIR / "multiple_choice.jsonl"))
+    (directory / "pagedinfer_mc.yaml").write_text(MULTIPLE_CHOICE.format(data=TASKS_DIR / "multiple_choice.jsonl"))
     (directory / "pagedinfer_gen.yaml").write_text(GENERATE_UNTIL.format(data=TASKS_DIR / "generate_until.jsonl"))
 
 
@@ -65,14 +64,26 @@ def main(runs_path: str, out_path: str) -> None:
     manager = TaskManager(include_path=str(task_dir))
     results = {}
     for run in json.loads(Path(runs_path).read_text()):
-        out = lm_eval.simple_evaluate(model=run["model"], model_args=run["model_args"], tasks=run["tasks"],
-                                      task_manager=manager, batch_size=1, log_samples=True,
-                                      apply_chat_template=run["apply_chat_template"], random_seed=0,
-                                      numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+        out = lm_eval.simple_evaluate(
+            model=run["model"],
+            model_args=run["model_args"],
+            tasks=run["tasks"],
+            task_manager=manager,
+            batch_size=1,
+            log_samples=True,
+            apply_chat_template=run["apply_chat_template"],
+            random_seed=0,
+            numpy_random_seed=0,
+            torch_random_seed=0,
+            fewshot_random_seed=0,
+        )
         results[run["name"]] = {
-            task: {"metrics": {k: v for k, v in out["results"][task].items() if isinstance(v, (int, float))},
-                   "docs": [s["filtered_resps"] for s in sorted(out["samples"][task], key=lambda s: s["doc_id"])]}
-            for task in run["tasks"]}
+            task: {
+                "metrics": {k: v for k, v in out["results"][task].items() if isinstance(v, (int, float))},
+                "docs": [s["filtered_resps"] for s in sorted(out["samples"][task], key=lambda s: s["doc_id"])],
+            }
+            for task in run["tasks"]
+        }
     Path(out_path).write_text(json.dumps(results, default=str))
 
 

@@ -47,8 +47,11 @@ class PrometheusApi:
         if kind == "Call" and expr.func.name == "increase":
             return self.evaluate(expr.args[0].vector_selector)
         if kind == "VectorSelector":
-            return [(labels, value) for labels, value in self.series.get(expr.name, ())
-                    if all(_matches(m, labels.get(m.name, "")) for m in expr.matchers.matchers)]
+            return [
+                (labels, value)
+                for labels, value in self.series.get(expr.name, ())
+                if all(_matches(m, labels.get(m.name, "")) for m in expr.matchers.matchers)
+            ]
         raise NotImplementedError(f"this stand-in does not evaluate {kind}")
 
 

@@ -25,8 +25,9 @@ class RunningRouter:
         self.thread.join(30)
 
 
-def start_router(engine_urls, tokenizer_dir, policy: str = "prefix", api_key: str | None = None,
-                 discovery=None, **settings) -> RunningRouter:
+def start_router(
+    engine_urls, tokenizer_dir, policy: str = "prefix", api_key: str | None = None, discovery=None, **settings
+) -> RunningRouter:
     """settings: more RouterSettings fields, by name."""
     from pagedinfer.engine.server.launcher import uvicorn_server
     from pagedinfer.router.app import RouterSettings, create_router_app
@@ -51,13 +52,19 @@ def start_router_process(url: str, args: list[str], log_path: Path, cwd: Path | 
     without a healthy engine)."""
     cli = Path(sys.executable).with_name("pagedinfer")
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([str(cli), "router", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=cwd)
+        proc = subprocess.Popen(
+            [str(cli), "router", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            cwd=cwd,
+        )
 
     def answers() -> bool:
         code = proc.poll()
-        assert code is None, exit_report(f"pagedinfer router (pid {proc.pid})", code, log_path,
-                                         " before it answered /health")
+        assert code is None, exit_report(
+            f"pagedinfer router (pid {proc.pid})", code, log_path, " before it answered /health"
+        )
         try:
             return httpx.get(url + "/health", timeout=2).status_code in (200, 503)
         except httpx.TransportError:
@@ -85,7 +92,6 @@ def wait_for(condition, message: str, timeout_seconds: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, message
         time.sleep(0.05)
-
 
 
 async def until(condition, timeout_seconds: float = 60.0) -> None:

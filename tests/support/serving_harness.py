@@ -47,28 +47,42 @@ class RunningServer:
             time.sleep(0.05)
 
 
-def start_server(model_dir, *, api_key: str | None = None, served_model_name: str = "tiny",
-                 max_waiting_requests: int | None = None, max_request_body_bytes: int = 1 << 20,
-                 header_timeout_seconds: float | None = None, body_timeout_seconds: float | None = None,
-                 kv_events=None, **engine_overrides) -> RunningServer:
+def start_server(
+    model_dir,
+    *,
+    api_key: str | None = None,
+    served_model_name: str = "tiny",
+    max_waiting_requests: int | None = None,
+    max_request_body_bytes: int = 1 << 20,
+    header_timeout_seconds: float | None = None,
+    body_timeout_seconds: float | None = None,
+    kv_events=None,
+    **engine_overrides,
+) -> RunningServer:
     from pagedinfer.engine import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings
     from pagedinfer.engine.server.launcher import build_app
 
-    engine_kwargs = dict(model=str(model_dir), device="cpu", max_model_len=256, num_gpu_blocks_override=128,
-                         block_size=16)
+    engine_kwargs = dict(
+        model=str(model_dir), device="cpu", max_model_len=256, num_gpu_blocks_override=128, block_size=16
+    )
     engine_kwargs.update(engine_overrides)
     timeouts = {} if body_timeout_seconds is None else {"body_timeout_seconds": body_timeout_seconds}
-    settings = ServerSettings(api_key=api_key, max_waiting_requests=max_waiting_requests,
-                              max_request_body_bytes=max_request_body_bytes, **timeouts)
+    settings = ServerSettings(
+        api_key=api_key,
+        max_waiting_requests=max_waiting_requests,
+        max_request_body_bytes=max_request_body_bytes,
+        **timeouts,
+    )
     app, loop = build_app(EngineConfig(**engine_kwargs), settings, served_model_name, kv_events)
     running = serve_app(app, loop, served_model_name, api_key, header_timeout_seconds)
     wait_healthy(running)
     return running
 
 
-def serve_app(app, loop, served_model_name: str = "tiny", api_key: str | None = None,
-              header_timeout_seconds: float | None = None) -> RunningServer:
+def serve_app(
+    app, loop, served_model_name: str = "tiny", api_key: str | None = None, header_timeout_seconds: float | None = None
+) -> RunningServer:
     """Run uvicorn for `app` on a free 127.0.0.1 port in a daemon thread."""
     from pagedinfer.engine.server.launcher import uvicorn_server
 

@@ -46,8 +46,9 @@ class SlowClient:
         return json.loads(body)["error"]
 
 
-def trickle_until_all_closed(clients: list[SlowClient], loop_bound_seconds: float = 20.0,
-                             interval_seconds: float = 0.2) -> None:
+def trickle_until_all_closed(
+    clients: list[SlowClient], loop_bound_seconds: float = 20.0, interval_seconds: float = 0.2
+) -> None:
     """Trickle every client until the server closed each; fail if any is open after the bound."""
     end = time.monotonic() + loop_bound_seconds
     try:

@@ -21,7 +21,8 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -77,8 +78,10 @@ def expire(item: pytest.Item, limit_seconds: float) -> None:
         capman.suspend_global_capture(item)
         captured = capman.read_global_capture()
     write = sys.stderr.write
-    write(f"\n+++ teardown of {item.nodeid} still running after {limit_seconds:g} s (its timeout): "
-          f"stacks follow, then exit 1 +++\n")
+    write(
+        f"\n+++ teardown of {item.nodeid} still running after {limit_seconds:g} s (its timeout): "
+        f"stacks follow, then exit 1 +++\n"
+    )
     failure = FAILURES.get(item.nodeid)
     if failure is not None:
         write(f"~~~ the test failed first:\n{failure}\n")

@@ -26,7 +26,7 @@ class ThreadRanks:
         self._barrier = threading.Barrier(world_size, timeout=TIMEOUT_S)
         self._slots: list[torch.Tensor | None] = [None] * world_size
 
-    def group(self, rank: int) -> "ThreadGroup":
+    def group(self, rank: int) -> ThreadGroup:
         return ThreadGroup(self, rank)
 
     def _exchange(self, rank: int, tensor: torch.Tensor) -> list[torch.Tensor]:

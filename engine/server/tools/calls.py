@@ -37,8 +37,9 @@ def new_call_id() -> str:
 
 
 def openai_tool_calls(calls: list[ParsedCall]) -> list[dict]:
-    return [{"id": new_call_id(), "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+    return [
+        {"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+    ]
 
 
 def message(plan: ToolPlan, text: str) -> tuple[dict, bool]:

@@ -48,14 +48,22 @@ def tool_plan(req: Any, chat_template: str | None) -> tuple[ToolPlan | None, dic
     if choice == "auto":
         parser = parser_for_template(chat_template)
         if parser is None:
-            raise ValueError("tool_choice: 'auto' needs a tool-call parser, and this model's chat template renders "
-                             "tools in no supported format (hermes <tool_call>, llama3 JSON, mistral [TOOL_CALLS]); "
-                             "use 'required' or name a function")
+            raise ValueError(
+                "tool_choice: 'auto' needs a tool-call parser, and this model's chat template renders "
+                "tools in no supported format (hermes <tool_call>, llama3 JSON, mistral [TOOL_CALLS]); "
+                "use 'required' or name a function"
+            )
         return ToolPlan("auto", parser=parser), None
     if choice == "required":
-        items = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-                  "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t)}}
-                 for t in req.tools]
+        items = [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "parameters"],
+                "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t)},
+            }
+            for t in req.tools
+        ]
         schema: dict = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else {"anyOf": items}}
         schema["maxItems"] = 1 if req.parallel_tool_calls is False else MAX_REQUIRED_CALLS
         return ToolPlan("required"), schema

@@ -38,7 +38,7 @@ class ToolParser:
         at = text.find(self.marker)
         if at < 0:
             return text, []
-        calls = _READERS[self.name](text[at + len(self.marker):])
+        calls = _READERS[self.name](text[at + len(self.marker) :])
         if not calls:
             return text, []
         return text[:at].strip(), calls
