@@ -44,6 +44,7 @@ import kopf
 
 from pagedinfer.operator.children import apply, builders
 from pagedinfer.operator.children.drift import fingerprint
+from pagedinfer.operator.children.labels import selector_string
 from pagedinfer.operator.kube_api import DEPLOYMENTS, KubeApi, KubeApiError
 from pagedinfer.operator.kv_plan import resolver
 from pagedinfer.operator.routing import builders as routing_builders
@@ -169,7 +170,7 @@ async def _reconcile(
         generation,
         observedGeneration=generation,
         kvCache=plan.to_status(),
-        selector=builders.selector_string(name),
+        selector=selector_string(name),
         url=builders.service_url(owner),
         routing=routing_status(spec.router, applied[-1]),
     )

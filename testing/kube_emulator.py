@@ -55,6 +55,7 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
+from pagedinfer.operator.children.drift import dig
 from pagedinfer.testing.kube_emulator_rules import (
     PatchError,
     SelectorError,
@@ -160,12 +161,6 @@ class StatusError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
 
 
 def _now() -> str:
@@ -442,7 +437,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         body["apiVersion"], body["kind"] = kind.api_version, kind.kind
         meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
         if kind.pod_spec_path is not None:
-            canonical_pod_spec(_dig(body, kind.pod_spec_path))
+            canonical_pod_spec(dig(body, kind.pod_spec_path))
         meta.pop("deletionTimestamp", None)
         if "status" in kind.subresources:
             body.pop("status", None)
@@ -495,7 +490,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 f"modified; please apply your changes to the latest version and try again",
             )
         if sub == "scale":
-            replicas = _dig(wanted, ("spec", "replicas"))
+            replicas = dig(wanted, ("spec", "replicas"))
             if not isinstance(replicas, int) or replicas < 0:
                 raise StatusError(422, f"spec.replicas must be a non-negative integer, got {replicas!r}")
             new = copy.deepcopy(current)
@@ -524,7 +519,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
         if kind.pod_spec_path is not None:
-            canonical_pod_spec(_dig(new, kind.pod_spec_path))
+            canonical_pod_spec(dig(new, kind.pod_spec_path))
         if sub != "scale":
             self._prune(kind, new, validation or Validation())
         if new == current:
@@ -551,7 +546,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if kind.scale_paths is None:
             raise StatusError(404, f"{kind.kind} has no scale subresource")
         spec_path, status_path, selector_path = kind.scale_paths
-        selector = _dig(obj, selector_path)
+        selector = dig(obj, selector_path)
         if isinstance(selector, dict):
             selector = selector_from_match_labels(selector)
         meta = obj["metadata"]
@@ -561,8 +556,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             "metadata": {
                 k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
             },
-            "spec": {"replicas": _dig(obj, spec_path) or 0},
-            "status": {"replicas": _dig(obj, status_path) or 0, **({"selector": selector} if selector else {})},
+            "spec": {"replicas": dig(obj, spec_path) or 0},
+            "status": {"replicas": dig(obj, status_path) or 0, **({"selector": selector} if selector else {})},
         }
 
     def _matcher(self, request: rendering.Request) -> Callable[[dict[str, Any]], bool]:

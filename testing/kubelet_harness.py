@@ -83,8 +83,8 @@ def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT, first: i
 
 
 def pod_manifest(name: str, instance: str, ip: str, ready: bool = True) -> dict[str, Any]:
-    """A Running pod of `instance` (selector labels of pagedinfer.operator.children.builders) at `ip`."""
-    from pagedinfer.operator.children.builders import selector_labels
+    """A Running pod of `instance` (selector labels of pagedinfer.operator.children.labels) at `ip`."""
+    from pagedinfer.operator.children.labels import selector_labels
 
     return {
         "apiVersion": "v1",

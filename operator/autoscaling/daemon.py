@@ -64,7 +64,8 @@ from pagedinfer.operator.autoscaling.readings import (
 from pagedinfer.operator.autoscaling.scrape import PodTarget, query_prometheus, scrape_pods, scrape_router_queue
 from pagedinfer.operator.autoscaling.sleep import EngineTarget, put_to_sleep
 from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, parse_autoscaling_spec
-from pagedinfer.operator.children.builders import HTTP_PORT, selector_string
+from pagedinfer.operator.children.builders import HTTP_PORT
+from pagedinfer.operator.children.labels import selector_string
 from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError, ResourceRef
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.routing.builders import router_selector_string

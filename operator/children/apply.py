@@ -13,11 +13,11 @@
    put back by the patch of step 3.
 2. An absent child is POSTed (a 409 from a concurrent create falls back to
    a GET and the same ownership check).
-3. A present child is PATCHed with `builders.patch_for(desired)` when a
+3. A present child is PATCHed with `drift.patch_for(desired)` when a
    field the operator owns differs (`drift.drifted_paths`): the spec-hash or
    owner-generation annotation, when the desired spec changed, or any field
    someone edited by hand (an image, a container, replicas, a key added to a
-   map the operator owns whole, `builders.CLOSED_MAPS`). What the API server
+   map the operator owns whole, `drift.CLOSED_MAPS`). What the API server
    defaults or spells its own way (quantities) and what other controllers add
    elsewhere is not compared, so they never cause a patch.
    With `keep_replicas` (spec.autoscaling.enabled) a Deployment's
@@ -43,9 +43,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.operator.children import builders
-from pagedinfer.operator.children.builders import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
-from pagedinfer.operator.children.drift import drifted_paths
+from pagedinfer.operator.children.drift import drifted_paths, patch_for
+from pagedinfer.operator.children.labels import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
 from pagedinfer.operator.kube_api import DEPLOYMENTS, SERVICES, KubeApi, KubeApiError, ResourceRef
 from pagedinfer.operator.status import conditions
 
@@ -204,7 +203,7 @@ async def _apply_one(
             f"Adopting {describe(desired)}: it has no controller and carries this InferenceService's "
             "labels; its controller reference is put back."
         )
-    patch = builders.patch_for(desired, live)
+    patch = patch_for(desired, live)
     ignored = {REPLICAS_PATH} if ownership.keep_replicas else set()
     drifted = [path for path in drifted_paths(live, patch) if path not in ignored]
     if not drifted:

@@ -29,17 +29,16 @@ Kubernetes' native `sleep` action: that needs 1.30, and the manifests
 must validate on 1.28.
 
 Bookkeeping: each child carries `serving.pagedinfer.dev/spec-hash` (of its
-desired spec and labels), and the Deployment
+desired spec and labels: `drift.with_spec_hash`, which also diffs a live child
+against what is built here), and the Deployment
 `serving.pagedinfer.dev/owner-generation`, the InferenceService generation
 it was built from (a metadata change: it rolls nothing). Both are the
-operator's; other annotations on a child are not.
+operator's; other annotations on a child are not. Labels and selectors:
+`labels`.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +46,8 @@ from typing import Any
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.options import command_line
 from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.operator.children.drift import with_spec_hash
+from pagedinfer.operator.children.labels import common_labels, selector_labels
 from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
 from pagedinfer.operator.kv_plan.offload import offloading_size_gib
 from pagedinfer.operator.kv_plan.planning import (
@@ -71,15 +72,9 @@ from pagedinfer.operator.spec.crd_model import (
 )
 
 HTTP_PORT = 8000
-SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
 # On the Deployment: the InferenceService's metadata.generation it was built from, which the
 # rollout report states as Available's and Ready's observedGeneration (child_events).
 OWNER_GENERATION_ANNOTATION = f"{API_GROUP}/owner-generation"
-# The children's annotations the operator owns; others' (deployment.kubernetes.io/revision) are not its.
-OWNED_ANNOTATION_PREFIX = f"{API_GROUP}/"
-OWNER_LABEL = f"{API_GROUP}/inferenceservice"
-MANAGED_BY = "pagedinfer-operator"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MODEL_CACHE_PATH = "/cache"
 PVC_MODEL_ROOT = "/mnt/models"
 RUN_AS_USER = 1000
@@ -104,33 +99,6 @@ class Owner:
     namespace: str
     uid: str
     generation: int | None = None  # its metadata.generation: OWNER_GENERATION_ANNOTATION on the Deployment
-
-
-def selector_labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "pagedinfer-engine", "app.kubernetes.io/instance": name}
-
-
-def label_selector(labels: Mapping[str, str]) -> str:
-    """A label selector string (`k=v,k2=v2`, sorted) matching exactly these labels."""
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-
-
-def selector_string(name: str) -> str:
-    """`status.selector` for the scale subresource (what HPA lists pods with)."""
-    return label_selector(selector_labels(name))
-
-
-def common_labels(name: str) -> dict[str, str]:
-    return {
-        **selector_labels(name),
-        "app.kubernetes.io/component": "engine",
-        MANAGED_BY_LABEL: MANAGED_BY,
-        OWNER_LABEL: name,
-    }
-
-
-# The label keys the operator sets on its children (other keys are anyone's).
-OWNED_LABEL_KEYS = frozenset(common_labels("any"))
 
 
 def service_url(owner: Owner) -> str:
@@ -289,11 +257,6 @@ def pod_security_context() -> dict[str, Any]:
     }
 
 
-def content_hash(value: Any) -> str:
-    """A short sha256 of `value` as canonical JSON (sorted keys): equal content, equal hash."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
 def build_pod_spec(
     spec: InferenceServiceSpec, plan: KVCachePlan, images: EngineImages = EngineImages()
 ) -> dict[str, Any]:
@@ -418,55 +381,3 @@ def build_service(owner: Owner) -> dict[str, Any]:
         },
     }
     return with_spec_hash(service)
-
-
-def owned_body(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level fields the operator sets besides metadata: `spec`, or a Role's `rules`, a RoleBinding's
-    `roleRef` and `subjects` (kinds without a spec)."""
-    return {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata", "status")}
-
-
-def with_spec_hash(manifest: dict[str, Any]) -> dict[str, Any]:
-    """Stamp the hash of the desired spec+labels, so an unchanged child costs one GET and no PATCH."""
-    desired = {**owned_body(manifest), "labels": manifest["metadata"].get("labels")}
-    manifest["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: content_hash(desired)}
-    return manifest
-
-
-OPTIONAL_POD_FIELDS = ("nodeSelector", "tolerations", "affinity")
-# Maps the operator owns whole: a key added by hand changes which pods the Service selects
-# or where they run, so the patch deletes it. (Not resources: the API server defaults
-# requests from limits, and a LimitRange adds limits.)
-CLOSED_MAPS = (
-    ("Service", ("spec", "selector")),
-    ("Deployment", ("spec", "template", "spec", "nodeSelector")),
-)
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def patch_for(desired: dict[str, Any], live: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A merge patch that makes an existing child equal to `desired` in what the operator manages.
-
-    Lists (containers, volumes, ports) are replaced whole by a merge patch;
-    optional pod fields the spec no longer sets are deleted explicitly (null),
-    and so are keys of `live` in a CLOSED_MAPS map that `desired` lacks.
-    Other server-set fields (clusterIP, status, defaults) are left alone.
-    """
-    patch = {
-        "metadata": {key: desired["metadata"][key] for key in ("labels", "annotations", "ownerReferences")},
-        **copy.deepcopy(owned_body(desired)),
-    }
-    pod = patch.get("spec", {}).get("template", {}).get("spec")
-    if pod is not None:
-        for key in OPTIONAL_POD_FIELDS:
-            pod.setdefault(key, None)
-    for kind, path in CLOSED_MAPS if live is not None else ():
-        wanted, have = _dig(patch, path), _dig(live, path)
-        if kind == desired["kind"] and isinstance(wanted, dict) and isinstance(have, dict):
-            wanted.update({key: None for key in have if key not in wanted})
-    return patch

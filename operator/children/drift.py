@@ -1,7 +1,20 @@
-"""Whether a live child still is what the operator built (pure).
+"""What the operator owns of a child, the patch that restores it, and whether it drifted (pure).
+
+Building stamps each child with `serving.pagedinfer.dev/spec-hash`
+(`with_spec_hash`: a hash of its desired spec and labels), so an unchanged
+child costs one GET and no PATCH; the operator's annotations are those under
+its API group (OWNED_ANNOTATION_PREFIX), others' on a child are not.
+
+`patch_for(desired, live)` is the merge patch that makes a live child equal to
+`desired` in what the operator manages: its labels, annotations and
+ownerReferences, and all of its body but status. Lists are replaced whole by a
+merge patch; the optional pod fields the spec no longer sets are deleted
+explicitly (null), and so are keys of `live` in a map the operator owns whole
+(CLOSED_MAPS). Other server-set fields (clusterIP, status, defaults) are left
+alone.
 
 `drifted_paths(live, wanted)` compares only what `wanted` sets: `wanted` is
-the merge patch the operator would send (`builders.patch_for`), so its keys
+the merge patch the operator would send (`patch_for`), so its keys
 are exactly the fields the operator owns and a None value means "must be
 absent". Keys that only the live object has (what the API server defaults,
 such as a container's `imagePullPolicy` or a Service's `clusterIP`, and what
@@ -20,7 +33,7 @@ What the API server stores in another spelling is not drift either:
 
 `fingerprint(obj)` hashes the part of an object the operator owns: all but
 its metadata and status, and of the metadata its ownerReferences, the labels
-the operator sets (`builders.OWNED_LABEL_KEYS`) and the annotations under the
+the operator sets (`labels.OWNED_LABEL_KEYS`) and the annotations under the
 operator's API group. It changes when someone edits what the operator
 manages, and not when a controller writes status or its own metadata (the
 Deployment controller's `deployment.kubernetes.io/revision`, kubectl's
@@ -30,15 +43,74 @@ of every write (resourceVersion, generation, managedFields).
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from pagedinfer.operator.children.builders import OWNED_ANNOTATION_PREFIX, OWNED_LABEL_KEYS, content_hash
+from pagedinfer.operator.children.labels import OWNED_LABEL_KEYS
+from pagedinfer.operator.spec.crd_model import API_GROUP
 from pagedinfer.operator.spec.quantity import same_quantity
+
+SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
+# The children's annotations the operator owns; others' (deployment.kubernetes.io/revision) are not its.
+OWNED_ANNOTATION_PREFIX = f"{API_GROUP}/"
+OPTIONAL_POD_FIELDS = ("nodeSelector", "tolerations", "affinity")
+# Maps the operator owns whole: a key added by hand changes which pods the Service selects
+# or where they run, so the patch deletes it. (Not resources: the API server defaults
+# requests from limits, and a LimitRange adds limits.)
+CLOSED_MAPS = (
+    ("Service", ("spec", "selector")),
+    ("Deployment", ("spec", "template", "spec", "nodeSelector")),
+)
 
 QUANTITY_MAPS = ("requests", "limits")  # under a `resources` key
 QUANTITY_KEYS = ("sizeLimit",)
 EMPTY_VALUES = ("", [], {})
+
+
+def content_hash(value: Any) -> str:
+    """A short sha256 of `value` as canonical JSON (sorted keys): equal content, equal hash."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def owned_body(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level fields the operator sets besides metadata: `spec`, or a Role's `rules`, a RoleBinding's
+    `roleRef` and `subjects` (kinds without a spec)."""
+    return {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+
+
+def with_spec_hash(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Stamp the hash of the desired spec+labels, so an unchanged child costs one GET and no PATCH."""
+    desired = {**owned_body(manifest), "labels": manifest["metadata"].get("labels")}
+    manifest["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: content_hash(desired)}
+    return manifest
+
+
+def dig(obj: Any, path: tuple[str, ...]) -> Any:
+    """obj[path[0]][path[1]]...; None where a key is absent or a value on the way is not a dict."""
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def patch_for(desired: dict[str, Any], live: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A merge patch that makes an existing child equal to `desired` in what the operator manages
+    (see the module docstring); without `live`, no CLOSED_MAPS key is deleted."""
+    patch = {
+        "metadata": {key: desired["metadata"][key] for key in ("labels", "annotations", "ownerReferences")},
+        **copy.deepcopy(owned_body(desired)),
+    }
+    pod = patch.get("spec", {}).get("template", {}).get("spec")
+    if pod is not None:
+        for key in OPTIONAL_POD_FIELDS:
+            pod.setdefault(key, None)
+    for kind, path in CLOSED_MAPS if live is not None else ():
+        wanted, have = dig(patch, path), dig(live, path)
+        if kind == desired["kind"] and isinstance(wanted, dict) and isinstance(have, dict):
+            wanted.update({key: None for key in have if key not in wanted})
+    return patch
 
 
 def drifted_paths(live: Any, wanted: Any, path: str = "", quantity: bool = False) -> list[str]:

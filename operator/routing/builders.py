@@ -35,6 +35,8 @@ from __future__ import annotations
 from typing import Any
 
 from pagedinfer.operator.children import builders
+from pagedinfer.operator.children.drift import with_spec_hash
+from pagedinfer.operator.children.labels import common_labels, label_selector, selector_labels
 from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
 from pagedinfer.operator.spec.crd_model import API_GROUP, PLURAL, InferenceServiceSpec
 from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
@@ -75,12 +77,12 @@ def router_selector_labels(name: str) -> dict[str, str]:
 
 def router_selector_string(name: str) -> str:
     """The router pods' label selector, as a list call takes it."""
-    return builders.label_selector(router_selector_labels(name))
+    return label_selector(router_selector_labels(name))
 
 
 def router_labels(name: str) -> dict[str, str]:
     return {
-        **builders.common_labels(name),
+        **common_labels(name),
         **router_selector_labels(name),
         "app.kubernetes.io/component": ROUTER_COMPONENT,
     }
@@ -187,11 +189,11 @@ def build_router_deployment(owner: builders.Owner, spec: InferenceServiceSpec, d
             },
         },
     }
-    return builders.with_spec_hash(deployment)
+    return with_spec_hash(deployment)
 
 
 def build_service_account(owner: builders.Owner) -> dict[str, Any]:
-    return builders.with_spec_hash(
+    return with_spec_hash(
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -202,7 +204,7 @@ def build_service_account(owner: builders.Owner) -> dict[str, Any]:
 
 def build_role(owner: builders.Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     rules = [dict(rule) for rule in ROUTER_RULES] + ([demand_rule(owner.name)] if signals_demand(spec) else [])
-    return builders.with_spec_hash(
+    return with_spec_hash(
         {
             "apiVersion": RBAC_API_VERSION,
             "kind": "Role",
@@ -214,7 +216,7 @@ def build_role(owner: builders.Owner, spec: InferenceServiceSpec) -> dict[str, A
 
 def build_role_binding(owner: builders.Owner) -> dict[str, Any]:
     name = router_name(owner.name)
-    return builders.with_spec_hash(
+    return with_spec_hash(
         {
             "apiVersion": RBAC_API_VERSION,
             "kind": "RoleBinding",
@@ -227,14 +229,14 @@ def build_role_binding(owner: builders.Owner) -> dict[str, Any]:
 
 def build_engines_service(owner: builders.Owner) -> dict[str, Any]:
     """The engines' headless Service: its EndpointSlices list the engine pods the router may use."""
-    return builders.with_spec_hash(
+    return with_spec_hash(
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": _metadata(owner, engines_service_name(owner.name), builders.common_labels(owner.name)),
+            "metadata": _metadata(owner, engines_service_name(owner.name), common_labels(owner.name)),
             "spec": {
                 "clusterIP": "None",
-                "selector": builders.selector_labels(owner.name),
+                "selector": selector_labels(owner.name),
                 "ports": [{"name": "http", "port": builders.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
             },
         }
@@ -246,7 +248,7 @@ def build_front_service(owner: builders.Owner, spec: InferenceServiceSpec) -> di
     service = builders.build_service(owner)
     if spec.router.enabled:
         service["spec"]["selector"] = router_selector_labels(owner.name)
-        builders.with_spec_hash(service)
+        with_spec_hash(service)
     return service
 
 

@@ -127,6 +127,7 @@ def test_the_dashboard_configmap_carries_the_json_unchanged(helm):
 
 def test_the_router_podmonitor_selects_the_router_pods_the_operator_builds(helm):
     from pagedinfer.operator.children import builders
+    from pagedinfer.operator.children.labels import common_labels
     from pagedinfer.operator.routing.builders import build_router_deployment
     from pagedinfer.operator.spec.parser import parse_spec
 
@@ -137,7 +138,7 @@ def test_the_router_podmonitor_selects_the_router_pods_the_operator_builds(helm)
     spec = parse_spec("llama", {"resources": {"gpus": 0}, "router": {"enabled": True}})
     template = build_router_deployment(owner, spec, "router:1")["spec"]["template"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
-    assert not monitor["spec"]["selector"]["matchLabels"].items() <= builders.common_labels("llama").items()
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= common_labels("llama").items()
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] in {p["name"] for p in template["spec"]["containers"][0]["ports"]}
 

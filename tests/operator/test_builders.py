@@ -4,6 +4,8 @@ import kubernetes_validate
 import pytest
 
 from pagedinfer.operator.children import builders
+from pagedinfer.operator.children.drift import SPEC_HASH_ANNOTATION, patch_for
+from pagedinfer.operator.children.labels import selector_string
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.routing import builders as routing_builders
 from pagedinfer.operator.spec.crd_model import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, EngineImages, SpecError
@@ -76,7 +78,7 @@ def test_every_manifest_passes_strict_kubernetes_validation(key, version):
     for manifest in (
         deployment,
         service,
-        {**deployment, **builders.patch_for(deployment), "apiVersion": "apps/v1", "kind": "Deployment"},
+        {**deployment, **patch_for(deployment), "apiVersion": "apps/v1", "kind": "Deployment"},
     ):
         kubernetes_validate.validate(manifest, version, strict=True)
 
@@ -222,19 +224,19 @@ def test_an_engine_change_rolls_the_pods_and_a_replica_change_does_not():
     )
     assert more["spec"]["template"] == base["spec"]["template"] != longer["spec"]["template"]
     assert more["spec"]["replicas"] == 3
-    spec_hash = builders.SPEC_HASH_ANNOTATION
+    spec_hash = SPEC_HASH_ANNOTATION
     assert more["metadata"]["annotations"][spec_hash] != base["metadata"]["annotations"][spec_hash]
 
 
 def test_the_update_patch_removes_pod_fields_the_spec_no_longer_sets():
     spec = parse_spec("llama", {"resources": {"gpus": 0}})
-    patch = builders.patch_for(builders.build_deployment(OWNER, spec, plan_of(spec)))
+    patch = patch_for(builders.build_deployment(OWNER, spec, plan_of(spec)))
     pod = patch["spec"]["template"]["spec"]
     assert pod["nodeSelector"] is None and pod["tolerations"] is None and pod["affinity"] is None
 
 
 def test_selector_string_matches_the_pod_labels():
-    assert builders.selector_string("x") == "app.kubernetes.io/instance=x,app.kubernetes.io/name=pagedinfer-engine"
+    assert selector_string("x") == "app.kubernetes.io/instance=x,app.kubernetes.io/name=pagedinfer-engine"
 
 
 def test_a_plan_sized_from_node_labels_keeps_the_pod_on_nodes_with_at_least_that_much_gpu_memory():

@@ -1,7 +1,8 @@
 """Drift is a difference in a field the operator sets; what the API server defaults or others add is not."""
 
 from pagedinfer.operator.children import builders
-from pagedinfer.operator.children.drift import drifted_paths, fingerprint
+from pagedinfer.operator.children.drift import SPEC_HASH_ANNOTATION, drifted_paths, fingerprint, patch_for
+from pagedinfer.operator.children.labels import OWNER_LABEL
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.parser import parse_spec
 
@@ -29,7 +30,7 @@ def live_deployment():
 
 
 def wanted():
-    return builders.patch_for(builders.build_deployment(OWNER, SPEC, PLAN))
+    return patch_for(builders.build_deployment(OWNER, SPEC, PLAN))
 
 
 def test_defaults_and_other_controllers_fields_are_not_drift():
@@ -49,9 +50,9 @@ def test_a_removed_owned_field_and_an_added_field_the_spec_leaves_unset_are_drif
     live = live_deployment()
     del live["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     live["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "mine"}  # patch_for: None, must be absent
-    del live["metadata"]["annotations"][builders.SPEC_HASH_ANNOTATION]
+    del live["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     assert drifted_paths(live, wanted()) == [
-        f"metadata.annotations.{builders.SPEC_HASH_ANNOTATION}",
+        f"metadata.annotations.{SPEC_HASH_ANNOTATION}",
         "spec.template.spec.containers[0].securityContext",
         "spec.template.spec.nodeSelector",
     ]
@@ -75,8 +76,8 @@ def test_the_fingerprint_covers_only_the_metadata_the_operator_sets():
     others["metadata"]["finalizers"] = ["example.com/backup"]
     assert fingerprint(others) == fingerprint(live)
     for edit in (
-        {"annotations": {**live["metadata"]["annotations"], builders.SPEC_HASH_ANNOTATION: "x"}},
-        {"labels": {**live["metadata"]["labels"], builders.OWNER_LABEL: "other"}},
+        {"annotations": {**live["metadata"]["annotations"], SPEC_HASH_ANNOTATION: "x"}},
+        {"labels": {**live["metadata"]["labels"], OWNER_LABEL: "other"}},
         {"ownerReferences": []},
     ):
         assert fingerprint({**live, "metadata": {**live["metadata"], **edit}}) != fingerprint(live), edit
@@ -99,17 +100,17 @@ def test_quantities_and_empty_values_as_the_api_server_stores_them_are_not_drift
         "limits": {"memory": "1Gi", "nvidia.com/gpu": "1"},
     }
     container["env"] = [{"name": "EMPTY"} if e["name"] == "EMPTY" else e for e in container["env"]]
-    assert drifted_paths(live, builders.patch_for(desired, live)) == []
+    assert drifted_paths(live, patch_for(desired, live)) == []
     container["resources"]["requests"]["cpu"] = "2000m"
     container["env"][-1]["value"] = "set by hand"
-    assert drifted_paths(live, builders.patch_for(desired, live)) == [
+    assert drifted_paths(live, patch_for(desired, live)) == [
         "spec.template.spec.containers[0].env[2].value",
         "spec.template.spec.containers[0].resources.requests.cpu",
     ]
     args = container["args"]
     args[args.index("--max-num-seqs") + 1] = "256.0"  # not a quantity: compared as text
     assert f"spec.template.spec.containers[0].args[{args.index('256.0')}]" in drifted_paths(
-        live, builders.patch_for(desired, live)
+        live, patch_for(desired, live)
     )
 
 
@@ -117,10 +118,10 @@ def test_a_key_added_to_a_map_the_operator_owns_whole_is_drift_and_the_patch_del
     live = live_deployment()
     live["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "theirs"}
     live["spec"]["template"]["metadata"]["labels"]["team"] = "a"  # labels are open: others may add their own
-    patch = builders.patch_for(builders.build_deployment(OWNER, SPEC, PLAN), live)
+    patch = patch_for(builders.build_deployment(OWNER, SPEC, PLAN), live)
     assert drifted_paths(live, patch) == ["spec.template.spec.nodeSelector"]
     service = builders.build_service(OWNER)
     edited = {**service, "spec": {**service["spec"], "selector": {**service["spec"]["selector"], "app": "x"}}}
-    patch = builders.patch_for(service, edited)
+    patch = patch_for(service, edited)
     assert patch["spec"]["selector"]["app"] is None
     assert drifted_paths(edited, patch) == ["spec.selector.app"]

@@ -8,7 +8,7 @@ The emulator has no controllers and no garbage collector: the tests write the De
 
 import pytest
 
-from pagedinfer.operator.children import builders
+from pagedinfer.operator.children.labels import OWNER_LABEL
 from pagedinfer.testing.kube_emulator import Fault
 from pagedinfer.testing.operator_harness import (
     DEPLOYMENTS,
@@ -90,10 +90,10 @@ async def test_metadata_other_controllers_write_on_a_child_costs_no_reconcile(em
         await roll_out(emulator, "llama", ready=1)  # a later event: once it is reported, the others were handled
         await eventually(lambda: isvc_of(emulator)["status"]["readyReplicas"] == 1)
         assert reconciles(runtime) == before
-        await emulator.merge(SERVICES, "default", "llama", {"metadata": {"labels": {builders.OWNER_LABEL: "x"}}})
+        await emulator.merge(SERVICES, "default", "llama", {"metadata": {"labels": {OWNER_LABEL: "x"}}})
         await eventually(lambda: reconciles(runtime) > before)  # a label the operator sets is its own
         await eventually(
-            lambda: emulator.read(SERVICES, "default", "llama")["metadata"]["labels"][builders.OWNER_LABEL] == "llama"
+            lambda: emulator.read(SERVICES, "default", "llama")["metadata"]["labels"][OWNER_LABEL] == "llama"
         )
 
 

@@ -9,8 +9,8 @@ import copy
 
 import pytest
 
-from pagedinfer.operator.children import builders
 from pagedinfer.operator.children.drift import drifted_paths
+from pagedinfer.operator.children.labels import selector_labels
 from pagedinfer.testing.kube_emulator import Fault
 from pagedinfer.testing.operator_harness import (
     DEPLOYMENTS,
@@ -127,7 +127,7 @@ async def test_a_deleted_or_edited_service_is_put_back_while_the_operator_runs(e
         assert second["metadata"]["uid"] != first["metadata"]["uid"]
         await emulator.merge(SERVICES, "default", "llama", {"spec": {"selector": {"app": "elsewhere"}}})
         await eventually(
-            lambda: emulator.read(SERVICES, "default", "llama")["spec"]["selector"] == builders.selector_labels("llama")
+            lambda: emulator.read(SERVICES, "default", "llama")["spec"]["selector"] == selector_labels("llama")
         )
 
 
@@ -156,7 +156,7 @@ async def test_a_name_clash_with_an_unowned_service_is_a_child_conflict_and_crea
         await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
         assert deployment_of(emulator) and emulator.read(SERVICES, "default", "llama")["spec"][
             "selector"
-        ] == builders.selector_labels("llama")
+        ] == selector_labels("llama")
 
 
 async def test_a_manifest_the_api_server_refuses_is_apply_failed_and_not_retried_until_the_spec_changes(emulator):

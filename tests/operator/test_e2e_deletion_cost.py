@@ -11,7 +11,7 @@ import pytest
 from fake_engine_metrics import fake_engines
 
 from pagedinfer.operator.autoscaling.readings import PodReading
-from pagedinfer.operator.children import builders
+from pagedinfer.operator.children.labels import selector_labels
 from pagedinfer.operator.routing.deletion_cost import DELETION_COST_ANNOTATION, INT32_MAX, deletion_costs
 from pagedinfer.testing.kube_emulator_rules import scale_down_order
 from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
@@ -102,4 +102,4 @@ async def test_scaling_in_removes_the_engine_whose_cache_serves_the_fewest_hits(
     }
     assert costs["svc-a"] < min(costs["svc-b"], costs["svc-c"])
     # Playing the Deployment's ReplicaSet: it scales down to the new spec.replicas.
-    assert await emulator.scale_down_pods(NS, builders.selector_labels("svc"), 2) == ["svc-a"]
+    assert await emulator.scale_down_pods(NS, selector_labels("svc"), 2) == ["svc-a"]

@@ -7,7 +7,7 @@ Deployment's status, the test does it (emulator.set_status) and says so.
 import kubernetes_validate
 import pytest
 
-from pagedinfer.operator.children import builders
+from pagedinfer.operator.children.labels import selector_string
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.parser import parse_spec
 from pagedinfer.testing.operator_harness import (
@@ -70,7 +70,7 @@ async def test_apply_sizes_from_the_smallest_matching_node_and_creates_children(
         assert condition(isvc, "Sized")["reason"] == "SizedFromNodeLabels"
         assert "a100-40" in condition(isvc, "Sized")["message"]
         assert isvc["status"]["observedGeneration"] == 1
-        assert isvc["status"]["selector"] == builders.selector_string("llama")
+        assert isvc["status"]["selector"] == selector_string("llama")
         assert isvc["status"]["url"] == "http://llama.default.svc:8000"
         for child in (deployment, service):
             assert child["metadata"]["ownerReferences"][0]["uid"] == isvc["metadata"]["uid"]

@@ -7,7 +7,7 @@ the status themselves (`roll_out`) and say so; its garbage collector is `collect
 
 import pytest
 
-from pagedinfer.operator.children import builders
+from pagedinfer.operator.children.labels import selector_labels
 from pagedinfer.operator.routing import builders as routing
 from pagedinfer.testing.operator_harness import (
     DEPLOYMENTS,
@@ -67,7 +67,7 @@ async def test_the_router_fronts_the_engines_with_least_privilege_and_goes_away_
         assert front_selector(emulator) == routing.router_selector_labels("llama")
         assert isvc_of(emulator)["status"]["url"] == "http://llama.default.svc:8000"
         assert engines["spec"]["clusterIP"] == "None"
-        assert engines["spec"]["selector"] == builders.selector_labels("llama")
+        assert engines["spec"]["selector"] == selector_labels("llama")
         # The router discovers that headless Service, with the engines' API key, non-root and read-only.
         router = container(deployment)
         assert router["args"][:8] == [
@@ -112,7 +112,7 @@ async def test_the_router_fronts_the_engines_with_least_privilege_and_goes_away_
 
         await emulator.merge(ISVC, "default", "llama", {"spec": {"router": {"enabled": False}}})
         await eventually(lambda: not any(router_children(emulator)))
-        assert front_selector(emulator) == builders.selector_labels("llama")
+        assert front_selector(emulator) == selector_labels("llama")
         assert "--kv-events" not in container(deployment_of(emulator))["args"]
         await eventually(lambda: isvc_of(emulator)["status"]["routing"]["policy"] == "off")
 
@@ -158,7 +158,7 @@ async def test_one_replica_gets_no_router_unless_asked(emulator):
         await emulator.create(ISVC, inference_service("llama", LLAMA3_8B_SPEC))
         await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
         assert not any(router_children(emulator))
-        assert front_selector(emulator) == builders.selector_labels("llama")
+        assert front_selector(emulator) == selector_labels("llama")
         assert isvc_of(emulator)["status"]["routing"]["policy"] == "off"
         await emulator.merge(ISVC, "default", "llama", {"spec": {"router": {"enabled": True}}})
         await eventually(lambda: all(router_children(emulator)))

@@ -5,7 +5,7 @@ import kubernetes_validate
 import pytest
 
 from pagedinfer.operator.children import builders
-from pagedinfer.operator.children.drift import drifted_paths
+from pagedinfer.operator.children.drift import drifted_paths, patch_for
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.routing import builders as routing
 from pagedinfer.operator.routing.engine_flags import KV_EVENTS_PORT
@@ -33,7 +33,7 @@ def test_every_router_child_passes_strict_kubernetes_validation(version):
     children = [m for _, m in routing.router_children(OWNER, spec(), "router:1")]
     for manifest in [*children, routing.build_front_service(OWNER, spec())]:
         kubernetes_validate.validate(manifest, version, strict=True)
-        patch = builders.patch_for(manifest)  # what drift repair would send, for kinds without a spec too
+        patch = patch_for(manifest)  # what drift repair would send, for kinds without a spec too
         assert not drifted_paths(manifest, patch)
 
 
