@@ -49,10 +49,11 @@ from pagedinfer.engine.outputs import (
 from pagedinfer.engine.overlap.process import OutputProcess
 from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
 from pagedinfer.engine.overlap.thread import OutputThread
-from pagedinfer.engine.request_checks import check_request
+from pagedinfer.engine.request_checks import check_request, check_request_id, prompt_token_ids
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
+from pagedinfer.engine.stop_checks import check_stop
 from pagedinfer.engine.structured.compiler import StructuredOutputs
 
 if TYPE_CHECKING:
@@ -170,22 +171,8 @@ class LLMEngine:
 
     # ----- requests ---------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
-        """Token ids of a prompt, validated: non-empty, ints within the vocabulary."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt: must not be empty")
-            ids = list(self.tokenizer(prompt).input_ids)
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-        else:
-            raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("prompt: must not be empty")
-        vocab = self.runner.vocab_size
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise ValueError(f"prompt: token id {t!r} is not in the vocabulary [0, {vocab})")
-        return ids
+        """Token ids of a prompt, validated (`request_checks.prompt_token_ids`)."""
+        return prompt_token_ids(prompt, self.tokenizer, self.runner.vocab_size)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams | BeamSearchParams) -> None:
         """Raise ValueError (naming the parameter) if the request can never run (`request_checks.py`)."""
@@ -208,10 +195,7 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
     ) -> None:
         """Queue a request. `prompt_token_ids`, when given, are `tokenize(prompt)` already computed."""
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id: must be a non-empty string, got {request_id!r}")
-        if request_id in self.requests:
-            raise ValueError(f"request_id: {request_id!r} is already running")
+        check_request_id(request_id, self.requests)
         ids = self.tokenize(prompt if prompt_token_ids is None else prompt_token_ids)
         self.check_request(ids, params)
         now = arrival_time if arrival_time is not None else time.monotonic()
@@ -322,10 +306,9 @@ class LLMEngine:
         row_index = [r for r, seq in enumerate(all_rows) if seq.group is None and not seq.is_finished]
         rows = [all_rows[r] for r in row_index]
         for r, seq in zip(list(row_index), list(rows)):
-            if seq.num_forks_pending:
-                for child in self._fork(seq):
-                    rows.append(child)
-                    row_index.append(r)
+            while seq.num_forks_pending:
+                rows.append(self.fork(seq))
+                row_index.append(r)
         if rows:
             import torch
 
@@ -439,7 +422,7 @@ class LLMEngine:
         for req in ready.values():
             num_live = len(req.group.seqs)
             step = req.beam.step()
-            beam_group.advance(self.scheduler, req.group, step, self._fork_beam)
+            beam_group.advance(self.scheduler, req.group, step, self.fork)
             # a token per new live beam; the last step's tokens end the beams that produced them
             self.num_generation_tokens += num_live if step.done else len(step.tokens)
             if req.metrics.first_token_time is None:
@@ -449,58 +432,42 @@ class LLMEngine:
                 req.outputs = beam_group.completions(req.beam, req.params, self.tokenizer)
         return [req for req in ready.values() if req.finished]
 
-    def _fork_beam(self, parent: Sequence) -> Sequence:
-        """A new beam sharing all of parent's blocks and tokens (before either appends its next token)."""
+    def fork(self, parent: Sequence) -> Sequence:
+        """A running sequence sharing all of parent's blocks and tokens (before either appends its next token): a
+        new beam of parent's group, or else parent's next pending completion (n > 1: its own detokenizer and
+        grammar matcher; parent.num_forks_pending drops by one)."""
+        req = self.requests[parent.request_id]
+        p = parent.params
         child = Sequence(
             request_id=parent.request_id,
             prompt_token_ids=parent.prompt_token_ids,
-            params=parent.params,
+            params=p,
             arrival_time=parent.arrival_time,
             prompt=parent.prompt,
+            index=0 if parent.group is not None else len(req.seqs),
             token_ids=list(parent.token_ids),
             group=parent.group,
         )
         child.block_hashes = list(parent.block_hashes)
         child.first_scheduled_time = parent.first_scheduled_time
-        self.scheduler.fork(parent, child)
-        return child
-
-    def _fork(self, parent: Sequence) -> list[Sequence]:
-        req = self.requests[parent.request_id]
-        children = []
-        for _ in range(parent.num_forks_pending):
-            child = Sequence(
-                request_id=parent.request_id,
-                prompt_token_ids=parent.prompt_token_ids,
-                params=parent.params,
-                arrival_time=parent.arrival_time,
-                prompt=parent.prompt,
-                index=len(req.seqs),
-                token_ids=list(parent.token_ids),
-            )
-            child.block_hashes = list(parent.block_hashes)
-            child.first_scheduled_time = parent.first_scheduled_time
+        if parent.group is None:
             child.detok = IncrementalDetokenizer(
                 self.output_tokenizer,
                 parent.prompt_token_ids,
-                parent.params.skip_special_tokens,
-                self._pieces[parent.params.skip_special_tokens],
+                p.skip_special_tokens,
+                self._pieces[p.skip_special_tokens],
             )
             # a fresh matcher, not a copy of the parent's: the grammar thread may still be filling this step's
             # masks, and llguidance holds each matcher it fills borrowed (the parent has consumed nothing yet)
-            child.grammar = (
-                self.structured.matcher_for(parent.params.structured_outputs) if parent.grammar is not None else None
-            )
-            self.scheduler.fork(parent, child)
+            child.grammar = self.structured.matcher_for(p.structured_outputs) if parent.grammar is not None else None
             req.seqs.append(child)
-            children.append(child)
-        parent.num_forks_pending = 0
-        return children
+            parent.num_forks_pending -= 1
+        self.scheduler.fork(parent, child)
+        return child
 
     def _append_token(self, req: _Request, seq: Sequence, token: int, logprobs, now: float) -> TokenItem:
-        """The engine's half of a new token: its id, and the finishes that need no text (the sequence ends,
-        its blocks freed, at once). Its text, stop strings and output are `overlap/text.py`'s."""
-        p = seq.params
+        """The engine's half of a new token: its id, and the finishes that need no text (`stop_checks.py`: the
+        sequence ends, its blocks freed, at once). Its text, stop strings and output are `overlap/text.py`'s."""
         token_ids = seq.token_ids
         if seq.num_placeholders:  # async scheduling scheduled it already: its id replaces the placeholder
             token_ids[-seq.num_placeholders] = token
@@ -516,26 +483,15 @@ class LLMEngine:
                 req.metrics.first_token_time = now
         seq.last_token_time = now
         req.metrics.last_token_time = now
-        early: str | None = None
-        stop_token = None
-        late: str | None = None
         # the grammar allows nothing more (complete) or rejected the token: the output ends with this token
-        if seq.grammar is not None and (
+        grammar_ended = seq.grammar is not None and (
             not seq.grammar.consume_token(self.structured.eos.for_grammar(token)) or seq.grammar.is_stopped()
-        ):
-            late = "stop"
-        if token in self.eos_token_ids and not p.ignore_eos and num_output_tokens >= p.min_tokens:
-            early = "stop"
-        elif p.stop_token_ids and token in p.stop_token_ids and num_output_tokens >= p.min_tokens:
-            early, stop_token = "stop", token
-        # max_num_tokens: prompt + max_tokens, capped at max_model_len (the length limit in one comparison)
-        if late is None and num_tokens >= min(seq.max_num_tokens, self.max_model_len):
-            late = "length"
-        finish = early or late
-        if finish is not None:
-            self.scheduler.finish(seq, finish)
+        )
+        stop = check_stop(seq, token, num_tokens, grammar_ended, self.eos_token_ids, self.max_model_len)
+        if stop.reason is not None:
+            self.scheduler.finish(seq, stop.reason)
             self.sampler.forget(seq.seq_id)
-        return TokenItem(seq, req.outputs[seq.index], token, logprobs, num_output_tokens, early, stop_token, late)
+        return TokenItem(seq, req.outputs[seq.index], token, logprobs, num_output_tokens, *stop)
 
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:

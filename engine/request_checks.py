@@ -1,11 +1,40 @@
-"""A request's parameters checked against the engine's limits before it is queued: a ValueError naming the
-parameter for a request that could never run."""
+"""A request checked before it is queued: its id, its prompt, and its parameters against the engine's limits; a
+ValueError naming what is wrong for a request that could never run."""
 
 from __future__ import annotations
+
+from collections.abc import Container
+from typing import Any
 
 from pagedinfer.engine.beam import group as beam_group
 from pagedinfer.engine.beam.params import BeamSearchParams
 from pagedinfer.engine.sampling_params import SamplingParams
+
+
+def check_request_id(request_id: object, running: Container[str]) -> None:
+    """Raise ValueError unless request_id is a non-empty string no running request has."""
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError(f"request_id: must be a non-empty string, got {request_id!r}")
+    if request_id in running:
+        raise ValueError(f"request_id: {request_id!r} is already running")
+
+
+def prompt_token_ids(prompt: str | list[int], tokenizer: Any, vocab_size: int) -> list[int]:
+    """Token ids of a prompt (a string, tokenized, or token ids), validated: non-empty, ints within the vocabulary."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt: must not be empty")
+        ids = list(tokenizer(prompt).input_ids)
+    elif isinstance(prompt, (list, tuple)):
+        ids = list(prompt)
+    else:
+        raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
+    if not ids:
+        raise ValueError("prompt: must not be empty")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise ValueError(f"prompt: token id {t!r} is not in the vocabulary [0, {vocab_size})")
+    return ids
 
 
 def check_request(

@@ -190,7 +190,7 @@ def test_forking_n_completions_while_the_step_masks_are_still_filling_leaves_the
                 parent.grammar.is_accepting()
             except RuntimeError:
                 break
-        children = engine._fork(parent)
+        children = [engine.fork(parent) for _ in range(parent.num_forks_pending)]
         assert len(children) == 2 and all(c.grammar is not None and c.grammar is not parent.grammar for c in children)
     finally:
         bitmask._pending[1].result()
