@@ -73,8 +73,11 @@ async def router_rbac_event(
     )
 
 
-def _referenced(name: str, namespace: str, model_config_maps: kopf.Index, **_: Any) -> bool:
-    return bool(referencing(model_config_maps, namespace, name))
+def _referenced(name: str, namespace: str, model_config_maps: kopf.Index, logger: Any, **_: Any) -> bool:
+    if referencing(model_config_maps, namespace, name):
+        return True
+    logger.debug("No InferenceService reads its model config from this ConfigMap: its event is not handled.")
+    return False
 
 
 @kopf.on.event("", "v1", "configmaps", when=_referenced, registry=REGISTRY)

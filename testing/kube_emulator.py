@@ -29,7 +29,7 @@ resources registered with `register()`:
   event log), watch `timeoutSeconds`;
 - hooks for tests: `authorizer(Access) -> bool` answers 403 per request
   (verb, group, resource, namespace, name, subresource), and `faults`
-  inject errors or delays; `calls` records every API request.
+  inject errors or delays; `calls` records every API request once answered, `arrivals` as it comes.
 
 It has no controllers and no garbage collector: tests play those parts
 (`set_status`, `collect_garbage`, `scale_down_pods`: a ReplicaSet's scale-down
@@ -47,7 +47,7 @@ import datetime
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aiohttp.web
@@ -88,6 +88,10 @@ class Access:
     namespace: str | None
     name: str | None
     subresource: str | None
+
+
+def _matching(accesses: Iterable[Access], verb: str | None, resource: str | None) -> int:
+    return sum(1 for a in accesses if (verb is None or a.verb == verb) and (resource is None or a.resource == resource))
 
 
 @dataclasses.dataclass
@@ -172,6 +176,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     authorizer: Callable[[Access], bool] | None = None
     faults: list[Fault] = attrs.field(factory=list)
     calls: list[tuple[Access, int]] = attrs.field(factory=list, init=False)
+    arrivals: list[Access] = attrs.field(factory=list, init=False)  # each request as it comes, before any fault
     _kinds: dict[kmock.resource, Kind] = attrs.field(factory=dict, init=False)
     _revision: int = attrs.field(default=0, init=False)
     _log: list[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(factory=list, init=False)
@@ -287,11 +292,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return doomed
 
     def count(self, verb: str | None = None, resource: str | None = None) -> int:
-        return sum(
-            1
-            for a, _ in self.calls
-            if (verb is None or a.verb == verb) and (resource is None or a.resource == resource)
-        )
+        """Requests answered."""
+        return _matching((a for a, _ in self.calls), verb, resource)
+
+    def received(self, verb: str | None = None, resource: str | None = None) -> int:
+        """Requests received, answered or not: one a fault holds back (`delay_seconds`) is counted already."""
+        return _matching(self.arrivals, verb, resource)
 
     # ----------------------------------------------------------------- HTTP entry point
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -300,6 +306,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await kmock.RawHandler._handle(self, request)
         res = kmock.resource(res.group, res.version, res.plural)
         access = self._access(request, res)
+        self.arrivals.append(access)
         try:
             if res not in self._kinds:
                 raise StatusError(404, f"the server could not find the requested resource ({res.plural})")

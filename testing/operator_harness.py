@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +248,17 @@ async def reconciles_once_handled(
         lambda: annotation in ((isvc_of(emulator, name, namespace) or {}).get("metadata", {}).get("annotations") or {})
     )
     return await eventually(lambda: reconciles(runtime) >= 1 and reconciles(runtime))
+
+
+def logged(records: Iterable[logging.LogRecord], name: str, text: str) -> int:
+    """How many times kopf's per-object logger (`kopf.objects`: the handlers' `logger`, kopf's own handling
+    lines) said `text` about the object named `name`; `records` are caplog's, its level set to let those
+    through. A wait on a line a handler logs as it ends proves that handler ran: what it did not do is done."""
+    return sum(
+        1
+        for r in records
+        if r.name == "kopf.objects" and getattr(r, "k8s_ref", {}).get("name") == name and text in r.getMessage()
+    )
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:

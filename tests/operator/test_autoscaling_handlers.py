@@ -6,8 +6,6 @@ disabled InferenceService alone."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from fake_engine_metrics import fake_engines
 
@@ -100,7 +98,12 @@ async def test_garbage_and_silent_pods_never_cause_a_scale_down(emulator):
             await add_ready_pod(emulator, NS, pod_manifest(f"svc-{i}", "svc", engine.ip))
 
         await eventually(lambda: autoscaling_status(emulator))
-        await asyncio.sleep(4)  # two scale-down windows of rounds: the loop keeps running, holding at 3
+        # Rounds past the scale-down window (2 s) after the first decision, counted by the good pod's scrapes:
+        # each round lasts at least the interval (0.5 s) plus the silent pod's scrape timeout (0.5 s), so the
+        # third round scraping after this point decides >= 2 s after the first decision, and the fourth
+        # round's scrape proves that third one finished (any scale patch made).
+        scraped = engines[0].scrapes
+        await eventually(lambda: engines[0].scrapes >= scraped + 4)
         assert replicas_of(emulator) == 3
         assert not events_with_reason(emulator, "ScaledDown")
 
@@ -111,11 +114,18 @@ async def test_garbage_and_silent_pods_never_cause_a_scale_down(emulator):
 
 @pytest.mark.timeout(120)
 async def test_disabled_autoscaling_leaves_replicas_to_the_user(emulator):
-    async with fake_engines(1) as engines, running_operator():
+    async with fake_engines(2) as engines, running_operator():
         await emulator.create(ISVC, inference_service("svc", replicas=1, enabled=False))
         engines[0].kv_usage = 1.0
         await add_ready_pod(emulator, NS, pod_manifest("svc-0", "svc", engines[0].ip))
-        await asyncio.sleep(2)
+        # A control created after it, autoscaled and at target: once its loop has run rounds with its pod
+        # ready, a loop started for "svc" (earlier, at the same interval) would have scraped and scaled too.
+        await emulator.create(ISVC, inference_service("control", replicas=1))
+        engines[1].kv_usage = 0.5
+        await add_ready_pod(emulator, NS, pod_manifest("control-0", "control", engines[1].ip))
+        await eventually(lambda: engines[1].scrapes >= 3)
+        assert autoscaling_status(emulator, "control")["desiredReplicas"] == 1
+        assert engines[0].scrapes == 0
         assert replicas_of(emulator) == 1
         assert autoscaling_status(emulator) is None
 

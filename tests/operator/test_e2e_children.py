@@ -4,7 +4,6 @@ a deleted Service comes back, a name clash and a refused manifest show in status
 The emulator has no controllers: nothing defaults fields or scales pods; the tests write what they need.
 """
 
-import asyncio
 import copy
 
 import pytest
@@ -25,6 +24,7 @@ from pagedinfer.testing.operator_harness import (
     inference_service,
     isvc_of,
     reconciles,
+    reconciles_once_handled,
     running_operator,
 )
 
@@ -174,8 +174,9 @@ async def test_a_manifest_the_api_server_refuses_is_apply_failed_and_not_retried
         assert "refused Deployment default/llama: 422" in applied["message"]
         assert "injected fault: 422 for create deployments" in applied["message"]  # the API server's message
         assert isvc_of(emulator)["status"]["phase"] == "Failed"
-        await asyncio.sleep(10 * runtime.config.retry_delay_seconds)
-        assert emulator.count("create", "deployments") == 1  # a permanent error: no retry loop
+        # a permanent error: kopf records the spec as handled (last-handled-configuration), no retry pending
+        await reconciles_once_handled(emulator, runtime)
+        assert emulator.count("create", "deployments") == 1
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"maxNumSeqs": 64}}})
         await eventually(lambda: condition(isvc_of(emulator), "Applied")["status"] == "True")
         assert deployment_of(emulator) is not None

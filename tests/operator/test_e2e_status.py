@@ -5,8 +5,6 @@ The emulator has no Deployment controller: the tests write a Deployment's status
 where the controller would, and say so.
 """
 
-import asyncio
-
 import pytest
 
 from pagedinfer.operator.children import builders
@@ -111,8 +109,9 @@ async def test_ready_is_not_claimed_for_a_generation_whose_patch_is_still_in_fli
         await eventually(lambda: condition(isvc_of(emulator), "Ready")["status"] == "True")
         # A busy API server: the patch of generation 2 takes seconds, while the old pods keep reporting.
         emulator.faults.append(Fault(verb="patch", resource="deployments", status=None, delay_seconds=1.8))
+        patches = emulator.received("patch", "deployments")
         await emulator.merge(ISVC, "default", "llama", {"spec": {"engine": {"image": "ghcr.io/x/pagedinfer:v2"}}})
-        await asyncio.sleep(0.3)
+        await eventually(lambda: emulator.received("patch", "deployments") > patches)  # in flight, held 1.8 s
         await roll_out(emulator, "llama", ready=1, replicas=2)  # a surge pod of the old template
         await eventually(lambda: isvc_of(emulator)["status"]["replicas"] == 2)
         assert rollout_generations(isvc_of(emulator)) == {"Available": 1, "Ready": 1}
