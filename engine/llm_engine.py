@@ -52,6 +52,7 @@ from pagedinfer.engine.overlap.thread import OutputThread
 from pagedinfer.engine.request_checks import check_request, check_request_id, prompt_token_ids
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
+from pagedinfer.engine.scheduler_config import SchedulerConfig
 from pagedinfer.engine.sequence import Sequence, SequenceGroup
 from pagedinfer.engine.stop_checks import check_stop
 from pagedinfer.engine.structured.compiler import StructuredOutputs
@@ -132,7 +133,7 @@ class LLMEngine:
             config.watermark,
             enable_offload=self.num_tier_blocks > 0,
         )
-        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.scheduler = Scheduler(SchedulerConfig.of(config), self.kv)
         self.eos_token_ids = setup.eos_token_ids(
             getattr(self.runner.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id
         )

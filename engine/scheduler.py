@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pagedinfer.engine.batch.deltas import TableDeltas
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.kv_offload.tier import TierCopies
+from pagedinfer.engine.scheduler_config import SchedulerConfig
 from pagedinfer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -95,10 +95,10 @@ class SchedulerCounters:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        """kv: the pools the scheduler allocates from, and their block size (held there only)."""
         self.config = config
         self.kv = kv
-        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # arrival order: the last is preempted first
         self.swapped: deque[Sequence] = deque()

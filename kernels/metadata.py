@@ -82,11 +82,6 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
 
-    @property
-    def num_decode_tokens(self) -> int:
-        """Decodes come first and have one token each."""
-        return self.num_decode_seqs
-
 
 def _check_tensor(name: str, tensor: object, dtype: torch.dtype, ndim: int) -> None:
     if not isinstance(tensor, torch.Tensor):

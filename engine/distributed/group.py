@@ -56,10 +56,6 @@ class TPGroup:
             compute = control
         return cls(rank, world_size, store, control, compute)
 
-    @property
-    def is_driver(self) -> bool:
-        return self.rank == 0
-
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over the ranks, in place."""
         self.compute.allreduce([tensor]).wait()

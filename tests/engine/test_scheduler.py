@@ -24,10 +24,10 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import RequestCounts, Scheduler
+from pagedinfer.engine.scheduler_config import SchedulerConfig
 from pagedinfer.engine.sequence import Sequence, SequenceStatus
 
 
@@ -42,17 +42,11 @@ def make(
     watermark=0.0,
     tier=False,
 ):
-    cfg = EngineConfig(
-        model="unused",
-        block_size=8,
-        max_num_batched_tokens=budget,
-        max_num_seqs=max_seqs,
-        preemption_mode=mode,
-        enable_chunked_prefill=chunked,
-        watermark=watermark,
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=budget, max_num_seqs=max_seqs, enable_chunked_prefill=chunked, preemption_mode=mode
     )
     kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=cpu, watermark=watermark, enable_offload=tier)
-    return Scheduler(cfg, kv, max_model_len=num_blocks * block_size), kv
+    return Scheduler(cfg, kv), kv
 
 
 def new_seq(tokens, t, rid=None):
@@ -253,6 +247,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.sched, self.kv = make(
                 num_blocks=num_blocks, block_size=4, mode=mode, budget=12, cpu=cpu, watermark=watermark, tier=tier
             )
+            self.max_model_len = num_blocks * 4  # the engine's bound: every request fits the pool
 
     def _ready(self):
         return hasattr(self, "sched")
@@ -262,7 +257,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def add(self, length, prefix):
         t = next(self.ids)
         tokens = [1] * prefix + [t % 50 + 2] * length
-        if len(tokens) + 8 > self.sched.max_model_len:
+        if len(tokens) + 8 > self.max_model_len:
             return
         s = new_seq(tokens, t)
         self.sched.add(s)
@@ -535,11 +530,9 @@ class _CountingFastPath(KVCacheManager):
 
 
 def _twin(kv_class, mode, num_blocks):
-    cfg = EngineConfig(
-        model="unused", block_size=8, max_num_batched_tokens=12, max_num_seqs=6, preemption_mode=mode, watermark=0.0
-    )
+    cfg = SchedulerConfig(max_num_batched_tokens=12, max_num_seqs=6, enable_chunked_prefill=True, preemption_mode=mode)
     kv = kv_class(num_blocks, 4, num_cpu_blocks=6 if mode == "swap" else 0, watermark=0.0)
-    return Scheduler(cfg, kv, max_model_len=num_blocks * 4)
+    return Scheduler(cfg, kv)
 
 
 def _step_view(sched, out, name):
