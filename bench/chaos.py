@@ -25,7 +25,12 @@ Reported per run:
   (its `pagedinfer_router_engine_kv_sequence`, not stale) reflects the newest
   batch the engine had sent by then (read from the engine's own PUB socket);
   "never" if not by the next wave's end;
-- silence noticed: from the silence until the router marks the engine stale;
+- silence noticed: from the silence until the router marks the engine stale
+  (the limit: one heartbeat interval plus `STALE_SLACK_SECONDS`, router/feed_sync.py);
+- stale outside a silence: times an engine turned stale with its publisher talking
+  (a lost heartbeat, or one later than the slack);
+- heartbeat gap max: the longest time between two heartbeats on the engines' own
+  PUB sockets during the load (the publisher's lateness the slack must cover);
 - evicted: the BlockRemoved hashes the engines published during the load.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/chaos.py              # the figures in docs/router.md
@@ -70,6 +75,8 @@ class EngineSeqs:
 
         self.latest: dict[str, int] = {}
         self.num_removed_blocks = 0  # BlockRemoved hashes, all engines: the eviction the run caused
+        self.last_beat: dict[str, float] = {}
+        self.max_beat_gap_seconds = 0.0  # the longest time between two heartbeats of one engine (reset per run)
         self._ctx = zmq.Context()
         self._socks = {}
         for url in engine_urls:
@@ -94,7 +101,13 @@ class EngineSeqs:
             for sock, _ in poller.poll(50):
                 _, seq, payload = sock.recv_multipart()
                 seq = int.from_bytes(seq, "big", signed=True)
-                if seq != HEARTBEAT_SEQ:
+                url = self._socks[sock]
+                if seq == HEARTBEAT_SEQ:
+                    now = time.monotonic()
+                    if url in self.last_beat:
+                        self.max_beat_gap_seconds = max(self.max_beat_gap_seconds, now - self.last_beat[url])
+                    self.last_beat[url] = now
+                else:
                     self.latest[self._socks[sock]] = max(seq, self.latest[self._socks[sock]])
                     self.num_removed_blocks += sum(
                         len(e.block_hashes) for e in decode_batch(seq, payload).events if isinstance(e, BlockRemoved)
@@ -125,6 +138,9 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
     fault_ends: list[tuple[float, dict[str, int]]] = field(default_factory=list)  # (time, engine seqs then)
     silenced_at: float | None = None
+    resumed_at: float | None = None
+    silenced_url: str | None = None  # the proxy whose PUB stream is silenced
+    max_beat_gap_seconds: float = 0.0  # on the engines' own PUB sockets, during the load
     evicted_blocks: int = 0  # BlockRemoved hashes the engines published during the load
 
 
@@ -169,11 +185,13 @@ async def drive(
         for wave in range(args.turns):
             if run.case == "silence" and wave == silence_from:
                 proxies[0].silence()
+                run.silenced_url = proxies[0].url
                 run.silenced_at = time.monotonic()
             order = random.Random(wave).sample(convs, len(convs))  # a fixed order would make LRU miss every turn
             await asyncio.gather(*(one(conv[wave]) for conv in order))
             if run.case == "silence" and wave == silence_to:
                 proxies[0].resume()
+                run.resumed_at = time.monotonic()
             if run.case != "silence" or wave == silence_to:
                 run.fault_ends.append((time.monotonic(), {p.url: seqs.now()[engine_of[p.url]] for p in proxies}))
             await asyncio.sleep(args.pause_seconds)
@@ -206,8 +224,10 @@ def run_case(case: str, heartbeats: bool, urls: list[str], seqs: EngineSeqs, arg
         sampler.start()
         convs = routing.workload(args.tenants, args.turns, args.system_words, seed=seed)
         removed_before = seqs.num_removed_blocks
+        seqs.max_beat_gap_seconds = 0.0
         asyncio.run(drive(router_url, convs, args, run, proxies, seqs, engine_of))
         run.evicted_blocks = seqs.num_removed_blocks - removed_before
+        run.max_beat_gap_seconds = seqs.max_beat_gap_seconds
         stop.set()
         sampler.join(5)
     finally:
@@ -226,6 +246,18 @@ def convergence_seconds(run: Run, t: float, targets: dict[str, int], until: floa
         if all(url in s.view and s.view[url][0] >= target and not s.view[url][1] for url, target in targets.items()):
             return s.t - t
     return None
+
+
+def stale_outside_silence(run: Run) -> int:
+    """Times an engine turned stale (in the samples) while its publisher was not silenced."""
+    turned, was = 0, {}
+    for s in run.samples:
+        silenced = run.silenced_at is not None and run.silenced_at <= s.t and (run.resumed_at or 1e18) >= s.t
+        for url, (_, stale) in s.view.items():
+            if stale and not was.get(url, False) and not (silenced and url == run.silenced_url):
+                turned += 1
+            was[url] = stale
+    return turned
 
 
 def summarize(run: Run) -> dict:
@@ -257,6 +289,8 @@ def summarize(run: Run) -> dict:
         "not_converged": len(conv) - len(done),
         "fault_ends": len(conv),
         "silence_noticed_s": noticed,
+        "stale_outside_silence": stale_outside_silence(run),
+        "max_heartbeat_gap_s": run.max_beat_gap_seconds or None,
         "evicted_blocks": run.evicted_blocks,
     }
 
@@ -347,14 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'case':<10}{'heartbeats':>11}{'requests':>9}{'routed hits':>12}{'phantom':>14}{'partial':>8}"
-        f"{'converge p50':>13}{'max':>7}{'never':>6}{'silence seen':>13}{'evicted':>8}"
+        f"{'converge p50':>13}{'max':>7}{'never':>6}{'silence seen':>13}{'stale else':>11}{'beat gap':>9}"
+        f"{'evicted':>8}"
     )
     for r in rows:
         print(
             f"{r['case']:<10}{'on' if r['heartbeats'] else 'off':>11}{r['requests']:>9}{r['routed_hits']:>12}"
             f"{r['phantom_hits']:>6} ({r['phantom_fraction']:>5.1%}){r['partial_hits']:>8}"
             f"{fmt(r['convergence_median_s']):>13}{fmt(r['convergence_max_s']):>7}"
-            f"{r['not_converged']:>3}/{r['fault_ends']:<2}{fmt(r['silence_noticed_s']):>13}{r['evicted_blocks']:>8}"
+            f"{r['not_converged']:>3}/{r['fault_ends']:<2}{fmt(r['silence_noticed_s']):>13}"
+            f"{r['stale_outside_silence']:>11}{fmt(r['max_heartbeat_gap_s']):>9}{r['evicted_blocks']:>8}"
         )
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))

@@ -11,9 +11,12 @@ rules are tested without sockets (`tests/router/test_feed_sync.py`):
   spell, which no later batch reveals, is found within one interval; another
   epoch than the one the feed's snapshot came from is a restarted engine;
 - a publisher that has announced a heartbeat interval and sent nothing (no
-  batch, no heartbeat) for `STALE_AFTER_INTERVALS` intervals is silent: the
-  router stops scoring its blocks until a message arrives and the feed has
-  caught up with it. An engine that announces no interval (one from before
+  batch, no heartbeat) for one interval plus `STALE_SLACK_SECONDS` since the
+  last message it sent is silent: the router stops scoring its blocks until a
+  message arrives and the feed has caught up with it. Since the last message
+  before a silence came less than one interval before it began, the silence
+  is noticed at most one interval plus the slack after it began (the feed
+  wakes at that deadline, `Liveness.seconds_until_silent`, not on a timer). An engine that announces no interval (one from before
   heartbeats, or `--kv-events-heartbeat-seconds 0`) is never silent: it is
   followed as before.
 """
@@ -24,7 +27,10 @@ from typing import Literal
 
 from pagedinfer.engine.kv_events.heartbeat import Heartbeat
 
-STALE_AFTER_INTERVALS = 2.0  # one heartbeat missed, and as long again of grace for a busy machine
+# How late a heartbeat may arrive before its publisher counts as silent: the publisher's 5 ms flush, its
+# thread's and the router's event loop's scheduling on a busy machine. A lost heartbeat (a dropped message)
+# is indistinguishable from silence: it marks the feed stale until the next one, one interval at most.
+STALE_SLACK_SECONDS = 0.1
 
 BatchStep = Literal["apply", "gap", "restart", "old"]
 HeartbeatStep = Literal["in-sync", "gap", "restart"]
@@ -75,8 +81,19 @@ class Liveness:
 
     @property
     def quiet_limit_seconds(self) -> float | None:
-        return None if self.interval_seconds is None else STALE_AFTER_INTERVALS * self.interval_seconds
+        """How long the publisher may send nothing: one interval and the slack (None: no heartbeats)."""
+        return None if self.interval_seconds is None else self.interval_seconds + STALE_SLACK_SECONDS
+
+    def silent_at_seconds(self) -> float | None:
+        """When the publisher counts as silent unless a message arrives first (None: never)."""
+        limit = self.quiet_limit_seconds
+        return None if limit is None else self.last_heard_seconds + limit
+
+    def seconds_until_silent(self, now_seconds: float) -> float | None:
+        """How long a quiet feed may wait for a message before it must look again (None: for ever)."""
+        at = self.silent_at_seconds()
+        return None if at is None else max(0.0, at - now_seconds)
 
     def is_silent(self, now_seconds: float) -> bool:
-        limit = self.quiet_limit_seconds
-        return limit is not None and now_seconds - self.last_heard_seconds > limit
+        at = self.silent_at_seconds()
+        return at is not None and now_seconds >= at

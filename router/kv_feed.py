@@ -11,8 +11,8 @@
    new snapshot.
 
 4. heartbeats (an engine that sends them): one naming a batch above the
-   feed's is a gap, as in 3; no message for `STALE_AFTER_INTERVALS` of the
-   engine's interval marks the feed stale (`on_stale(True)`: the router stops
+   feed's is a gap, as in 3; no message for one of the engine's intervals
+   plus `STALE_SLACK_SECONDS` marks the feed stale (`on_stale(True)`: the router stops
    scoring its blocks) until a message arrives and the feed has caught up
    (`on_stale(False)`). The rules are `feed_sync.py`'s.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ logger = logging.getLogger("pagedinfer.router.kv_feed")
 
 REPLAY_TIMEOUT_SECONDS = 2.0
 HTTP_TIMEOUT_SECONDS = 5.0
-SILENCE_CHECK_SECONDS = 0.05  # how often a quiet feed looks at its clock
+IDLE_POLL_SECONDS = 1.0  # a feed with no silence deadline (no heartbeats, or already stale) wakes this often
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,9 @@ class KVFeed:
             await self._resnapshot(info)
             self.liveness = feed_sync.Liveness(info.heartbeat_interval_seconds, time.monotonic())
             while True:
-                if not await sub.poll(SILENCE_CHECK_SECONDS * 1000):
+                wait = None if self.stale else self.liveness.seconds_until_silent(time.monotonic())
+                wait_ms = math.ceil((IDLE_POLL_SECONDS if wait is None else wait) * 1000)  # wake at the deadline
+                if not await sub.poll(wait_ms):
                     self._check_silence()
                     continue
                 frames = await sub.recv_multipart()

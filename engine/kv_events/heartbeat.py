@@ -18,7 +18,7 @@ Compatibility: a consumer that predates heartbeats reads a batch numbered -2
 with no events, below any number it expects, and ignores it (the router's
 feed before this did exactly that). A consumer that knows heartbeats treats
 `last_seq` above its own as a gap (replay, else snapshot), and a publisher
-silent for `STALE_AFTER_INTERVALS` intervals (`router/feed_sync.py`) as
+silent for one interval and a small slack (`router/feed_sync.py`) as
 stale. An engine that sends none is followed as before.
 """
 

@@ -3,7 +3,7 @@ Cheap: synthetic answers and samples; the script itself (engine processes, a rou
 
 from __future__ import annotations
 
-from chaos import Run, Sample, convergence_seconds, summarize
+from chaos import Run, Sample, convergence_seconds, stale_outside_silence, summarize
 
 A, B = "http://127.0.0.12:1", "http://127.0.0.13:2"
 
@@ -34,3 +34,15 @@ def test_the_silence_is_noticed_at_the_first_sample_showing_a_stale_engine():
     row = summarize(run)
     assert abs(row["silence_noticed_s"] - 0.7) < 1e-9 and abs(row["convergence_max_s"] - 0.5) < 1e-9
     assert row["not_converged"] == 0
+
+
+def test_stale_outside_a_silence_counts_each_turn_to_stale_except_the_silenced_engines_during_its_silence():
+    samples = [
+        Sample(1.0, {A: (1, False), B: (1, True)}),  # B: a lost heartbeat
+        Sample(2.0, {A: (1, True), B: (1, True)}),  # A silenced at 1.5: not counted
+        Sample(3.0, {A: (1, True), B: (2, False)}),
+        Sample(4.0, {A: (2, False), B: (2, True)}),  # B again
+        Sample(5.0, {A: (2, True), B: (2, False)}),  # A after the resume at 3.5: counted
+    ]
+    run = Run("silence", heartbeats=True, samples=samples, silenced_at=1.5, resumed_at=3.5, silenced_url=A)
+    assert stale_outside_silence(run) == 3

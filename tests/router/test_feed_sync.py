@@ -7,7 +7,7 @@ import pytest
 
 from pagedinfer.engine.kv_events.events import decode_batch
 from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ, Heartbeat, decode_heartbeat, encode_heartbeat
-from pagedinfer.router.feed_sync import STALE_AFTER_INTERVALS, Liveness, is_contiguous, on_batch, on_heartbeat
+from pagedinfer.router.feed_sync import STALE_SLACK_SECONDS, Liveness, is_contiguous, on_batch, on_heartbeat
 
 
 @pytest.mark.parametrize(
@@ -53,22 +53,52 @@ def test_a_replay_fills_a_gap_only_with_every_missing_batch_in_order():
     assert is_contiguous([], 5, 4)  # nothing was missing
 
 
-def test_a_publisher_is_silent_after_the_stated_intervals_without_a_message_and_not_before():
+def test_a_publisher_is_silent_one_interval_and_the_slack_after_its_last_message_and_not_before():
     live = Liveness(0.5, now_seconds=100.0)
-    limit = STALE_AFTER_INTERVALS * 0.5
-    assert not live.is_silent(100.0 + limit)
-    assert live.is_silent(100.0 + limit + 0.001)
+    limit = 0.5 + STALE_SLACK_SECONDS
+    assert live.quiet_limit_seconds == limit
+    assert not live.is_silent(100.0 + limit - 0.001)
+    assert live.is_silent(100.0 + limit)
     live.heard(101.2)  # any message (a batch or a heartbeat) counts
-    assert not live.is_silent(101.2 + limit)
-    assert live.is_silent(101.2 + limit + 0.001)
+    assert live.seconds_until_silent(101.2) == pytest.approx(limit)  # the feed's poll wakes at the deadline
+    assert not live.is_silent(101.2 + limit - 0.001)
+    assert live.is_silent(101.2 + limit) and live.seconds_until_silent(101.2 + limit + 5) == 0.0
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.001, 0.1, 0.25, 0.4, 0.499])
+def test_a_silence_is_noticed_within_one_interval_and_the_slack_whatever_its_phase(phase):
+    """Heartbeats every 0.5 s from t=0, batches in between; the publisher goes silent at 3.0 + phase.
+
+    The feed wakes exactly at `silent_at_seconds` (its poll times out there), so that is when it notices."""
+    interval = 0.5
+    live = Liveness(interval, now_seconds=0.0)
+    silent_from = 3.0 + phase
+    messages = sorted([k * interval for k in range(1, 20)] + [0.77, 1.31, 2.95, 3.02, 3.3])
+    for t in messages:
+        if t >= silent_from:
+            break
+        assert not live.is_silent(t)  # every message came before its deadline: never stale while it talks
+        live.heard(t)
+    noticed = live.silent_at_seconds()
+    assert silent_from < noticed <= silent_from + interval + STALE_SLACK_SECONDS
+
+
+def test_a_heartbeat_late_by_less_than_the_slack_keeps_the_publisher_live():
+    interval = 0.5
+    live = Liveness(interval, now_seconds=0.0)
+    t = 0.0
+    for _ in range(50):
+        t += interval + 0.9 * STALE_SLACK_SECONDS  # every heartbeat late, each within the slack
+        assert not live.is_silent(t)
+        live.heard(t)
 
 
 def test_a_heartbeats_interval_wins_and_an_engine_without_heartbeats_is_never_silent():
     old = Liveness(None, now_seconds=0.0)
-    assert not old.is_silent(1e9) and old.quiet_limit_seconds is None
+    assert not old.is_silent(1e9) and old.quiet_limit_seconds is None and old.seconds_until_silent(5.0) is None
     learned = Liveness(None, now_seconds=0.0)
     learned.heard(1.0, interval_seconds=0.25)  # discovery said nothing; the first heartbeat says 0.25 s
-    assert learned.is_silent(1.0 + STALE_AFTER_INTERVALS * 0.25 + 0.001)
+    assert learned.is_silent(1.0 + 0.25 + STALE_SLACK_SECONDS)
 
 
 def test_a_heartbeat_round_trips_and_reads_as_an_empty_batch_to_a_consumer_that_predates_it():
