@@ -56,8 +56,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routing  # noqa: E402  (bench/routing.py: the workload and the processes)
 
-from pagedinfer.engine.kv_events.events import BlockRemoved, decode_batch  # noqa: E402
-from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ  # noqa: E402
+from pagedinfer.contracts.kv_events.events import BlockRemoved, decode_batch  # noqa: E402
+from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ  # noqa: E402
 from pagedinfer.testing.kv_chaos import KVChaosProxy  # noqa: E402
 from pagedinfer.testing.server_process import wait_process_healthy  # noqa: E402
 
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         args.tenants, args.turns, args.system_words, args.silence_waves, args.pause_seconds = 4, 4, 40, (1, 2), 1.0
-    from pagedinfer.engine.kv_events.heartbeat import DEFAULT_HEARTBEAT_INTERVAL_SECONDS
+    from pagedinfer.contracts.config.serve_args import DEFAULT_HEARTBEAT_INTERVAL_SECONDS
 
     heartbeat = DEFAULT_HEARTBEAT_INTERVAL_SECONDS if args.heartbeat_seconds is None else args.heartbeat_seconds
     args.logs.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,8 @@ def main() -> None:
     import torch
     import transformers
 
-    from pagedinfer.engine import EngineConfig, LLMEngine
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.engine import LLMEngine
 
     torch.set_num_threads(1)
     vocab = transformers.AutoConfig.from_pretrained(args.model_dir).vocab_size

@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from pagedinfer.contracts.config.engine_config import EngineConfig
     from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
-    from pagedinfer.engine.config import EngineConfig
     from pagedinfer.engine.distributed.step_message import StepInputs
     from pagedinfer.engine.model_runner import ModelRunner
 

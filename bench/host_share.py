@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from pagedinfer.contracts.config.engine_config import EngineConfig
     from pagedinfer.engine import SamplingParams
-    from pagedinfer.engine.config import EngineConfig
     from pagedinfer.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, num_gpu_blocks_override=1024, device="cpu"))

@@ -59,8 +59,8 @@ def make_model(out: Path, hidden_size: int, layers: int) -> Path:
 
 
 def counters(url: str) -> dict[str, float]:
+    from pagedinfer.contracts import metric_names as m
     from pagedinfer.engine.bench.scrape import sample_totals
-    from pagedinfer.engine.server import metric_names as m
 
     names = {
         "hits": m.PREFIX_CACHE_HITS.sample,

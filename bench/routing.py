@@ -157,8 +157,8 @@ async def run_load(url: str, convs: list[list[list[dict]]], max_tokens: int, con
 
 
 def engine_counters(url: str) -> dict[str, float]:
+    from pagedinfer.contracts import metric_names as m
     from pagedinfer.engine.bench.scrape import sample_totals
-    from pagedinfer.engine.server import metric_names as m
 
     names = {
         "hits": m.PREFIX_CACHE_HITS.sample,

@@ -157,7 +157,7 @@ async def annotate_deletion_costs_now(emulator, engines, interval_seconds: float
     """What the autoscaler does before a scale-in: each pod's hit tokens over the last interval as its cost."""
     import httpx
 
-    from pagedinfer.engine.server import metric_names as m
+    from pagedinfer.contracts import metric_names as m
     from pagedinfer.operator.autoscaling.readings import PodReading
     from pagedinfer.operator.routing.deletion_cost import DELETION_COST_ANNOTATION, deletion_costs
     from pagedinfer.testing.kubelet_harness import PODS

@@ -291,7 +291,8 @@ def run_pagedinfer(
     import torch
 
     torch.set_num_threads(num_threads)
-    from pagedinfer.engine import EngineConfig, LLMEngine
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.engine import LLMEngine
 
     with Span() as startup:
         engine = LLMEngine(

@@ -36,7 +36,8 @@ def main() -> None:
     if args.num_requests < 1:
         p.error("--num-requests: must be >= 1")
     torch.set_num_threads(1)
-    from pagedinfer.engine import EngineConfig, LLMEngine, SamplingParams
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.engine import LLMEngine, SamplingParams
     from pagedinfer.engine.tiny_model import make_tiny_model
 
     spec = MODELS[args.model]

@@ -45,7 +45,7 @@ from affinity import parse_cpu_list, pin
 from agreement import Agreement, agreement
 from workload import LengthDistribution, RunResult, check_lengths, make_workload, save_workload
 
-from pagedinfer.engine.config import OVERLAP_MODES
+from pagedinfer.contracts.config.engine_config import OVERLAP_MODES
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """pagedinfer.engine: a paged-KV-cache LLM inference engine.
 
 The public names (`LLM`, `SamplingParams`, ...) are resolved lazily so that
-torch-free modules of this package (for example `pagedinfer.engine.sizing`,
-which the operator shares) can be imported without loading torch.
+torch-free modules of this package can be imported without loading torch.
+`EngineConfig` is a contract (`pagedinfer.contracts.config.engine_config`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ _LAZY = {
     "BeamSearchOutput": "pagedinfer.engine.beam.params",
     "RequestOutput": "pagedinfer.engine.outputs",
     "CompletionOutput": "pagedinfer.engine.outputs",
-    "EngineConfig": "pagedinfer.engine.config",
     "LLMEngine": "pagedinfer.engine.llm_engine",
 }
 

@@ -10,7 +10,7 @@ Invariants (checked by `check_invariants`, exercised by the tests' state machine
 - num_free + num_used == num_blocks.
 
 Prefix caching (automatic, lazy eviction): a FULL block gets a hash chained
-over its parent's hash and its token ids (see `hash_block_tokens`). When freed
+over its parent's hash and its token ids (`contracts/kv_events/block_hash.py`). When freed
 it keeps its hash and goes to the free queue; a later request whose prefix
 hashes to it takes it back out of the queue (O(1), from the middle) after
 its token ids are compared, so a hash collision is never reused silently.
@@ -34,29 +34,10 @@ chain is evicted before its head, and a shared prefix survives longest.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pagedinfer.engine.kv_events.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-
-ROOT_HASH_SEED = b"pagedinfer-prefix-cache-v1"
-HASH_ALGORITHM = "blake2b-128(parent or seed, int64-le token ids)"  # named in the KV-event discovery answer
-
-
-def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
-    """Hash of one full block, chained to its parent (None for the first block).
-
-    A pure function of (parent hash, token ids, extra keys) with a seeded root,
-    so equal prefixes hash equally in every process.
-    """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent_hash if parent_hash is not None else ROOT_HASH_SEED)
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    if extra_keys:
-        h.update(repr(extra_keys).encode())
-    return h.digest()
+from pagedinfer.contracts.kv_events.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 
 @dataclass(eq=False)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from pagedinfer.engine import sizing
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.model_shape import DEVICE_TYPES, ModelShape
 from pagedinfer.engine.engine_args import add_plan_args
 from pagedinfer.engine.hf_config import load_hf_config
-from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,17 +1,17 @@
 """The engine's flags for `pagedinfer generate`, `serve` and `plan`, derived from `EngineConfig`.
 
 Each option is defined once, as an annotated field of `EngineConfig`
-(`engine/config.py`: name, default, help, type, choices, managed by the
+(`contracts/config/engine_config.py`: name, default, help, type, choices, managed by the
 operator); this module only turns those fields into argparse options and
-parsed arguments back into a config (`engine/options.py`). Torch-free.
+parsed arguments back into a config (`contracts/config/options.py`). Torch-free.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.options import add_flags, values_from_args
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.config.options import add_flags, values_from_args
 
 # The options `pagedinfer plan` shares with the engine (it sizes the pool they shape).
 PLAN_FIELDS = (

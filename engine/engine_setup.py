@@ -30,10 +30,10 @@ import dataclasses
 import logging
 from typing import Any
 
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.host_memory import HostMemoryBound
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.config.host_memory import HostMemoryBound
+from pagedinfer.contracts.sizing import InsufficientMemoryError
 from pagedinfer.engine.model_source import resolve_model_dir
-from pagedinfer.engine.sizing import InsufficientMemoryError
 
 logger = logging.getLogger(__name__)
 

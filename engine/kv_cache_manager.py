@@ -27,9 +27,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pagedinfer.contracts.kv_events.block_hash import hash_block_tokens
+from pagedinfer.contracts.kv_events.events import MEDIUM_CPU
 from pagedinfer.engine.batch.deltas import TableChanges, TableDeltas
-from pagedinfer.engine.block_pool import Block, BlockPool, hash_block_tokens
-from pagedinfer.engine.kv_events.events import MEDIUM_CPU
+from pagedinfer.engine.block_pool import Block, BlockPool
 from pagedinfer.engine.kv_offload.tier import OffloadTier, TierCopies, TierStats
 from pagedinfer.engine.sequence import Sequence
 

@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine.beam.params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.llm_engine import LLMEngine
 from pagedinfer.engine.outputs import EngineStats, OutputAccumulator, RequestOutput
 from pagedinfer.engine.sampling_params import SamplingParams

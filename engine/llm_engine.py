@@ -29,13 +29,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.config.host_memory import available_host_memory
 from pagedinfer.engine import engine_setup as setup
 from pagedinfer.engine.beam import group as beam_group
 from pagedinfer.engine.beam.params import BeamSearchParams
 from pagedinfer.engine.beam.search import BeamSearch
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.detokenizer import IncrementalDetokenizer
-from pagedinfer.engine.host_memory import available_host_memory
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.kv_offload.tier import LOAD, STORE
 from pagedinfer.engine.outputs import (

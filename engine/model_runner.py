@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedinfer.engine import sizing
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.model_shape import ModelShape
+from pagedinfer.contracts.model_shape import resolve_dtype as resolve_dtype_name
 from pagedinfer.engine.attention import StepContext, register
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.batch.step_inputs import IndexBuffer
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu.compiled_forward import CompiledForward
 from pagedinfer.engine.cpu.fused_layers import LayerFusionReport, causal_lm_logits, fuse_layers, fuses_causal_lm
 from pagedinfer.engine.cpu.fused_projections import FusionReport, fuse_projections
@@ -42,8 +44,6 @@ from pagedinfer.engine.gpu_forward.select import choose_decoder
 from pagedinfer.engine.hf_config import load_hf_config
 from pagedinfer.engine.kv_offload.copies import TierCopier
 from pagedinfer.engine.kv_offload.tier import LOAD, STORE
-from pagedinfer.engine.model_shape import ModelShape
-from pagedinfer.engine.model_shape import resolve_dtype as resolve_dtype_name
 from pagedinfer.engine.scheduler import SchedulerOutput
 from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pagedinfer.engine.config import EngineConfig
+from pagedinfer.contracts.config.engine_config import EngineConfig
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ FROM ${BASE_IMAGE} AS wheel
 COPY requirements/engine-cpu.lock /wheels/
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contracts ./contracts
 COPY engine ./engine
 COPY kernels ./kernels
 COPY operator ./operator

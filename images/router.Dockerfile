@@ -18,6 +18,7 @@ FROM ${BASE_IMAGE} AS wheel
 COPY requirements/router.lock /wheels/
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contracts ./contracts
 COPY engine ./engine
 COPY kernels ./kernels
 COPY operator ./operator

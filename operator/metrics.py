@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from pagedinfer.engine.server import metric_names as m
+from pagedinfer.contracts import metric_names as m
 
 RESULTS = ("applied", "invalid", "unsized", "retry")
 

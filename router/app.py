@@ -39,10 +39,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedinfer.contracts.http.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
 from pagedinfer.engine.server.errors import error_body, error_response
-from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.router import upstream as bounds
 from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slices
 from pagedinfer.router.engine_tokenizer import RouterTokenizer

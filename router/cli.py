@@ -6,8 +6,8 @@ import argparse
 import logging
 import sys
 
-from pagedinfer.engine.server import cli_types
-from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
+from pagedinfer.contracts.config import cli_types
+from pagedinfer.contracts.http.read_timeouts import add_read_timeout_args
 from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
 from pagedinfer.router.hold.queue import (
     DEFAULT_KEEPALIVE_SECONDS,
@@ -154,9 +154,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_router(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from pagedinfer.contracts.http.header_timeout import header_timeout_protocol
     from pagedinfer.engine.server.auth import resolve_api_key
     from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
-    from pagedinfer.engine.server.read_timeouts import header_timeout_protocol
     from pagedinfer.router.app import RouterSettings, create_router_app
     from pagedinfer.router.hold.queue import HoldSettings
     from pagedinfer.router.warmup.settings import WarmupSettings

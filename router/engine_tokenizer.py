@@ -25,7 +25,7 @@ import logging
 
 import httpx
 
-from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH, fingerprint
+from pagedinfer.contracts.kv_events.tokenizer_files import TOKENIZER_PATH, fingerprint
 from pagedinfer.router.request_tokens import RequestTokenizer
 
 logger = logging.getLogger("pagedinfer.router")

@@ -6,7 +6,7 @@ rules are tested without sockets (`tests/router/test_feed_sync.py`):
 - a batch numbered one above the feed's is applied; above that is a gap
   (replay the missing ones, else snapshot); 0 after a higher number is an
   engine that restarted (snapshot); anything else is already reflected;
-- a heartbeat (`engine/kv_events/heartbeat.py`) naming a batch above the
+- a heartbeat (`contracts/kv_events/heartbeat.py`) naming a batch above the
   feed's is a gap, as a batch would be: the lost LAST batch before a quiet
   spell, which no later batch reveals, is found within one interval; another
   epoch than the one the feed's snapshot came from is a restarted engine;
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pagedinfer.engine.kv_events.heartbeat import Heartbeat
+from pagedinfer.contracts.kv_events.heartbeat import Heartbeat
 
 # How late a heartbeat may arrive before its publisher counts as silent: the publisher's 5 ms flush, its
 # thread's and the router's event loop's scheduling on a busy machine. A lost heartbeat (a dropped message)

@@ -1,6 +1,6 @@
 """The engine's block hashes of a token sequence, computed on the router (no torch).
 
-One definition: `pagedinfer.engine.block_pool.hash_block_tokens`, chained over
+One definition: `pagedinfer.contracts.kv_events.block_hash.hash_block_tokens`, chained over
 full blocks. A prompt's i-th full block is cached on an engine iff its hash is
 in that engine's set, and because the hash chains over every earlier block,
 the longest cached prefix is the first miss.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedinfer.engine.block_pool import hash_block_tokens
+from pagedinfer.contracts.kv_events.block_hash import hash_block_tokens
 
 
 def prefix_block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:

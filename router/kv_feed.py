@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pagedinfer.engine.kv_events.events import (
+from pagedinfer.contracts.kv_events.events import (
     END_OF_REPLAY_SEQ,
     EventBatch,
     apply_event,
@@ -42,7 +42,7 @@ from pagedinfer.engine.kv_events.events import (
     seq_from_bytes,
     seq_to_bytes,
 )
-from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ, decode_heartbeat
+from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ, decode_heartbeat
 from pagedinfer.router import feed_sync
 
 logger = logging.getLogger("pagedinfer.router.kv_feed")

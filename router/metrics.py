@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from pagedinfer.engine.server import metric_names as m
+from pagedinfer.contracts import metric_names as m
 
 
 class _EngineCollector:

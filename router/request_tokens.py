@@ -50,7 +50,7 @@ class RequestTokenizer:
 
     @classmethod
     def from_files(cls, files: dict[str, str], source: str) -> RequestTokenizer:
-        """From an engine's `GET /kv_events/tokenizer` files (engine/kv_events/tokenizer_files.py); a ValueError
+        """From an engine's `GET /kv_events/tokenizer` files (contracts/kv_events/tokenizer_files.py); a ValueError
         naming `source` if they do not load."""
         self = cls.__new__(cls)
         try:

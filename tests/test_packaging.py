@@ -28,6 +28,7 @@ def test_repo_root_is_not_on_sys_path():
 
 def test_the_folders_form_one_namespace():
     for name, folder in (
+        ("contracts", "contracts"),
         ("engine", "engine"),
         ("kernels", "kernels"),
         ("operator", "operator"),
@@ -40,7 +41,7 @@ def test_the_folders_form_one_namespace():
 
 def test_operator_imports_no_torch_transformers_or_triton():
     code = (
-        "import sys, pagedinfer.operator, pagedinfer.engine.sizing\n"
+        "import sys, pagedinfer.operator, pagedinfer.contracts.sizing\n"
         "import importlib.util\n"
         "spec = importlib.util.find_spec('pagedinfer.operator.cli')\n"
         "if spec: import pagedinfer.operator.cli\n"
@@ -80,11 +81,6 @@ def test_no_installed_path_or_finder_maps_plain_operator_to_our_folder():
         ).stdout.split("\n")[:2]
         assert Path(plain).resolve().parent == stdlib, (cwd, plain)
         assert Path(ours).resolve() == REPO / "operator" / "__init__.py", ours  # the lookup does reach our folder
-
-
-def _third_party_imports(folder: Path) -> set[str]:
-    """Top-level modules imported anywhere under folder (lazy imports in functions too), minus stdlib and ours."""
-    return _third_party_imports_of_files(set(folder.rglob("*.py")))
 
 
 def _module_file(name: str) -> Path | None:
@@ -177,13 +173,14 @@ GPU_ONLY_IMPORTS = {"triton"}
     ],
 )
 def test_every_module_the_code_imports_comes_with_its_extra(extra, folders, absent_allowed):
-    """An image installs `.[gpu]`, `.[engine]` or `.[operator]` only: an import outside it fails there, not here."""
+    """An image installs `.[gpu]`, `.[engine]` or `.[operator]` only: an import outside it fails there, not here.
+    The folders' own modules and every module of ours they import (pagedinfer.contracts above all) count."""
     requirements = _extra_requirements(extra)
     assert requirements, f"no [{extra}] extra in the installed metadata"
     provided = _with_dependencies(requirements)
     owners = metadata.packages_distributions()
     missing = {}
-    for module in set().union(*(_third_party_imports(REPO / f) for f in folders)) - absent_allowed:
+    for module in _third_party_imports_of_files(_served_files(folders)) - absent_allowed:
         dists = {canonicalize_name(d) for d in owners.get(module, [module])}
         if not dists & provided:
             missing[module] = sorted(dists)
@@ -294,7 +291,7 @@ def test_every_subpackage_is_listed_for_setuptools():
     )
     found = {
         "pagedinfer." + ".".join(init.parent.relative_to(REPO).parts)
-        for folder in ("engine", "kernels", "operator", "router", "testing")
+        for folder in ("contracts", "engine", "kernels", "operator", "router", "testing")
         for init in (REPO / folder).rglob("__init__.py")
     }
     assert found == listed
@@ -322,7 +319,7 @@ def test_nothing_outside_tests_reaches_into_tests_support():
     on sys.path only under pytest, through tests/conftest.py)."""
     support = {p.stem for p in (REPO / "tests" / "support").glob("*.py")}
     offenders = []
-    for folder in ("bench", "engine", "kernels", "operator", "router", "testing", "scripts"):
+    for folder in ("bench", "contracts", "engine", "kernels", "operator", "router", "testing", "scripts"):
         for path in (REPO / folder).rglob("*.py"):
             text = path.read_text()
             if _third_party_imports_of_files({path}) & support or '"support"' in text or "tests/support" in text:

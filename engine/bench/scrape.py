@@ -4,7 +4,7 @@ The one Prometheus text parser of the project: the autoscaler
 (operator/autoscaling/readings.py) reads pods with the same
 `text_string_to_metric_families`, so a timestamp, an escaped label value or
 a comment line means the same to both. Names come from
-engine/server/metric_names.py.
+contracts/metric_names.py.
 """
 
 from __future__ import annotations

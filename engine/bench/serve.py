@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from pagedinfer.contracts import metric_names
 from pagedinfer.engine.bench.scrape import sample_totals
 from pagedinfer.engine.bench.workload import (
     RequestResult,
@@ -32,7 +33,6 @@ from pagedinfer.engine.bench.workload import (
     format_summary,
     summarize,
 )
-from pagedinfer.engine.server import metric_names
 
 PROBE_TIMEOUT_SECONDS = 10.0
 

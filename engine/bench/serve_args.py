@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from pagedinfer.engine.server import cli_types
+from pagedinfer.contracts.config import cli_types
 
 DATASETS = ("synthetic", "sharegpt-like")
 

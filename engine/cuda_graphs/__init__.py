@@ -1,7 +1,7 @@
 """CUDA graphs for decode steps: one graph per batch-size bucket, fed from static buffers.
 
 A pure-decode step (every sequence one new token) of n sequences, n at most
-the largest bucket, runs at the smallest bucket b >= n (`buckets`): its
+the largest bucket, runs at the smallest bucket b >= n (`contracts/cuda_graph_buckets`): its
 inputs are written into buffers allocated once (`static_inputs`), rows n..b
 padded so that they write no KV (slot -1) and attend to one harmless key,
 then the bucket's graph is replayed (`decode_graphs`) and the first n rows of
@@ -12,7 +12,7 @@ buffers ("replay without capture"), so the bucketing, padding and slicing
 are exercised by CPU tests. Prefill and mixed steps, and batches above the
 largest bucket, take the eager path.
 
-`buckets` is pure (no torch): `engine/sizing.py` and the operator size the
+The buckets are a contract (pure, no torch): `contracts/sizing.py` and the operator size the
 graphs' memory from it. The option is `EngineConfig.max_cudagraph_capture_size`
 (`--max-cudagraph-capture-size`, 0 = off).
 """

@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 import torch
 
+from pagedinfer.contracts.cuda_graph_buckets import bucket_for
 from pagedinfer.engine.batch.persistent_batch import StepArrays
-from pagedinfer.engine.cuda_graphs.buckets import bucket_for
 from pagedinfer.engine.cuda_graphs.static_inputs import PAD_SEQ_LEN, StaticInputs
 from pagedinfer.kernels import dispatch
 from pagedinfer.kernels.metadata import AttentionMetadata

@@ -6,11 +6,11 @@ import logging
 
 import torch
 
-from pagedinfer.engine import sizing
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.cuda_graphs.buckets import capture_sizes
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.cuda_graph_buckets import capture_sizes
+from pagedinfer.contracts.model_shape import ModelShape
 from pagedinfer.engine.cuda_graphs.decode_graphs import DecodeGraphs, Forward
-from pagedinfer.engine.model_shape import ModelShape
 
 logger = logging.getLogger(__name__)
 

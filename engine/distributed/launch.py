@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedinfer.engine.config import EngineConfig
+from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine.distributed.sharding import check_divisible
 from pagedinfer.engine.hf_config import load_hf_config
 

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine.child_python import child_python_argv
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.distributed import step_message
 from pagedinfer.engine.distributed.channel import StepChannel
 from pagedinfer.engine.distributed.group import STORE_TIMEOUT, TPGroup, connect_store, create_store

@@ -34,7 +34,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from pagedinfer.engine.kv_events.events import (
+from pagedinfer.contracts.config.serve_args import DEFAULT_HEARTBEAT_INTERVAL_SECONDS
+from pagedinfer.contracts.kv_events.events import (
     END_OF_REPLAY_SEQ,
     KVCacheEvent,
     apply_event,
@@ -43,8 +44,7 @@ from pagedinfer.engine.kv_events.events import (
     seq_from_bytes,
     seq_to_bytes,
 )
-from pagedinfer.engine.kv_events.heartbeat import (
-    DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+from pagedinfer.contracts.kv_events.heartbeat import (
     HEARTBEAT_SEQ,
     Heartbeat,
     encode_heartbeat,

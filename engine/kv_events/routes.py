@@ -5,7 +5,7 @@ GET /kv_events            where to subscribe, how blocks are hashed, the tokeniz
 GET /kv_events/snapshot   the cached block hashes (hex), the sequence number they are exact at, the epoch;
                           the hashes are the device pool's (`block_hashes`) and the host tier's
                           (`cpu_block_hashes`, medium CPU)
-GET /kv_events/tokenizer  the engine's tokenizer as files (`tokenizer_files.py`): behind the API key
+GET /kv_events/tokenizer  the engine's tokenizer as files (`contracts/kv_events/tokenizer_files.py`): behind the API key
                           when the server has one, as /v1 is (a gated model's vocabulary is the model's)
 
 A consumer needs only the engine's HTTP URL: it reads /kv_events, subscribes
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pagedinfer.engine.block_pool import HASH_ALGORITHM, ROOT_HASH_SEED
+from pagedinfer.contracts.kv_events.block_hash import HASH_ALGORITHM, ROOT_HASH_SEED
+from pagedinfer.contracts.kv_events.tokenizer_files import TOKENIZER_PATH, TokenizerFiles, tokenizer_files
 from pagedinfer.engine.kv_events.publisher import KVEventPublisher
-from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH, TokenizerFiles, tokenizer_files
 
 
 def discovery(publisher: KVEventPublisher | None, tokenizer: TokenizerFiles | None = None) -> dict[str, Any]:

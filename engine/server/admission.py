@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_MAX_WAITING_REQUESTS = 1024
-
 
 @dataclass(frozen=True)
 class Refusal:

@@ -18,10 +18,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedinfer.contracts.config.options import field_default
+from pagedinfer.contracts.config.serve_args import DEFAULT_MAX_WAITING_REQUESTS, ServeArgs
+from pagedinfer.contracts.http.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
+from pagedinfer.contracts.kv_events.tokenizer_files import TOKENIZER_PATH
 from pagedinfer.engine.kv_events.routes import install_kv_event_routes
-from pagedinfer.engine.kv_events.tokenizer_files import TOKENIZER_PATH
-from pagedinfer.engine.options import field_default
-from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
 from pagedinfer.engine.server.auth import ApiKeyMiddleware
 from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed
@@ -36,9 +37,7 @@ from pagedinfer.engine.server.protocol import (
     ModelCard,
     ModelList,
 )
-from pagedinfer.engine.server.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
 from pagedinfer.engine.server.responses import DeltaTracker, chat_response, completion_response, sse
-from pagedinfer.engine.server.serve_args import ServeArgs
 from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
 from pagedinfer.engine.server.sleep_routes import SLEEP_PATHS, install_sleep_routes
 from pagedinfer.engine.server.tokenize_routes import install_tokenize_routes

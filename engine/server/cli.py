@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pagedinfer.engine.server.serve_args import ServeArgs, add_serve_args
+from pagedinfer.contracts.config.serve_args import ServeArgs, add_serve_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -36,13 +36,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pagedinfer.contracts.http.header_timeout import header_timeout_protocol
+from pagedinfer.contracts.http.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS
 from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
 from pagedinfer.engine.server.graceful_exit import absorb_reraised_signals, exit_now
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.prompt_chars import max_chars_per_token
-from pagedinfer.engine.server.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS, header_timeout_protocol
 
 logger = logging.getLogger("pagedinfer.server")
 
@@ -126,7 +127,7 @@ def uvicorn_server(
     """A uvicorn server whose exit signal also starts draining the engine loop.
 
     HTTP/1.1 through h11 always (never httptools, whatever is installed), with
-    a deadline on each request's headers (`read_timeouts.py`).
+    a deadline on each request's headers (`contracts/http/header_timeout.py`).
     """
     import uvicorn
 

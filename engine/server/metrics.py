@@ -1,4 +1,4 @@
-"""Prometheus metrics of one server (names: metric_names.py, the contract in docs/design.md).
+"""Prometheus metrics of one server (names: contracts/metric_names.py, the contract in docs/design.md).
 
 Two sources, two mechanisms:
 - Engine state (`EngineStats`: KV pool, queues, cumulative token and cache
@@ -31,7 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from pagedinfer.engine.server import metric_names as m
+from pagedinfer.contracts import metric_names as m
 from pagedinfer.engine.server.warmup_requests import is_warmup_request_id
 
 FINISHED_REASONS = ("stop", "length", "abort")

@@ -61,6 +61,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from pagedinfer.contracts.http.disconnect import watch_disconnect
 from pagedinfer.engine.outputs import OutputAccumulator
 from pagedinfer.engine.server import request_options
 from pagedinfer.engine.server.admission import check_waiting_limit
@@ -484,11 +485,3 @@ def _check_unicode(text: str, param: str) -> None:
             param=param,
             code="invalid_parameter",
         ) from None
-
-
-async def watch_disconnect(request: Request) -> None:
-    """Return when the client disconnects (the body was already read, so receive() only reports that)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

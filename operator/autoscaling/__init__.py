@@ -3,7 +3,7 @@
 `spec` parses and validates `spec.autoscaling` (pure); `scrape` reads the
 engines' /metrics (or Prometheus) with timeouts; `readings` turns that text
 into per-pod readings with prometheus_client's parser and the names of
-`pagedinfer.engine.server.metric_names`; `policy` (pure, tested by tables
+`pagedinfer.contracts.metric_names`; `policy` (pure, tested by tables
 and properties) decides a ScalingDecision from observations and the
 previous state; `daemon` is the kopf daemon that runs the loop and writes
 `spec.replicas` and `status.autoscaling`.

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedinfer.engine.server import metric_names
+from pagedinfer.contracts import metric_names
 from pagedinfer.operator.autoscaling.policy import MetricSample
 from pagedinfer.operator.autoscaling.spec import KV_CACHE_USAGE, PREFIX_CACHE_HIT_RATE, REQUESTS_WAITING
 

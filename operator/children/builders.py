@@ -43,9 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.options import command_line
-from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.config.options import command_line
+from pagedinfer.contracts.config.serve_args import ServeArgs
 from pagedinfer.operator.children.drift import with_spec_hash
 from pagedinfer.operator.children.labels import common_labels, selector_labels
 from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
@@ -142,7 +142,7 @@ def model_arg_and_mounts(spec: InferenceServiceSpec) -> tuple[list[str], list[di
 
 def serve_flags(**values: str | bool | None) -> list[str]:
     """`pagedinfer serve` flags by their fields' names (EngineConfig, ServeArgs): the options' one definition
-    names each flag (`engine/options.py` `command_line`); texts are formatted here, as they always were, so a
+    names each flag (`contracts/config/options.py` `command_line`); texts are formatted here, as they always were, so a
     built pod template does not change (a change would roll every engine pod on an operator upgrade)."""
     return command_line((EngineConfig, ServeArgs), values)
 

@@ -1,6 +1,6 @@
 """From a validated spec and a GPU memory size to the KV-cache plan in `status.kvCache`.
 
-The arithmetic is `pagedinfer.engine.sizing.plan_kv_cache`, the same function
+The arithmetic is `pagedinfer.contracts.sizing.plan_kv_cache`, the same function
 `pagedinfer plan` and the engine call, so the three agree for the same inputs.
 This module only chooses the inputs:
 
@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.engine import sizing
-from pagedinfer.engine.model_shape import ModelShape, resolve_dtype
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.model_shape import ModelShape, resolve_dtype
 from pagedinfer.operator.kv_plan.node_memory import Placement
 from pagedinfer.operator.spec.crd_model import Architecture, InferenceServiceSpec
 

@@ -23,8 +23,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pagedinfer.engine import sizing
-from pagedinfer.engine.model_shape import ModelShape
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.model_shape import ModelShape
 from pagedinfer.operator.kube_api import CONFIGMAPS
 from pagedinfer.operator.kv_plan import offload, planning
 from pagedinfer.operator.kv_plan.hub_config import ModelConfigError

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedinfer.engine.options import command_line
-from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.contracts.config.options import command_line
+from pagedinfer.contracts.config.serve_args import ServeArgs
 from pagedinfer.operator.routing.spec import RouterSpec
 from pagedinfer.router.lifecycle import engine_pre_stop_seconds
 

@@ -2,7 +2,7 @@
 
 `crd_model` holds the typed, frozen dataclasses of a validated spec and the
 CRD's constants (group, version, the engine defaults derived from
-`pagedinfer.engine.config.EngineConfig`); `parser` turns the raw
+`pagedinfer.contracts.config.engine_config.EngineConfig`); `parser` turns the raw
 `spec` mapping into them, collecting every problem (each naming its field
 path) into one SpecError; `quantity` is the one reader of Kubernetes
 quantities. Invariants: no I/O, no kopf; a spec that parses is one the

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.options import field_default, managed_flags
-from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.config.options import field_default, managed_flags
+from pagedinfer.contracts.config.serve_args import ServeArgs
 from pagedinfer.operator.autoscaling.spec import AutoscalingSpec
 from pagedinfer.operator.routing.spec import RouterSpec
 

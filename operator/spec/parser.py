@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pagedinfer.engine import sizing
-from pagedinfer.engine.model_shape import CONFIG_FIELD_BOUNDS
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.model_shape import CONFIG_FIELD_BOUNDS
 from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, AutoscalingSpecError, parse_autoscaling_spec
 from pagedinfer.operator.routing.spec import RouterSpec, RouterSpecError, parse_router_spec
 from pagedinfer.operator.spec.crd_model import (

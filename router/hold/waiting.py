@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from pagedinfer.engine.server.serving import watch_disconnect
+from pagedinfer.contracts.http.disconnect import watch_disconnect
 from pagedinfer.router.hold.queue import HoldQueue, Ticket
 
 READY, EXPIRED, GONE, KEEPALIVE, CLOSED = "ready", "expired", "gone", "keepalive", "closed"

@@ -248,7 +248,8 @@ def test_labels_on_a_real_engine_see_every_phase_and_are_removed_after(tiny_llam
     from runners import _drain
     from workload import TokenIdsRequest
 
-    from pagedinfer.engine import EngineConfig, LLMEngine
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.engine import LLMEngine
 
     engine = LLMEngine(
         EngineConfig(

@@ -1,6 +1,6 @@
 """Alerts and dashboard queries parse as PromQL and use only metrics that exist.
 
-The names are engine/server/metric_names.py, the one list the server, the
+The names are contracts/metric_names.py, the one list the server, the
 router and the operator register from (tests/server/test_metric_names.py
 proves each exposes exactly its part, and that docs/design.md lists the
 server's). A renamed metric breaks these tests instead of silently blanking
@@ -15,7 +15,7 @@ import promql_parser
 import pytest
 from helm_chart import CHART, MONITORING_API, helm_template
 
-from pagedinfer.engine.server import metric_names
+from pagedinfer.contracts import metric_names
 
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$namespace": ".*", "$model": ".*"}
 ALERTS = {
@@ -47,7 +47,7 @@ def assert_uses_known_metrics(expr: str, where: str) -> None:
         raise AssertionError(f"{where}: not valid PromQL ({exc}): {expr}") from exc
     assert names, f"{where}: selects no metric"
     for name in names:
-        assert name in metric_names.exposed_series(), f"{where}: {name} is not in engine/server/metric_names.py"
+        assert name in metric_names.exposed_series(), f"{where}: {name} is not in contracts/metric_names.py"
 
 
 def test_the_metric_contract_is_readable():

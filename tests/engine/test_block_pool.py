@@ -2,7 +2,8 @@
 
 import pytest
 
-from pagedinfer.engine.block_pool import Block, BlockPool, FreeBlockQueue, hash_block_tokens
+from pagedinfer.contracts.kv_events.block_hash import hash_block_tokens
+from pagedinfer.engine.block_pool import Block, BlockPool, FreeBlockQueue
 
 
 def test_hash_is_chained_seeded_and_pure():

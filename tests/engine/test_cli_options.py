@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedinfer.engine import options
+from pagedinfer.contracts.config import options
 from pagedinfer.engine.cli import build_parser
 
 SNAPSHOT = Path(__file__).parent / "data" / "cli_options.json"
@@ -64,9 +64,9 @@ def test_no_option_of_the_snapshot_is_lost_renamed_or_changed(command):
 
 def test_every_engine_option_is_a_config_field_an_llm_keyword_and_a_flag_of_serve_and_generate():
     """The flags of serve and generate are EngineConfig's flag fields; parsed, they build the config."""
-    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.contracts.config.options import flag_fields
     from pagedinfer.engine.engine_args import engine_config_from_args
-    from pagedinfer.engine.options import flag_fields
 
     names = {flag.name for _, flag in flag_fields(EngineConfig)}
     assert {f.name for f in dataclasses.fields(EngineConfig)} - {f.name for f, _ in flag_fields(EngineConfig)} == {
@@ -99,8 +99,8 @@ def test_every_engine_option_is_a_config_field_an_llm_keyword_and_a_flag_of_serv
 
 def test_served_model_name_is_the_servers_option_only():
     """EngineConfig.served_model_name was never read; the name lives in ServeArgs (--served-model-name)."""
-    from pagedinfer.engine.config import EngineConfig
-    from pagedinfer.engine.server.serve_args import ServeArgs
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.contracts.config.serve_args import ServeArgs
 
     assert "served_model_name" not in {f.name for f in dataclasses.fields(EngineConfig)}
     args = build_parser().parse_args(["serve", "--served-model-name", "llama", "--port", "9000"])
@@ -108,9 +108,9 @@ def test_served_model_name_is_the_servers_option_only():
 
 
 def test_the_managed_flags_are_the_fields_marked_managed_with_their_no_forms():
-    from pagedinfer.engine.config import EngineConfig
-    from pagedinfer.engine.options import managed_flags
-    from pagedinfer.engine.server.serve_args import ServeArgs
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.contracts.config.options import managed_flags
+    from pagedinfer.contracts.config.serve_args import ServeArgs
     from pagedinfer.operator.spec.crd_model import MANAGED_FLAGS
 
     assert MANAGED_FLAGS == managed_flags(EngineConfig, ServeArgs)
@@ -124,7 +124,7 @@ def test_the_definition_modules_and_the_operators_spec_import_no_torch():
     """The operator derives its managed flags from the options' definition: importing them loads no torch."""
     code = (
         "import sys\n"
-        "import pagedinfer.engine.engine_args, pagedinfer.engine.server.serve_args\n"
+        "import pagedinfer.engine.engine_args, pagedinfer.contracts.config.serve_args\n"
         "import pagedinfer.operator.spec.crd_model, pagedinfer.operator.spec.parser\n"
         "bad = sorted(m for m in ('torch', 'transformers', 'triton', 'fastapi', 'uvicorn') if m in sys.modules)\n"
         "assert not bad, bad\n"
@@ -157,8 +157,8 @@ def shown(value) -> str:
 
 
 def test_the_readmes_engine_flag_table_is_the_definitions_flags_with_their_defaults():
-    from pagedinfer.engine.config import EngineConfig
-    from pagedinfer.engine.options import flag_fields
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.contracts.config.options import flag_fields
 
     rows = documented_flags(REPO / "README.md", "| flag | default | meaning |")
     expected = {}
@@ -174,8 +174,8 @@ def test_the_readmes_engine_flag_table_is_the_definitions_flags_with_their_defau
 
 
 def test_the_server_docs_flag_table_is_the_servers_flags():
-    from pagedinfer.engine.options import flag_fields
-    from pagedinfer.engine.server.serve_args import ServeArgs
+    from pagedinfer.contracts.config.options import flag_fields
+    from pagedinfer.contracts.config.serve_args import ServeArgs
 
     rows = documented_flags(REPO / "docs" / "server.md", "| Flag | Default | What |")
     timeouts = {"--request-header-timeout-seconds", "--request-body-timeout-seconds"}
@@ -211,8 +211,8 @@ def test_a_flag_field_derives_switches_defaults_and_parsing():
 
 
 def test_command_line_renders_fields_as_the_flags_the_parser_reads_back():
-    from pagedinfer.engine.config import EngineConfig
-    from pagedinfer.engine.server.serve_args import ServeArgs
+    from pagedinfer.contracts.config.engine_config import EngineConfig
+    from pagedinfer.contracts.config.serve_args import ServeArgs
 
     argv = options.command_line(
         (EngineConfig, ServeArgs),

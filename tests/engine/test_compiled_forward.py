@@ -9,9 +9,9 @@ import torch
 import transformers
 from greedy_reference import hf_greedy, mixed_prompts
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.attention import StepContext, attend_layer
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.cpu import attention_op
 from pagedinfer.engine.cpu.compiled_forward import MIN_TOKENS, CompiledForward, logits_agree
 from pagedinfer.engine.engine_args import add_engine_args, engine_config_from_args

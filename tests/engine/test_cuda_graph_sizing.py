@@ -1,4 +1,4 @@
-"""The decode graphs' memory in the KV plan: one estimate (engine/sizing.py), the same in the engine and `plan`."""
+"""The decode graphs' memory in the KV plan: one estimate (contracts/sizing.py), the same in the engine and `plan`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from pagedinfer.engine import LLM, sizing
-from pagedinfer.engine.cuda_graphs.buckets import capture_sizes
-from pagedinfer.engine.model_shape import ModelShape
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.cuda_graph_buckets import capture_sizes
+from pagedinfer.contracts.model_shape import ModelShape
+from pagedinfer.engine import LLM
 
 LLAMA3_8B = ModelShape(
     num_layers=32,

@@ -13,10 +13,10 @@ import pytest
 import torch
 from greedy_reference import hf_greedy
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.cuda_graph_buckets import bucket_for, capture_sizes
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.cuda_graphs.buckets import bucket_for, capture_sizes
 from pagedinfer.engine.distributed.step_message import StepInputs
 
 

@@ -4,9 +4,9 @@ import logging
 
 import pytest
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.sizing import InsufficientMemoryError
 from pagedinfer.engine import engine_setup as setup
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.sizing import InsufficientMemoryError
 
 
 def config(**kwargs) -> EngineConfig:

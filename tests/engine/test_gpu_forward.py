@@ -87,7 +87,7 @@ def test_which_forward_runs_where():
     ],
 )
 def test_bad_forward_options_are_named(tiny_llama, kwargs, message):
-    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.contracts.config.engine_config import EngineConfig
 
     with pytest.raises(ValueError, match=message):
         EngineConfig(model=str(tiny_llama), **kwargs)

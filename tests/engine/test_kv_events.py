@@ -6,8 +6,7 @@ import random
 
 import msgpack
 
-from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.kv_events.events import (
+from pagedinfer.contracts.kv_events.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -16,6 +15,7 @@ from pagedinfer.engine.kv_events.events import (
     decode_batch,
     encode_batch,
 )
+from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.sequence import Sequence
 from pagedinfer.router.hashing import prefix_block_hashes

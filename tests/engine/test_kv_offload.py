@@ -13,9 +13,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from pagedinfer.contracts.kv_events.events import BlockRemoved, BlockStored
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.kv_events.events import BlockRemoved, BlockStored
 from pagedinfer.engine.sampling_params import SamplingParams as Params
 from pagedinfer.engine.sequence import Sequence
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine import SamplingParams
 from pagedinfer.engine.beam.params import BeamSearchParams
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.llm_engine import LLMEngine
 from pagedinfer.engine.outputs import OutputAccumulator
 

@@ -13,10 +13,10 @@ import transformers
 from engine_checks import POOL_SETTINGS, assert_pool_free, generate_twice, greedy_text  # noqa: F401 - a fixture
 from greedy_reference import hf_greedy, mixed_prompts
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine import llm_engine as llm_engine_module
 from pagedinfer.engine.beam.params import BeamSearchParams
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.llm_engine import LLMEngine
 
 BOUNDED_WAIT_SECONDS = 60.0  # a bounded wait of the instrumentation, never a timing assertion

@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from pagedinfer.engine import EngineConfig, LLMEngine, SamplingParams
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.engine import LLMEngine, SamplingParams
 
 
 def engine(model, **kw):

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pagedinfer.engine import sizing
-from pagedinfer.engine.model_shape import InvalidModelConfigError, ModelShape, resolve_dtype
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.model_shape import InvalidModelConfigError, ModelShape, resolve_dtype
 
 LLAMA3_8B = ModelShape(
     num_layers=32,

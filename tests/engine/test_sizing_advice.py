@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from pagedinfer.engine import sizing
-from pagedinfer.engine.model_shape import ModelShape
+from pagedinfer.contracts import sizing
+from pagedinfer.contracts.model_shape import ModelShape
 
 LLAMA3_8B = ModelShape(
     num_layers=32,

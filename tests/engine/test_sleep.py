@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from pagedinfer.engine.kv_events.events import AllBlocksCleared
+from pagedinfer.contracts.kv_events.events import AllBlocksCleared
 from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.sleep.sleeper import EngineSleep, SleepRefused

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.step_inputs import IndexBuffer
-from pagedinfer.engine.config import EngineConfig
 from pagedinfer.engine.distributed.step_message import StepInputs
 from pagedinfer.engine.model_runner import ModelRunner
 

@@ -1,6 +1,6 @@
 """A host swap pool that cannot fit is refused up front, naming --swap-space and the memory available.
 
-The bound (engine/host_memory.py) is read from a file tree laid out as
+The bound (contracts/config/host_memory.py) is read from a file tree laid out as
 /proc and /sys/fs/cgroup are; the config check and the CLI run on this host.
 """
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pagedinfer.engine import LLM, EngineConfig
-from pagedinfer.engine.host_memory import HostMemoryBound, available_host_memory
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.config.host_memory import HostMemoryBound, available_host_memory
+from pagedinfer.engine import LLM
 
 GIB = 2**30
 CLI = Path(sys.executable).with_name("pagedinfer")

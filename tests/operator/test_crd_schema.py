@@ -9,9 +9,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pagedinfer.engine.config import EngineConfig
-from pagedinfer.engine.options import field_default, flag_fields, managed_flags
-from pagedinfer.engine.server.serve_args import ServeArgs
+from pagedinfer.contracts.config.engine_config import EngineConfig
+from pagedinfer.contracts.config.options import field_default, flag_fields, managed_flags
+from pagedinfer.contracts.config.serve_args import ServeArgs
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.crd_model import DTYPES, MANAGED_FLAGS, EngineSpec
 from pagedinfer.operator.spec.parser import parse_spec

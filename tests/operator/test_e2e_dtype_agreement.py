@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from pagedinfer.engine import sizing
+from pagedinfer.contracts import sizing
 from pagedinfer.engine.llm import LLM
 from pagedinfer.engine.model_runner import resolve_dtype
 from pagedinfer.testing.operator_harness import (

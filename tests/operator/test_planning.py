@@ -1,4 +1,4 @@
-"""The operator's KV plan is pagedinfer.engine.sizing's, with inputs chosen from the spec."""
+"""The operator's KV plan is pagedinfer.contracts.sizing's, with inputs chosen from the spec."""
 
 import json
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pagedinfer.engine import sizing
+from pagedinfer.contracts import sizing
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.parser import parse_spec
 

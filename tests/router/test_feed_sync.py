@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from pagedinfer.engine.kv_events.events import decode_batch
-from pagedinfer.engine.kv_events.heartbeat import HEARTBEAT_SEQ, Heartbeat, decode_heartbeat, encode_heartbeat
+from pagedinfer.contracts.kv_events.events import decode_batch
+from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ, Heartbeat, decode_heartbeat, encode_heartbeat
 from pagedinfer.router.feed_sync import STALE_SLACK_SECONDS, Liveness, is_contiguous, on_batch, on_heartbeat
 
 

@@ -207,7 +207,7 @@ def test_a_burst_of_concurrent_requests_admits_exactly_the_free_waiting_slots(ti
 
 
 def test_health_is_503_until_the_engine_is_loaded(tiny_llama):
-    from pagedinfer.engine import EngineConfig
+    from pagedinfer.contracts.config.engine_config import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings, create_app
     from pagedinfer.engine.server.engine_loop import EngineLoop
     from pagedinfer.engine.server.launcher import engine_factory

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedinfer.engine.server import cli_types
+from pagedinfer.contracts.config import cli_types
 
 CLI = Path(sys.executable).with_name("pagedinfer")
 

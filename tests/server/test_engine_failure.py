@@ -149,7 +149,7 @@ def test_a_fault_in_a_real_serve_process_answers_every_request_500_and_exits_1(m
 
 def test_health_is_503_and_new_requests_are_refused_once_the_engine_failed(tiny_llama):
     """In-process (so nothing exits): a request whose add_request raises fails the stream in flight too."""
-    from pagedinfer.engine import EngineConfig
+    from pagedinfer.contracts.config.engine_config import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings, create_app
     from pagedinfer.engine.server.engine_loop import EngineLoop
     from pagedinfer.engine.server.launcher import engine_factory

@@ -1,4 +1,4 @@
-"""engine/server/metric_names.py is the one list of metric names: each process exposes exactly its part of it,
+"""contracts/metric_names.py is the one list of metric names: each process exposes exactly its part of it,
 the docs list the server's, and importing it costs nothing."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pagedinfer.contracts import metric_names
 from pagedinfer.engine.outputs import EngineStats
-from pagedinfer.engine.server import metric_names
 from pagedinfer.engine.server.metrics import ServerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_docs_design_lists_exactly_the_server_series():
 
 def test_importing_the_names_pulls_in_nothing_but_the_standard_library():
     code = (
-        "import sys; before = set(sys.modules); import pagedinfer.engine.server.metric_names\n"
+        "import sys; before = set(sys.modules); import pagedinfer.contracts.metric_names\n"
         "new = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
         "assert new <= {'pagedinfer'}, sorted(new)"
     )

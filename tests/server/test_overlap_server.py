@@ -95,7 +95,7 @@ def test_a_hang_up_mid_stream_frees_the_requests_blocks(overlap_server):
 
 def serve_with_overlap(model_dir, mode: str):
     """(its EngineLoop, a running server): the test reads the loop's failure state."""
-    from pagedinfer.engine import EngineConfig
+    from pagedinfer.contracts.config.engine_config import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings, create_app
     from pagedinfer.engine.server.engine_loop import EngineLoop
     from pagedinfer.engine.server.launcher import engine_factory

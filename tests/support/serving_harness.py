@@ -59,7 +59,7 @@ def start_server(
     kv_events=None,
     **engine_overrides,
 ) -> RunningServer:
-    from pagedinfer.engine import EngineConfig
+    from pagedinfer.contracts.config.engine_config import EngineConfig
     from pagedinfer.engine.server.app import ServerSettings
     from pagedinfer.engine.server.launcher import build_app
 

@@ -11,10 +11,10 @@ import math
 import os
 from dataclasses import dataclass
 
-from pagedinfer.engine.host_memory import available_host_memory
-from pagedinfer.engine.model_shape import ENGINE_DTYPES
-from pagedinfer.engine.options import flag_field
-from pagedinfer.engine.sizing import VALID_BLOCK_SIZES, parse_bytes
+from pagedinfer.contracts.config.host_memory import available_host_memory
+from pagedinfer.contracts.config.options import flag_field
+from pagedinfer.contracts.model_shape import ENGINE_DTYPES
+from pagedinfer.contracts.sizing import VALID_BLOCK_SIZES, parse_bytes
 
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", *ENGINE_DTYPES)
@@ -66,7 +66,7 @@ class EngineConfig:
     """Everything that shapes one engine: the one definition of each engine option.
 
     Each field is at once the config value, the `LLM(**kwargs)` keyword and,
-    through its metadata (`engine/options.py`), the flag of `pagedinfer
+    through its metadata (`contracts/config/options.py`), the flag of `pagedinfer
     serve` and `generate` (and of `plan` where it shares one): its name, help,
     type, choices and whether the operator sets it (`managed`: the
     operator's MANAGED_FLAGS and the CRD's CEL rule on extraArgs are derived

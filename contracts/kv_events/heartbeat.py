@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 HEARTBEAT_SEQ = -2  # the sequence frame of a heartbeat (END_OF_REPLAY_SEQ is -1)
-DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)

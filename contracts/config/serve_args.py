@@ -1,4 +1,4 @@
-"""The server's own options of `pagedinfer serve`: one annotated definition each (`engine/options.py`).
+"""The server's own options of `pagedinfer serve`: one annotated definition each (`contracts/config/options.py`).
 
 The engine's options are `EngineConfig`'s fields; these are the server's:
 its name for the model, where it listens, its limits and its KV-cache
@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from pagedinfer.engine.kv_events.heartbeat import DEFAULT_HEARTBEAT_INTERVAL_SECONDS
-from pagedinfer.engine.options import add_flags, flag_field, values_from_args
-from pagedinfer.engine.server import cli_types
-from pagedinfer.engine.server.admission import DEFAULT_MAX_WAITING_REQUESTS
-from pagedinfer.engine.server.read_timeouts import add_read_timeout_args
+from pagedinfer.contracts.config import cli_types
+from pagedinfer.contracts.config.options import add_flags, flag_field, values_from_args
+from pagedinfer.contracts.http.read_timeouts import add_read_timeout_args
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+DEFAULT_MAX_WAITING_REQUESTS = 1024  # the admission limit (engine/server/admission.py)
+DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 0.5  # the KV-event heartbeat (contracts/kv_events/heartbeat.py)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,4 @@
-"""Deadlines on reading a request: their defaults, and uvicorn's h11 protocol with the headers' deadline.
-
-Importing this module imports neither uvicorn nor FastAPI, so `pagedinfer
-serve`'s parser can show the defaults where only the operator extra is
-installed.
+"""uvicorn's h11 protocol with a deadline on a request's headers (`--request-header-timeout-seconds`).
 
 uvicorn bounds the idle time between requests on a kept-alive connection
 (`timeout_keep_alive`) and h11 bounds the headers' size
@@ -34,9 +30,6 @@ import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
-
-DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0  # the request line and headers, from the connection or the request's first byte
-DEFAULT_BODY_TIMEOUT_SECONDS = 30.0  # the whole body, from the end of the headers (1 MiB at 35 KB/s)
 
 
 def request_timeout_bytes(message: str) -> bytes:
@@ -110,24 +103,3 @@ def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Proto
             self.transport.close()
 
     return HeaderTimeoutH11Protocol
-
-
-def add_read_timeout_args(group: Any) -> None:
-    """The two client read deadlines as flags, one definition for `serve` and `router`."""
-    from pagedinfer.engine.server import cli_types
-
-    group.add_argument(
-        "--request-header-timeout-seconds",
-        type=cli_types.positive_seconds,
-        default=DEFAULT_HEADER_TIMEOUT_SECONDS,
-        help="a request's line and headers must arrive within this many seconds of the connection"
-        " opening (or of the request's first byte on a kept-alive connection), else 408 and"
-        f" close (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
-    )
-    group.add_argument(
-        "--request-body-timeout-seconds",
-        type=cli_types.positive_seconds,
-        default=DEFAULT_BODY_TIMEOUT_SECONDS,
-        help="a request's whole body must arrive within this many seconds of its headers, else 408"
-        f" and close (default {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
-    )

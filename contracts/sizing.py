@@ -37,7 +37,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pagedinfer.engine.model_shape import DEVICE_TYPES, ModelShape, check_positive_int, dtype_bytes
+from pagedinfer.contracts.cuda_graph_buckets import capture_sizes
+from pagedinfer.contracts.model_shape import (
+    DEFAULT_VOCAB_SIZE,
+    DEVICE_TYPES,
+    ModelShape,
+    check_positive_int,
+    dtype_bytes,
+)
 
 VALID_BLOCK_SIZES = (8, 16, 32, 64, 128)
 # No GPU, MIG slice or CPU budget is larger than this (1 PiB): a bigger size is a typo.
@@ -157,16 +164,13 @@ def estimate_cuda_graph_bytes(
 ) -> int:
     """Device memory of the decode graphs; 0 when max_cudagraph_capture_size is 0.
 
-    With B the largest bucket (`cuda_graphs.buckets.capture_sizes`), W = ceil(max_model_len / block_size) and
+    With B the largest bucket (`cuda_graph_buckets.capture_sizes`), W = ceil(max_model_len / block_size) and
     V the vocabulary (DEFAULT_VOCAB_SIZE when unknown):
     - the static buffers: B x (GRAPH_INDEX_BYTES_PER_ROW + 4 W block-table entries + V logits in the dtype);
     - the graphs' shared pool, as large as its largest graph's step: B x (the activation estimate's per-token
       term + V float32 logits), the smaller buckets reusing it;
     - GRAPH_OVERHEAD_BYTES per captured graph.
     """
-    from pagedinfer.engine.cuda_graphs.buckets import capture_sizes
-    from pagedinfer.engine.model_shape import DEFAULT_VOCAB_SIZE
-
     sizes = capture_sizes(max_cudagraph_capture_size, max_num_seqs)
     if not sizes:
         return 0
