@@ -43,7 +43,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine.batch.deltas import TableDeltas
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.kv_offload.tier import TierCopies

@@ -23,7 +23,6 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine.batch.persistent_batch import PersistentBatch
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
 from pagedinfer.engine.sampling_params import SamplingParams
