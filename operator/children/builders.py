@@ -48,7 +48,7 @@ from pagedinfer.contracts.config.options import command_line
 from pagedinfer.contracts.config.serve_args import ServeArgs
 from pagedinfer.operator.children.drift import with_spec_hash
 from pagedinfer.operator.children.labels import common_labels, selector_labels
-from pagedinfer.operator.kv_plan.node_memory import MIB, require_gpu_memory
+from pagedinfer.operator.kv_plan.node_memory import GPU_RESOURCE, MIB, require_gpu_memory
 from pagedinfer.operator.kv_plan.offload import offloading_size_gib
 from pagedinfer.operator.kv_plan.planning import (
     SOURCE_NODE_LABELS,
@@ -201,7 +201,7 @@ def _resources(spec: InferenceServiceSpec, plan: KVCachePlan) -> dict[str, Any]:
     if memory:
         requests["memory"] = limits["memory"] = memory
     if r.gpus:
-        limits["nvidia.com/gpu"] = str(r.gpus)
+        limits[GPU_RESOURCE] = str(r.gpus)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests

@@ -24,7 +24,7 @@ from typing import Any
 
 from pagedinfer.contracts import sizing
 from pagedinfer.contracts.model_shape import ModelShape, resolve_dtype
-from pagedinfer.operator.kv_plan.node_memory import Placement
+from pagedinfer.operator.kv_plan.node_memory import GPU_PRODUCT_LABEL, Placement
 from pagedinfer.operator.spec.crd_model import Architecture, InferenceServiceSpec
 
 SOURCE_OVERRIDE = "override"
@@ -121,7 +121,7 @@ def placement_for(spec: InferenceServiceSpec) -> Placement:
     """
     selector = dict(spec.node_selector)
     if spec.resources.gpu_product:
-        selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+        selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
     tolerations = tuple(spec.tolerations)
     if spec.resources.gpus and GPU_TOLERATION not in tolerations:
         tolerations = tolerations + (GPU_TOLERATION,)
@@ -152,14 +152,6 @@ def shape_from_config(config: Any, dtype: str, cpu: bool = False) -> ModelShape:
     Raises model_shape.InvalidModelConfigError naming the bad field and its value.
     """
     return ModelShape.from_hf_config(config, dtype=dtype, device=engine_device(cpu))
-
-
-def needs_node_discovery(spec: InferenceServiceSpec) -> bool:
-    return (
-        spec.resources.gpus > 0
-        and spec.engine.num_gpu_blocks_override is None
-        and spec.resources.gpu_memory_bytes is None
-    )
 
 
 def needs_model_shape(spec: InferenceServiceSpec) -> bool:
