@@ -38,7 +38,9 @@ from pathlib import Path
 from agreement import Agreement, agreement
 from bf16_swaps import SWAPS
 from throughput import DTYPES, FIRST_REGULAR_TOKEN_ID, MODELS, _choices, _in_child
-from workload import LengthDistribution, TokenIdsRequest, make_workload, save_workload
+from workload import TokenIdsRequest, make_workload, save_workload
+
+from pagedinfer.engine.bench.workload import LengthDistribution
 
 TopK = list[list[tuple[int, float]]]  # per request: (token id, logprob), most likely first
 
@@ -236,8 +238,8 @@ def run_model(args: argparse.Namespace, name: str, tmp: str) -> list[str]:
             args.seed,
             vocab_size=spec.prompt_vocab_size,
             first_regular_token_id=FIRST_REGULAR_TOKEN_ID,
-            prompt_lengths=LengthDistribution(args.prompt_median, args.sigma, 4, args.max_prompt_tokens),
-            output_lengths=LengthDistribution(1, 0.0, 1, 1),
+            prompt_lengths=LengthDistribution.with_median(args.prompt_median, args.sigma, 4, args.max_prompt_tokens),
+            output_lengths=LengthDistribution.with_median(1, 0.0, 1, 1),
             max_model_len=spec.max_model_len,
         )
     ]

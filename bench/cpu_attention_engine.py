@@ -22,7 +22,9 @@ import statistics
 import time
 
 from runners import _WARMUP, _drain
-from workload import LengthDistribution, make_workload
+from workload import make_workload
+
+from pagedinfer.engine.bench.workload import LengthDistribution
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,8 +52,8 @@ def main() -> None:
         0,
         vocab,
         8,
-        LengthDistribution(args.prompt_median, 1.0, 4, 1024),
-        LengthDistribution(args.output_median, 1.0, 4, 512),
+        LengthDistribution.with_median(args.prompt_median, 1.0, 4, 1024),
+        LengthDistribution.with_median(args.output_median, 1.0, 4, 512),
         2048,
     )
     engine = LLMEngine(

@@ -25,7 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from proc_stats import resident_fraction, rss_bytes  # noqa: E402
 from throughput import FIRST_REGULAR_TOKEN_ID, MODELS, parse_args  # noqa: E402
-from workload import LengthDistribution, make_workload  # noqa: E402
+from workload import make_workload  # noqa: E402
+
+from pagedinfer.engine.bench.workload import LengthDistribution  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.seed,
         spec.prompt_vocab_size,
         FIRST_REGULAR_TOKEN_ID,
-        LengthDistribution(bench.prompt_median, bench.sigma, 4, bench.max_prompt_tokens),
-        LengthDistribution(bench.output_median, bench.sigma, 4, bench.max_output_tokens),
+        LengthDistribution.with_median(bench.prompt_median, bench.sigma, 4, bench.max_prompt_tokens),
+        LengthDistribution.with_median(bench.output_median, bench.sigma, 4, bench.max_output_tokens),
         spec.max_model_len,
     )
     llm = LLM(

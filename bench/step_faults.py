@@ -23,7 +23,9 @@ import time
 
 import torch
 from throughput import FIRST_REGULAR_TOKEN_ID, MODELS
-from workload import LengthDistribution, make_workload
+from workload import make_workload
+
+from pagedinfer.engine.bench.workload import LengthDistribution
 
 
 def main() -> None:
@@ -47,8 +49,8 @@ def main() -> None:
         0,
         vocab_size=spec.prompt_vocab_size,
         first_regular_token_id=FIRST_REGULAR_TOKEN_ID,
-        prompt_lengths=LengthDistribution(128, 1.0, 4, 1024),
-        output_lengths=LengthDistribution(64, 1.0, 4, 512),
+        prompt_lengths=LengthDistribution.with_median(128, 1.0, 4, 1024),
+        output_lengths=LengthDistribution.with_median(64, 1.0, 4, 512),
         max_model_len=spec.max_model_len,
     )
     engine = LLMEngine(

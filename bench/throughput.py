@@ -43,9 +43,10 @@ from pathlib import Path
 
 from affinity import parse_cpu_list, pin
 from agreement import Agreement, agreement
-from workload import LengthDistribution, RunResult, check_lengths, make_workload, save_workload
+from workload import RunResult, check_lengths, make_workload, save_workload
 
 from pagedinfer.contracts.config.engine_config import OVERLAP_MODES
+from pagedinfer.engine.bench.workload import LengthDistribution
 
 
 @dataclass(frozen=True)
@@ -392,8 +393,8 @@ def run_model(
         args.seed,
         vocab_size=spec.prompt_vocab_size,
         first_regular_token_id=FIRST_REGULAR_TOKEN_ID,
-        prompt_lengths=LengthDistribution(args.prompt_median, args.sigma, 4, args.max_prompt_tokens),
-        output_lengths=LengthDistribution(args.output_median, args.sigma, 4, args.max_output_tokens),
+        prompt_lengths=LengthDistribution.with_median(args.prompt_median, args.sigma, 4, args.max_prompt_tokens),
+        output_lengths=LengthDistribution.with_median(args.output_median, args.sigma, 4, args.max_output_tokens),
         max_model_len=spec.max_model_len,
     )
     workload_path = os.path.join(tmp, f"workload-{name}.json")

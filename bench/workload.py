@@ -1,11 +1,12 @@
-"""The benchmark's workload and result records (standard library only).
+"""The benchmark's workload and result records (the standard library only when run).
 
 Shared by `throughput.py` (pagedinfer's venv) and `vllm_runner.py` (vLLM's
 own venv), so both read the same requests from the same JSON file.
 
 A workload is a seeded list of requests. Prompt and output lengths are drawn
-from log-normal distributions (a few long requests, many short ones, as in
-chat traffic), clipped to [min, max] and so that prompt + output fits
+from log-normal distributions (`pagedinfer.engine.bench.workload.LengthDistribution`,
+which the scripts that make workloads import: a few long requests, many short
+ones, as in chat traffic), clipped to [min, max] and so that prompt + output fits
 max_model_len. Prompt tokens are uniform random ids outside the special
 tokens. Every system must generate exactly `max_tokens` tokens for every
 request (EOS ignored), so all of them do the same work.
@@ -14,11 +15,14 @@ request (EOS ignored), so all of them do the same work.
 from __future__ import annotations
 
 import json
-import math
 import random
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # vllm_runner.py imports this module where pagedinfer is not installed
+    from pagedinfer.engine.bench.workload import LengthDistribution
 
 
 @dataclass(frozen=True)
@@ -33,26 +37,6 @@ class TokenIdsRequest:
             raise ValueError("prompt_token_ids: must not be empty")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
-
-
-@dataclass(frozen=True)
-class LengthDistribution:
-    """Log-normal lengths: median exp(mu), spread sigma, clipped to [min_tokens, max_tokens]."""
-
-    median_tokens: int
-    sigma: float
-    min_tokens: int
-    max_tokens: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_tokens <= self.median_tokens <= self.max_tokens:
-            raise ValueError(f"median_tokens: need 1 <= min_tokens <= median_tokens <= max_tokens, got {self}")
-        if self.sigma < 0:
-            raise ValueError(f"sigma: must be >= 0, got {self.sigma}")
-
-    def draw(self, rng: random.Random) -> int:
-        value = round(rng.lognormvariate(math.log(self.median_tokens), self.sigma))
-        return max(self.min_tokens, min(self.max_tokens, value))
 
 
 def make_workload(

@@ -8,10 +8,13 @@ requests, then a user message unique to the request):
 - synthetic: every user message has `input_words` words, every completion
   `output_tokens` tokens;
 - sharegpt-like: lengths vary the way chat logs do: a long-tailed
-  (log-normal) number of input words and of output tokens, around the same
-  means, clipped to [4, 4x mean].
+  (log-normal, `LengthDistribution.with_mean`) number of input words and of
+  output tokens, around the same means, clipped to [4, 4x mean].
 Arrivals are a Poisson process of `request_rate` per second (exponential
 gaps); an infinite rate sends everything at time 0.
+
+`LengthDistribution` is also the offline benchmark's (bench/workload.py
+`make_workload`, its prompt and output lengths by their medians).
 """
 
 from __future__ import annotations
@@ -46,11 +49,46 @@ def _words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(count))
 
 
-def _long_tailed(rng: random.Random, mean: int) -> int:
-    """Log-normal with the given mean (sigma 0.8), clipped to [4, 4 * mean]."""
-    sigma = 0.8
-    mu = math.log(max(mean, 1)) - sigma * sigma / 2
-    return int(min(max(round(rng.lognormvariate(mu, sigma)), 4), 4 * max(mean, 4)))
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Log-normal lengths (many short, a few long, as in chat traffic): round(exp(N(mu, sigma))), clipped
+    to [min_length, max_length]. Its median is exp(mu) (`with_median`), its mean before clipping
+    exp(mu + sigma^2 / 2) (`with_mean`). A draw takes one `lognormvariate` of the caller's seeded rng."""
+
+    mu: float
+    sigma: float
+    min_length: int
+    max_length: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_length <= self.max_length:
+            raise ValueError(f"min_length: need 1 <= min_length <= max_length, got {self}")
+        if self.sigma < 0:
+            raise ValueError(f"sigma: must be >= 0, got {self.sigma}")
+
+    @classmethod
+    def with_median(cls, median: int, sigma: float, min_length: int, max_length: int) -> LengthDistribution:
+        if not 1 <= min_length <= median <= max_length:
+            raise ValueError(
+                f"median: need 1 <= min_length <= median <= max_length, got {min_length} <= {median} <= {max_length}"
+            )
+        return cls(math.log(median), sigma, min_length, max_length)
+
+    @classmethod
+    def with_mean(cls, mean: int, sigma: float, min_length: int, max_length: int) -> LengthDistribution:
+        if mean < 1:
+            raise ValueError(f"mean: must be >= 1, got {mean}")
+        return cls(math.log(mean) - sigma * sigma / 2, sigma, min_length, max_length)
+
+    def draw(self, rng: random.Random) -> int:
+        return max(self.min_length, min(self.max_length, round(rng.lognormvariate(self.mu, self.sigma))))
+
+
+SHAREGPT_SIGMA = 0.8  # the sharegpt-like workload's spread of both lengths
+
+
+def _sharegpt_like(mean: int) -> LengthDistribution:
+    return LengthDistribution.with_mean(mean, SHAREGPT_SIGMA, 4, 4 * max(mean, 4))
 
 
 def build_workload(
@@ -81,11 +119,12 @@ def build_workload(
         system = "You are a helpful assistant. " + _words(rng, shared_prefix_words)
     requests = []
     offset = 0.0
+    inputs, outputs = _sharegpt_like(input_words), _sharegpt_like(output_tokens)
     for i in range(num_prompts):
         if dataset == "synthetic":
             num_in, num_out = input_words, output_tokens
         else:
-            num_in, num_out = _long_tailed(rng, input_words), _long_tailed(rng, output_tokens)
+            num_in, num_out = inputs.draw(rng), outputs.draw(rng)
         user = f"Request {i}: " + _words(rng, num_in)
         requests.append(ScheduledChatRequest(system, user, num_out, offset))
         if math.isfinite(request_rate):

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import math
+import random
+import statistics
 
 import pytest
 
-from pagedinfer.engine.bench.workload import RequestResult, build_workload, percentile, summarize
+from pagedinfer.engine.bench.workload import (
+    LengthDistribution,
+    RequestResult,
+    build_workload,
+    percentile,
+    summarize,
+)
 
 
 def test_workload_is_reproducible_from_its_seed():
@@ -38,6 +46,19 @@ def test_sharegpt_like_lengths_vary_within_bounds():
     outputs = [r.max_tokens for r in workload]
     assert len(set(outputs)) > 10
     assert min(outputs) >= 4 and max(outputs) <= 80
+
+
+def test_a_length_distribution_by_its_median_or_its_mean_draws_around_it_within_its_bounds():
+    rng = random.Random(0)
+    by_median = [LengthDistribution.with_median(100, 0.5, 4, 400).draw(rng) for _ in range(4001)]
+    assert 4 <= min(by_median) and max(by_median) <= 400
+    assert statistics.median(by_median) == pytest.approx(100, rel=0.05)
+    by_mean = [LengthDistribution.with_mean(100, 0.5, 1, 10_000).draw(rng) for _ in range(4001)]
+    assert statistics.mean(by_mean) == pytest.approx(100, rel=0.05)
+    with pytest.raises(ValueError, match="median"):
+        LengthDistribution.with_median(3, 1.0, 4, 10)
+    with pytest.raises(ValueError, match="sigma"):
+        LengthDistribution.with_mean(10, -1.0, 4, 10)
 
 
 @pytest.mark.parametrize("field, value", [("dataset", "tweets"), ("num_prompts", 0), ("request_rate", 0.0)])
