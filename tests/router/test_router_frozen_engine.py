@@ -8,17 +8,18 @@ request that got no byte from the frozen engine is retried, never one that did (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import httpx
 import openai
 import pytest
 from engine_process import serve_process
+from health_witness import HealthWitness
 from router_harness import route_of, start_router, start_router_process, wait_for
 
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
@@ -48,6 +49,14 @@ def engines(tiny_llama, tmp_path_factory):
 
 @pytest.fixture
 def router(engines, tiny_llama, tmp_path):
+    with _router_process([url for url, _ in engines], tiny_llama, tmp_path) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _router_process(engine_urls, tiny_llama, tmp_path):
+    """`pagedinfer router` (round-robin, logging at INFO) over `engine_urls`; (its URL, its log) once every
+    engine is healthy."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "router.log"
@@ -63,11 +72,11 @@ def router(engines, tiny_llama, tmp_path):
         "--upstream-first-byte-timeout-seconds",
         str(FIRST_BYTE_TIMEOUT_SECONDS),
     ]
-    for engine_url, _ in engines:
+    for engine_url in engine_urls:
         args += ["--engine", engine_url]
     proc = start_router_process(url, args, log)
     try:
-        wait_for(lambda: _healthy_engines(url) == 2, "the router never saw both engines healthy")
+        wait_for(lambda: _healthy_engines(url) == len(engine_urls), "the router never saw every engine healthy")
         yield url, log
     finally:
         proc.terminate()
@@ -131,16 +140,21 @@ def test_requests_on_a_frozen_engine_are_retried_or_end_with_upstream_broken_and
     wait_for(lambda: _healthy_engines(router_url) == 2, "the thawed engine never came back")
 
 
-def test_the_router_logs_an_engines_drop_and_return_once_each_and_no_health_check(engines, router):
-    router_url, log = router
-    (frozen_url, frozen), _ = engines
-    time.sleep(3.0)  # six health checks of each engine
-    os.kill(frozen.pid, signal.SIGSTOP)
-    try:
-        wait_for(lambda: _healthy_engines(router_url) == 1, "the frozen engine was never dropped")
-    finally:
-        os.kill(frozen.pid, signal.SIGCONT)
-    wait_for(lambda: _healthy_engines(router_url) == 2, "the thawed engine never came back")
+def test_the_router_logs_an_engines_drop_and_return_once_each_and_no_health_check(engines, tiny_llama, tmp_path):
+    (frozen_url, frozen), (live_url, _) = engines
+    with (
+        HealthWitness() as witness,
+        _router_process([frozen_url, live_url, witness.url], tiny_llama, tmp_path) as (router_url, log),
+    ):
+        # the witness answers the same supervisor loop as the engines: after its first check (healthy), the
+        # next ones changed nothing, as the engines' did meanwhile
+        wait_for(lambda: witness.checks >= 3, "the router stopped checking its engines' health")
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _healthy_engines(router_url) == 2, "the frozen engine was never dropped")
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+        wait_for(lambda: _healthy_engines(router_url) == 3, "the thawed engine never came back")
     lines = log.read_text().splitlines()
     assert not [line for line in lines if "/health" in line or "HTTP Request" in line], lines
     assert len([line for line in lines if f"engine {frozen_url} dropped" in line]) == 1, lines

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import threading
-import time
 
 import httpx
 import pytest
@@ -111,15 +110,17 @@ def test_a_request_the_engine_refuses_gets_a_full_error_body(limited, swapped_in
     assert '"param":"n"' in events[-2] and '"code":"invalid_parameter"' in events[-2]
 
 
-class SlowTokenizer:
-    """Delegates to a tokenizer; encode takes `delay_seconds` longer, as a huge prompt would."""
+class HeldTokenizer:
+    """Delegates to a tokenizer; encode says it started (`encoding`) and waits for `release`, as a huge prompt's
+    encode would take its time."""
 
-    def __init__(self, tokenizer, delay_seconds: float) -> None:
+    def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
-        self._delay_seconds = delay_seconds
+        self.encoding, self.release = threading.Event(), threading.Event()
 
     def encode(self, *args, **kwargs):
-        time.sleep(self._delay_seconds)
+        self.encoding.set()
+        self.release.wait(60)
         return self._tokenizer.encode(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -130,15 +131,16 @@ class SlowTokenizer:
 
 
 def test_tokenizing_a_prompt_does_not_block_other_requests(limited, swapped_info):
-    swapped_info(tokenizer=SlowTokenizer(limited.engine_loop.info.tokenizer, delay_seconds=2.0))
+    tokenizer = HeldTokenizer(limited.engine_loop.info.tokenizer)
+    swapped_info(tokenizer=tokenizer)
     slow = threading.Thread(target=post, args=(limited, "/v1/completions", completion()))
     slow.start()
     try:
-        time.sleep(0.3)  # the slow request is tokenizing now
-        start = time.monotonic()
+        assert tokenizer.encoding.wait(30), "the request never started tokenizing"
+        # held until /health has answered: a server tokenizing on its event loop could not answer it
         assert httpx.get(limited.url + "/health", timeout=10).status_code == 200
-        assert time.monotonic() - start < 1.0
     finally:
+        tokenizer.release.set()
         slow.join(30)
 
 

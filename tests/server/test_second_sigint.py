@@ -20,6 +20,7 @@ import time
 
 import httpx
 import pytest
+from router_harness import wait_for
 
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
@@ -95,7 +96,14 @@ def test_a_second_sigint_answers_every_request_and_exits_in_order(make_model, tm
             assert c.started.wait(60)
         time.sleep(0.5)  # the non-streamed one reached the engine too
         proc.send_signal(signal.SIGINT)
-        time.sleep(1.0)  # draining: the requests run on
+        # draining: uvicorn says it is shutting down (the signal's handler began the drain before that), and
+        # then the streams still get tokens, two passes of the engine at least: the requests run on
+        wait_for(lambda: "Shutting down" in log_path.read_text(), "the first SIGINT never began the shutdown")
+        received = [len(c.events) for c in clients[:2]]
+        wait_for(
+            lambda: all(len(c.events) >= n + 2 or not c.is_alive() for c, n in zip(clients[:2], received)),
+            "the streams stalled after the first SIGINT",
+        )
         assert all(c.is_alive() for c in clients), "a request ended after the first SIGINT"
         signaled = time.monotonic()
         proc.send_signal(signal.SIGINT)
