@@ -74,13 +74,39 @@ def parse_args() -> argparse.Namespace:
 
 
 def sibling_module(name: str):
-    """bench/<name>.py as a module (bench/ is no package, and `-P` keeps the script's folder off sys.path)."""
+    """bench/<name>.py as a module (bench/ is no package, and `-P` keeps the script's folder off sys.path).
+
+    The sibling imports this module's helpers as `gpu_check` (this module is registered under that name
+    also when it runs as the script)."""
     import importlib.util
 
+    sys.modules.setdefault("gpu_check", sys.modules[__name__])
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def generate_reference(model_dir: Path, prompts: list[list[int]], output_len: int, device) -> list[list[int]]:
+    """transformers' own float32 greedy `generate`, one prompt at a time on `device`, exactly `output_len`
+    tokens each (EOS ignored): the tokens the engine's float32 greedy output must equal."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    with torch.no_grad():
+        outs = [
+            model.generate(
+                torch.tensor([ids], device=device),
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(ids) :].tolist()
+            for ids in prompts
+        ]
+    del model
+    return outs
 
 
 def make_importable() -> None:

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpu_check import generate_reference
+
 TOLERANCE = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 1e-4}  # absolute and relative, as section 1
 
 
@@ -111,27 +113,6 @@ def _engine_tokens(model_dir: Path, dtype: str, forward: str, prompts, output_le
     return tokens, sum(map(len, tokens)) / seconds
 
 
-def _generate_tokens(model_dir: Path, prompts: list[list[int]], output_len: int, device) -> list[list[int]]:
-    """transformers' own float32 greedy `generate`, one prompt at a time on `device`: the reference."""
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
-    with torch.no_grad():
-        outs = [
-            model.generate(
-                torch.tensor([ids], device=device),
-                max_new_tokens=output_len,
-                do_sample=False,
-                min_new_tokens=output_len,
-                pad_token_id=0,
-            )[0, len(ids) :].tolist()
-            for ids in prompts
-        ]
-    del model
-    return outs
-
-
 def check_decoder(report, device, shapes: dict) -> None:
     from pagedinfer.engine.tiny_model import make_tiny_model
 
@@ -149,7 +130,7 @@ def check_decoder(report, device, shapes: dict) -> None:
             ]
             output_len = shapes["decoder_output_len"]
             fp32, fp32_tps = _engine_tokens(model_dir, "float32", "triton", prompts, output_len, device)
-            want = _generate_tokens(model_dir, prompts[: shapes["decoder_generate_requests"]], output_len, device)
+            want = generate_reference(model_dir, prompts[: shapes["decoder_generate_requests"]], output_len, device)
             same = sum(a == b for a, b in zip(fp32, want))
             ok = same == len(want)
             report.line(

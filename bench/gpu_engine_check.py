@@ -38,6 +38,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gpu_check import generate_reference
+
 TARGETS = dict(
     batch1_step_ms=1.5,
     batch256_tokens_per_s=45_000,
@@ -342,7 +344,6 @@ def host_sync_error(fn) -> str | None:
 
 def exact_with_graphs(report, device, shapes: dict, tokenizer_dir: Path) -> None:
     """float32 greedy with the graphs on equals transformers' generate, at batches using buckets 1..16."""
-    import torch
     import transformers
 
     from pagedinfer.engine import LLM, SamplingParams
@@ -354,16 +355,8 @@ def exact_with_graphs(report, device, shapes: dict, tokenizer_dir: Path) -> None
     prompts = [
         [rng.randrange(8, vocab) for _ in range(rng.randint(1, 60))] for _ in range(max(shapes["exact_batches"]))
     ]
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     n = shapes["exact_tokens"]
-    want = []
-    with torch.no_grad():
-        for ids in prompts:
-            out = model.generate(
-                torch.tensor([ids], device=device), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-            )
-            want.append(out[0, len(ids) :].tolist())
-    del model
+    want = generate_reference(model_dir, prompts, n, device)
     llm = LLM(
         model=str(model_dir),
         dtype="float32",

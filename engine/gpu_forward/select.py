@@ -2,7 +2,7 @@
 
 `EngineConfig.forward` (`--forward`):
 - `auto`: the Triton decoder on CUDA at tensor parallel size 1 for a model the
-  plan fits (`SUPPORTED`: Llama, Mistral, Qwen2, Qwen3 causal LMs in float32,
+  plan fits (`CAUSAL_LM_CLASSES`: Llama, Mistral, Qwen2, Qwen3 causal LMs in float32,
   bfloat16 or float16); any other model, or a CPU, keeps its path (the module
   path on CUDA, the CPU's own fused layers on a CPU);
 - `module`: never the Triton decoder;
@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # the decoder imports triton: a CPU engine without it never l
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED = CAUSAL_LM_CLASSES
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -48,8 +47,8 @@ class DecoderChoice:
 
 def _unsupported(model: nn.Module) -> str:
     """Why `model` (its projections not fused yet) is not a class the decoder runs ("" when it is)."""
-    if type(model).__name__ not in SUPPORTED:
-        return f"model class {type(model).__name__} (supported: {', '.join(SUPPORTED)})"
+    if type(model).__name__ not in CAUSAL_LM_CLASSES:
+        return f"model class {type(model).__name__} (supported: {', '.join(CAUSAL_LM_CLASSES)})"
     dtype = next(model.parameters()).dtype
     if dtype not in DTYPES:
         return f"dtype {dtype}"

@@ -60,6 +60,11 @@ def _direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
     return src.is_contiguous() and dst.is_contiguous() and host.device.type == "cpu" and host.is_pinned()
 
 
+def _swap_blocks(src: torch.Tensor, dst: torch.Tensor, pairs: tuple[tuple[int, int], ...]) -> None:
+    """The copy as `dispatch.swap_blocks` (a gather and a scatter on a CPU): the pairs as its `[n, 2]` mapping."""
+    dispatch.swap_blocks(src, dst, torch.tensor(pairs, dtype=torch.long).view(-1, 2), block_dim=2)
+
+
 @dataclass
 class CopyTotals:
     """Cumulative copy time per direction (seconds), of copies whose time is known."""
@@ -78,10 +83,9 @@ class TierCopier:
         """Copy blocks `(src block, dst block)` of the `[2, layers, blocks, ...]` caches, every layer at once."""
         if not pairs:
             return
-        mapping = torch.tensor(pairs, dtype=torch.long).view(-1, 2)
         if self._stream is None:
             start = time.perf_counter()
-            dispatch.swap_blocks(src, dst, mapping, block_dim=2)
+            _swap_blocks(src, dst, pairs)
             self.totals.seconds[direction] += time.perf_counter() - start
             return
         compute = torch.cuda.current_stream(self.device)
@@ -92,7 +96,7 @@ class TierCopier:
             if _direct(src, dst):
                 copy_block_runs(src, dst, pairs)
             else:
-                dispatch.swap_blocks(src, dst, mapping, block_dim=2)
+                _swap_blocks(src, dst, pairs)
             end.record(self._stream)
         compute.wait_stream(self._stream)
         self._pending.append((direction, begin, end))
