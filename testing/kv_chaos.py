@@ -29,6 +29,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from pagedinfer.contracts.kv_events.events import seq_from_bytes
+from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ
+
 RELAY_CHUNK_BYTES = 1 << 16
 
 
@@ -37,6 +40,7 @@ class ChaosCounters:
     forwarded: int = 0  # PUB messages passed on
     dropped: int = 0  # taken by drop_fraction
     silenced: int = 0  # taken while silenced
+    last_silenced_seq: int | None = None  # the sequence number of the last batch (not heartbeat) taken while silenced
 
 
 class KVChaosProxy:
@@ -131,6 +135,8 @@ class KVChaosProxy:
             frames = await sub.recv_multipart()
             if self._silenced:
                 self.counters.silenced += 1
+                if len(frames) == 3 and (seq := seq_from_bytes(frames[1])) != HEARTBEAT_SEQ:
+                    self.counters.last_silenced_seq = seq
             elif self.drop_fraction and self._random.random() < self.drop_fraction:
                 self.counters.dropped += 1
             else:

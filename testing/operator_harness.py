@@ -230,7 +230,17 @@ async def roll_out(
 
 def reconciles(runtime: Runtime) -> float:
     """How many reconciles the operator has run (pagedinfer_operator_reconciles_total, all results)."""
-    return sum(s.value for s in runtime.metrics.reconciles.collect()[0].samples if s.name.endswith("_total"))
+    return _total(runtime.metrics.reconciles)
+
+
+def reconcile_errors(runtime: Runtime) -> float:
+    """How many reconcile errors the operator has counted (pagedinfer_operator_errors_total, all reasons): a
+    failed reconcile counts its error before it returns or raises, so before any retry of it runs."""
+    return _total(runtime.metrics.errors)
+
+
+def _total(counter: Any) -> float:
+    return sum(s.value for s in counter.collect()[0].samples if s.name.endswith("_total"))
 
 
 async def reconciles_once_handled(

@@ -8,7 +8,7 @@ import pytest
 
 from pagedinfer.testing.kube_emulator import Access, Fault
 from pagedinfer.testing.kube_emulator_rules import canonical_quantity, label_selector
-from pagedinfer.testing.operator_harness import serving_emulator
+from pagedinfer.testing.operator_harness import eventually, serving_emulator
 
 pytestmark = pytest.mark.timeout(30)
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"
@@ -105,7 +105,7 @@ async def test_finalizers_hold_deletion_until_removed(api):
 
 
 async def test_list_and_watch_filter_by_labels_and_fields_and_watch_times_out(api):
-    _, s = api
+    emulator, s = api
     await send(s, "POST", DEPLOY, deployment("a", {"tier": "gpu"}))
     await send(s, "POST", DEPLOY, deployment("b", {"tier": "cpu"}))
     _, listed = await send(s, "GET", DEPLOY + "?labelSelector=tier%20in%20(gpu,tpu)")
@@ -122,7 +122,7 @@ async def test_list_and_watch_filter_by_labels_and_fields_and_watch_times_out(ap
             return [json.loads(line) for line in (await r.text()).splitlines()]
 
     watcher = asyncio.create_task(watch())
-    await asyncio.sleep(0.1)
+    await eventually(lambda: emulator.received("watch", "deployments"))  # open: the patches reach it as they happen
     await send(s, "PATCH", DEPLOY + "/b", {"spec": {"replicas": 3}}, MERGE)
     await send(s, "PATCH", DEPLOY + "/a", {"spec": {"replicas": 3}}, MERGE)
     events = await asyncio.wait_for(watcher, 5)  # ends by itself after timeoutSeconds

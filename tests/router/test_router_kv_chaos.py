@@ -80,6 +80,11 @@ def test_a_silenced_publisher_stops_being_scored_and_a_heartbeat_brings_back_wha
         assert route["engine"] == proxy.url and route["matched_tokens"] == "0" and route["reason"] != "prefix-hit"
         second = _prompt(1)
         _ask(router.url, second)  # stored while silenced: the router does not see it
+        published, _ = _snapshot(engine_url)
+        wait_for(
+            lambda: (proxy.counters.last_silenced_seq or -1) >= published,
+            "the engine's batch never reached the silenced proxy",
+        )
         assert not set(prefix_block_hashes(second, BLOCK)) & record.hashes
 
         proxy.resume()  # no batch follows: only a heartbeat can say that one was missed
