@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 from proc_stats import CLOCK_TICKS_PER_SECOND, tree_cpu_seconds
 
-from pagedinfer.engine.model_source import default_model_dir
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.testing.server_process import free_port
 
 MODEL_125M = dict(

@@ -40,7 +40,7 @@ from pagedinfer.testing.server_process import wait_process_healthy  # noqa: E402
 
 def make_model(out: Path, hidden_size: int, layers: int) -> Path:
     """A random-weight Llama with the embedded model's tokenizer (and chat template), cached at `out`."""
-    from pagedinfer.engine.model_source import default_model_dir
+    from pagedinfer.contracts.embedded_model import default_model_dir
     from pagedinfer.engine.tiny_model import make_tiny_model
 
     if (out / "config.json").exists():

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from pagedinfer.engine.model_source import default_model_dir
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 

@@ -65,8 +65,8 @@ def run_case(llm, args, fraction: float) -> float:
 
 def main() -> None:
     args = parse_args()
+    from pagedinfer.contracts.embedded_model import default_model_dir
     from pagedinfer.engine import LLM
-    from pagedinfer.engine.server.launcher import default_model_dir
 
     llm = LLM(
         model=args.model or str(default_model_dir()),

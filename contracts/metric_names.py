@@ -113,7 +113,7 @@ SERVER += (
 # sleep mode (POST /sleep, engine/sleep/)
 ENGINE_SLEEPING = Metric(PREFIX + "engine_sleeping", GAUGE)  # 1 asleep, 0 awake
 SERVER += (ENGINE_SLEEPING,)
-# a router's warm-up prefills (x-pagedinfer-warmup: 1, engine/server/warmup_requests.py), kept out of the request series
+# a router's warm-up prefills (x-pagedinfer-warmup: 1, contracts/http/warmup_requests.py), kept out of the request series
 WARMUP_REQUESTS = Metric(PREFIX + "warmup_requests", COUNTER)
 SERVER += (WARMUP_REQUESTS,)
 

@@ -7,8 +7,8 @@ import json
 import sys
 import time
 
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.engine.engine_args import add_engine_args, engine_config_from_args
-from pagedinfer.engine.model_source import default_model_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

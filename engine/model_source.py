@@ -1,6 +1,6 @@
 """Where a model's files come from: a local directory, a Hugging Face Hub id, or
-(no model named) the small model embedded in the package, which `serve` and
-`generate` both default to.
+(no model named) the small model embedded in the package
+(`pagedinfer.contracts.embedded_model`), which `serve` and `generate` both default to.
 
 A local directory is used as is. An id such as `org/name` is resolved with
 huggingface_hub's `snapshot_download`, which honours HF_HUB_OFFLINE (the
@@ -13,7 +13,6 @@ or in tests.
 from __future__ import annotations
 
 import re
-from importlib import resources
 from pathlib import Path
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -22,11 +21,6 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # `original/` checkpoints double a Llama-3 download; GGUF, ONNX, .pth exports), never read here.
 _METADATA = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja", "tokenizer*"]
 _NOT_SERVED = ["original/*", "*.pth", "*.pt", "*.gguf", "*.onnx", "*.msgpack", "*.h5"]
-
-
-def default_model_dir() -> Path:
-    """The embedded model shipped inside the package (engine/default_model): trained, with its tokenizer."""
-    return Path(str(resources.files("pagedinfer.engine") / "default_model"))
 
 
 def resolve_model_dir(model: str, revision: str | None = None, name: str = "model") -> str:

@@ -29,12 +29,12 @@ from typing import Any
 
 import kopf
 
+from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator import child_events, config_map_events, reconciler, settings  # noqa: F401  (startup/login)
 from pagedinfer.operator.autoscaling import daemon, demand  # noqa: F401  (registers the autoscaler's daemon, demand)
 from pagedinfer.operator.children.labels import MANAGED_BY, MANAGED_BY_LABEL
 from pagedinfer.operator.indexes import nodes_in, referencing
 from pagedinfer.operator.registry import REGISTRY
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 
 
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)

@@ -21,9 +21,9 @@ from typing import Any
 
 import kopf
 
+from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.kv_plan.node_memory import node_facts
 from pagedinfer.operator.registry import REGISTRY
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 
 ALL_NODES = "all"
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import kopf
 
+from pagedinfer.contracts.inference_service import API_GROUP
 from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher
 from pagedinfer.operator.metrics import OperatorMetrics
 from pagedinfer.operator.registry import REGISTRY
-from pagedinfer.operator.spec.crd_model import API_GROUP, DEFAULT_ROUTER_IMAGE, EngineImages
+from pagedinfer.operator.spec.crd_model import DEFAULT_ROUTER_IMAGE, EngineImages
 
 
 @dataclass(frozen=True)

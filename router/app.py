@@ -39,10 +39,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedinfer.contracts.http.auth import ApiKeyMiddleware
+from pagedinfer.contracts.http.body_limit import BodySizeLimitMiddleware
+from pagedinfer.contracts.http.errors import error_body, error_response
 from pagedinfer.contracts.http.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
-from pagedinfer.engine.server.auth import ApiKeyMiddleware
-from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
-from pagedinfer.engine.server.errors import error_body, error_response
 from pagedinfer.router import upstream as bounds
 from pagedinfer.router.discovery import DiscoverySettings, follow_endpoint_slices
 from pagedinfer.router.engine_tokenizer import RouterTokenizer
@@ -101,7 +101,7 @@ def route_header(decision: Decision | None, reason: str = "no-engine") -> str:
 
 
 def create_router_app(settings: RouterSettings) -> FastAPI:
-    from pagedinfer.engine.model_source import default_model_dir
+    from pagedinfer.contracts.embedded_model import default_model_dir
 
     tokenizer = RouterTokenizer(settings.tokenizer_dir, str(default_model_dir()), settings.api_key)
     tokenize_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-tokenize")

@@ -8,16 +8,16 @@ import sys
 
 from pagedinfer.contracts.config import cli_types
 from pagedinfer.contracts.http.read_timeouts import add_read_timeout_args
-from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
+from pagedinfer.contracts.routing.demand import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
+from pagedinfer.contracts.routing.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
+from pagedinfer.contracts.routing.policies import POLICIES
+from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
 from pagedinfer.router.hold.queue import (
     DEFAULT_KEEPALIVE_SECONDS,
     DEFAULT_MAX_QUEUED_REQUESTS,
     DEFAULT_QUEUE_TIMEOUT_SECONDS,
 )
-from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
-from pagedinfer.router.policy import POLICIES
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS
-from pagedinfer.router.warmup.settings import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
 
 # Libraries whose INFO lines are one per upstream request (httpx logs each, health checks included: 4 lines a
 # second with 2 engines); quiet below WARNING unless the router itself logs at DEBUG.
@@ -154,9 +154,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_router(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from pagedinfer.contracts.http.auth import resolve_api_key
+    from pagedinfer.contracts.http.graceful_exit import exit_zero_after_sigterm
     from pagedinfer.contracts.http.header_timeout import header_timeout_protocol
-    from pagedinfer.engine.server.auth import resolve_api_key
-    from pagedinfer.engine.server.graceful_exit import exit_zero_after_sigterm
     from pagedinfer.router.app import RouterSettings, create_router_app
     from pagedinfer.router.hold.queue import HoldSettings
     from pagedinfer.router.warmup.settings import WarmupSettings

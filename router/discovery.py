@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
+from pagedinfer.contracts.routing.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
 
 logger = logging.getLogger("pagedinfer.router.discovery")
 

@@ -27,9 +27,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pagedinfer.contracts.routing.policies import POLICIES
 from pagedinfer.router.hashing import num_cached_blocks
 
-POLICIES = ("prefix", "least-load", "round-robin")
 SATURATION_SLACK = 2  # requests in flight above the least-loaded engine before a prefix hit spreads
 BOUNDED_LOAD_FACTOR = 1.0  # consistent hashing: an engine takes a new key while under this times the mean load
 VIRTUAL_NODES = 64  # ring points per engine

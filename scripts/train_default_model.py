@@ -1,4 +1,4 @@
-"""Train the embedded default model shipped in engine/default_model/.
+"""Train the embedded default model shipped in contracts/default_model/.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/train_default_model.py
 
@@ -43,7 +43,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "engine" / "default_model"
+DEFAULT_OUT = REPO / "contracts" / "default_model"
 MAX_OUTPUT_BYTES = 5 * 1000 * 1000
 
 # Modules with import-time side effects (opening a browser, printing, GUI,

@@ -21,10 +21,10 @@ import kmock
 import kopf
 import yaml
 
+from pagedinfer.contracts.inference_service import API_GROUP
 from pagedinfer.operator import handlers  # noqa: F401  (registers the handlers)
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.settings import OperatorConfig, Runtime
-from pagedinfer.operator.spec.crd_model import API_GROUP
 from pagedinfer.testing.kube_emulator import KubeEmulator, default_emulator
 from pagedinfer.testing.watched import Died, TaskWatch, raise_if_died, stop_task, watching
 

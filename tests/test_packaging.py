@@ -303,11 +303,10 @@ def test_the_cpu_engine_generates_without_triton():
     code = (
         "import sys\n"
         "sys.modules.update(dict.fromkeys(%r))  # `import triton` raises ImportError\n"
-        "from pathlib import Path\n"
-        "import pagedinfer.engine\n"
+        "from pagedinfer.contracts.embedded_model import default_model_dir\n"
         "from pagedinfer.engine.llm import LLM\n"
         "from pagedinfer.engine.sampling_params import SamplingParams\n"
-        "llm = LLM(model=str(Path(pagedinfer.engine.__file__).parent / 'default_model'))\n"
+        "llm = LLM(model=str(default_model_dir()))\n"
         "out = llm.generate(['Hello'], SamplingParams(temperature=0.0, max_tokens=4))\n"
         "assert len(out[0].outputs[0].token_ids) == 4, out\n" % sorted(GPU_ONLY_IMPORTS)
     )

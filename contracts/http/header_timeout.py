@@ -34,7 +34,7 @@ from typing import Any
 
 def request_timeout_bytes(message: str) -> bytes:
     """A complete HTTP/1.1 408 response whose body is OpenAI's error shape."""
-    from pagedinfer.engine.server.errors import error_body
+    from pagedinfer.contracts.http.errors import error_body
 
     body = json.dumps(error_body(408, message, code="request_timeout"), separators=(",", ":")).encode("ascii")
     head = (

@@ -45,7 +45,7 @@ def install_kv_event_routes(
     app: Any, publisher: KVEventPublisher | None, loaded_tokenizer: Callable[[], Any] = lambda: None
 ) -> None:
     """loaded_tokenizer: the server's transformers tokenizer once the model is loaded, else None."""
-    from pagedinfer.engine.server.errors import ApiError
+    from pagedinfer.contracts.http.errors import ApiError
 
     served: dict[int, TokenizerFiles | None] = {}  # id(tokenizer) -> its files (None: it has no fast backend)
 

@@ -20,13 +20,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedinfer.contracts.config.options import field_default
 from pagedinfer.contracts.config.serve_args import DEFAULT_MAX_WAITING_REQUESTS, ServeArgs
+from pagedinfer.contracts.http.auth import ApiKeyMiddleware
+from pagedinfer.contracts.http.body_limit import BodySizeLimitMiddleware
+from pagedinfer.contracts.http.errors import ApiError, error_body, error_response, install_error_handlers
 from pagedinfer.contracts.http.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS
+from pagedinfer.contracts.http.warmup_requests import as_warmup, is_warmup
 from pagedinfer.contracts.kv_events.tokenizer_files import TOKENIZER_PATH
 from pagedinfer.engine.kv_events.routes import install_kv_event_routes
-from pagedinfer.engine.server.auth import ApiKeyMiddleware
-from pagedinfer.engine.server.body_limit import BodySizeLimitMiddleware
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed
-from pagedinfer.engine.server.errors import ApiError, error_body, error_response, install_error_handlers
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.protocol import (
     ChatCompletionRequest,
@@ -41,7 +42,6 @@ from pagedinfer.engine.server.responses import DeltaTracker, chat_response, comp
 from pagedinfer.engine.server.serving import RETRY_AFTER_SECONDS, ClientDisconnected, Serving, Submission
 from pagedinfer.engine.server.sleep_routes import SLEEP_PATHS, install_sleep_routes
 from pagedinfer.engine.server.tokenize_routes import install_tokenize_routes
-from pagedinfer.engine.server.warmup_requests import as_warmup, is_warmup
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; never seen by the client, only in access logs
 

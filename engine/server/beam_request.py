@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedinfer.engine.server.errors import ApiError, from_value_error
+from pagedinfer.contracts.http.errors import ApiError, from_value_error
 
 # request fields beam search ignores, and the value each may keep (its "not set")
 # (compared with their type: a completions `logprobs: 0` asks for logprobs, a chat `logprobs: false` does not)

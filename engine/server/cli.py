@@ -30,10 +30,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from pagedinfer.contracts.embedded_model import default_model_dir
+    from pagedinfer.contracts.http.auth import resolve_api_key
     from pagedinfer.engine.engine_args import engine_config_from_args
     from pagedinfer.engine.server.app import ServerSettings
-    from pagedinfer.engine.server.auth import resolve_api_key
-    from pagedinfer.engine.server.launcher import bind_listener, build_app, default_model_dir, run_server
+    from pagedinfer.engine.server.launcher import bind_listener, build_app, run_server
 
     opts = ServeArgs.from_args(args)
     logging.basicConfig(level=opts.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.engine.server.errors import from_value_error
+from pagedinfer.contracts.http.errors import from_value_error
 
 logger = logging.getLogger("pagedinfer.server")
 

@@ -36,12 +36,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pagedinfer.contracts.embedded_model import default_model_dir
+from pagedinfer.contracts.http.graceful_exit import absorb_reraised_signals, exit_now
 from pagedinfer.contracts.http.header_timeout import header_timeout_protocol
 from pagedinfer.contracts.http.read_timeouts import DEFAULT_HEADER_TIMEOUT_SECONDS
-from pagedinfer.engine.model_source import default_model_dir
 from pagedinfer.engine.server.app import ServerSettings, create_app
 from pagedinfer.engine.server.engine_loop import EngineLoop, ModelInfo
-from pagedinfer.engine.server.graceful_exit import absorb_reraised_signals, exit_now
 from pagedinfer.engine.server.metrics import ServerMetrics
 from pagedinfer.engine.server.prompt_chars import max_chars_per_token
 

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pagedinfer.contracts import metric_names as m
-from pagedinfer.engine.server.warmup_requests import is_warmup_request_id
+from pagedinfer.contracts.http.warmup_requests import is_warmup_request_id
 
 FINISHED_REASONS = ("stop", "length", "abort")
 TIER_DIRECTIONS = ("device_to_host", "host_to_device")  # engine/kv_offload/tier.py: STORE, LOAD

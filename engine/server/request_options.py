@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pagedinfer.engine.server.errors import ApiError, from_value_error
+from pagedinfer.contracts.http.errors import ApiError, from_value_error
 from pagedinfer.engine.server.tools.choice import tool_plan
 
 

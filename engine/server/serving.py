@@ -62,6 +62,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from pagedinfer.contracts.http.disconnect import watch_disconnect
+from pagedinfer.contracts.http.errors import ApiError, from_value_error
 from pagedinfer.engine.outputs import OutputAccumulator
 from pagedinfer.engine.server import request_options
 from pagedinfer.engine.server.admission import check_waiting_limit
@@ -73,7 +74,6 @@ from pagedinfer.engine.server.beam_request import (
 )
 from pagedinfer.engine.server.completion_shape import CompletionShape
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed, RequestSink
-from pagedinfer.engine.server.errors import ApiError, from_value_error
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 
 RETRY_AFTER_SECONDS = 1

@@ -26,8 +26,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from pagedinfer.contracts.http.errors import ApiError
 from pagedinfer.engine.server.engine_loop import EngineLoop, RequestFailed
-from pagedinfer.engine.server.errors import ApiError
 
 SLEEP_PATHS = ("/sleep", "/wake_up", "/is_sleeping")  # behind the API key, as /v1
 # Admin routes, left out of /openapi.json: a client generated from it (or a fuzzer) must not put the server to sleep.

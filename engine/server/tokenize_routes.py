@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from pagedinfer.engine.server.errors import ApiError
+from pagedinfer.contracts.http.errors import ApiError
 from pagedinfer.engine.server.extra_fields import ToolDefinition
 from pagedinfer.engine.server.protocol import ChatCompletionRequest, ChatMessage, ErrorResponse
 from pagedinfer.engine.server.serving import Serving

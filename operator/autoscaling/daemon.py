@@ -51,6 +51,7 @@ from typing import Any
 import aiohttp
 import kopf
 
+from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.autoscaling.idle import IdleDecision, IdleObservation, IdleState, decide_idle
 from pagedinfer.operator.autoscaling.policy import AutoscalerState, Observation, ScalingDecision, decide
 from pagedinfer.operator.autoscaling.readings import (
@@ -71,7 +72,6 @@ from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.routing.builders import router_selector_string
 from pagedinfer.operator.routing.deletion_cost import annotate_deletion_costs, deletion_costs
 from pagedinfer.operator.settings import runtime_of
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 
 PODS = ResourceRef("v1", "pods")
 INVALID_SPEC_RETRY_SECONDS = 15.0

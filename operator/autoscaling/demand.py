@@ -40,15 +40,15 @@ from typing import Any
 
 import kopf
 
+from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, PLURAL
+from pagedinfer.contracts.routing.demand import DEMAND_ANNOTATION
 from pagedinfer.operator.autoscaling.daemon import memory_of
 from pagedinfer.operator.autoscaling.idle import SCALED_FROM_ZERO, IdleState
 from pagedinfer.operator.autoscaling.spec import parse_autoscaling_spec
 from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.settings import runtime_of
-from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.operator.status.conditions import now_rfc3339
-from pagedinfer.router.hold.contract import DEMAND_ANNOTATION
 
 DEMAND_IGNORED = "DemandIgnored"
 

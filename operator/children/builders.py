@@ -46,6 +46,7 @@ from typing import Any
 from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.contracts.config.options import command_line
 from pagedinfer.contracts.config.serve_args import ServeArgs
+from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, KIND
 from pagedinfer.operator.children.drift import with_spec_hash
 from pagedinfer.operator.children.labels import common_labels, selector_labels
 from pagedinfer.operator.kv_plan.node_memory import GPU_RESOURCE, MIB, require_gpu_memory
@@ -62,14 +63,7 @@ from pagedinfer.operator.routing.engine_flags import (
     engine_router_args,
     engine_router_ports,
 )
-from pagedinfer.operator.spec.crd_model import (
-    API_GROUP,
-    API_VERSION,
-    HF_TOKEN_ENV,
-    KIND,
-    EngineImages,
-    InferenceServiceSpec,
-)
+from pagedinfer.operator.spec.crd_model import HF_TOKEN_ENV, EngineImages, InferenceServiceSpec
 
 HTTP_PORT = 8000
 # On the Deployment: the InferenceService's metadata.generation it was built from, which the

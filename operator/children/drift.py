@@ -49,8 +49,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from pagedinfer.contracts.inference_service import API_GROUP
 from pagedinfer.operator.children.labels import OWNED_LABEL_KEYS
-from pagedinfer.operator.spec.crd_model import API_GROUP
 from pagedinfer.operator.spec.quantity import same_quantity
 
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"

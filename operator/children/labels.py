@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pagedinfer.operator.spec.crd_model import API_GROUP
+from pagedinfer.contracts.inference_service import API_GROUP
 
 OWNER_LABEL = f"{API_GROUP}/inferenceservice"
 MANAGED_BY = "pagedinfer-operator"

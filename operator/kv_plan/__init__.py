@@ -4,7 +4,7 @@
 from their labels; `hub_config` fetches an hf:// model's config.json over
 HTTP (timeout, cache; the engine reads a local one with
 `pagedinfer.engine.hf_config`); `planning` (pure) chooses the sizing inputs
-and calls the engine's arithmetic (`pagedinfer.contracts.sizing.plan_kv_cache`,
+and calls the shared arithmetic (`pagedinfer.contracts.sizing.plan_kv_cache`,
 the one KV sizing rule, shared with `pagedinfer plan` and the engine);
 `resolver` is the only I/O around them (ConfigMap, Hub, the node index) and
 turns every failure into a SizingFailure with a condition reason.

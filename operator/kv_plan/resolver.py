@@ -18,12 +18,12 @@ changes or the referenced ConfigMap does (`config_map_events`).
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pagedinfer.contracts import sizing
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.contracts.model_shape import ModelShape
 from pagedinfer.operator.kube_api import CONFIGMAPS
 from pagedinfer.operator.kv_plan import offload, planning
@@ -50,9 +50,9 @@ class SizingFailure(Exception):
 
 def _embedded_default_config() -> dict[str, Any] | None:
     try:
-        path = importlib.resources.files("pagedinfer.engine") / "default_model" / "config.json"
+        path = default_model_dir() / "config.json"
         return json.loads(path.read_text()) if path.is_file() else None
-    except (ModuleNotFoundError, OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):
         return None
 
 

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedinfer.contracts.inference_service import API_GROUP, PLURAL
+from pagedinfer.contracts.routing.demand import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.children.drift import with_spec_hash
 from pagedinfer.operator.children.labels import common_labels, label_selector, selector_labels
 from pagedinfer.operator.kube_api import DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS, SERVICES, ResourceRef
-from pagedinfer.operator.spec.crd_model import API_GROUP, PLURAL, InferenceServiceSpec
-from pagedinfer.router.hold.contract import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
+from pagedinfer.operator.spec.crd_model import InferenceServiceSpec
 
 ROUTER_SUFFIX = "-router"
 ENGINES_SUFFIX = "-engines"

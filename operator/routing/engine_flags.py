@@ -7,7 +7,7 @@ the container declares them for readers and NetworkPolicies.
 
 The engine's preStop wait: with a router the engines are reached only
 through it (the front Service selects the router pods), so the wait is sized
-from the router's discovery poll (router/lifecycle.py, the same definition
+from the router's discovery poll (contracts/routing/lifecycle.py, the same definition
 as the router's flag default); without one, kube-proxy and ingress
 controllers must learn of the terminating pod, which takes seconds
 (`builders.PRE_STOP_SLEEP_SECONDS`).
@@ -19,8 +19,8 @@ from typing import Any
 
 from pagedinfer.contracts.config.options import command_line
 from pagedinfer.contracts.config.serve_args import ServeArgs
+from pagedinfer.contracts.routing.lifecycle import engine_pre_stop_seconds
 from pagedinfer.operator.routing.spec import RouterSpec
-from pagedinfer.router.lifecycle import engine_pre_stop_seconds
 
 KV_EVENTS_PORT = 5557  # `serve --kv-events-port`
 

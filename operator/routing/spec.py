@@ -3,7 +3,7 @@
     router:
       enabled: true          # default: on when spec.maxReplicas > 1, else off; explicit true/false wins
       replicas: 2            # router pods (1..16)
-      policy: prefix         # prefix | least-load | round-robin (router/policy.py's POLICIES)
+      policy: prefix         # prefix | least-load | round-robin (contracts/routing/policies.py)
       image: ...             # default: the operator's --router-image
       resources: {requests: {cpu: 500m, memory: 512Mi}, limits: {memory: 1Gi}}
       queue: {maxRequests: 256, timeoutSeconds: 120}  # the hold queue while no engine is ready; unset: the router's defaults
@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedinfer.contracts.routing.policies import POLICIES
 from pagedinfer.operator.routing.warmup_spec import RouterWarmup, parse_warmup
 from pagedinfer.operator.spec.quantity import QUANTITY_PATTERN
-from pagedinfer.router.policy import POLICIES
 
 PATH = "spec.router"
 DEFAULT_REPLICAS = 2

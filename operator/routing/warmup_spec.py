@@ -1,7 +1,7 @@
 """`spec.router.warmup` of an InferenceService, validated (pure), and the router flags it becomes.
 
     router:
-      warmup: {prefixes: 32, tokenBudget: 32768}   # the defaults (router/warmup/settings.py); prefixes 0: off
+      warmup: {prefixes: 32, tokenBudget: 32768}   # the defaults (contracts/routing/warmup.py); prefixes 0: off
 
 The router replays its K = `prefixes` hottest prefixes, at most `tokenBudget`
 prompt tokens per engine per event, to a new engine before it takes traffic
@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.router.warmup.hotness import MAX_ENTRIES
-from pagedinfer.router.warmup.settings import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
+from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET, MAX_ENTRIES
 
 PATH = "spec.router.warmup"
 MAX_TOKEN_BUDGET = 1 << 24

@@ -19,11 +19,6 @@ from pagedinfer.contracts.config.serve_args import ServeArgs
 from pagedinfer.operator.autoscaling.spec import AutoscalingSpec
 from pagedinfer.operator.routing.spec import RouterSpec
 
-API_GROUP = "serving.pagedinfer.dev"
-API_VERSION = "v1alpha1"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
-
 # The engine pods' image unless spec.engine.image says otherwise: the CUDA image for a service with
 # GPUs, the CPU image (CPU torch, the native CPU kernels prebuilt) for `gpus: 0` (operator
 # --engine-image / --engine-cpu-image; the chart sets both).

@@ -24,13 +24,13 @@ from datetime import UTC, datetime
 
 import httpx
 
-from pagedinfer.router.discovery import kube_api_args
-from pagedinfer.router.hold.contract import (
+from pagedinfer.contracts.routing.demand import (
     DEMAND_ANNOTATION,
     DEMAND_MIN_INTERVAL_SECONDS,
     INFERENCESERVICE_NAME_ENV,
     INFERENCESERVICE_NAMESPACE_ENV,
 )
+from pagedinfer.router.discovery import kube_api_args
 
 logger = logging.getLogger("pagedinfer.router.demand")
 
@@ -57,7 +57,7 @@ class DemandTarget:
         return cls(name, namespace, api_url)
 
     def path(self) -> str:
-        from pagedinfer.operator.spec.crd_model import API_GROUP, API_VERSION, PLURAL
+        from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, PLURAL
 
         return f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.name}"
 

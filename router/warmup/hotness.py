@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pagedinfer.contracts.routing.warmup import MAX_ENTRIES
 from pagedinfer.router.warmup.settings import MAX_PREFIX_TOKENS
 
 HALF_LIFE_REQUESTS = 2000
-MAX_ENTRIES = 1024
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Each replay is `POST /v1/completions {"model", "prompt": [token ids],
 "max_tokens": 1, "temperature": 0}` with `x-pagedinfer-warmup: 1`, so the
-engine keeps it out of its request series (engine/server/warmup_requests.py).
+engine keeps it out of its request series (contracts/http/warmup_requests.py).
 The token ids are the ones the router computed for the tenant's requests, so
 the engine caches exactly the blocks those requests will look up.
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from pagedinfer.engine.server.warmup_requests import WARMUP_HEADER
+from pagedinfer.contracts.http.warmup_requests import WARMUP_HEADER
 from pagedinfer.router.warmup.plan import Replay
 
 logger = logging.getLogger("pagedinfer.router.warmup")

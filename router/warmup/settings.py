@@ -1,15 +1,13 @@
-"""How much a warm-up replays: `--warmup-prefixes` (K) and `--warmup-token-budget`, and their defaults.
-
-No imports: the operator's `spec.router.warmup` parser takes its defaults
-from here, so the router's flags and the CRD agree.
+"""How much a warm-up replays: `--warmup-prefixes` (K) and `--warmup-token-budget` (their defaults are
+contracts, `pagedinfer.contracts.routing.warmup`, shared with the operator's `spec.router.warmup`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_PREFIXES = 32  # K: the hottest prefixes replayed per event (bench/routing_lifecycle.py)
-DEFAULT_TOKEN_BUDGET = 32768  # prompt tokens replayed per engine per event
+from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
+
 MAX_PREFIX_TOKENS = 4096  # one warm-up prefill at most (longer hot prefixes are replayed truncated)
 
 

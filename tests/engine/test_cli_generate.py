@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.engine import LLM, SamplingParams
 from pagedinfer.engine.cli import main
-from pagedinfer.engine.model_source import default_model_dir
 
 PROMPT = "The quick brown fox"
 ENGINE_FLAGS = {"max_model_len": 256, "num_gpu_blocks_override": 64}

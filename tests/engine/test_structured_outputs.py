@@ -13,8 +13,8 @@ import re
 import jsonschema
 import pytest
 
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.engine import LLM, SamplingParams
-from pagedinfer.engine.server.launcher import default_model_dir
 from pagedinfer.engine.structured.params import StructuredOutputsParams
 
 SCHEMAS = {

@@ -42,7 +42,7 @@ def operator_engine_container(port: int) -> tuple[str, list[str], dict[str, str]
     """(served model name, command, env, emptyDir mount paths) of the example's engine pod, listening on port."""
     example = yaml.safe_load(EXAMPLE.read_text())
     spec = parse_spec(example["metadata"]["name"], example["spec"])
-    config = json.loads((files("pagedinfer.engine") / "default_model" / "config.json").read_text())
+    config = json.loads((files("pagedinfer.contracts") / "default_model" / "config.json").read_text())
     shape = planning.shape_from_config(config, spec.model.dtype, cpu=True)  # as the operator sizes it
     container = builders.build_pod_spec(spec, planning.plan_for(spec, shape, None, planning.SOURCE_MEMORY))[
         "containers"

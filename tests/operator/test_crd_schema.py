@@ -12,6 +12,7 @@ import yaml
 from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.contracts.config.options import field_default, flag_fields, managed_flags
 from pagedinfer.contracts.config.serve_args import ServeArgs
+from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, KIND, PLURAL
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.crd_model import DTYPES, MANAGED_FLAGS, EngineSpec
 from pagedinfer.operator.spec.parser import parse_spec
@@ -35,13 +36,9 @@ def test_the_crd_manifest_validates(version):
 
 def test_names_scale_subresource_and_printer_columns():
     names = CRD["spec"]["names"]
-    assert (CRD["spec"]["group"], names["kind"], names["plural"]) == (
-        "serving.pagedinfer.dev",
-        "InferenceService",
-        "inferenceservices",
-    )
+    assert (CRD["spec"]["group"], names["kind"], names["plural"]) == (API_GROUP, KIND, PLURAL)
     assert "isvc" not in names["shortNames"]
-    assert VERSION["name"] == "v1alpha1"
+    assert VERSION["name"] == API_VERSION
     assert VERSION["subresources"]["scale"] == {
         "specReplicasPath": ".spec.replicas",
         "statusReplicasPath": ".status.replicas",

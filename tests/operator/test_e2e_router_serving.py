@@ -130,7 +130,7 @@ async def test_the_operators_router_serves_through_a_scale_in_without_aborting(e
             pre_stop = emulator.read(DEPLOYMENTS, NS, "tiny")["spec"]["template"]["spec"]["containers"][0]["lifecycle"][
                 "preStop"
             ]["exec"]["command"]
-            assert pre_stop == ["sleep", "3"]  # the router's 1 s poll + 2 s margin (router/lifecycle.py)
+            assert pre_stop == ["sleep", "3"]  # the router's 1 s poll + 2 s margin (contracts/routing/lifecycle.py)
 
             load, stop = Load(f"http://{ip}:8000"), asyncio.Event()
             async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from fake_engine_metrics import fake_engines
 
+from pagedinfer.contracts.routing.demand import DEMAND_ANNOTATION
 from pagedinfer.operator.routing.builders import router_selector_labels
-from pagedinfer.router.hold.contract import DEMAND_ANNOTATION
 from pagedinfer.router.hold.demand import DemandSignal, DemandTarget
 from pagedinfer.testing.kubelet_harness import PODS, add_ready_pod, pod_manifest
 from pagedinfer.testing.operator_harness import (

@@ -94,9 +94,9 @@ def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_p
     graphs (maxCudagraphCaptureSize) the same graph term, fewer blocks."""
     import dataclasses
 
+    from pagedinfer.contracts.embedded_model import default_model_dir
     from pagedinfer.engine.engine_args import engine_config_from_args
     from pagedinfer.engine.model_runner import ModelRunner
-    from pagedinfer.engine.server.launcher import default_model_dir
     from pagedinfer.operator.kv_plan import resolver
 
     spec = parse_spec(

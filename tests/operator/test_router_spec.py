@@ -6,8 +6,8 @@ import jsonschema
 import pytest
 import yaml
 
+from pagedinfer.contracts.routing.policies import POLICIES
 from pagedinfer.operator.routing.spec import RouterSpec, RouterSpecError, parse_router_spec
-from pagedinfer.router.policy import POLICIES
 
 CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.yaml").read_text())
 VERSION = CRD["spec"]["versions"][0]

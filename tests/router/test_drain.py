@@ -3,11 +3,15 @@ writes it), the router dropping it, and the engine's preStop wait sized from the
 
 import pytest
 
+from pagedinfer.contracts.routing.lifecycle import (
+    DISCOVERY_POLL_INTERVAL_SECONDS,
+    DRAIN_MARGIN_SECONDS,
+    engine_pre_stop_seconds,
+)
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.kv_plan import planning
 from pagedinfer.operator.spec.parser import parse_spec
 from pagedinfer.router.discovery import ready_engine_urls
-from pagedinfer.router.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS, DRAIN_MARGIN_SECONDS, engine_pre_stop_seconds
 from pagedinfer.testing.endpoint_slices import endpoint_slice
 
 PLAN = planning.KVCachePlan(source="engine", block_size=16, num_gpu_blocks=None)

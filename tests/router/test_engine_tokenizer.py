@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 from router_harness import route_of, start_router, wait_for
 from serving_harness import start_server, stop_server
 
+from pagedinfer.contracts.embedded_model import default_model_dir
+from pagedinfer.contracts.http.errors import install_error_handlers
 from pagedinfer.contracts.kv_events.tokenizer_files import fingerprint, tokenizer_files
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig
 from pagedinfer.engine.kv_events.routes import install_kv_event_routes
-from pagedinfer.engine.model_source import default_model_dir
-from pagedinfer.engine.server.errors import install_error_handlers
 from pagedinfer.engine.tiny_model import train_tokenizer
 from pagedinfer.router.request_tokens import RequestTokenizer
 

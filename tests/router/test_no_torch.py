@@ -8,7 +8,7 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
-from pagedinfer.engine.model_source import default_model_dir
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.router.request_tokens import RequestTokenizer
 
 MESSAGES = [

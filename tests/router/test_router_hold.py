@@ -13,10 +13,10 @@ import pytest
 from router_harness import route_of, start_router, until
 from serving_harness import start_server, stop_server
 
+from pagedinfer.contracts.routing.demand import DEMAND_ANNOTATION
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig
 from pagedinfer.router.cli import add_parser
 from pagedinfer.router.discovery import DiscoverySettings
-from pagedinfer.router.hold.contract import DEMAND_ANNOTATION
 from pagedinfer.router.hold.demand import DemandTarget
 from pagedinfer.router.hold.queue import HoldQueue, HoldSettings, QueueFull
 from pagedinfer.testing.operator_harness import inference_service, serving_emulator

@@ -76,7 +76,7 @@ def test_the_key_never_reaches_the_logs(keyed_server, caplog):
 
 
 def test_api_key_comes_from_the_environment_when_no_flag(monkeypatch):
-    from pagedinfer.engine.server.auth import resolve_api_key
+    from pagedinfer.contracts.http.auth import resolve_api_key
 
     monkeypatch.setenv("PAGEDINFER_API_KEY", "from-env")
     assert resolve_api_key(None) == "from-env"

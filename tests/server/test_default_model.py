@@ -9,7 +9,8 @@ import re
 import pytest
 from serving_harness import start_server, stop_server
 
-from pagedinfer.engine.server.launcher import DEFAULT_MODEL_NAME, default_model_dir, served_name
+from pagedinfer.contracts.embedded_model import default_model_dir
+from pagedinfer.engine.server.launcher import DEFAULT_MODEL_NAME, served_name
 
 MAX_BYTES = 5 * 1000 * 1000
 

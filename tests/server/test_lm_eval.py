@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedinfer.engine.server.launcher import default_model_dir
+from pagedinfer.contracts.embedded_model import default_model_dir
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
 RUNNER = Path(__file__).resolve().parents[1] / "support" / "lm_eval_runs.py"

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pagedinfer.engine.server.errors import error_response
+from pagedinfer.contracts.http.errors import error_response
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedinfer.engine.server.legacy_fields import unknown_field_message
+from pagedinfer.contracts.http.legacy_fields import unknown_field_message
 
 logger = logging.getLogger("pagedinfer.server")
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from pagedinfer.engine.server.errors import error_response
+from pagedinfer.contracts.http.errors import error_response
 
 API_KEY_ENV = "PAGEDINFER_API_KEY"
 

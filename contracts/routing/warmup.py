@@ -1,0 +1,8 @@
+"""How much a router's warm-up replays: the defaults of `--warmup-prefixes` (K) and
+`--warmup-token-budget`, and the bounds the operator's `spec.router.warmup` parser holds them to, so the
+router's flags and the CRD agree. No imports.
+"""
+
+DEFAULT_PREFIXES = 32  # K: the hottest prefixes replayed per event (bench/routing_lifecycle.py)
+DEFAULT_TOKEN_BUDGET = 32768  # prompt tokens replayed per engine per event
+MAX_ENTRIES = 1024  # the router's table of hot prefixes holds at most this many (router/warmup/hotness.py)
