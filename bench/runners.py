@@ -343,7 +343,7 @@ def run_pagedinfer(
         + (OVERLAP_SUFFIX + overlap if overlap != "off" else "")
         + (ASYNC_SUFFIX if async_scheduling else "")
     )
-    crossing = getattr(engine._output_side, "crossing", None)
+    crossing = getattr(engine.output_side.worker, "crossing", None)
     if crossing is not None and crossing.num_batches:
         n = crossing.num_batches
         print(

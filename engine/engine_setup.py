@@ -17,7 +17,7 @@ In the order the engine takes them (`LLMEngine.__init__`):
    tier (kv_offloading_size). One host pool holds both (engine/kv_offload/).
    `check_host_pools_fit`: on a CPU the KV pool is host memory too, not yet
    touched when it is allocated, so the host pool must fit beside it (the
-   config checked the host pool alone).
+   config checked the host pool alone). `kv_pools` takes steps 4 and 5 together.
 6. `eos_token_ids`: the generation config's EOS ids, else the tokenizer's.
 
 Steps 3 to 6 take plain values and return plain values: tests call them
@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.contracts.config.host_memory import HostMemoryBound
-from pagedinfer.contracts.sizing import InsufficientMemoryError
+from pagedinfer.contracts.sizing import InsufficientMemoryError, SizingResult
 from pagedinfer.engine.model_source import resolve_model_dir
 
 logger = logging.getLogger(__name__)
@@ -142,6 +142,35 @@ def check_host_pools_fit(
             " --swap-space or --cpu-memory-budget, or use preemption_mode recompute (on a CPU, swapping copies"
             " host memory to host memory)"
         )
+
+
+class KVPools(NamedTuple):
+    """The engine's KV pools in blocks (`kv_pools`)."""
+
+    num_gpu_blocks: int  # the device pool
+    num_cpu_blocks: int  # the host pool: the swap space plus the prefix cache's tier (engine/kv_offload/)
+    num_tier_blocks: int  # of num_cpu_blocks, the tier's
+
+
+def kv_pools(
+    config: EngineConfig, planned: SizingResult, max_model_len: int, device_type: str, bound: HostMemoryBound | None
+) -> KVPools:
+    """Steps 4 and 5 together: the device pool from the runner's plan, one host pool for the swap space and the
+    tier, and the host pools checked against the host memory still available (`bound`)."""
+    bytes_per_block = planned.bytes_per_block
+    num_gpu = choose_num_gpu_blocks(config, planned.num_gpu_blocks, max_model_len, device_type)
+    num_tier = num_tier_blocks(config, bytes_per_block)
+    num_cpu = num_swap_blocks(config, bytes_per_block) + num_tier
+    check_host_pools_fit(config, device_type, num_gpu * bytes_per_block, num_cpu * bytes_per_block, bound)
+    logger.info(
+        "KV cache: %d blocks x %d tokens (%d bytes each), %d host blocks (%d of them the tier's)",
+        num_gpu,
+        config.block_size,
+        bytes_per_block,
+        num_cpu,
+        num_tier,
+    )
+    return KVPools(num_gpu, num_cpu, num_tier)
 
 
 def eos_token_ids(generation_eos: int | list[int] | tuple[int, ...] | None, tokenizer_eos: int | None) -> set[int]:

@@ -3,10 +3,10 @@
 Not thread-safe: one thread owns the engine (the server's engine loop, or
 LLM.generate). A step is: schedule -> block copies + one packed forward ->
 advance computed tokens (and cache full blocks) -> fork n>1 requests whose
-prompt just finished -> sample -> append token ids and end sequences on the
-finishes that need no text (EOS, stop tokens, grammar, length), freeing their
-blocks at once -> the step's `OutputBatch` (detokenize, stop strings, outputs:
-`engine/overlap/`). With `EngineConfig.overlap` "thread" or "process" that batch runs on the output
+prompt just finished (`fork`) -> sample -> append token ids and end sequences on the
+finishes that need no text (`stop_checks.py`: EOS, stop tokens, grammar, length), freeing their
+blocks at once -> the step's `OutputBatch` to the output side (`engine/overlap/side.py`: detokenize, stop
+strings, outputs). Requests are checked before they are queued (`request_checks.py`). With `EngineConfig.overlap` "thread" or "process" that batch runs on the output
 thread (or in the output process) during the next step's forward, whose step returns its outputs (one
 step later) and ends the sequences its stop strings ended, dropping the token
 sampled for them meanwhile; without it the batch runs inline. Beam-search requests (`BeamSearchParams`)
@@ -23,10 +23,8 @@ every token so far, per step: for callers that keep each step's outputs).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pagedinfer.contracts.config.engine_config import EngineConfig
@@ -34,59 +32,27 @@ from pagedinfer.contracts.config.host_memory import available_host_memory
 from pagedinfer.engine import engine_setup as setup
 from pagedinfer.engine.beam import group as beam_group
 from pagedinfer.engine.beam.params import BeamSearchParams
-from pagedinfer.engine.beam.search import BeamSearch
-from pagedinfer.engine.detokenizer import IncrementalDetokenizer
 from pagedinfer.engine.kv_cache_manager import KVCacheManager
-from pagedinfer.engine.kv_offload.tier import LOAD, STORE
 from pagedinfer.engine.outputs import (
     CompletionOutput,
     EngineStats,
-    Logprob,
     RequestMetrics,
     RequestOutput,
     RequestOutputDelta,
 )
-from pagedinfer.engine.overlap.process import OutputProcess
-from pagedinfer.engine.overlap.text import OutputBatch, ProcessedBatch, TokenItem, process_batch
-from pagedinfer.engine.overlap.thread import OutputThread
+from pagedinfer.engine.overlap.side import OutputSide
+from pagedinfer.engine.overlap.text import TokenItem
 from pagedinfer.engine.request_checks import check_request, check_request_id, prompt_token_ids
+from pagedinfer.engine.request_state import EngineRequest
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.scheduler_config import SchedulerConfig
-from pagedinfer.engine.sequence import Sequence, SequenceGroup
+from pagedinfer.engine.sequence import Sequence
 from pagedinfer.engine.stop_checks import check_stop
 from pagedinfer.engine.structured.compiler import StructuredOutputs
 
 if TYPE_CHECKING:
     from pagedinfer.engine.async_step.stepper import AsyncStepper
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams | BeamSearchParams
-    metrics: RequestMetrics
-    seqs: list[Sequence] = field(default_factory=list)
-    outputs: list[CompletionOutput] = field(default_factory=list)
-    beam: BeamSearch | None = None  # beam search: its bookkeeping; its live beams are `group`
-    group: SequenceGroup | None = None
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled as the prompt is computed
-    num_sent: dict[int, tuple[int, int]] = field(default_factory=dict)  # output position -> (tokens, chars) sent
-    aborted: bool = False  # an output of it still on the output side is dropped
-
-    @property
-    def finished(self) -> bool:
-        if self.beam is not None:
-            return self.beam.done
-        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
-
-    @property
-    def live_seqs(self) -> list[Sequence]:
-        return self.group.seqs if self.group is not None else self.seqs
 
 
 class LLMEngine:
@@ -95,7 +61,7 @@ class LLMEngine:
         from pagedinfer.engine.distributed.launch import create_runner
 
         self.config = config = setup.resolve_model_paths(config)
-        self._output_side: OutputThread | OutputProcess | None = None  # None: the output side runs inline
+        self.output_side: OutputSide | None = None  # built after the runner
         self._async: AsyncStepper | None = None  # async scheduling (engine/async_step/); None: steps are synchronous
         self.runner = create_runner(config)  # first: a bad model is named as the model
         try:
@@ -111,18 +77,8 @@ class LLMEngine:
         self.max_model_len = setup.resolve_max_model_len(config, self.runner.max_position_embeddings)
         self.sizing = self.runner.plan_kv_cache(self.max_model_len)
         self.bytes_per_block = self.sizing.bytes_per_block
-        self.num_gpu_blocks = setup.choose_num_gpu_blocks(
-            config, self.sizing.num_gpu_blocks, self.max_model_len, self.runner.device.type
-        )
-        # one host pool: the swap space and the prefix cache's tier (engine/kv_offload/)
-        self.num_tier_blocks = setup.num_tier_blocks(config, self.bytes_per_block)
-        self.num_cpu_blocks = setup.num_swap_blocks(config, self.bytes_per_block) + self.num_tier_blocks
-        setup.check_host_pools_fit(
-            config,
-            self.runner.device.type,
-            self.num_gpu_blocks * self.bytes_per_block,
-            self.num_cpu_blocks * self.bytes_per_block,
-            available_host_memory(),
+        self.num_gpu_blocks, self.num_cpu_blocks, self.num_tier_blocks = setup.kv_pools(
+            config, self.sizing, self.max_model_len, self.runner.device.type, available_host_memory()
         )
         self.runner.allocate_kv_cache(self.num_gpu_blocks, self.num_cpu_blocks)
         self.kv = KVCacheManager(
@@ -139,31 +95,16 @@ class LLMEngine:
         )
         self.sampler = Sampler(config.seed, self.eos_token_ids, self.runner.device)
         self.structured = StructuredOutputs(self.tokenizer, self.runner.vocab_size, self.eos_token_ids)
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[str, EngineRequest] = {}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        if config.overlap == "thread":
-            # its own tokenizer: a fast tokenizer may refuse a decode while another thread encodes with it
-            self.output_tokenizer = setup.load_tokenizer(config.tokenizer or config.model)
-            self._output_side = OutputThread(lambda batch: process_batch(batch, self.output_tokenizer))
-        else:
-            self.output_tokenizer = self.tokenizer
-            if config.overlap == "process":  # the child holds the output side's state (overlap/mirror.py)
-                self._output_side = OutputProcess(str(config.tokenizer or config.model))
+        self.output_side = OutputSide(
+            config.overlap, str(config.tokenizer or config.model), self.tokenizer, self.requests, self._end
+        )
         if config.async_scheduling and self.runner.workers is None and not config.compile:
             from pagedinfer.engine.async_step.stepper import AsyncStepper
 
             self._async = AsyncStepper(self)
-        # the detokenizers' `decode([id])` memo, one per skip_special_tokens (used on the output side only)
-        self._pieces: dict[bool, dict[int, str]] = {True: {}, False: {}}
-        logger.info(
-            "KV cache: %d blocks x %d tokens (%d bytes each), %d host blocks (%d of them the tier's)",
-            self.num_gpu_blocks,
-            config.block_size,
-            self.bytes_per_block,
-            self.num_cpu_blocks,
-            self.num_tier_blocks,
-        )
 
     def warm_up_structured_outputs(self) -> None:
         """Do the grammar backend's one-time set-up now (a server, before it reports healthy), not in a step."""
@@ -200,21 +141,9 @@ class LLMEngine:
         ids = self.tokenize(prompt if prompt_token_ids is None else prompt_token_ids)
         self.check_request(ids, params)
         now = arrival_time if arrival_time is not None else time.monotonic()
-        req = _Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, RequestMetrics(now))
+        req = EngineRequest(request_id, prompt if isinstance(prompt, str) else None, ids, params, RequestMetrics(now))
         if isinstance(params, BeamSearchParams):
-            req.group = SequenceGroup(request_id, params.beam_width, [])
-            req.beam = beam_group.new_search(params, self.eos_token_ids)
-            seq = Sequence(
-                request_id=request_id,
-                prompt_token_ids=ids,
-                params=params.beam_sampling_params(),
-                arrival_time=now,
-                prompt=req.prompt,
-                group=req.group,
-            )
-            req.group.seqs.append(seq)
-            req.seqs.append(seq)
-            self._admit(req, seq)
+            self._admit(req, beam_group.start(req, params, self.eos_token_ids))
             return
         req.outputs = [
             CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None) for i in range(params.n)
@@ -225,15 +154,13 @@ class LLMEngine:
             request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=now, prompt=req.prompt, index=0
         )
         seq.num_forks_pending = params.n - 1
-        seq.detok = IncrementalDetokenizer(
-            self.output_tokenizer, ids, params.skip_special_tokens, self._pieces[params.skip_special_tokens]
-        )
+        seq.detok = self.output_side.detokenizer(ids, params.skip_special_tokens)
         if params.structured_outputs is not None:
             seq.grammar = self.structured.matcher_for(params.structured_outputs)  # compiled: a cache hit
         req.seqs.append(seq)
         self._admit(req, seq)
 
-    def _admit(self, req: _Request, seq: Sequence) -> None:
+    def _admit(self, req: EngineRequest, seq: Sequence) -> None:
         self.requests[req.request_id] = req
         self.scheduler.add(seq)
         if self._async is not None:
@@ -247,11 +174,9 @@ class LLMEngine:
             if req is None:
                 continue
             req.aborted = True
-            if self._output_side is not None:
-                self._output_side.forget(req)
+            self.output_side.forget(req)
             for seq in req.live_seqs:
-                self.scheduler.finish(seq, "abort")
-                self.sampler.forget(seq.seq_id)
+                self._end(seq, "abort")
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -263,8 +188,8 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the output thread or process and the other ranks of a tensor-parallel replica (idempotent)."""
-        if self._output_side is not None:
-            self._output_side.shutdown()
+        if self.output_side is not None:
+            self.output_side.shutdown()
         if self._async is not None:
             self._async.shutdown()
         if getattr(self, "runner", None) is not None and self.runner.workers is not None:
@@ -299,9 +224,7 @@ class LLMEngine:
         self.num_prompt_tokens += num_prompt_tokens
         # with overlap: the previous step's outputs, made while this forward ran; its stop strings end their
         # sequences now, and the tokens this step computed for them are never sampled
-        previous = (
-            self._take_previous_outputs() if self._output_side is not None and self._output_side.in_flight else None
-        )
+        previous = self.output_side.take_previous()
         by_id = {s.seq_id: s for s in sampling}
         all_rows = [by_id[i] for i in row_ids]
         row_index = [r for r, seq in enumerate(all_rows) if seq.group is None and not seq.is_finished]
@@ -320,23 +243,27 @@ class LLMEngine:
             )
         else:
             results = []
-        touched: dict[str, _Request] = {}
+        touched: dict[str, EngineRequest] = {}
         now = time.monotonic()
         beam_rows = [r for r, seq in enumerate(all_rows) if seq.group is not None]
         if beam_rows:
-            for req in self._step_beams(logits, beam_rows, [all_rows[r] for r in beam_rows], now):
-                touched[req.request_id] = req
+            beam_seqs = [all_rows[r] for r in beam_rows]
+            finished, num_beam_tokens = beam_group.step_beams(
+                logits, beam_rows, beam_seqs, self.requests, self.scheduler, self.fork, self.tokenizer, now
+            )
+            self.num_generation_tokens += num_beam_tokens
+            touched.update((req.request_id, req) for req in finished)
         items = []
         for seq, res in zip(rows, results):
             req = self.requests[seq.request_id]
             items.append(self._append_token(req, seq, res.token_id, res.logprobs, now))
             touched[req.request_id] = req
-        return self._emit(items, touched, previous, cumulative)
+        return self.output_side.emit(items, touched, previous, cumulative)
 
     def _nothing_scheduled(self) -> list:
         """A step the scheduler gave nothing to: the output side's last outputs, or an error if it stalled."""
-        if self._output_side is not None and self._output_side.in_flight:  # the last step's outputs
-            return self._collect(self._take_previous_outputs())
+        if self.output_side.in_flight:  # the last step's outputs
+            return self.output_side.collect(self.output_side.take_previous())
         if self.scheduler.num_unfinished:  # the scheduler promises progress: say so rather than spin
             kv = self.kv.stats()
             raise RuntimeError(
@@ -369,70 +296,6 @@ class LLMEngine:
                     prompt_rows.add(seq.seq_id)
         return sampling, prompt_rows, num_prompt_tokens
 
-    def _emit(
-        self, items: list[TokenItem], touched: dict[str, _Request], previous: ProcessedBatch | None, cumulative: bool
-    ) -> list:
-        """Hand a step's tokens to the output side (or process them inline); the outputs ready now."""
-        batch = OutputBatch(items, list(touched.values()), cumulative)
-        if self._output_side is not None and not touched:  # a step of prompt chunks only: nothing to hand over
-            return self._collect(previous) if previous is not None else []
-        if self._output_side is None:
-            return self._collect(self._finish_text_stops(process_batch(batch, self.output_tokenizer)))
-        self._output_side.submit(batch)
-        return self._collect(previous) if previous is not None else []
-
-    def _take_previous_outputs(self) -> ProcessedBatch:
-        """The output side's result for the previous step, its stop strings applied to the engine."""
-        return self._finish_text_stops(self._output_side.wait())
-
-    def _finish_text_stops(self, processed: ProcessedBatch) -> ProcessedBatch:
-        """End (and free) each sequence a stop string ended on the output side."""
-        for seq in processed.stopped:
-            if not seq.is_finished:
-                self.scheduler.finish(seq, "stop")
-                self.sampler.forget(seq.seq_id)
-        return processed
-
-    def _collect(self, processed: ProcessedBatch) -> list:
-        """The outputs of a processed batch; a finished request leaves the engine (aborted ones: dropped)."""
-        now = time.monotonic()
-        outputs = []
-        for req, output, finished in processed.outputs:
-            if req.aborted:
-                continue
-            if finished:
-                req.metrics.finished_time = now
-                del self.requests[req.request_id]
-            outputs.append(output)
-        return outputs
-
-    def _step_beams(self, logits, rows: list[int], seqs: list[Sequence], now: float) -> list[_Request]:
-        """Report the beam rows to their searches; advance each group whose beams have all reported.
-
-        Returns the requests whose search finished (a beam search reports only its final output)."""
-        import torch
-
-        reqs = [self.requests[seq.request_id] for seq in seqs]
-        k = max(req.beam.num_candidates for req in reqs)
-        tops = beam_group.top_candidates(logits[torch.tensor(rows, device=logits.device)], k)
-        ready: dict[str, _Request] = {}
-        for seq, req, top in zip(seqs, reqs, tops):
-            req.beam.report(req.group.seqs.index(seq), top)
-            if req.beam.ready:
-                ready[req.request_id] = req
-        for req in ready.values():
-            num_live = len(req.group.seqs)
-            step = req.beam.step()
-            beam_group.advance(self.scheduler, req.group, step, self.fork)
-            # a token per new live beam; the last step's tokens end the beams that produced them
-            self.num_generation_tokens += num_live if step.done else len(step.tokens)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            req.metrics.last_token_time = now
-            if step.done:
-                req.outputs = beam_group.completions(req.beam, req.params, self.tokenizer)
-        return [req for req in ready.values() if req.finished]
-
     def fork(self, parent: Sequence) -> Sequence:
         """A running sequence sharing all of parent's blocks and tokens (before either appends its next token): a
         new beam of parent's group, or else parent's next pending completion (n > 1: its own detokenizer and
@@ -452,12 +315,7 @@ class LLMEngine:
         child.block_hashes = list(parent.block_hashes)
         child.first_scheduled_time = parent.first_scheduled_time
         if parent.group is None:
-            child.detok = IncrementalDetokenizer(
-                self.output_tokenizer,
-                parent.prompt_token_ids,
-                p.skip_special_tokens,
-                self._pieces[p.skip_special_tokens],
-            )
+            child.detok = self.output_side.detokenizer(parent.prompt_token_ids, p.skip_special_tokens)
             # a fresh matcher, not a copy of the parent's: the grammar thread may still be filling this step's
             # masks, and llguidance holds each matcher it fills borrowed (the parent has consumed nothing yet)
             child.grammar = self.structured.matcher_for(p.structured_outputs) if parent.grammar is not None else None
@@ -466,7 +324,7 @@ class LLMEngine:
         self.scheduler.fork(parent, child)
         return child
 
-    def _append_token(self, req: _Request, seq: Sequence, token: int, logprobs, now: float) -> TokenItem:
+    def _append_token(self, req: EngineRequest, seq: Sequence, token: int, logprobs, now: float) -> TokenItem:
         """The engine's half of a new token: its id, and the finishes that need no text (`stop_checks.py`: the
         sequence ends, its blocks freed, at once). Its text, stop strings and output are `overlap/text.py`'s."""
         token_ids = seq.token_ids
@@ -490,38 +348,21 @@ class LLMEngine:
         )
         stop = check_stop(seq, token, num_tokens, grammar_ended, self.eos_token_ids, self.max_model_len)
         if stop.reason is not None:
-            self.scheduler.finish(seq, stop.reason)
-            self.sampler.forget(seq.seq_id)
+            self._end(seq, stop.reason)
         return TokenItem(seq, req.outputs[seq.index], token, logprobs, num_output_tokens, *stop)
+
+    def _end(self, seq: Sequence, reason: str) -> None:
+        """End seq (finished or aborted): the scheduler frees its blocks at once, the sampler its state."""
+        self.scheduler.finish(seq, reason)
+        self.sampler.forget(seq.seq_id)
 
     # ----- introspection ------------------------------------------------------------------
     def get_stats(self) -> EngineStats:
-        kv = self.kv.stats()
-        requests = self.scheduler.num_requests()
-        return EngineStats(
-            num_total_blocks=kv.num_total_blocks,
-            num_used_blocks=kv.num_used_blocks,
-            num_free_blocks=kv.num_free_blocks,
-            num_cached_free_blocks=kv.num_cached_free_blocks,
-            kv_usage=kv.num_used_blocks / kv.num_total_blocks,
-            prefix_cache_query_tokens=kv.prefix_cache_query_tokens,
-            prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens,
-            prefix_cache_preempted_query_tokens=kv.prefix_cache_preempted_query_tokens,
-            prefix_cache_preempted_hit_tokens=kv.prefix_cache_preempted_hit_tokens,
-            num_allocation_failures=self.scheduler.counters.num_allocation_failures,
-            num_preemptions=dict(self.scheduler.counters.num_preemptions),
-            num_running_reqs=requests.running,
-            num_waiting_reqs=requests.waiting,
-            num_swapped_reqs=requests.swapped,
-            num_waiting_seqs=sum(self.scheduler.seats(s) for s in self.scheduler.waiting),  # n, beam_width
-            num_prompt_tokens=self.num_prompt_tokens,
-            num_generation_tokens=self.num_generation_tokens,
-            kv_offload_num_blocks=kv.tier.num_blocks,
-            kv_offload_cached_blocks=kv.tier.num_cached_blocks,
-            prefix_cache_offload_hit_tokens=kv.tier.hit_tokens,
-            kv_offload_bytes={
-                STORE: kv.tier.num_stored_blocks * self.bytes_per_block,
-                LOAD: kv.tier.num_loaded_blocks * self.bytes_per_block,
-            },
-            kv_offload_copy_seconds=self.runner.tier_copier.seconds(),
+        return EngineStats.of(
+            self.kv.stats(),
+            self.scheduler,
+            self.num_prompt_tokens,
+            self.num_generation_tokens,
+            self.bytes_per_block,
+            self.runner.tier_copier.seconds(),
         )

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pagedinfer.engine.kv_offload.tier import LOAD, STORE
+
+if TYPE_CHECKING:
+    from pagedinfer.engine.kv_cache_manager import KVCacheStats
+    from pagedinfer.engine.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,47 @@ class EngineStats:
     def kv_offload_usage(self) -> float:
         """Tier entries / the blocks it may fill (0 when off)."""
         return self.kv_offload_cached_blocks / self.kv_offload_num_blocks if self.kv_offload_num_blocks else 0.0
+
+    @classmethod
+    def of(
+        cls,
+        kv: KVCacheStats,
+        scheduler: Scheduler,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+        bytes_per_block: int,
+        copy_seconds: dict[str, float],
+    ) -> EngineStats:
+        """The snapshot from the KV cache manager's and the scheduler's state, the engine's token counters, and the
+        host tier's copy times by direction."""
+        requests = scheduler.num_requests()
+        return cls(
+            num_total_blocks=kv.num_total_blocks,
+            num_used_blocks=kv.num_used_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            num_cached_free_blocks=kv.num_cached_free_blocks,
+            kv_usage=kv.num_used_blocks / kv.num_total_blocks,
+            prefix_cache_query_tokens=kv.prefix_cache_query_tokens,
+            prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens,
+            prefix_cache_preempted_query_tokens=kv.prefix_cache_preempted_query_tokens,
+            prefix_cache_preempted_hit_tokens=kv.prefix_cache_preempted_hit_tokens,
+            num_allocation_failures=scheduler.counters.num_allocation_failures,
+            num_preemptions=dict(scheduler.counters.num_preemptions),
+            num_running_reqs=requests.running,
+            num_waiting_reqs=requests.waiting,
+            num_swapped_reqs=requests.swapped,
+            num_waiting_seqs=sum(scheduler.seats(s) for s in scheduler.waiting),  # n, beam_width
+            num_prompt_tokens=num_prompt_tokens,
+            num_generation_tokens=num_generation_tokens,
+            kv_offload_num_blocks=kv.tier.num_blocks,
+            kv_offload_cached_blocks=kv.tier.num_cached_blocks,
+            prefix_cache_offload_hit_tokens=kv.tier.hit_tokens,
+            kv_offload_bytes={
+                STORE: kv.tier.num_stored_blocks * bytes_per_block,
+                LOAD: kv.tier.num_loaded_blocks * bytes_per_block,
+            },
+            kv_offload_copy_seconds=copy_seconds,
+        )
 
 
 @dataclass(frozen=True)

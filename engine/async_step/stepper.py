@@ -73,7 +73,7 @@ class AsyncStepper:
         self.engine = engine
         self.thread = ForwardThread()
         self.in_flight: _InFlight | None = None
-        self._sync_requests: dict[str, Any] = {}  # request_id -> its _Request, while it is in the engine
+        self._sync_requests: dict[str, Any] = {}  # request_id -> its EngineRequest, while it is in the engine
 
     # ----- when ----------------------------------------------------------------------
     def on_request(self, req: Any) -> None:
@@ -179,7 +179,7 @@ class AsyncStepper:
         if not done.tokens.given:
             hand_over(torch.empty(0, dtype=torch.long, device=logits.device))
         # the output side's result for the job before: its stop strings end their sequences now
-        previous = e._take_previous_outputs() if e._output_side is not None and e._output_side.in_flight else None
+        previous = e.output_side.take_previous()
         touched: dict[str, Any] = {}
         items = []
         now = time.monotonic()
@@ -192,7 +192,7 @@ class AsyncStepper:
             touched[req.request_id] = req
             if not seq.is_finished:
                 cache_computed_blocks(seq)  # its blocks up to the token just known
-        return e._emit(items, touched, previous, cumulative)
+        return e.output_side.emit(items, touched, previous, cumulative)
 
     def _argmax_fill(self, previous: _InFlight, fills: list[tuple[int, int]]):
         """The fill of a job whose placeholders come from a greedy job's argmax (read on the forward thread, after

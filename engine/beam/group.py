@@ -1,6 +1,6 @@
 """The engine's side of beam search: a request's live beams as one `SequenceGroup`.
 
-Each engine step, every live beam whose last token was computed reports the
+Each engine step (`step_beams`), every live beam whose last token was computed reports the
 top tokens of its log-softmax (`top_candidates`, one topk and one host copy
 for all beam rows of the step) to its request's `BeamSearch`. Once all of a
 group's beams have reported (normally in the same step: the scheduler runs a
@@ -15,7 +15,7 @@ Finished hypotheses need no blocks: they are token lists in the search.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pagedinfer.engine.beam.params import BeamSearchParams
@@ -64,6 +64,24 @@ def new_search(params: BeamSearchParams, eos_token_ids: set[int]) -> BeamSearch:
     )
 
 
+def start(req: Any, params: BeamSearchParams, eos_token_ids: set[int]) -> Sequence:
+    """Give a new beam-search request (the engine's `EngineRequest`) its search and its group with one live beam,
+    the leader, holding the prompt; returns the leader, to be queued."""
+    req.group = SequenceGroup(req.request_id, params.beam_width, [])
+    req.beam = new_search(params, eos_token_ids)
+    seq = Sequence(
+        request_id=req.request_id,
+        prompt_token_ids=req.prompt_token_ids,
+        params=params.beam_sampling_params(),
+        arrival_time=req.metrics.arrival_time,
+        prompt=req.prompt,
+        group=req.group,
+    )
+    req.group.seqs.append(seq)
+    req.seqs.append(seq)
+    return seq
+
+
 def top_candidates(logits: Any, k: int) -> list[list[tuple[int, float]]]:
     """Per row of logits [rows, vocab], its top k (token, log-probability) pairs, best first (float32,
     as transformers' log_softmax over float32 logits)."""
@@ -95,6 +113,45 @@ def advance(scheduler: Any, group: SequenceGroup, step: BeamStep, fork: Callable
     for child, token in zip(children, step.tokens):
         child.token_ids.append(token)
     group.seqs = children
+
+
+def step_beams(
+    logits: Any,
+    rows: list[int],
+    seqs: list[Sequence],
+    requests: Mapping[str, Any],
+    scheduler: Any,
+    fork: Callable[[Sequence], Sequence],
+    tokenizer: Any,
+    now: float,
+) -> tuple[list[Any], int]:
+    """Report a step's beam rows (`rows` of logits, of the live beams `seqs`) to their requests' searches, and
+    `advance` each group whose beams have all reported.
+
+    Returns the requests whose search finished (a beam search reports only its final output) and the tokens
+    the step generated: one per new live beam; the last step's tokens end the beams that produced them."""
+    import torch
+
+    reqs = [requests[seq.request_id] for seq in seqs]
+    k = max(req.beam.num_candidates for req in reqs)
+    tops = top_candidates(logits[torch.tensor(rows, device=logits.device)], k)
+    ready: dict[str, Any] = {}
+    for seq, req, top in zip(seqs, reqs, tops):
+        req.beam.report(req.group.seqs.index(seq), top)
+        if req.beam.ready:
+            ready[req.request_id] = req
+    num_tokens = 0
+    for req in ready.values():
+        num_live = len(req.group.seqs)
+        step = req.beam.step()
+        advance(scheduler, req.group, step, fork)
+        num_tokens += num_live if step.done else len(step.tokens)
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        req.metrics.last_token_time = now
+        if step.done:
+            req.outputs = completions(req.beam, req.params, tokenizer)
+    return [req for req in ready.values() if req.finished], num_tokens
 
 
 def completions(search: BeamSearch, params: BeamSearchParams, tokenizer: Any) -> list[CompletionOutput]:

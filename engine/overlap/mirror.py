@@ -88,7 +88,7 @@ class MirrorSeq:
 
 
 class MirrorRequest:
-    """What text.py reads and writes of the engine's `_Request` (metrics: attached by the engine)."""
+    """What text.py reads and writes of the engine's `EngineRequest` (metrics: attached by the engine)."""
 
     __slots__ = (
         "request_id",

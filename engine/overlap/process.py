@@ -89,7 +89,7 @@ class OutputProcess:
         self._in_flight = False
         self._closed = False
         self._keys: dict[str, int] = {}  # request id -> key, from its first shipped token to its end
-        self._reqs: dict[int, Any] = {}  # key -> the engine's _Request
+        self._reqs: dict[int, Any] = {}  # key -> the engine's EngineRequest
         self._next_key = 0
         self._frees: list[int] = []
         self._batch: OutputBatch | None = None

@@ -36,7 +36,7 @@ class OutputBatch:
     """One step's output work: its tokens in sampling order, then one output per touched request."""
 
     items: list[TokenItem]
-    requests: list[Any]  # the engine's _Request of each touched request, in first-touched order
+    requests: list[Any]  # the engine's EngineRequest of each touched request, in first-touched order
     cumulative: bool  # step(): a RequestOutput (copy of all so far) each; step_deltas(): a RequestOutputDelta
 
 

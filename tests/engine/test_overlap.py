@@ -15,9 +15,9 @@ from greedy_reference import hf_greedy, mixed_prompts
 
 from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine import LLM, SamplingParams
-from pagedinfer.engine import llm_engine as llm_engine_module
 from pagedinfer.engine.beam.params import BeamSearchParams
 from pagedinfer.engine.llm_engine import LLMEngine
+from pagedinfer.engine.overlap import side as output_side_module
 
 BOUNDED_WAIT_SECONDS = 60.0  # a bounded wait of the instrumentation, never a timing assertion
 
@@ -50,7 +50,7 @@ def run_deltas(engine: LLMEngine, requests, steps_with_outputs: list | None = No
 
 def assert_worked_beside(engine: LLMEngine, num_batches: int) -> None:
     """The engine's output side processed num_batches batches, off the engine thread (or process)."""
-    side = engine._output_side
+    side = engine.output_side.worker
     assert side.num_batches == num_batches
     if engine.config.overlap == "process":
         assert side.pid != os.getpid() and side.num_child_requests == 0  # every request's state freed
@@ -141,9 +141,9 @@ def test_greedy_with_overlap_equals_transformers_and_leaks_no_block(reference, s
     llm = LLM(model=str(model_dir), dtype="float32", overlap=mode, **settings)
     try:
         again = generate_twice(llm, prompts, params, want)
-        assert llm.llm_engine._output_side.num_batches >= 2 * 12
+        assert llm.llm_engine.output_side.worker.num_batches >= 2 * 12
         if mode == "process":
-            assert llm.llm_engine._output_side.num_child_requests == 0
+            assert llm.llm_engine.output_side.worker.num_child_requests == 0
         if "preemption_mode" in settings:
             assert llm.get_stats().num_preemptions[settings["preemption_mode"]] > 0
         else:
@@ -157,11 +157,11 @@ def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, m
     step's (no forward follows it) are waited for."""
     llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="thread")
     engine, engine_thread = llm.llm_engine, threading.get_ident()
-    output_thread = engine._output_side
+    output_thread = engine.output_side.worker
     go = threading.Event()  # a forward began or the engine waits for outputs: the output thread may proceed
     in_forward, processed = threading.Event(), threading.Event()
     calls: list[tuple[int, bool]] = []  # per batch: (its thread, whether a forward was running)
-    real_process, real_execute, real_wait = llm_engine_module.process_batch, engine.runner.execute, output_thread.wait
+    real_process, real_execute, real_wait = output_side_module.process_batch, engine.runner.execute, output_thread.wait
 
     def process(batch, tokenizer):
         if threading.get_ident() != engine_thread:  # hold it until there is something to overlap with
@@ -193,7 +193,7 @@ def test_the_output_thread_detokenizes_while_the_next_forward_runs(tiny_llama, m
         finally:
             go.clear()
 
-    monkeypatch.setattr(llm_engine_module, "process_batch", process)
+    monkeypatch.setattr(output_side_module, "process_batch", process)
     engine.runner.execute, output_thread.wait = execute, wait
     try:
         outs = llm.generate(
@@ -220,7 +220,7 @@ def test_an_abort_drops_the_outputs_still_on_the_output_side(tiny_llama, mode):
         engine.add_request("kept", "Hello", params)
         engine.add_request("gone", "the quick brown fox", params)
         assert engine.step_deltas() == []  # the first step's outputs are still on the output thread
-        assert engine._output_side.in_flight
+        assert engine.output_side.worker.in_flight
         engine.abort_request("gone")
         seen = []
         while engine.has_unfinished_requests():
@@ -229,7 +229,7 @@ def test_an_abort_drops_the_outputs_still_on_the_output_side(tiny_llama, mode):
         assert sum(len(d.outputs[0].new_token_ids) for d in seen) == 6
         assert_pool_free(engine)
         if mode == "process":  # "gone"'s state reached the child with its first token; the abort freed it
-            assert engine._output_side.num_child_requests == 0 and not engine._output_side._reqs
+            assert engine.output_side.worker.num_child_requests == 0 and not engine.output_side.worker._reqs
     finally:
         engine.shutdown()
 
@@ -237,7 +237,7 @@ def test_an_abort_drops_the_outputs_still_on_the_output_side(tiny_llama, mode):
 def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny_llama, monkeypatch):
     llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="thread")
     engine = llm.llm_engine
-    real_process = llm_engine_module.process_batch
+    real_process = output_side_module.process_batch
     calls = []
 
     def faulty(batch, tokenizer):
@@ -246,14 +246,14 @@ def test_a_failure_on_the_output_thread_fails_generate_and_the_thread_stops(tiny
             raise KeyError("injected fault in output processing")
         return real_process(batch, tokenizer)
 
-    monkeypatch.setattr(llm_engine_module, "process_batch", faulty)
+    monkeypatch.setattr(output_side_module, "process_batch", faulty)
     with pytest.raises(KeyError, match="injected fault"):
         llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    assert set(calls) == {engine._output_side.ident}
+    assert set(calls) == {engine.output_side.worker.ident}
     assert not engine.has_unfinished_requests()
     assert_pool_free(engine)
     llm.shutdown()
-    assert not engine._output_side._thread.is_alive()
+    assert not engine.output_side.worker._thread.is_alive()
 
 
 def test_step_returns_the_same_cumulative_outputs_from_the_output_process(tiny_llama, greedy_text):  # noqa: F811 (the fixture)
@@ -277,7 +277,7 @@ def test_step_returns_the_same_cumulative_outputs_from_the_output_process(tiny_l
                 steps.extend(dataclasses.replace(o, metrics=None) for o in engine.step())
             outputs.append(steps)
         assert outputs[1] == outputs[0] and outputs[0][-1].finished
-        assert on._output_side.num_child_requests == 0
+        assert on.output_side.worker.num_child_requests == 0
     finally:
         on.shutdown()
 
@@ -289,7 +289,7 @@ def test_a_killed_output_process_fails_generate_and_shutdown_still_works(tiny_ll
 
     llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="process")
     engine = llm.llm_engine
-    side = engine._output_side
+    side = engine.output_side.worker
     real_execute, calls = engine.runner.execute, []
 
     def execute(*args, **kwargs):
@@ -312,7 +312,7 @@ def test_the_output_process_is_a_fresh_interpreter_that_exits_with_the_engine(ti
     """Spawned, not forked (its command line is its own, not the engine's); shutdown closes its pipe and it
     exits cleanly on the EOF."""
     llm = LLM(model=str(tiny_llama), dtype="float32", max_model_len=256, num_gpu_blocks_override=32, overlap="process")
-    side = llm.llm_engine._output_side
+    side = llm.llm_engine.output_side.worker
     try:
         with open(f"/proc/{side.pid}/cmdline", "rb") as cmdline:
             assert b"pagedinfer.engine.overlap.process import serve" in cmdline.read()
