@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routing  # noqa: E402  (bench/routing.py: the workload and the processes)
 
 from pagedinfer.contracts.kv_events.events import BlockRemoved, decode_batch  # noqa: E402
-from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ  # noqa: E402
+from pagedinfer.contracts.kv_events.frames import HEARTBEAT_SEQ  # noqa: E402
 from pagedinfer.testing.kv_chaos import KVChaosProxy  # noqa: E402
 from pagedinfer.testing.server_process import wait_process_healthy  # noqa: E402
 

@@ -34,15 +34,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pagedinfer.contracts.kv_events.events import (
-    END_OF_REPLAY_SEQ,
-    EventBatch,
-    apply_event,
-    decode_batch,
-    seq_from_bytes,
-    seq_to_bytes,
-)
-from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ, decode_heartbeat
+from pagedinfer.contracts.kv_events.events import EventBatch, apply_event, decode_batch
+from pagedinfer.contracts.kv_events.frames import END_OF_REPLAY_SEQ, HEARTBEAT_SEQ, seq_from_bytes, seq_to_bytes
+from pagedinfer.contracts.kv_events.heartbeat import decode_heartbeat
 from pagedinfer.router import feed_sync
 
 logger = logging.getLogger("pagedinfer.router.kv_feed")

@@ -29,8 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pagedinfer.contracts.kv_events.events import seq_from_bytes
-from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ
+from pagedinfer.contracts.kv_events.frames import HEARTBEAT_SEQ, seq_from_bytes
 
 RELAY_CHUNK_BYTES = 1 << 16
 

@@ -36,7 +36,6 @@ from typing import Any
 MEDIUM_GPU = "GPU"  # the device pool
 MEDIUM_CPU = "CPU"  # the host-memory offload tier
 MEDIUMS = (MEDIUM_GPU, MEDIUM_CPU)
-END_OF_REPLAY_SEQ = -1  # the sequence number that ends a replay answer (vLLM's END_SEQ)
 
 
 @dataclass(frozen=True)
@@ -193,13 +192,3 @@ def decode_batch(seq: int, payload: bytes) -> EventBatch:
     if not isinstance(raw, (list, tuple)) or len(raw) < 2 or not isinstance(raw[1], (list, tuple)):
         raise ValueError(f"KV event batch {seq}: expected [ts, events, dp_rank]")
     return EventBatch(seq=seq, ts=float(raw[0]), events=tuple(_event_from_wire(e) for e in raw[1]))
-
-
-def seq_to_bytes(seq: int) -> bytes:
-    return seq.to_bytes(8, "big", signed=True)
-
-
-def seq_from_bytes(frame: bytes) -> int:
-    if len(frame) != 8:
-        raise ValueError(f"a sequence frame is 8 bytes, got {len(frame)}")
-    return int.from_bytes(frame, "big", signed=True)

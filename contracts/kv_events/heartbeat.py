@@ -28,8 +28,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-HEARTBEAT_SEQ = -2  # the sequence frame of a heartbeat (END_OF_REPLAY_SEQ is -1)
-
 
 @dataclass(frozen=True)
 class Heartbeat:

@@ -35,21 +35,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from pagedinfer.contracts.config.serve_args import DEFAULT_HEARTBEAT_INTERVAL_SECONDS
-from pagedinfer.contracts.kv_events.events import (
-    END_OF_REPLAY_SEQ,
-    KVCacheEvent,
-    apply_event,
-    coalesce,
-    encode_batch,
-    seq_from_bytes,
-    seq_to_bytes,
-)
-from pagedinfer.contracts.kv_events.heartbeat import (
-    HEARTBEAT_SEQ,
-    Heartbeat,
-    encode_heartbeat,
-    new_epoch,
-)
+from pagedinfer.contracts.kv_events.events import KVCacheEvent, apply_event, coalesce, encode_batch
+from pagedinfer.contracts.kv_events.frames import END_OF_REPLAY_SEQ, HEARTBEAT_SEQ, seq_from_bytes, seq_to_bytes
+from pagedinfer.contracts.kv_events.heartbeat import Heartbeat, encode_heartbeat, new_epoch
 
 logger = logging.getLogger("pagedinfer.kv_events")
 

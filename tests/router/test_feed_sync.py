@@ -6,7 +6,8 @@ import msgpack
 import pytest
 
 from pagedinfer.contracts.kv_events.events import decode_batch
-from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ, Heartbeat, decode_heartbeat, encode_heartbeat
+from pagedinfer.contracts.kv_events.frames import HEARTBEAT_SEQ
+from pagedinfer.contracts.kv_events.heartbeat import Heartbeat, decode_heartbeat, encode_heartbeat
 from pagedinfer.router.feed_sync import STALE_SLACK_SECONDS, Liveness, is_contiguous, on_batch, on_heartbeat
 
 

@@ -20,8 +20,8 @@ import zmq
 from kv_feed_follow import follow_while
 from serving_harness import start_server, stop_server
 
-from pagedinfer.contracts.kv_events.events import BlockStored, decode_batch, seq_from_bytes
-from pagedinfer.contracts.kv_events.heartbeat import HEARTBEAT_SEQ
+from pagedinfer.contracts.kv_events.events import BlockStored, decode_batch
+from pagedinfer.contracts.kv_events.frames import HEARTBEAT_SEQ, seq_from_bytes
 from pagedinfer.engine.kv_events.publisher import KVEventsConfig
 from pagedinfer.router.hashing import prefix_block_hashes
 from pagedinfer.router.kv_feed import KVFeed, replay
