@@ -7,8 +7,10 @@ adding an import hook: the first import of llguidance or of any of its public
 modules (`llguidance.hf`, `llguidance.torch`, ...; not its private `_`
 modules) takes DELAY_SECONDS more, as a slow disk or torch._dynamo (which
 `llguidance.torch` imports) would make it. Whichever thread imports one of
-them waits that long. Nothing of the server is changed, and nothing in the
-product reads this file: the seam lives in the test support alone.
+them waits that long, and each such import is said on stderr first (HELD and
+the module's name), so a test reads from the output where the set-up happened.
+Nothing of the server is changed, and nothing in the product reads this file:
+the seam lives in the test support alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 import time
 
 from pagedinfer.engine.cli import main
+
+HELD = "slow_grammar_backend: held the import of"
 
 
 class SlowBackendImports:
@@ -28,6 +32,7 @@ class SlowBackendImports:
     def find_spec(self, fullname: str, path=None, target=None):
         top, _, sub = fullname.partition(".")
         if top == "llguidance" and not sub.startswith("_"):
+            print(HELD, fullname, file=sys.stderr, flush=True)
             time.sleep(self.delay_seconds)
         return None
 
