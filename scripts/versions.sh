@@ -39,7 +39,7 @@ GROUPS_=(
     "fastapi uvicorn prometheus-client httpx openai|tests/server/test_openai_client.py tests/server/test_streaming.py tests/server/test_metric_names.py tests/server/test_bad_requests.py tests/server/test_read_timeouts.py"
     "pyzmq msgpack|tests/engine/test_kv_events.py tests/server/test_kv_events.py"
     "ninja|tests/kernels/test_cpu_prebuilt.py"
-    "jinja2 (router)|tests/router/test_router_e2e.py tests/router/test_policy.py tests/router/test_no_torch.py"
+    "jinja2 (router)|tests/router/test_router_e2e.py tests/router/test_policy.py tests/router/test_request_tokens.py"
     "kopf aiohttp kmock pyyaml|tests/operator/test_e2e_reconcile.py tests/operator/test_e2e_status.py tests/operator/test_cli.py tests/operator/test_kube_emulator.py"
     "jsonschema kubernetes-validate|tests/operator/test_crd_schema.py"
     "hypothesis|tests/engine/test_block_pool.py tests/engine/test_kv_cache_manager.py"

@@ -39,18 +39,6 @@ def test_the_folders_form_one_namespace():
         assert Path(module.__file__).resolve().parent == REPO / folder
 
 
-def test_operator_imports_no_torch_transformers_or_triton():
-    code = (
-        "import sys, pagedinfer.operator, pagedinfer.contracts.sizing\n"
-        "import importlib.util\n"
-        "spec = importlib.util.find_spec('pagedinfer.operator.cli')\n"
-        "if spec: import pagedinfer.operator.cli\n"
-        "bad = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules)\n"
-        "assert not bad, bad\n"
-    )
-    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/")
-
-
 def test_stdlib_operator_from_python_started_in_the_repo_root_with_the_cwd_on_sys_path():
     """`python -c` (and `python -m`) in the repo root put the cwd first on sys.path, in front of our operator/.
     `import operator` is still the stdlib's: the interpreter imports it while starting up (site), before the
@@ -268,7 +256,9 @@ def test_engine_commands_in_an_operator_only_install_name_the_extra(tmp_path):
     assert subprocess.run([str(python), "-P", "-c", "import torch"], capture_output=True, cwd=tmp_path).returncode != 0
     assert subprocess.run([str(python), "-P", "-c", "import kopf"], cwd=tmp_path).returncode == 0
     listed = pagedinfer("--help")
-    assert listed.returncode == 0 and "serve" in listed.stdout and "operator" in listed.stdout
+    # every subcommand's module imports without torch (the router image runs `pagedinfer router` this way too)
+    assert listed.returncode == 0, listed.stderr
+    assert all(c in listed.stdout for c in ("generate", "plan", "serve", "bench", "operator", "router")), listed.stdout
     for argv in (["serve"], ["generate", "--prompt", "hi"], ["bench", "serve", "--url", "http://127.0.0.1:1"]):
         proc = pagedinfer(*argv)
         assert proc.returncode == 2, (argv, proc.stderr[-2000:])
