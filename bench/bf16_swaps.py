@@ -98,22 +98,22 @@ class _Float32Head(nn.Module):
 
 
 def _logits() -> None:
-    from pagedinfer.engine import model_runner
+    from pagedinfer.engine.runner import loading
 
-    pack = model_runner.pack_linear_weights
+    pack = loading.pack_linear_weights
 
     def head_then_pack(model: nn.Module):
         model.lm_head = _Float32Head(model.lm_head.weight)
         return pack(model)
 
-    model_runner.pack_linear_weights = head_then_pack
+    loading.pack_linear_weights = head_then_pack
 
 
 def _fused() -> None:
-    from pagedinfer.engine import model_runner
     from pagedinfer.engine.cpu.fused_projections import FusionReport
+    from pagedinfer.engine.runner import loading
 
-    model_runner.fuse_projections = lambda model: FusionReport((), ())
+    loading.fuse_projections = lambda model: FusionReport((), ())
 
 
 def _linear() -> None:

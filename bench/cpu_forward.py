@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from pagedinfer.contracts.config.engine_config import EngineConfig
     from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
     from pagedinfer.engine.distributed.step_message import StepInputs
-    from pagedinfer.engine.model_runner import ModelRunner
+    from pagedinfer.engine.runner.model_runner import ModelRunner
 
     torch.set_num_threads(args.threads)
     model_dir = build_model(args.model_dir)

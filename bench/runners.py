@@ -352,7 +352,7 @@ def run_pagedinfer(
             f" {crossing.bytes_sent / n:.0f} B sent, {crossing.bytes_received / n:.0f} B back",
             flush=True,
         )
-    # the pool is allocated untouched on CPU (engine/model_runner.py): its pages count in the
+    # the pool is allocated untouched on CPU (engine/runner/model_runner.py): its pages count in the
     # peak RSS only once written, so a longer run reads higher, up to the whole pool
     pool_mib = engine.runner.kv_cache.nbytes / 2**20
     result = _result(

@@ -44,6 +44,7 @@ from pagedinfer.engine.overlap.side import OutputSide
 from pagedinfer.engine.overlap.text import TokenItem
 from pagedinfer.engine.request_checks import check_request, check_request_id, prompt_token_ids
 from pagedinfer.engine.request_state import EngineRequest
+from pagedinfer.engine.runner.profiling import size_kv_cache
 from pagedinfer.engine.sampling_params import SamplingParams
 from pagedinfer.engine.scheduler import Scheduler
 from pagedinfer.engine.scheduler_config import SchedulerConfig
@@ -75,7 +76,7 @@ class LLMEngine:
 
         self.tokenizer = setup.load_tokenizer(config.tokenizer or config.model)
         self.max_model_len = setup.resolve_max_model_len(config, self.runner.max_position_embeddings)
-        self.sizing = self.runner.plan_kv_cache(self.max_model_len)
+        self.sizing = size_kv_cache(self.runner, self.max_model_len)
         self.bytes_per_block = self.sizing.bytes_per_block
         self.num_gpu_blocks, self.num_cpu_blocks, self.num_tier_blocks = setup.kv_pools(
             config, self.sizing, self.max_model_len, self.runner.device.type, available_host_memory()

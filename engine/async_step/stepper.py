@@ -46,7 +46,7 @@ import torch
 
 from pagedinfer.engine.async_step.eligibility import sync_reason
 from pagedinfer.engine.async_step.forward_thread import ForwardThread, Handover, Job
-from pagedinfer.engine.model_runner import PreparedStep
+from pagedinfer.engine.runner.inputs import PreparedStep, prepare_step
 from pagedinfer.engine.sampler import SampleResult
 from pagedinfer.engine.sequence import Sequence
 
@@ -120,7 +120,7 @@ class AsyncStepper:
         if sched.is_empty:
             return None
         sampling, _, num_prompt_tokens = e._scan(sched)  # no prompt-logprob request runs ahead
-        prepared = e.runner.prepare(sched, {s.seq_id for s in sampling})
+        prepared = prepare_step(sched, {s.seq_id for s in sampling})
         fills: list[tuple[int, int]] = []  # (flat input index, seq_id)
         if previous is not None:
             inputs = prepared.inputs

@@ -10,7 +10,8 @@ from pagedinfer.engine.hf_config import load_hf_config
 def create_runner(config: EngineConfig):
     """The ModelRunner of rank 0; with tensor_parallel_size N > 1 it drives ranks 1..N-1."""
     from pagedinfer.engine.distributed.workers import WorkerSet
-    from pagedinfer.engine.model_runner import ModelRunner, tp_device
+    from pagedinfer.engine.runner.loading import tp_device
+    from pagedinfer.engine.runner.model_runner import ModelRunner
 
     if config.tensor_parallel_size == 1:
         return ModelRunner(config)

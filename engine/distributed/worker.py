@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from pagedinfer.engine.distributed import step_message
     from pagedinfer.engine.distributed.channel import StepChannel
     from pagedinfer.engine.distributed.group import TPGroup, connect_store
-    from pagedinfer.engine.model_runner import ModelRunner, tp_device
+    from pagedinfer.engine.runner.loading import tp_device
+    from pagedinfer.engine.runner.model_runner import ModelRunner
 
     torch.set_num_threads(args.num_threads)
     store = connect_store(args.store_port, args.world_size)

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from pagedinfer.engine import LLM
-from pagedinfer.engine.model_runner import check_rope
+from pagedinfer.engine.runner.loading import check_rope
 
 
 @pytest.mark.parametrize(

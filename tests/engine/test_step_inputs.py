@@ -8,7 +8,7 @@ from pagedinfer.contracts.config.engine_config import EngineConfig
 from pagedinfer.engine.batch.deltas import BlockTableUpdate, TableDeltas
 from pagedinfer.engine.batch.step_inputs import IndexBuffer
 from pagedinfer.engine.distributed.step_message import StepInputs
-from pagedinfer.engine.model_runner import ModelRunner
+from pagedinfer.engine.runner.model_runner import ModelRunner
 
 
 def test_a_put_is_exactly_the_values_written_after_a_longer_one_and_across_growth():

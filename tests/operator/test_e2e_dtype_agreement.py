@@ -19,7 +19,7 @@ import torch
 
 from pagedinfer.contracts import sizing
 from pagedinfer.engine.llm import LLM
-from pagedinfer.engine.model_runner import resolve_dtype
+from pagedinfer.engine.runner.loading import resolve_dtype
 from pagedinfer.testing.operator_harness import (
     CONFIGMAPS,
     ISVC,

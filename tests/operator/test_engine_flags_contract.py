@@ -96,7 +96,8 @@ def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_p
 
     from pagedinfer.contracts.embedded_model import default_model_dir
     from pagedinfer.engine.engine_args import engine_config_from_args
-    from pagedinfer.engine.model_runner import ModelRunner
+    from pagedinfer.engine.runner.model_runner import ModelRunner
+    from pagedinfer.engine.runner.profiling import size_kv_cache
     from pagedinfer.operator.kv_plan import resolver
 
     spec = parse_spec(
@@ -109,7 +110,7 @@ def test_a_cpu_engine_sizes_the_pool_the_operator_reports_within_the_budget_it_p
     config = dataclasses.replace(
         engine_config_from_args(args, model=str(default_model_dir())), num_gpu_blocks_override=None, device="cpu"
     )
-    engine_plan = ModelRunner(config).plan_kv_cache(512)
+    engine_plan = size_kv_cache(ModelRunner(config), 512)
     assert (engine_plan.num_gpu_blocks, engine_plan.bytes_per_block) == (plan.num_gpu_blocks, plan.bytes_per_block)
     assert engine_plan.gpu_memory_bytes == plan.cpu_memory_budget_bytes == planning.cpu_memory(spec)[1] - 2**30
     assert args.max_cudagraph_capture_size == graphs
