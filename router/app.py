@@ -56,6 +56,7 @@ from pagedinfer.router.policy import Decision, pick
 from pagedinfer.router.state import ASLEEP_STATUS, RouterState
 from pagedinfer.router.upstream import DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS, EngineLost, unless_lost
 from pagedinfer.router.warmup.coordinator import WarmupCoordinator
+from pagedinfer.router.warmup.gate import ReadinessGate
 from pagedinfer.router.warmup.replay import Warmer
 from pagedinfer.router.warmup.settings import WarmupSettings
 
@@ -113,6 +114,8 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
         client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=1000))
         hold = HoldQueue(settings.hold)
         admin = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        readiness_gate = settings.discovery is not None and settings.discovery.readiness_gate
+        gate = ReadinessGate(settings.discovery) if readiness_gate else None
         warmup = WarmupCoordinator(
             settings.warmup,
             Warmer(client, admin, lambda e, n: holder["metrics"].warmup_tokens.labels(e).inc(n)),
@@ -126,6 +129,7 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             admin_headers=admin,
             on_new_engine=warmup.warm_new_engine if settings.warmup.enabled else None,
             on_leaving=warmup.hand_off,
+            open_gate=gate.open if gate is not None else None,
         )
         demand = DemandSignal(settings.demand) if settings.demand is not None else None
         capacity = Capacity(
@@ -154,6 +158,8 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
             await client.aclose()
             if demand is not None:
                 await demand.aclose()
+            if gate is not None:
+                await gate.aclose()
             tokenize_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="pagedinfer router", lifespan=lifespan)

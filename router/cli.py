@@ -9,7 +9,11 @@ import sys
 from pagedinfer.contracts.config import cli_types
 from pagedinfer.contracts.http.read_timeouts import add_read_timeout_args
 from pagedinfer.contracts.routing.demand import INFERENCESERVICE_NAME_ENV, INFERENCESERVICE_NAMESPACE_ENV
-from pagedinfer.contracts.routing.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
+from pagedinfer.contracts.routing.lifecycle import (
+    DISCOVERY_POLL_INTERVAL_SECONDS,
+    WARMED_CONDITION,
+    WARMUP_GATE_TIMEOUT_SECONDS,
+)
 from pagedinfer.contracts.routing.policies import POLICIES
 from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
 from pagedinfer.router.hold.queue import (
@@ -141,6 +145,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="TOKENS",
         help=f"at most this many prompt tokens replayed to one engine per event (default {DEFAULT_TOKEN_BUDGET})",
     )
+    w.add_argument(
+        "--warmup-readiness-gate",
+        action="store_true",
+        help="with --discover-service: also follow the not-ready endpoints, warm each new one and then set its"
+        f" pod's {WARMED_CONDITION} condition (its readiness gate; the operator adds both with warm-up on), at"
+        f" the latest {WARMUP_GATE_TIMEOUT_SECONDS:g} s after it is healthy; needs patch on pods/status",
+    )
     p.add_argument(
         "--tokenizer",
         default=None,
@@ -174,8 +185,15 @@ def run_router(args: argparse.Namespace) -> int:
         if not namespace:
             raise ValueError("--namespace: required outside a pod (no service-account namespace file)")
         discovery = DiscoverySettings(
-            args.discover_service, namespace, args.engine_port_name, args.kube_api, args.discovery_poll_interval_seconds
+            args.discover_service,
+            namespace,
+            args.engine_port_name,
+            args.kube_api,
+            args.discovery_poll_interval_seconds,
+            readiness_gate=args.warmup_readiness_gate,
         )
+    elif args.warmup_readiness_gate:
+        raise ValueError("--warmup-readiness-gate: needs --discover-service (the gate is a pod's condition)")
     settings = RouterSettings(
         tuple(args.engines),
         args.policy,

@@ -14,7 +14,11 @@ the RBAC it needs) and hands the set of engine URLs to the state owner:
 - a new ready pod is added at the next poll, then health-checked (0.5 s), so
   it gets traffic within about 2 s;
 - a failed list keeps the last known set (an API-server hiccup never empties
-  the router).
+  the router);
+- with `readiness_gate` (`--warmup-readiness-gate`), the endpoints that are
+  not ready and not terminating are also handed on, with their pod's name
+  (`targetRef`): pods that may wait on the warm-up readiness gate
+  (contracts/routing/lifecycle.py), which the router warms and then marks.
 
 Talks to the API server with httpx and the pod's service-account token; no
 kubernetes client library (the router image stays small).
@@ -47,6 +51,7 @@ class DiscoverySettings:
     port_name: str = "http"  # the EndpointSlice port that serves HTTP
     api_url: str | None = None  # None: in-cluster (KUBERNETES_SERVICE_HOST, the service-account token)
     poll_interval_seconds: float = DISCOVERY_POLL_INTERVAL_SECONDS
+    readiness_gate: bool = False  # also follow not-ready pods, to warm them and set their warmed condition
 
     def __post_init__(self) -> None:
         if not self.poll_interval_seconds > 0:
@@ -58,9 +63,17 @@ def in_cluster_namespace() -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def ready_engine_urls(slices: Iterable[dict[str, Any]], port_name: str = "http") -> list[str]:
-    """Engine URLs of the ready, not terminating endpoints (one address each), sorted."""
-    urls = set()
+@dataclass(frozen=True)
+class Endpoints:
+    """What one list of the EndpointSlices says: the engines to route to, and those still becoming ready."""
+
+    ready: list[str]  # URLs of the ready, not terminating endpoints, sorted
+    pending: dict[str, str]  # URL -> pod name of the not ready, not terminating ones that name their pod
+
+
+def engine_endpoints(slices: Iterable[dict[str, Any]], port_name: str = "http") -> Endpoints:
+    """The ready and the pending (not ready, not terminating, with a Pod targetRef) endpoints, one address each."""
+    ready, pending = set(), {}
     for s in slices:
         ports = s.get("ports") or []
         port = next((p.get("port") for p in ports if p.get("name") == port_name), None)
@@ -70,13 +83,21 @@ def ready_engine_urls(slices: Iterable[dict[str, Any]], port_name: str = "http")
             continue
         for endpoint in s.get("endpoints") or []:
             conditions = endpoint.get("conditions") or {}
-            if conditions.get("ready") is False or conditions.get("terminating") is True:
-                continue
             addresses = endpoint.get("addresses") or []
-            if addresses:
-                host = addresses[0]
-                urls.add(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
-    return sorted(urls)
+            if conditions.get("terminating") is True or not addresses:
+                continue
+            host = addresses[0]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            if conditions.get("ready") is not False:
+                ready.add(url)
+            elif (endpoint.get("targetRef") or {}).get("kind") == "Pod" and endpoint["targetRef"].get("name"):
+                pending[url] = endpoint["targetRef"]["name"]
+    return Endpoints(sorted(ready), {u: pod for u, pod in sorted(pending.items()) if u not in ready})
+
+
+def ready_engine_urls(slices: Iterable[dict[str, Any]], port_name: str = "http") -> list[str]:
+    """Engine URLs of the ready, not terminating endpoints (one address each), sorted."""
+    return engine_endpoints(slices, port_name).ready
 
 
 def _client_args(settings: DiscoverySettings) -> tuple[str, dict[str, str], Any]:
@@ -96,22 +117,27 @@ def kube_api_args(api_url: str | None, needed_by: str) -> tuple[str, dict[str, s
     return f"https://{host}:{port}", {"Authorization": f"Bearer {token}"}, str(SERVICE_ACCOUNT_DIR / "ca.crt")
 
 
-async def follow_endpoint_slices(settings: DiscoverySettings, on_change: Callable[[list[str]], None]) -> None:
-    """Poll the Service's EndpointSlices until cancelled; on_change(urls) whenever the ready set changes."""
+async def follow_endpoint_slices(
+    settings: DiscoverySettings, on_change: Callable[[list[str], dict[str, str]], None]
+) -> None:
+    """Poll the Service's EndpointSlices until cancelled; on_change(ready urls, pending {url: pod}) whenever
+    they change (pending stays empty without `settings.readiness_gate`)."""
     base, headers, verify = _client_args(settings)
     url = f"{base}/apis/discovery.k8s.io/v1/namespaces/{settings.namespace}/endpointslices"
     params = {"labelSelector": f"{SERVICE_NAME_LABEL}={settings.service}"}
-    last: list[str] | None = None
+    last: Endpoints | None = None
     async with httpx.AsyncClient(headers=headers, verify=verify, timeout=10.0) as client:
         while True:
             try:
                 r = await client.get(url, params=params)
                 r.raise_for_status()
-                urls = ready_engine_urls(r.json().get("items") or [], settings.port_name)
+                found = engine_endpoints(r.json().get("items") or [], settings.port_name)
             except (httpx.HTTPError, ValueError) as exc:
                 logger.warning("cannot list the EndpointSlices of %s/%s: %s", settings.namespace, settings.service, exc)
             else:
-                if urls != last:
-                    on_change(urls)
-                    last = urls
+                if not settings.readiness_gate:
+                    found = Endpoints(found.ready, {})
+                if found != last:
+                    on_change(found.ready, found.pending)
+                    last = found
             await asyncio.sleep(settings.poll_interval_seconds)

@@ -17,6 +17,14 @@ engine found asleep by a request (its 503 says `asleep`) is marked so at once
 (`mark_asleep`); one woken by `wake` is routable at once. Whenever an engine
 becomes routable, `on_routable()` runs (the router releases its hold queue).
 
+Readiness gates (discovery with `--warmup-readiness-gate`): an endpoint that
+is not ready yet (and not terminating) is followed too, with its pod's name
+(`gate_pod`), but is never routable: once healthy it is warmed (bounded by
+`WARMUP_GATE_TIMEOUT_SECONDS`), then `open_gate(pod, reason, message)` sets
+its pod's warmed condition (retried at each health check until it succeeds),
+the kubelet marks the pod Ready and discovery lists it ready: only then is it
+routable, already warm.
+
 Logged at INFO: each engine's transitions only (healthy, dropped, healthy
 again), never a health check that changes nothing.
 """
@@ -30,6 +38,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from pagedinfer.contracts.routing.lifecycle import WARMUP_GATE_TIMEOUT_SECONDS
 from pagedinfer.router.kv_feed import Discovery, KVFeed
 from pagedinfer.router.policy import EngineView
 
@@ -57,6 +66,9 @@ class EngineRecord:
     asleep: bool = False  # its /health said asleep (or a request was refused as asleep); not routable
     warming: bool = False  # its warm-up replays run (router/warmup/): not routable until they are done
     ever_healthy: bool = False  # warmed (or not) once: a later comeback is not a new engine
+    gate_pod: str | None = None  # its pod, while its endpoint is not ready (it waits on its readiness gate)
+    warmup_result: tuple[str, str] | None = None  # (reason, message) of its warm-up, once it ended
+    gate_opened: bool = False  # this router set its pod's warmed condition
 
     def view(self) -> EngineView:
         if self.kv_stale:
@@ -72,13 +84,15 @@ class RouterState:
         on_discovery: Callable[[str, Discovery], Awaitable[None]] | None = None,
         on_routable: Callable[[], None] | None = None,
         admin_headers: dict[str, str] | None = None,
-        on_new_engine: Callable[[str], Awaitable[None]] | None = None,
+        on_new_engine: Callable[[str], Awaitable[int]] | None = None,
         on_leaving: Callable[[EngineView, list[EngineView]], None] | None = None,
+        open_gate: Callable[[str, str, str], Awaitable[bool]] | None = None,
     ) -> None:
         """on_discovery(url, info): each engine's GET /kv_events, read when its feed starts; on_routable():
         an engine became routable; admin_headers: sent with POST /wake_up (the engines' API key);
         on_new_engine(url): awaited when an engine is healthy for the first time (its warm-up), which is
-        routable once it returns; on_leaving(engine, survivors): discovery removed an engine (its hand-off)."""
+        routable once it returns; on_leaving(engine, survivors): discovery removed an engine (its hand-off);
+        open_gate(pod, reason, message): set a warmed pod's readiness-gate condition, True once done."""
         self.engines = {url: EngineRecord(url) for url in urls}
         self.client = client
         self.on_discovery = on_discovery
@@ -86,17 +100,20 @@ class RouterState:
         self.admin_headers = admin_headers or {}
         self.on_new_engine = on_new_engine
         self.on_leaving = on_leaving
+        self.open_gate = open_gate
         self._supervisors: dict[str, asyncio.Task] = {}
         self._warmups: set[asyncio.Task] = set()
         self._started = False
 
-    def set_engines(self, urls: list[str]) -> None:
+    def set_engines(self, urls: list[str], pending: dict[str, str] | None = None) -> None:
         """Follow exactly these engines (discovery): new ones are health-checked, gone ones forgotten at once.
 
+        pending: URL -> pod of endpoints not ready yet (readiness gates): followed and warmed, not routable.
         A request still in flight on a removed engine finishes; its record is no
         longer consulted for new requests.
         """
-        leaving = [u for u in self.engines if u not in urls]
+        pending = {u: pod for u, pod in (pending or {}).items() if u not in urls}
+        leaving = [u for u in self.engines if u not in urls and u not in pending]
         if leaving and self.on_leaving is not None:
             survivors = [v for v in self.views() if v.name in urls]
             for url in leaving:
@@ -109,16 +126,24 @@ class RouterState:
             if task is not None:
                 task.cancel()
             logger.info("engine %s removed (no longer a ready endpoint)", url)
-        for url in urls:
+        for url in [*urls, *pending]:
             if url not in self.engines:
                 self.engines[url] = EngineRecord(url)
                 if self._started:
                     self._supervisors[url] = asyncio.create_task(self._supervise(self.engines[url]))
-                logger.info("engine %s added", url)
+                logger.info("engine %s added%s", url, f" (pod {pending[url]}, not ready yet)" if url in pending else "")
+        for url, engine in self.engines.items():
+            was_pending, engine.gate_pod = engine.gate_pod is not None, pending.get(url)
+            if was_pending and engine.gate_pod is None and engine.healthy and not engine.asleep and not engine.warming:
+                self.on_routable()  # its pod turned ready
 
     def views(self) -> list[EngineView]:
-        """The routable engines: healthy, awake and not warming up."""
-        return [e.view() for e in self.engines.values() if e.healthy and not e.asleep and not e.warming]
+        """The routable engines: healthy, awake, not warming up and not waiting on their readiness gate."""
+        return [
+            e.view()
+            for e in self.engines.values()
+            if e.healthy and not e.asleep and not e.warming and e.gate_pod is None
+        ]
 
     def asleep_views(self) -> list[EngineView]:
         return [e.view() for e in self.engines.values() if e.healthy and e.asleep]
@@ -211,20 +236,36 @@ class RouterState:
                     self._warmups.add(task)
                     task.add_done_callback(self._warmups.discard)
                 engine.ever_healthy = True
-                if not engine.asleep and not engine.warming:
+                if not engine.asleep and not engine.warming and engine.gate_pod is None:
                     self.on_routable()
             elif not ok and engine.healthy:
                 self.mark_dead(engine.url, why)
+            if ok and engine.gate_pod is not None and not engine.warming and not engine.gate_opened:
+                await self._open_gate(engine, engine.gate_pod)
             await asyncio.sleep(HEALTH_INTERVAL_SECONDS)
+
+    async def _open_gate(self, engine: EngineRecord, pod: str) -> None:
+        if self.open_gate is None:
+            return
+        reason, message = engine.warmup_result or ("NotWarmed", "the router's warm-up is off")
+        engine.gate_opened = await self.open_gate(pod, reason, message)
 
     async def _warm(self, engine: EngineRecord) -> None:
         try:
-            await self.on_new_engine(engine.url)
+            async with asyncio.timeout(WARMUP_GATE_TIMEOUT_SECONDS):
+                tokens = await self.on_new_engine(engine.url)
+            engine.warmup_result = ("Warmed", f"the router replayed {tokens} prompt tokens of its hot prefixes")
+        except TimeoutError:
+            logger.warning(
+                "warm-up of %s still running after %g s; routing it as it is", engine.url, WARMUP_GATE_TIMEOUT_SECONDS
+            )
+            engine.warmup_result = ("WarmupTimedOut", f"the warm-up took over {WARMUP_GATE_TIMEOUT_SECONDS:g} s")
         except Exception as exc:  # noqa: BLE001 - a failed warm-up leaves the engine cold, never out of service
             logger.warning("warm-up of %s failed (%s); routing it cold", engine.url, exc)
+            engine.warmup_result = ("WarmupFailed", f"the warm-up failed: {type(exc).__name__}")
         finally:
-            engine.warming = False
-            if engine.healthy and not engine.asleep:
+            engine.warming = False  # its gate, if it waits on one, is opened at its next health check
+            if engine.healthy and not engine.asleep and engine.gate_pod is None:
                 self.on_routable()
 
     async def _follow(self, engine: EngineRecord) -> None:

@@ -6,7 +6,7 @@ resources registered with `register()`:
 - server-set `uid`, `resourceVersion` (one global counter, like etcd),
   `generation` (bumped when anything but metadata/status changes) and
   `creationTimestamp`; `generateName`; 409 AlreadyExists on create;
-- merge, strategic-merge (treated as merge) and JSON patches, a failed
+- merge, strategic-merge (a merge, but pods' status.conditions merged by type) and JSON patches, a failed
   JSON-patch `test` answered with 422 (kopf's finalizer patches start with a
   `test` on `metadata.resourceVersion`); a stale `metadata.resourceVersion`
   in a patch or PUT answered with 409 Conflict; no-op writes change nothing;
@@ -61,12 +61,14 @@ from pagedinfer.testing.kube_emulator_rules import (
     SelectorError,
     canonical_pod_spec,
     field_selector,
+    gated_pod_readiness,
     json_patch,
     label_selector,
     merge_patch,
     scale_down_order,
     selector_from_match_labels,
     spec_changed,
+    strategic_merge_patch,
 )
 from pagedinfer.testing.kube_emulator_schema import (
     FieldValidationError,
@@ -463,7 +465,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             if not isinstance(data, dict):
                 raise StatusError(400, "a merge patch must be a JSON object")
-            return lambda current: merge_patch(current, data)
+            merge = strategic_merge_patch if content_type.startswith("application/strategic") else merge_patch
+            return lambda current: merge(current, data)
         raise StatusError(
             415,
             f"the body of the request was in an unknown format - accepted media types include: "
@@ -527,6 +530,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
         if kind.pod_spec_path is not None:
             canonical_pod_spec(dig(new, kind.pod_spec_path))
+        if kind.kind == "Pod":
+            gated_pod_readiness(new)  # the kubelet's status sync, at once
         if sub != "scale":
             self._prune(kind, new, validation or Validation())
         if new == current:
@@ -619,10 +624,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     start = bisect.bisect_right(self._log, position, key=lambda entry: entry[0])
                     events = [(rv, e) for rv, r, e in self._log[start:] if r == res]
                     if not events:
-                        try:
-                            await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
-                        except TimeoutError:
-                            pass
+                        await wait_changed(self._changed, min(left, 1.0))
                         continue
                 for rv, event in events:
                     position = rv
@@ -632,6 +634,22 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return response
         await response.write_eof()
         return response
+
+
+async def wait_changed(changed: asyncio.Condition, timeout_seconds: float) -> None:
+    """Wait on `changed` (held) for a notify or the timeout, and hold it again on return, however it returns.
+
+    In this task, under `asyncio.timeout`, not `asyncio.wait_for`: on Python 3.11 wait_for runs the wait
+    in a task of its own, and a watch cancelled while that task re-acquires the lock after a timeout
+    (kopf stopping, the server's shutdown) leaves it behind: the watch's `async with` releases a lock it
+    does not hold (another holder's, or none: RuntimeError), and the orphaned wait then acquires it for
+    ever, so every later watch and write blocks on it. Here the re-acquire and the release are the same
+    task's, whatever cancels it."""
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            await changed.wait()
+    except TimeoutError:
+        pass
 
 
 def default_emulator(**kwargs: Any) -> KubeEmulator:

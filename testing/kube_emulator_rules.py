@@ -1,9 +1,13 @@
 """Pure API-server rules the emulator applies: patches, selectors, server-set fields.
 
 - merge patch (RFC 7386): objects merge recursively, null deletes, anything
-  else replaces (lists included). Strategic merge patches are treated as merge
-  patches; that is exact for everything the operator sends (it never relies
-  on list merge keys).
+  else replaces (lists included). Strategic merge patches are merge patches
+  except for the lists in `STRATEGIC_MERGE_KEYS` (a pod's `status.conditions`,
+  merged by `type`, as the router sets its readiness gate's condition); the
+  operator never relies on other list merge keys.
+- a pod's readiness with `spec.readinessGates` (`gated_pod_readiness`, the
+  kubelet's status sync): Ready is True only while ContainersReady and every
+  gate's condition are True.
 - JSON patch (RFC 6902): add, remove, replace, move, copy, test. A failed
   `test` or a bad path raises PatchError, which the emulator answers with 422
   as kube-apiserver does.
@@ -39,16 +43,44 @@ class SelectorError(ValueError):
     """A selector that cannot be parsed (answered with 400)."""
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
+# The lists a strategic merge patch merges by a key instead of replacing them (the API types' patchMergeKey),
+# by field name: only those this project patches so.
+STRATEGIC_MERGE_KEYS = {"conditions": "type"}
+
+
+def merge_patch(target: Any, patch: Any, merge_keys: Mapping[str, str] | None = None) -> Any:
+    """RFC 7386; with `merge_keys` (field name -> item key), those lists merge item by item on their key."""
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
     result = dict(target) if isinstance(target, Mapping) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
+        elif merge_keys and key in merge_keys and isinstance(value, list) and isinstance(result.get(key), list):
+            result[key] = _merge_list_by_key(result[key], value, merge_keys[key], merge_keys)
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value, merge_keys)
     return result
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A merge patch that merges the lists of `STRATEGIC_MERGE_KEYS` item by item on their key."""
+    return merge_patch(target, patch, STRATEGIC_MERGE_KEYS)
+
+
+def _merge_list_by_key(current: list[Any], patch: list[Any], item_key: str, merge_keys: Mapping[str, str]) -> list[Any]:
+    merged = copy.deepcopy(current)
+    for item in patch:
+        if not isinstance(item, Mapping) or item_key not in item:
+            raise PatchError(f"each item of a list merged by {item_key!r} must be an object with {item_key!r}")
+        at = next(
+            (i for i, c in enumerate(merged) if isinstance(c, Mapping) and c.get(item_key) == item[item_key]), None
+        )
+        if at is None:
+            merged.append(copy.deepcopy(dict(item)))
+        else:
+            merged[at] = merge_patch(merged[at], item, merge_keys)
+    return merged
 
 
 def _pointer(path: str) -> list[str]:
@@ -272,6 +304,28 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions") or []
     )
+
+
+def gated_pod_readiness(pod: dict[str, Any]) -> None:
+    """Set a pod's Ready condition as the kubelet does for a pod with `spec.readinessGates` (in place).
+
+    Ready is True only while ContainersReady is True and every gate's condition (conditionType) is True;
+    False with reason ReadinessGatesNotReady while only the gates hold it. A pod with no gates, or whose
+    status says nothing of its containers yet (no ContainersReady), is left as it is."""
+    gates = [g.get("conditionType") for g in (pod.get("spec") or {}).get("readinessGates") or []]
+    status = pod.get("status") or {}
+    conditions = status.get("conditions") or []
+    said = {c.get("type"): c.get("status") for c in conditions if isinstance(c, Mapping)}
+    if not gates or "ContainersReady" not in said:
+        return
+    containers_ready = said["ContainersReady"] == "True"
+    ready = containers_ready and all(said.get(g) == "True" for g in gates)
+    wanted = {"type": "Ready", "status": "True" if ready else "False"}
+    if containers_ready and not ready:
+        missing = ", ".join(g for g in gates if said.get(g) != "True")
+        wanted.update(reason="ReadinessGatesNotReady", message=f"the readiness gates {missing} are not True")
+    kept = [c for c in conditions if not (isinstance(c, Mapping) and c.get("type") == "Ready")]
+    status["conditions"] = [*kept, wanted]
 
 
 def _deletion_cost(pod: Mapping[str, Any]) -> int:

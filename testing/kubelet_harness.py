@@ -21,7 +21,10 @@ what a kubelet would do:
   update's old pods first), it is deleted gracefully (terminating, with a
   deletionTimestamp, while its preStop hook runs, then SIGTERM, and its Pod
   object removed once the process exited), and a changed pod template rolls
-  the pods one at a time (maxSurge 1, maxUnavailable 0).
+  the pods one at a time (maxSurge 1, maxUnavailable 0). A pod whose
+  template has `readinessGates` counts as ready (joins `engines`, lets a
+  rollout go on) only once the emulator says Ready, i.e. once something set
+  every gate's condition (the router, for `pagedinfer.io/warmed`).
   `async with harness.running():` runs it for a block, watched by every
   `eventually` there (watched.py): an engine that exits unexpectedly fails
   the wait at once, naming its pod, its exit code and its log's tail.
@@ -119,8 +122,17 @@ def pod_from_template(name: str, template: dict[str, Any], ip: str) -> dict[str,
             "annotations": dict(metadata.get("annotations") or {}),
         },
         "spec": copy.deepcopy(template["spec"]),
-        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
-    }
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "True"}],
+        },
+    }  # with spec.readinessGates the emulator holds Ready False until every gate is True (gated_pod_readiness)
+
+
+def pod_is_ready(pod: dict[str, Any] | None) -> bool:
+    conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 async def pause(stop: asyncio.Event, seconds: float) -> None:
@@ -327,6 +339,8 @@ class KubeletHarness:
             ready = await self._wait_ready(engine, container["readinessProbe"]["httpGet"]["path"], stop)
             if ready:
                 await add_ready_pod(self.emulator, self.namespace, pod_from_template(pod_name, template, ip))
+                if template["spec"].get("readinessGates"):
+                    ready = await self._wait_gates(engine, stop)
         except BaseException:
             await self._stop_process(engine)
             raise
@@ -358,6 +372,30 @@ class KubeletHarness:
         raise RuntimeError(
             f"{name} not ready after {self.ready_timeout_seconds:g} s; the last lines of its log "
             f"{engine.log_path}:\n{log_tail(engine.log_path)}"
+        )
+
+    async def _wait_gates(self, engine: Engine, stop: asyncio.Event) -> bool:
+        """Wait for the Pod object to turn Ready: its readiness gates' conditions True (set by someone else).
+
+        True once Ready; False if `stop` is set first (the Pod object is then removed); RuntimeError if the
+        process exits or the pod is not Ready within `ready_timeout_seconds`."""
+        deadline = time.monotonic() + self.ready_timeout_seconds
+        name = f"pod {self.namespace}/{engine.pod_name}"
+        while time.monotonic() < deadline and not stop.is_set():
+            if pod_is_ready(self.emulator.read(PODS, self.namespace, engine.pod_name)):
+                return True
+            code = engine.process.poll()
+            if code is not None:
+                raise RuntimeError(exit_report(f"{name}'s process", code, engine.log_path, " before its gates opened"))
+            await pause(stop, 0.1)
+        pod = self.emulator.read(PODS, self.namespace, engine.pod_name) or {}
+        with contextlib.suppress(Exception):
+            await self.emulator.remove(PODS, self.namespace, engine.pod_name)
+        if stop.is_set():
+            return False
+        raise RuntimeError(
+            f"{name} not Ready {self.ready_timeout_seconds:g} s after its containers were: its readiness gates"
+            f" {[g.get('conditionType') for g in pod.get('spec', {}).get('readinessGates', [])]} never all True"
         )
 
     def _grace_seconds(self) -> float:

@@ -9,6 +9,15 @@ engine's preStop hook waits that long plus `DRAIN_MARGIN_SECONDS` (the
 controller's write and the router's list) before the kubelet sends SIGTERM,
 so no new request reaches an engine that is about to drain
 (`engine_pre_stop_seconds`).
+
+A new engine pod must not count as ready before the router has warmed it.
+With warm-up on, the operator gives the engine pods the readiness gate
+`WARMED_CONDITION`; the router finds such a pod among the not-ready
+endpoints, replays its hot prefixes to it, and sets the pod's condition
+True (PATCH pods/status), so the kubelet marks it Ready only then and a
+rollout waits for it. The router sets it at the latest
+`WARMUP_GATE_TIMEOUT_SECONDS` after it found the engine healthy, warmed or
+not, so a slow or failing warm-up never holds a rollout longer.
 """
 
 from __future__ import annotations
@@ -24,3 +33,7 @@ def engine_pre_stop_seconds(poll_interval_seconds: float = DISCOVERY_POLL_INTERV
     if not poll_interval_seconds > 0:
         raise ValueError(f"poll_interval_seconds: must be > 0, got {poll_interval_seconds}")
     return math.ceil(poll_interval_seconds + DRAIN_MARGIN_SECONDS)
+
+
+WARMED_CONDITION = "pagedinfer.io/warmed"  # the engine pods' readiness gate (conditionType)
+WARMUP_GATE_TIMEOUT_SECONDS = 60.0  # the router sets the condition this long after the engine is healthy at most

@@ -6,3 +6,8 @@ router's flags and the CRD agree. No imports.
 DEFAULT_PREFIXES = 32  # K: the hottest prefixes replayed per event (bench/routing_lifecycle.py)
 DEFAULT_TOKEN_BUDGET = 32768  # prompt tokens replayed per engine per event
 MAX_ENTRIES = 1024  # the router's table of hot prefixes holds at most this many (router/warmup/hotness.py)
+
+
+def warmup_enabled(prefixes: int, token_budget: int) -> bool:
+    """Whether a warm-up replays anything: the router's rule, and the operator's for the readiness gate."""
+    return prefixes > 0 and token_budget > 0

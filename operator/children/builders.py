@@ -60,6 +60,7 @@ from pagedinfer.operator.kv_plan.planning import (
 )
 from pagedinfer.operator.routing.engine_flags import (
     engine_pre_stop_wait_seconds,
+    engine_readiness_gates,
     engine_router_args,
     engine_router_ports,
 )
@@ -296,6 +297,8 @@ def build_pod_spec(
             *model_volumes,
         ],
     }
+    if gates := engine_readiness_gates(spec.router):
+        pod["readinessGates"] = gates
     if placement.node_selector:
         pod["nodeSelector"] = dict(placement.node_selector)
     if placement.tolerations:

@@ -14,7 +14,8 @@ With `spec.router.enabled` an InferenceService `NAME` gets, besides its engine D
   the engines' own tokenizer (`--tokenizer`).
 - ServiceAccount, Role and RoleBinding `NAME-router`: `list` on
   `discovery.k8s.io` EndpointSlices in the namespace (the router polls
-  them, router/discovery.py; it never watches) and, with scale to zero
+  them, router/discovery.py; it never watches), with warm-up on `patch` on
+  `pods/status` (the engine pods' readiness gate, contracts/routing/lifecycle.py), and, with scale to zero
   (`minReplicas: 0`, autoscaling.spec), `get` and `patch` on its own
   InferenceService only (`resourceNames: [NAME]`): it writes the demand
   annotation there (router/hold/demand.py, autoscaling.demand says why this
@@ -48,6 +49,8 @@ ROUTER_COMPONENT = "router"
 RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
 # What the router's service account may do: poll its engines' EndpointSlices (router/discovery.py).
 ROUTER_RULES = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
+# With warm-up on, also: set the engine pods' warmed condition, their readiness gate (contracts/routing/lifecycle.py).
+WARMED_GATE_RULE = {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}
 # With scale to zero, also: read and annotate its own InferenceService (the demand signal).
 DEMAND_VERBS = ("get", "patch")
 # spec.router.queue's fields -> the router's flags (router/cli.py).
@@ -204,7 +207,9 @@ def build_service_account(owner: builders.Owner) -> dict[str, Any]:
 
 
 def build_role(owner: builders.Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
-    rules = [dict(rule) for rule in ROUTER_RULES] + ([demand_rule(owner.name)] if signals_demand(spec) else [])
+    rules = [dict(rule) for rule in ROUTER_RULES]
+    rules += [dict(WARMED_GATE_RULE)] if spec.router.warmup.enabled else []
+    rules += [demand_rule(owner.name)] if signals_demand(spec) else []
     return with_spec_hash(
         {
             "apiVersion": RBAC_API_VERSION,

@@ -11,6 +11,12 @@ from the router's discovery poll (contracts/routing/lifecycle.py, the same defin
 as the router's flag default); without one, kube-proxy and ingress
 controllers must learn of the terminating pod, which takes seconds
 (`builders.PRE_STOP_SLEEP_SECONDS`).
+
+The readiness gate: with the router's warm-up on, the engine pods carry
+`readinessGates: [{conditionType: pagedinfer.io/warmed}]`; the router sets
+that condition once it has replayed its hot prefixes to the pod (or after
+`WARMUP_GATE_TIMEOUT_SECONDS`), so a rollout's new pod counts as ready only
+warm (contracts/routing/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 from pagedinfer.contracts.config.options import command_line
 from pagedinfer.contracts.config.serve_args import ServeArgs
-from pagedinfer.contracts.routing.lifecycle import engine_pre_stop_seconds
+from pagedinfer.contracts.routing.lifecycle import WARMED_CONDITION, engine_pre_stop_seconds
 from pagedinfer.operator.routing.spec import RouterSpec
 
 KV_EVENTS_PORT = 5557  # `serve --kv-events-port`
@@ -43,3 +49,10 @@ def engine_router_ports(router: RouterSpec) -> list[dict[str, Any]]:
 def engine_pre_stop_wait_seconds(router: RouterSpec, without_router_seconds: int) -> int:
     """How long the engine's preStop hook sleeps before the kubelet sends SIGTERM."""
     return engine_pre_stop_seconds() if router.enabled else without_router_seconds
+
+
+def engine_readiness_gates(router: RouterSpec) -> list[dict[str, str]]:
+    """The engine pod's readinessGates: the router's warm-up condition while the router warms new engines."""
+    if not router.enabled or not router.warmup.enabled:
+        return []
+    return [{"conditionType": WARMED_CONDITION}]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET, MAX_ENTRIES
+from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET, MAX_ENTRIES, warmup_enabled
 
 PATH = "spec.router.warmup"
 MAX_TOKEN_BUDGET = 1 << 24
@@ -25,8 +25,15 @@ class RouterWarmup:
     prefixes: int = DEFAULT_PREFIXES
     token_budget: int = DEFAULT_TOKEN_BUDGET
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the router replays anything (the router's own rule)."""
+        return warmup_enabled(self.prefixes, self.token_budget)
+
     def router_args(self) -> list[str]:
-        return ["--warmup-prefixes", str(self.prefixes), "--warmup-token-budget", str(self.token_budget)]
+        """The router's flags; with warm-up on it also sets the engine pods' readiness gate (engine_flags)."""
+        gate = ["--warmup-readiness-gate"] if self.enabled else []
+        return ["--warmup-prefixes", str(self.prefixes), "--warmup-token-budget", str(self.token_budget), *gate]
 
 
 def _count(raw: Mapping[str, Any], key: str, default: int, maximum: int, problems: list[str]) -> int:

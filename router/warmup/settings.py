@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
+from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET, warmup_enabled
 
 MAX_PREFIX_TOKENS = 4096  # one warm-up prefill at most (longer hot prefixes are replayed truncated)
 
@@ -26,4 +26,4 @@ class WarmupSettings:
 
     @property
     def enabled(self) -> bool:
-        return self.prefixes > 0 and self.token_budget > 0
+        return warmup_enabled(self.prefixes, self.token_budget)

@@ -111,7 +111,7 @@ ROUTER_KINDS = (
     kmock.resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
 )
 # Held only to be granted to the routers (RBAC escalation prevention): the operator never calls it.
-GRANTED_NOT_CALLED = {"list endpointslices.discovery.k8s.io"}
+GRANTED_NOT_CALLED = {"list endpointslices.discovery.k8s.io", "patch pods/status.core"}
 
 
 async def seed(emulator, namespace: str, engine_ip: str) -> None:

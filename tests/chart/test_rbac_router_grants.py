@@ -51,7 +51,7 @@ def test_the_operator_holds_everything_the_routers_role_grants(helm, scope, name
     account = rendered.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     operator = RbacPolicy.for_service_account(rendered.documents, NAMESPACE, account)
     role = router_role(namespace)
-    assert len(role["rules"]) == 2  # EndpointSlices, and the demand rule
+    assert len(role["rules"]) == 3  # EndpointSlices, the warmed readiness gate, and the demand rule
     missing = [a for a in granted(role, namespace) if not operator.allows(a)]
     assert not missing, f"the operator cannot grant what it does not hold: {missing}"
 
@@ -73,3 +73,8 @@ def test_the_router_may_annotate_its_own_inference_service_and_nothing_else():
     assert not router.allows(Access("patch", group, "inferenceservices", TENANT, "llama", "scale"))
     assert not router.allows(Access("patch", group, "inferenceservices", TENANT, "llama", "status"))
     assert not router.allows(Access("delete", group, "inferenceservices", TENANT, "llama"))
+    # the warmed readiness gate: the engine pods' status, patched, and nothing else of a pod
+    assert router.allows(Access("patch", "", "pods", TENANT, "llama-engine-1", "status"))
+    assert not router.allows(Access("patch", "", "pods", TENANT, "llama-engine-1"))
+    assert not router.allows(Access("get", "", "pods", TENANT, "llama-engine-1", "status"))
+    assert not router.allows(Access("patch", "", "pods", "other", "llama-engine-1", "status"))

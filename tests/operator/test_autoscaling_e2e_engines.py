@@ -47,6 +47,8 @@ def inference_service(metrics, scale_down_window_seconds=6):
             "replicas": 1,
             "minReplicas": 1,
             "maxReplicas": 3,
+            # The router is on (maxReplicas > 1) but not run here: no warm-up, so no readiness gate to open.
+            "router": {"warmup": {"prefixes": 0}},
             "autoscaling": {
                 "enabled": True,
                 "intervalSeconds": INTERVAL_SECONDS,

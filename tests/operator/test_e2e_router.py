@@ -91,9 +91,10 @@ async def test_the_router_fronts_the_engines_with_least_privilege_and_goes_away_
         assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
         assert deployment["spec"]["replicas"] == 2
         assert router["image"] == "ghcr.io/pagedinfer/pagedinfer-router:0.1.0"
-        # It may list EndpointSlices in its namespace and nothing else.
+        # It may list EndpointSlices in its namespace and, warm-up being on, set pods' warmed condition; no more.
         assert role["rules"] == [
-            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         ]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router", "namespace": "default"}]
         assert binding["roleRef"]["name"] == "llama-router"

@@ -6,7 +6,7 @@ import json
 import aiohttp
 import pytest
 
-from pagedinfer.testing.kube_emulator import Access, Fault
+from pagedinfer.testing.kube_emulator import Access, Fault, wait_changed
 from pagedinfer.testing.kube_emulator_rules import canonical_quantity, label_selector
 from pagedinfer.testing.operator_harness import eventually, serving_emulator
 
@@ -213,3 +213,65 @@ async def test_a_deployments_pod_template_is_stored_as_the_api_server_stores_it(
     patch = {"spec": {"template": {"spec": {"containers": [container]}}}}
     _, obj = await send(s, "PATCH", DEPLOY + "/a", patch, MERGE)
     assert obj["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"memory": "2Gi"}}
+
+
+POD = "/api/v1/namespaces/default/pods"
+STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
+
+
+async def test_a_pod_with_a_readiness_gate_is_ready_only_once_its_condition_is_true_set_by_strategic_merge(api):
+    _, s = api
+    gate = "pagedinfer.io/warmed"
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c"}], "readinessGates": [{"conditionType": gate}]},
+    }
+    assert (await send(s, "POST", POD, pod))[0] == 201
+    kubelet = {
+        "status": {"conditions": [{"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "True"}]}
+    }
+    _, obj = await send(s, "PATCH", POD + "/p/status", kubelet, MERGE)
+    ready = lambda o: {c["type"]: c["status"] for c in o["status"]["conditions"]}["Ready"]  # noqa: E731
+    assert ready(obj) == "False"  # the containers are ready, the gate is not
+    opened = {"status": {"conditions": [{"type": gate, "status": "True", "reason": "Warmed"}]}}
+    code, obj = await send(s, "PATCH", POD + "/p/status", opened, STRATEGIC)
+    assert code == 200 and ready(obj) == "True"
+    assert {c["type"] for c in obj["status"]["conditions"]} == {"ContainersReady", "Ready", gate}  # merged by type
+    lost = {"status": {"conditions": [{"type": "ContainersReady", "status": "False"}]}}
+    _, obj = await send(s, "PATCH", POD + "/p/status", lost, STRATEGIC)
+    assert ready(obj) == "False"  # the gate alone does not make it ready
+    code, _ = await send(s, "PATCH", POD + "/p/status", {"status": {"conditions": [{"status": "True"}]}}, STRATEGIC)
+    assert code == 422  # an item of a list merged by type must name its type
+
+
+async def test_a_watch_cancelled_while_it_takes_the_lock_back_waits_for_it_and_leaves_it_free():
+    """A watch's wait for a change, cancelled twice (the server's shutdown, then asyncio.run's) while another
+    holder has the emulator's lock: it ends only after that holder released it, and leaves it free. (With
+    asyncio.wait_for on Python 3.11 the watch ended at once, released the other holder's lock, which then
+    failed with 'Lock is not acquired', and the orphaned wait took the lock for good: every later write hung.)"""
+    changed, entered, order = asyncio.Condition(), asyncio.Event(), []
+
+    async def watch():
+        try:
+            async with changed:
+                entered.set()
+                await wait_changed(changed, 3600)
+        finally:
+            order.append("watch out")
+
+    task = asyncio.create_task(watch())
+    await entered.wait()
+    await changed.acquire()  # another holder (a write, another watch taking the lock back)
+    changed.notify_all()  # the watch wakes and queues for the lock
+    task.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)  # let it handle the first cancellation
+    task.cancel()
+    await asyncio.sleep(0)
+    order.append("holder released")
+    changed.release()  # raised RuntimeError before: the watch had released it
+    await asyncio.wait([task])
+    for _ in range(5):
+        await asyncio.sleep(0)  # an orphaned wait would take the lock here
+    assert order == ["holder released", "watch out"] and task.cancelled()
+    assert not changed.locked()

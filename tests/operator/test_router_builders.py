@@ -60,10 +60,27 @@ def test_the_engines_publish_kv_events_only_with_the_router():
     assert "--kv-events" not in off["args"] and [p["name"] for p in off["ports"]] == ["http"]
 
 
-def test_the_role_grants_list_on_endpointslices_and_nothing_else():
+def test_the_role_grants_list_on_endpointslices_and_with_warmup_patch_on_pods_status_and_nothing_else():
+    slices = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}
+    assert routing.build_role(OWNER, spec(warmup={"prefixes": 0}))["rules"] == [slices]
     assert routing.build_role(OWNER, spec())["rules"] == [
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}
+        slices,
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},  # the warmed readiness gate
     ]
+
+
+def test_with_warmup_the_engine_pods_wait_on_the_warmed_gate_which_the_router_is_told_to_open():
+    def pod_and_router_args(s):
+        pod = builders.build_deployment(OWNER, s, PLAN)["spec"]["template"]["spec"]
+        args = routing.build_router_deployment(OWNER, s, "router:1")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+        return pod.get("readinessGates"), "--warmup-readiness-gate" in args
+
+    assert pod_and_router_args(spec()) == ([{"conditionType": "pagedinfer.io/warmed"}], True)
+    assert pod_and_router_args(spec(warmup={"tokenBudget": 0})) == (None, False)  # warm-up off: no gate
+    pod = builders.build_deployment(OWNER, spec(enabled=False), PLAN)["spec"]["template"]["spec"]
+    assert "readinessGates" not in pod  # no router: nobody to open it
 
 
 def zero_spec(**router):
@@ -80,7 +97,7 @@ def zero_spec(**router):
 
 def test_with_scale_to_zero_the_router_may_get_and_patch_its_own_inference_service_only():
     role = routing.build_role(OWNER, zero_spec())
-    assert role["rules"][1:] == [
+    assert role["rules"][2:] == [
         {
             "apiGroups": ["serving.pagedinfer.dev"],
             "resources": ["inferenceservices"],

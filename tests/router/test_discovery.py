@@ -8,7 +8,7 @@ import httpx
 import pytest
 from router_harness import route_of, start_router, until
 
-from pagedinfer.router.discovery import DiscoverySettings, ready_engine_urls
+from pagedinfer.router.discovery import DiscoverySettings, engine_endpoints, ready_engine_urls
 from pagedinfer.testing.operator_harness import serving_emulator
 
 NS = "team"
@@ -37,6 +37,22 @@ def _slice(name: str, port: int, *conditions: dict, address: str = "127.0.0.1") 
 def test_only_ready_endpoints_that_are_not_terminating_count(conditions, ready):
     urls = ready_engine_urls([_slice("s", 8000, conditions, address="10.0.0.7")])
     assert urls == (["http://10.0.0.7:8000"] if ready else [])
+
+
+def test_a_not_ready_endpoint_naming_its_pod_is_pending_and_a_terminating_one_neither():
+    s = _slice(
+        "s",
+        8000,
+        {"ready": True},
+        {"ready": False, "serving": False, "terminating": False},  # waits on its readiness gate
+        {"ready": False, "serving": True, "terminating": True},  # going
+        {"ready": False},  # no targetRef: nothing to mark
+    )
+    for endpoint, (ip, pod) in zip(s["endpoints"], [("10.0.0.1", "a"), ("10.0.0.2", "b"), ("10.0.0.3", "c")]):
+        endpoint.update(addresses=[ip], targetRef={"kind": "Pod", "name": pod, "namespace": NS})
+    s["endpoints"][3]["addresses"] = ["10.0.0.4"]
+    found = engine_endpoints([s])
+    assert found.ready == ["http://10.0.0.1:8000"] and found.pending == {"http://10.0.0.2:8000": "b"}
 
 
 def test_the_port_is_the_named_one_and_ipv6_addresses_are_bracketed():

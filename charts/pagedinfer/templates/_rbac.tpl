@@ -49,6 +49,11 @@ always in a ClusterRole.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["list"]
+# The routers' Role also grants patch on pods/status (with warm-up on they set
+# the engine pods' pagedinfer.io/warmed condition, their readiness gate).
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # The autoscaler lists an InferenceService's ready engine pods to scrape them,
 # and before scaling in marks each with controller.kubernetes.io/pod-deletion-cost.
 - apiGroups: [""]
