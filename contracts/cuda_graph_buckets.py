@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import bisect
 
+from pagedinfer.contracts.validators import non_negative_int, positive_int
+
 SMALL_SIZES = (1, 2, 4)
 STEP_TO_256 = 8
 STEP_ABOVE_256 = 16
@@ -18,10 +20,8 @@ STEP_ABOVE_256 = 16
 
 def capture_sizes(max_capture_size: int, max_num_seqs: int) -> tuple[int, ...]:
     """The buckets, ascending; () when max_capture_size is 0 (graphs off)."""
-    if isinstance(max_capture_size, bool) or not isinstance(max_capture_size, int) or max_capture_size < 0:
-        raise ValueError(f"max_cudagraph_capture_size: must be an integer >= 0, got {max_capture_size!r}")
-    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs: must be an integer >= 1, got {max_num_seqs!r}")
+    non_negative_int("max_cudagraph_capture_size", max_capture_size)
+    positive_int("max_num_seqs", max_num_seqs)
     largest = min(max_capture_size, max_num_seqs)
     if largest == 0:
         return ()

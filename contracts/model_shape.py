@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pagedinfer.contracts.validators import positive_int
+
 DEVICE_TYPES = ("cpu", "cuda")
 # The dtypes the engine runs a model in (EngineConfig's --dtype choices besides auto).
 ENGINE_DTYPES = ("float32", "float16", "bfloat16")
@@ -132,15 +134,6 @@ def _config_int(cfg: Mapping[str, Any], field: str, default: int | None = None) 
     return value
 
 
-def check_positive_int(name: str, value: Any, maximum: int | None = None) -> int:
-    """`value` when it is an integer in [1, maximum]; else a ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name}: must be at most {maximum}, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class ModelShape:
     """The facts about a model that KV sizing needs."""
@@ -159,19 +152,17 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         bounds = CONFIG_FIELD_BOUNDS
-        check_positive_int("num_layers", self.num_layers, bounds["num_hidden_layers"])
-        check_positive_int("num_kv_heads", self.num_kv_heads, bounds["num_key_value_heads"])
-        check_positive_int("head_dim", self.head_dim, bounds["head_dim"])
-        check_positive_int("num_parameters", self.num_parameters, bounds["num_parameters"])
+        positive_int("num_layers", self.num_layers, bounds["num_hidden_layers"])
+        positive_int("num_kv_heads", self.num_kv_heads, bounds["num_key_value_heads"])
+        positive_int("head_dim", self.head_dim, bounds["head_dim"])
+        positive_int("num_parameters", self.num_parameters, bounds["num_parameters"])
         dtype_bytes(self.dtype)
         if self.hidden_size is not None:
-            check_positive_int("hidden_size", self.hidden_size, bounds["hidden_size"])
+            positive_int("hidden_size", self.hidden_size, bounds["hidden_size"])
         if self.max_position_embeddings is not None:
-            check_positive_int(
-                "max_position_embeddings", self.max_position_embeddings, bounds["max_position_embeddings"]
-            )
+            positive_int("max_position_embeddings", self.max_position_embeddings, bounds["max_position_embeddings"])
         if self.vocab_size is not None:
-            check_positive_int("vocab_size", self.vocab_size, bounds["vocab_size"])
+            positive_int("vocab_size", self.vocab_size, bounds["vocab_size"])
 
     @property
     def dtype_bytes(self) -> int:

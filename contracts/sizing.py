@@ -42,9 +42,9 @@ from pagedinfer.contracts.model_shape import (
     DEFAULT_VOCAB_SIZE,
     DEVICE_TYPES,
     ModelShape,
-    check_positive_int,
     dtype_bytes,
 )
+from pagedinfer.contracts.validators import non_negative_int, positive_int
 
 VALID_BLOCK_SIZES = (8, 16, 32, 64, 128)
 # No GPU, MIG slice or CPU budget is larger than this (1 PiB): a bigger size is a typo.
@@ -103,7 +103,7 @@ def parse_bytes(value: str | int | float, *, name: str = "memory") -> int:
 
 def kv_bytes_per_token(shape: ModelShape, tensor_parallel_size: int = 1, kv_dtype: str | None = None) -> int:
     """K and V bytes one token occupies on one GPU, over all layers."""
-    check_positive_int("tensor_parallel_size", tensor_parallel_size)
+    positive_int("tensor_parallel_size", tensor_parallel_size)
     if shape.num_kv_heads % tensor_parallel_size:
         raise ValueError(
             f"tensor_parallel_size: {tensor_parallel_size} does not divide num_kv_heads={shape.num_kv_heads}"
@@ -128,7 +128,7 @@ def check_block_size(block_size: int) -> int:
 
 def weight_bytes_per_gpu(shape: ModelShape, tensor_parallel_size: int = 1) -> int:
     """Weight bytes each GPU holds (parameters x dtype bytes / tp, rounded up)."""
-    check_positive_int("tensor_parallel_size", tensor_parallel_size)
+    positive_int("tensor_parallel_size", tensor_parallel_size)
     return -(-shape.num_parameters * shape.dtype_bytes // tensor_parallel_size)
 
 
@@ -139,7 +139,7 @@ def estimate_activation_reserve_bytes(shape: ModelShape, max_num_batched_tokens:
     GPU the engine replaces this estimate with a measured peak. A CPU engine
     has no CUDA context or workspaces: its runtime lives outside its budget.
     """
-    check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    positive_int("max_num_batched_tokens", max_num_batched_tokens)
     if device not in DEVICE_TYPES:
         raise ValueError(f"device: must be one of {DEVICE_TYPES}, got {device!r}")
     fixed = FIXED_OVERHEAD_BYTES if device == "cuda" else 0
@@ -200,32 +200,17 @@ class SizingInputs:
     max_cudagraph_capture_size: int = 0  # 0: no decode graphs, no graph memory
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.gpu_memory_bytes, bool)
-            or not isinstance(self.gpu_memory_bytes, int)
-            or self.gpu_memory_bytes < 1
-        ):
-            raise ValueError(f"gpu_memory_bytes: must be an integer >= 1, got {self.gpu_memory_bytes!r}")
+        positive_int("gpu_memory_bytes", self.gpu_memory_bytes)
         if not (isinstance(self.gpu_memory_utilization, (int, float)) and 0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
         check_block_size(self.block_size)
-        check_positive_int("tensor_parallel_size", self.tensor_parallel_size)
-        check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
-        check_positive_int("max_num_seqs", self.max_num_seqs)
-        if (
-            isinstance(self.max_cudagraph_capture_size, bool)
-            or not isinstance(self.max_cudagraph_capture_size, int)
-            or self.max_cudagraph_capture_size < 0
-        ):
-            raise ValueError(
-                f"max_cudagraph_capture_size: must be an integer >= 0, got {self.max_cudagraph_capture_size!r}"
-            )
-        if self.max_model_len is not None:
-            check_positive_int("max_model_len", self.max_model_len)
+        positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        positive_int("max_num_seqs", self.max_num_seqs)
+        non_negative_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
+        positive_int("max_model_len", self.max_model_len, allow_none=True)
         for name in ("activation_reserve_bytes", "weight_bytes_per_gpu"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name}: must be an integer >= 0, got {value!r}")
+            non_negative_int(name, getattr(self, name), allow_none=True)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from pagedinfer.contracts import validators
 from pagedinfer.contracts.inference_service import API_GROUP
 from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher
@@ -49,8 +50,7 @@ class OperatorConfig:
             "no_nodes_retry_seconds",
             "watch_timeout_seconds",
         ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+            validators.positive_seconds(name, getattr(self, name))
 
     @classmethod
     def from_env(cls, **overrides: Any) -> OperatorConfig:

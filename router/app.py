@@ -39,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedinfer.contracts import validators
 from pagedinfer.contracts.http.auth import ApiKeyMiddleware
 from pagedinfer.contracts.http.body_limit import BodySizeLimitMiddleware
 from pagedinfer.contracts.http.errors import error_body, error_response
@@ -91,8 +92,7 @@ class RouterSettings:
     warmup: WarmupSettings = WarmupSettings()  # replays of hot prefixes to new engines and on hand-off
 
     def __post_init__(self) -> None:
-        if not self.first_byte_timeout_seconds > 0:
-            raise ValueError(f"first_byte_timeout_seconds: must be > 0, got {self.first_byte_timeout_seconds}")
+        validators.positive_seconds("first_byte_timeout_seconds", self.first_byte_timeout_seconds)
 
 
 def route_header(decision: Decision | None, reason: str = "no-engine") -> str:

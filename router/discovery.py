@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from pagedinfer.contracts import validators
 from pagedinfer.contracts.routing.lifecycle import DISCOVERY_POLL_INTERVAL_SECONDS
 
 logger = logging.getLogger("pagedinfer.router.discovery")
@@ -54,8 +55,7 @@ class DiscoverySettings:
     readiness_gate: bool = False  # also follow not-ready pods, to warm them and set their warmed condition
 
     def __post_init__(self) -> None:
-        if not self.poll_interval_seconds > 0:
-            raise ValueError(f"poll_interval_seconds: must be > 0, got {self.poll_interval_seconds}")
+        validators.positive_seconds("poll_interval_seconds", self.poll_interval_seconds)
 
 
 def in_cluster_namespace() -> str | None:

@@ -9,8 +9,9 @@ model is loaded. Pure: no I/O.
 from __future__ import annotations
 
 import argparse
-import math
 from urllib.parse import urlsplit
+
+from pagedinfer.contracts import validators
 
 MAX_PORT = 65535
 
@@ -38,28 +39,30 @@ def port_or_zero(text: str) -> int:
     return value
 
 
-def non_negative_int(text: str) -> int:
+def _bounded_int(text: str, minimum: int) -> int:
     value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    problem = validators.int_problem(value, minimum)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    return _bounded_int(text, 0)
 
 
 def positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return _bounded_int(text, 1)
 
 
 def _seconds(text: str, allow_zero: bool) -> float:
-    bound = ">= 0" if allow_zero else "> 0"
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
+    problem = validators.seconds_problem(value, allow_zero)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
     return value
 
 

@@ -15,19 +15,13 @@ from pagedinfer.contracts.config.host_memory import available_host_memory
 from pagedinfer.contracts.config.options import flag_field
 from pagedinfer.contracts.model_shape import ENGINE_DTYPES
 from pagedinfer.contracts.sizing import VALID_BLOCK_SIZES, parse_bytes
+from pagedinfer.contracts.validators import positive_int
 
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", *ENGINE_DTYPES)
 DEVICES = ("auto", "cpu", "cuda")
 OVERLAP_MODES = ("off", "thread", "process")  # EngineConfig.overlap: where the output side runs
 FORWARD_MODES = ("auto", "module", "triton")  # EngineConfig.forward: which decoder forward runs a step
-
-
-def _positive(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
 
 
 def _check_swap_space_fits(swap_space_gib: float, num_ranks: int) -> None:
@@ -246,11 +240,11 @@ class EngineConfig:
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {u!r}")
-        _positive("num_gpu_blocks_override", self.num_gpu_blocks_override, allow_none=True)
-        _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive("max_model_len", self.max_model_len, allow_none=True)
-        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        positive_int("num_gpu_blocks_override", self.num_gpu_blocks_override, allow_none=True)
+        positive_int("max_num_seqs", self.max_num_seqs)
+        positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        positive_int("max_model_len", self.max_model_len, allow_none=True)
+        positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if (
             isinstance(self.swap_space, bool)
             or not isinstance(self.swap_space, (int, float))
@@ -320,7 +314,7 @@ class EngineConfig:
             raise ValueError(f"async_scheduling (--async-scheduling): must be a boolean, got {self.async_scheduling!r}")
         if not isinstance(self.overlap, str) or self.overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap (--overlap): must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}")
-        _positive("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)
+        positive_int("cpu_memory_budget_bytes", self.cpu_memory_budget_bytes)
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")
         if (

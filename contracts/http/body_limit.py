@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pagedinfer.contracts import validators
 from pagedinfer.contracts.http.errors import error_response
 
 Scope = dict[str, Any]
@@ -27,10 +28,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 class BodySizeLimitMiddleware:
     def __init__(self, app: Callable, max_body_bytes: int, body_timeout_seconds: float) -> None:
-        if max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes: must be >= 1, got {max_body_bytes}")
-        if not body_timeout_seconds > 0:
-            raise ValueError(f"body_timeout_seconds: must be > 0, got {body_timeout_seconds}")
+        validators.positive_int("max_body_bytes", max_body_bytes)
+        validators.positive_seconds("body_timeout_seconds", body_timeout_seconds)
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_seconds = body_timeout_seconds

@@ -31,6 +31,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from pagedinfer.contracts import validators
+
 
 def request_timeout_bytes(message: str) -> bytes:
     """A complete HTTP/1.1 408 response whose body is OpenAI's error shape."""
@@ -46,8 +48,7 @@ def request_timeout_bytes(message: str) -> bytes:
 
 def header_timeout_protocol(header_timeout_seconds: float) -> type[asyncio.Protocol]:
     """An H11Protocol class (uvicorn's `http=` setting) whose requests must send headers within the deadline."""
-    if not header_timeout_seconds > 0:
-        raise ValueError(f"header_timeout_seconds: must be > 0, got {header_timeout_seconds}")
+    validators.positive_seconds("header_timeout_seconds", header_timeout_seconds)
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 

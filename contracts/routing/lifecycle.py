@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import math
 
+from pagedinfer.contracts import validators
+
 DISCOVERY_POLL_INTERVAL_SECONDS = 1.0  # `pagedinfer router --discovery-poll-interval-seconds` default
 DRAIN_MARGIN_SECONDS = 2.0  # the EndpointSlice controller's write + one list by the router
 
 
 def engine_pre_stop_seconds(poll_interval_seconds: float = DISCOVERY_POLL_INTERVAL_SECONDS) -> int:
     """Whole seconds an engine's preStop waits so every router has dropped it before SIGTERM."""
-    if not poll_interval_seconds > 0:
-        raise ValueError(f"poll_interval_seconds: must be > 0, got {poll_interval_seconds}")
+    validators.positive_seconds("poll_interval_seconds", poll_interval_seconds)
     return math.ceil(poll_interval_seconds + DRAIN_MARGIN_SECONDS)
 
 

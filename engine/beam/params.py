@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pagedinfer.contracts import validators
 from pagedinfer.engine.sampling_params import SamplingParams
 
 MAX_BEAM_WIDTH = 128  # as SamplingParams' n
@@ -30,12 +31,10 @@ class BeamSearchParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.beam_width, bool) or not isinstance(self.beam_width, int) or self.beam_width < 1:
-            raise ValueError(f"beam_width: must be an integer >= 1, got {self.beam_width!r}")
+        validators.positive_int("beam_width", self.beam_width)
         if self.beam_width > MAX_BEAM_WIDTH:
             raise ValueError(f"beam_width: must be <= {MAX_BEAM_WIDTH}, got {self.beam_width}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        validators.positive_int("max_tokens", self.max_tokens)
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")

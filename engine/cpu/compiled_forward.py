@@ -37,6 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from pagedinfer.contracts import validators
 from pagedinfer.engine.attention import StepContext
 from pagedinfer.engine.cpu.attention_op import current_step
 
@@ -60,8 +61,7 @@ class CompiledForward:
     """`model`'s forward for the engine's packed steps: the compiled decoder (one graph) + the eager LM head."""
 
     def __init__(self, model: nn.Module, max_num_batched_tokens: int) -> None:
-        if max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens: must be >= 1, got {max_num_batched_tokens}")
+        validators.positive_int("max_num_batched_tokens", max_num_batched_tokens)
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()

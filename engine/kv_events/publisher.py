@@ -34,6 +34,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from pagedinfer.contracts import validators
 from pagedinfer.contracts.config.serve_args import DEFAULT_HEARTBEAT_INTERVAL_SECONDS
 from pagedinfer.contracts.kv_events.events import KVCacheEvent, apply_event, coalesce, encode_batch
 from pagedinfer.contracts.kv_events.frames import END_OF_REPLAY_SEQ, HEARTBEAT_SEQ, seq_from_bytes, seq_to_bytes
@@ -58,8 +59,8 @@ class KVEventsConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65534:
             raise ValueError(f"--kv-events-port: must be 0 (any free port) or 1-65534, got {self.port}")
-        if self.replay_buffer_batches < 1 or self.max_pending_events < 1:
-            raise ValueError("replay_buffer_batches and max_pending_events: must be >= 1")
+        validators.positive_int("replay_buffer_batches", self.replay_buffer_batches)
+        validators.positive_int("max_pending_events", self.max_pending_events)
         if not 0 <= self.heartbeat_interval_seconds < float("inf"):
             raise ValueError(
                 "--kv-events-heartbeat-seconds: must be a finite number >= 0 (0: no heartbeats),"

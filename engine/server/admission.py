@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedinfer.contracts import validators
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -31,10 +33,8 @@ class Refusal:
 
 def check_waiting_limit(num_waiting: int, num_prompts: int, n: int, limit: int | None) -> Refusal | None:
     """None when the request fits under `limit` (None: no limit), else the refusal."""
-    if num_prompts < 1:
-        raise ValueError(f"num_prompts: must be >= 1, got {num_prompts}")
-    if n < 1:
-        raise ValueError(f"n: must be >= 1, got {n}")
+    validators.positive_int("num_prompts", num_prompts)
+    validators.positive_int("n", n)
     if limit is None:
         return None
     cost = num_prompts * n

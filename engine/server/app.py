@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedinfer.contracts import validators
 from pagedinfer.contracts.config.options import field_default
 from pagedinfer.contracts.config.serve_args import DEFAULT_MAX_WAITING_REQUESTS, ServeArgs
 from pagedinfer.contracts.http.auth import ApiKeyMiddleware
@@ -54,12 +55,9 @@ class ServerSettings:
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # the whole body, counted from its headers
 
     def __post_init__(self) -> None:
-        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
-            raise ValueError(f"max_waiting_requests: must be >= 1 or None, got {self.max_waiting_requests}")
-        if self.max_request_body_bytes < 1:
-            raise ValueError(f"max_request_body_bytes: must be >= 1, got {self.max_request_body_bytes}")
-        if not self.body_timeout_seconds > 0:
-            raise ValueError(f"body_timeout_seconds: must be > 0, got {self.body_timeout_seconds}")
+        validators.positive_int("max_waiting_requests", self.max_waiting_requests, allow_none=True)
+        validators.positive_int("max_request_body_bytes", self.max_request_body_bytes)
+        validators.positive_seconds("body_timeout_seconds", self.body_timeout_seconds)
 
 
 class AbortingStreamingResponse(StreamingResponse):

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pagedinfer.contracts import validators
+
 DEFAULT_QUEUE_TIMEOUT_SECONDS = 60.0  # a held request's deadline, from its arrival
 DEFAULT_MAX_QUEUED_REQUESTS = 256
 DEFAULT_KEEPALIVE_SECONDS = 5.0  # a held stream's SSE comment interval
@@ -35,12 +37,9 @@ class HoldSettings:
     keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
 
     def __post_init__(self) -> None:
-        if not self.timeout_seconds > 0:
-            raise ValueError(f"--queue-timeout-seconds: must be > 0, got {self.timeout_seconds}")
-        if self.max_length < 1:
-            raise ValueError(f"--max-queued-requests: must be >= 1, got {self.max_length}")
-        if not self.keepalive_seconds > 0:
-            raise ValueError(f"--queue-keepalive-seconds: must be > 0, got {self.keepalive_seconds}")
+        validators.positive_seconds("--queue-timeout-seconds", self.timeout_seconds)
+        validators.positive_int("--max-queued-requests", self.max_length)
+        validators.positive_seconds("--queue-keepalive-seconds", self.keepalive_seconds)
 
 
 class QueueFull(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedinfer.contracts import validators
 from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET, warmup_enabled
 
 MAX_PREFIX_TOKENS = 4096  # one warm-up prefill at most (longer hot prefixes are replayed truncated)
@@ -19,10 +20,8 @@ class WarmupSettings:
     token_budget: int = DEFAULT_TOKEN_BUDGET
 
     def __post_init__(self) -> None:
-        if self.prefixes < 0:
-            raise ValueError(f"prefixes: must be >= 0, got {self.prefixes}")
-        if self.token_budget < 0:
-            raise ValueError(f"token_budget: must be >= 0, got {self.token_budget}")
+        validators.non_negative_int("prefixes", self.prefixes)
+        validators.non_negative_int("token_budget", self.token_budget)
 
     @property
     def enabled(self) -> bool:

@@ -29,7 +29,7 @@ def test_only_a_one_token_step_is_padded_and_none_exceeds_the_step_budget():
     assert [compiled.padded_size(n) for n in (1, 2, 3, 47, 48)] == [MIN_TOKENS, 2, 3, 47, 48]
     with pytest.raises(ValueError, match="49 tokens exceeds max_num_batched_tokens = 48"):
         compiled.padded_size(49)
-    with pytest.raises(ValueError, match="max_num_batched_tokens: must be >= 1"):
+    with pytest.raises(ValueError, match="max_num_batched_tokens: must be an integer >= 1"):
         CompiledForward(model, max_num_batched_tokens=0)
 
 
