@@ -131,17 +131,17 @@ def assert_the_stream_fails(running, loop, after_first_chunk, error: str) -> Non
 def test_a_failure_on_the_output_thread_fails_the_stream_and_the_health_check(tiny_llama, monkeypatch):
     """As any engine error: the stream in flight ends with a 500 event, /health turns 503, and the output
     thread is stopped with the engine."""
-    from pagedinfer.engine import llm_engine as llm_engine_module
+    from pagedinfer.engine.overlap import side as output_side_module
 
     fault = threading.Event()
-    real_process = llm_engine_module.process_batch
+    real_process = output_side_module.process_batch
 
     def faulty(batch, tokenizer):
         if fault.is_set():
             raise RuntimeError("injected fault in output processing")
         return real_process(batch, tokenizer)
 
-    monkeypatch.setattr(llm_engine_module, "process_batch", faulty)
+    monkeypatch.setattr(output_side_module, "process_batch", faulty)
     before = set(threading.enumerate())
     loop, running = serve_with_overlap(tiny_llama, "thread")
     try:
