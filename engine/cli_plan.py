@@ -15,6 +15,7 @@ import json
 
 from pagedinfer.contracts import sizing
 from pagedinfer.contracts.model_shape import DEVICE_TYPES, ModelShape
+from pagedinfer.contracts.sizing_inputs import sizing_inputs
 from pagedinfer.engine.engine_args import add_plan_args
 from pagedinfer.engine.hf_config import load_hf_config
 
@@ -41,23 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     shape = ModelShape.from_hf_config(load_hf_config(args.model, name="--model"), dtype=args.dtype, device=args.device)
-    cpu_reserve = None
-    if args.device == "cpu":
-        cpu_reserve = sizing.estimate_activation_reserve_bytes(shape, args.max_num_batched_tokens, "cpu")
-    result = sizing.plan_kv_cache(
-        sizing.SizingInputs(
-            shape=shape,
-            gpu_memory_bytes=sizing.parse_bytes(args.gpu_memory, name="--gpu-memory"),
-            activation_reserve_bytes=cpu_reserve,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            block_size=args.block_size,
-            tensor_parallel_size=args.tensor_parallel_size,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            max_cudagraph_capture_size=args.max_cudagraph_capture_size,
-        )
-    )
+    memory_bytes = sizing.parse_bytes(args.gpu_memory, name="--gpu-memory")
+    result = sizing.plan_kv_cache(sizing_inputs(args, shape, memory_bytes, args.device))
     if args.json:
         print(json.dumps(result.__dict__, indent=2))
         return 0

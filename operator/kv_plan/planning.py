@@ -24,6 +24,7 @@ from typing import Any
 
 from pagedinfer.contracts import sizing
 from pagedinfer.contracts.model_shape import ModelShape, resolve_dtype
+from pagedinfer.contracts.sizing_inputs import sizing_inputs
 from pagedinfer.operator.kv_plan.node_memory import GPU_PRODUCT_LABEL, Placement
 from pagedinfer.operator.spec.crd_model import Architecture, InferenceServiceSpec
 
@@ -185,7 +186,7 @@ def plan_for(
     elif shape is None or gpu_memory_bytes is None:
         raise ValueError("plan_for: a GPU engine needs the model shape and the GPU memory")
     else:
-        result = sizing.plan_kv_cache(sizing_inputs(spec, shape, gpu_memory_bytes))
+        result = sizing.plan_kv_cache(sizing_inputs(engine, shape, gpu_memory_bytes, "cuda"))
         plan = KVCachePlan.from_result(source, result, gpu_memory_bytes=result.gpu_memory_bytes)
     # numGpuBlocks is per replica: every rank holds that many blocks of its 1/N of the KV heads
     return dataclasses.replace(plan, tensor_parallel_size=engine.tensor_parallel_size)
@@ -220,7 +221,7 @@ def cpu_plan(spec: InferenceServiceSpec, shape: ModelShape | None) -> KVCachePla
         return KVCachePlan(
             source=SOURCE_ENGINE, block_size=engine.block_size, num_gpu_blocks=None, cpu_memory_budget_bytes=budget
         )
-    inputs = cpu_sizing_inputs(spec, shape, budget)
+    inputs = sizing_inputs(engine, shape, budget, "cpu")
     try:
         result = sizing.plan_kv_cache(inputs)
     except sizing.InsufficientMemoryError:
@@ -247,12 +248,6 @@ def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.2f} GiB"
 
 
-def cpu_sizing_inputs(spec: InferenceServiceSpec, shape: ModelShape, budget_bytes: int) -> sizing.SizingInputs:
-    """The SizingInputs the engine builds on a CPU (`ModelRunner.plan_kv_cache`) for the same flags."""
-    reserve = sizing.estimate_activation_reserve_bytes(shape, spec.engine.max_num_batched_tokens, "cpu")
-    return dataclasses.replace(sizing_inputs(spec, shape, budget_bytes), activation_reserve_bytes=reserve)
-
-
 def cpu_shortfall_message(inputs: sizing.SizingInputs, memory: str) -> str:
     """Why a CPU engine does not fit in `memory`, and the smallest spec.resources.memory that holds one sequence."""
     shape = inputs.shape
@@ -272,20 +267,4 @@ def cpu_shortfall_message(inputs: sizing.SizingInputs, memory: str) -> str:
         f" activation reserve {_gib(reserve)} (maxNumBatchedTokens={inputs.max_num_batched_tokens}) holds"
         f" {fits} KV blocks of {per_block} bytes, but one maxModelLen={max_model_len} sequence needs"
         f" {needed}. Set spec.resources.memory to at least {least_mib}Mi, or lower spec.engine.maxModelLen."
-    )
-
-
-def sizing_inputs(spec: InferenceServiceSpec, shape: ModelShape, gpu_memory_bytes: int) -> sizing.SizingInputs:
-    """The exact SizingInputs `pagedinfer plan` builds from the same flags."""
-    engine = spec.engine
-    return sizing.SizingInputs(
-        shape=shape,
-        gpu_memory_bytes=gpu_memory_bytes,
-        gpu_memory_utilization=engine.gpu_memory_utilization,
-        block_size=engine.block_size,
-        tensor_parallel_size=engine.tensor_parallel_size,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        max_model_len=engine.max_model_len,
-        max_num_seqs=engine.max_num_seqs,
-        max_cudagraph_capture_size=engine.max_cudagraph_capture_size,
     )
