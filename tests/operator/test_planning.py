@@ -129,6 +129,20 @@ def test_a_cpu_engine_is_sized_from_its_pod_memory_less_the_runtime_overhead():
     }
 
 
+def test_pagedinfer_plan_on_a_cpu_gives_the_operators_cpu_number(tmp_path, capsys):
+    """Both build their SizingInputs with contracts/sizing_inputs.py: --device cpu takes the CPU reserve too."""
+    from pagedinfer.engine.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    plan = planning.plan_for(
+        cpu_spec(memory="2Gi"), planning.shape_from_config(TINY_CONFIG, "auto", cpu=True), None, ""
+    )
+    budget = str(2 * 2**30 - planning.CPU_RUNTIME_OVERHEAD_BYTES)
+    argv = ["plan", "--model", str(tmp_path), "--gpu-memory", budget, "--max-model-len", "512", "--device", "cpu"]
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_gpu_blocks"] == plan.num_gpu_blocks
+
+
 def test_unset_cpu_memory_is_the_documented_default_and_a_cpu_engine_without_the_shape_sizes_itself():
     s = cpu_spec()
     assert planning.cpu_memory(s) == ("3Gi", 3 * 2**30)
