@@ -9,9 +9,10 @@ the special tokens as variables). tests/router checks the ids against the
 engine's transformers tokenizer.
 
 Completions: a text prompt is encoded with special tokens, token ids are
-taken as given; chat: the messages go through the template with the
-generation prompt, and the text is encoded without special tokens
-(engine/server/serving.py). A request the router cannot tokenize routes as
+taken as given; chat: the messages (their tool calls too) and the tools go
+through the template with the generation prompt, built as the engine's
+server builds them (contracts/chat_template.py), and the text is encoded
+without special tokens. A request the router cannot tokenize routes as
 an unknown prefix; the engine then answers it with its own 4xx.
 """
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from pagedinfer.contracts import chat_template
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -76,16 +79,19 @@ class RequestTokenizer:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+        """As transformers renders it: `tools` and `documents` always given (None when absent)."""
         if self.template is None:
             raise ValueError("the tokenizer has no chat template")
-        return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+        return self.template.render(
+            messages=messages, tools=tools, documents=None, add_generation_prompt=True, **self.special
+        )
 
     def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int] | None:
         """The token ids the engine will see for body's (first) prompt; None if there are none."""
         try:
             if chat:
-                return self._chat_ids(body.get("messages"))
+                return self._chat_ids(body)
             return self._completion_ids(body.get("prompt"))
         except Exception:  # noqa: BLE001 - malformed input: the engine will name what is wrong
             return None
@@ -99,18 +105,28 @@ class RequestTokenizer:
             return list(prompt)
         return None
 
-    def _chat_ids(self, messages: Any) -> list[int] | None:
+    def _chat_ids(self, body: dict[str, Any]) -> list[int] | None:
+        """The template's inputs as the engine's server builds them (contracts/chat_template.py)."""
+        messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return None
         rendered = []
         for m in messages:
             content = m.get("content")
-            if isinstance(content, list):  # text parts joined by newlines, as the engine's protocol does
-                content = "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
-            elif content is None:
-                content = ""
-            rendered.append({"role": m.get("role"), "content": content})
-        return self.encode(self.render_chat(rendered), add_special_tokens=False)
+            if isinstance(content, list):
+                content = [part["text"] for part in content]
+            text = chat_template.message_text(m["role"], content)
+            if text is None:
+                return None  # the engine refuses it
+            rendered.append(
+                chat_template.template_message(
+                    m["role"], text, m.get("tool_calls"), m.get("tool_call_id"), m.get("name")
+                )
+            )
+        tools = chat_template.template_tools(
+            body.get("tools"), body.get("tool_choice", "auto" if body.get("tools") else "none")
+        )
+        return self.encode(self.render_chat(rendered, tools.get("tools")), add_special_tokens=False)
 
 
 def _compile(template: str):

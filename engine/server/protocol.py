@@ -146,18 +146,6 @@ class ChatMessage(BaseModel):
             raise ValueError("tool_call_id: a tool message must name the call it answers")
         return self
 
-    def text(self) -> str | None:
-        """The content as one string, text parts joined by newlines (as vLLM).
-
-        Null content is "" for an assistant message (OpenAI allows it there)
-        and None otherwise, which the server refuses naming the message.
-        """
-        if self.content is None:
-            return "" if self.role == "assistant" else None
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)
-
 
 class ChatCompletionRequest(ChatExtras, _SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]

@@ -8,7 +8,6 @@ request, so a refused request never holds a block.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pagedinfer.contracts.http.errors import ApiError, from_value_error
@@ -108,37 +107,3 @@ def compile_structured(info: Any, spec: Any) -> None:
         info.structured.compile(spec)
     except ValueError as exc:
         raise from_value_error(exc) from None
-
-
-def template_message(message: Any, text: str) -> dict[str, Any]:
-    """A history message as chat templates take it: tool calls' arguments as objects (transformers' convention)."""
-    out: dict[str, Any] = {"role": message.role, "content": text}
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
-            }
-            for c in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        out["name"] = message.name
-    return out
-
-
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text  # not JSON: the template gets it as sent
-
-
-def template_tools(req: Any) -> dict[str, Any]:
-    """The chat template's `tools` argument: the request's tools, none when tool_choice is "none"."""
-    tools = getattr(req, "tools", None)
-    if not tools or req.effective_tool_choice() == "none":
-        return {}
-    return {"tools": [t.model_dump(exclude_none=True) for t in tools]}

@@ -61,6 +61,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from pagedinfer.contracts import chat_template
 from pagedinfer.contracts.http.disconnect import watch_disconnect
 from pagedinfer.contracts.http.errors import ApiError, from_value_error
 from pagedinfer.engine.outputs import OutputAccumulator
@@ -294,7 +295,9 @@ class Serving:
         """The messages through the chat template (worker thread); the tools too unless tool_choice is "none"."""
         messages = []
         for i, m in enumerate(req.messages):
-            text = m.text()
+            text = chat_template.message_text(
+                m.role, m.content if not isinstance(m.content, list) else [p.text for p in m.content]
+            )
             if text is None:
                 raise ApiError(
                     400,
@@ -303,13 +306,16 @@ class Serving:
                     code="invalid_parameter",
                 )
             _check_unicode(text, f"messages.{i}.content")
-            messages.append(request_options.template_message(m, text))
+            tool_calls = [c.model_dump() for c in m.tool_calls] if m.tool_calls else None
+            messages.append(chat_template.template_message(m.role, text, tool_calls, m.tool_call_id, m.name))
+        tools = getattr(req, "tools", None)
+        tools = [t.model_dump(exclude_none=True) for t in tools] if tools else None
         try:
             return info.tokenizer.apply_chat_template(
                 messages,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
-                **request_options.template_tools(req),
+                **chat_template.template_tools(tools, req.effective_tool_choice()),
             )
         except Exception as exc:  # noqa: BLE001 - template errors are about the messages
             raise ApiError(
