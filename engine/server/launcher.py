@@ -14,7 +14,7 @@ requests get their 503 (streams: an error event and [DONE]) and the shutdown
 completes in order, without tracebacks.
 
 uvicorn re-raises the signal it caught once it is done; `run_server` makes
-that harmless first (`graceful_exit.py`) and chooses the status itself: 0
+that harmless first (`contracts/http/graceful_exit.py`) and chooses the status itself: 0
 after SIGTERM, 130 (128 + SIGINT, as a shell reports Ctrl-C) after one or
 two SIGINTs. A signal during the model load stops the process at once
 (with that same status): the engine loop does not wait for the load (`EngineLoop.stop`), and the process

@@ -2,8 +2,8 @@
 
 While requests wait in its hold queue and it has no engine to send them to
 or wake, the router writes `pagedinfer.io/demand-at: <RFC 3339 time>` on its
-own InferenceService (router/hold/demand.py; the name is the router's,
-`router.hold.contract.DEMAND_ANNOTATION`), at most once per few seconds. A
+own InferenceService (router/hold/demand.py; the name is a contract,
+`contracts.routing.demand.DEMAND_ANNOTATION`), at most once per few seconds. A
 kopf field handler sees the annotation change in the watch stream and, if
 the service is scaled to zero by the idle rule, sets `spec.replicas` to 1
 through the scale subresource, posts an Event `ScaledFromZero` and writes
