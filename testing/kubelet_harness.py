@@ -28,7 +28,8 @@ what a kubelet would do:
   `async with harness.running():` runs it for a block, watched by every
   `eventually` there (watched.py): an engine that exits unexpectedly fails
   the wait at once, naming its pod, its exit code and its log's tail.
-- `loopback_ip()`: a free 127.0.0.x address for port 8000.
+- `loopback_ip()`: a free 127.0.0.x address for port 8000, in this process's share of them
+  (worker_share.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from pagedinfer.testing.kube_emulator_rules import scale_down_order
 from pagedinfer.testing.pod_lifecycle import pre_stop, template_key
 from pagedinfer.testing.pod_process import http_port, local_process
 from pagedinfer.testing.watched import Died, exit_report, log_tail, stop_task, watching
+from pagedinfer.testing.worker_share import LOOPBACK_OCTETS, loopback_octets
 
 ENGINE_PORT = 8000
 KILL_WAIT_SECONDS = 10.0  # for a SIGKILLed process to be reaped: only one stuck in the kernel takes longer
@@ -70,9 +72,10 @@ async def add_ready_pod(emulator: KubeEmulator, namespace: str, manifest: dict[s
     await emulator.set_status(PODS, namespace, manifest["metadata"]["name"], status)
 
 
-def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT, first: int = 2) -> str:
-    """The first 127.0.0.x (x >= first) where `port` is free and not in `taken`."""
-    for last in range(first, 255):
+def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT, first: int | None = None) -> str:
+    """The first 127.0.0.x where `port` is free and not in `taken`: x >= first, else x in this process's
+    share (worker_share.py: pytest-xdist's workers take disjoint ones)."""
+    for last in loopback_octets() if first is None else range(first, LOOPBACK_OCTETS.stop):
         ip = f"127.0.0.{last}"
         if ip in taken:
             continue
@@ -82,7 +85,7 @@ def loopback_ip(taken: set[str] = frozenset(), port: int = ENGINE_PORT, first: i
             except OSError:
                 continue
             return ip
-    raise RuntimeError(f"no free loopback address for port {port}")
+    raise RuntimeError(f"no free loopback address for port {port} (first: {first}, share: {loopback_octets()})")
 
 
 def pod_manifest(name: str, instance: str, ip: str, ready: bool = True) -> dict[str, Any]:
@@ -200,7 +203,9 @@ class KubeletHarness:
     poll_seconds: float = 0.3
     ready_timeout_seconds: float = 120.0
     lifecycle: bool = False  # graceful termination, ReplicaSet victims and rolling updates (the module's doc)
-    first_ip: int = 2  # pods get 127.0.0.x from x = first_ip (harnesses run side by side take apart ranges)
+    # pods get 127.0.0.x from x = first_ip (harnesses run side by side take apart ranges); None: from this
+    # process's share of the addresses (worker_share.py), so pytest-xdist's workers never race for one
+    first_ip: int | None = None
     bin_dir: Path = Path(sys.executable).parent
     engines: list[Engine] = field(default_factory=list)
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, desired replicas)

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from pagedinfer.testing.watched import exit_report
+from pagedinfer.testing.worker_share import port_range
 
 # Ports for children are drawn from [_FIRST_PORT, the kernel's ephemeral range): every outgoing connection of
 # every process takes its local port from that range, so a port found free there (as binding port 0 finds one)
@@ -27,15 +28,16 @@ def _ephemeral_low() -> int:
 
 
 def free_port() -> int:
-    """A port of 127.0.0.1 free now, for a child process to bind: below the ephemeral range (above), never
-    the same twice in this process, drawn at random so that two test processes rarely try the same one."""
-    high = _ephemeral_low()
-    if high - _FIRST_PORT < 1000:  # an unusual range: fall back to one the kernel picks
+    """A port of 127.0.0.1 free now, for a child process to bind: below the ephemeral range (above), in this
+    process's share of those (worker_share.py: pytest-xdist's workers draw from disjoint ones), never the
+    same twice in this process, drawn at random so that two test processes rarely try the same one."""
+    ports = port_range(_FIRST_PORT, _ephemeral_low())
+    if len(ports) < 1000:  # an unusual range: fall back to one the kernel picks
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
     for _ in range(1000):
-        port = random.randrange(_FIRST_PORT, high)
+        port = random.randrange(ports.start, ports.stop)
         if port in _handed_out:
             continue
         with socket.socket() as s:
@@ -45,7 +47,7 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port of 127.0.0.1 in [{_FIRST_PORT}, {high})")
+    raise RuntimeError(f"no free port of 127.0.0.1 in [{ports.start}, {ports.stop})")
 
 
 def wait_process_healthy(

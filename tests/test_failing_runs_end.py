@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 PYTEST = Path(sys.executable).with_name("pytest")
-SUPPORT = Path(__file__).resolve().parent / "support"  # teardown_watchdog
+SUPPORT = Path(__file__).resolve().parent / "support"  # teardown_watchdog, worker_timeout
 HANG_BOUND_SECONDS = 240  # "did not hang", never a timing claim
 INI = """\
 [pytest]
-addopts = -p no:cacheprovider -p teardown_watchdog
+addopts = -p no:cacheprovider -p teardown_watchdog -p worker_timeout
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = function
 timeout = 300
@@ -27,12 +27,12 @@ timeout_method = thread
 """
 
 
-def run_pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+def run_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "test_generated.py").write_text(textwrap.dedent(source))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [str(PYTEST), "-v", "test_generated.py"],
+        [str(PYTEST), "-v", *args, "test_generated.py"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -147,3 +147,30 @@ def test_a_wait_on_a_pod_whose_process_exits_at_once_fails_naming_it_and_the_run
     assert "no such model: crashy" in output
     waited = [float(line.split()[-2]) for line in output.splitlines() if line.startswith("the wait ended after")]
     assert waited and waited[0] < 120, output[-4000:]  # a bound on a 600 s wait, not a timing claim: ~0.3 s here
+
+
+def test_a_test_that_hangs_in_a_parallel_run_is_named_with_its_stack_and_the_run_ends(tmp_path):
+    # As scripts/test.sh runs the whole suite (pytest-xdist): pytest-timeout's own report would go to the
+    # worker's terminal writer, a file nobody reads; the worker's timer (worker_timeout.py) writes it to the
+    # run's stderr, and --max-worker-restart=0 ends the run instead of running the test again on a new worker.
+    run = run_pytest(
+        tmp_path,
+        """
+        import time
+        import pytest
+
+        def test_passes():
+            pass
+
+        @pytest.mark.timeout(2)
+        def test_hangs():
+            time.sleep(3600)  # the stack names this line
+    """,
+        *("-n", "1", "--dist", "loadfile", "--max-worker-restart=0"),
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output[-4000:]
+    assert "+++ test test_generated.py::test_hangs still running after 2 s (its timeout)" in output, output[-4000:]
+    assert "time.sleep(3600)  # the stack names this line" in output
+    assert output.count("still running after") == 1  # run once: no new worker took it again
+    assert "FAILED test_generated.py::test_hangs" in output

@@ -70,8 +70,8 @@ def write_stacks(write: Any) -> None:
         write(f"--- pending task {task!r}\n{stack.getvalue()}")
 
 
-def expire(item: pytest.Item, limit_seconds: float) -> None:
-    """Print why, the captured output and the stacks; end the process (status 1)."""
+def expire(item: pytest.Item, limit_seconds: float, what: str = "teardown of") -> None:
+    """Print why (`what` the item was doing), the captured output and the stacks; end the process (status 1)."""
     capman = item.config.pluginmanager.getplugin("capturemanager")
     captured = ("", "")
     if capman is not None:
@@ -79,7 +79,7 @@ def expire(item: pytest.Item, limit_seconds: float) -> None:
         captured = capman.read_global_capture()
     write = sys.stderr.write
     write(
-        f"\n+++ teardown of {item.nodeid} still running after {limit_seconds:g} s (its timeout): "
+        f"\n+++ {what} {item.nodeid} still running after {limit_seconds:g} s (its timeout): "
         f"stacks follow, then exit 1 +++\n"
     )
     failure = FAILURES.get(item.nodeid)
