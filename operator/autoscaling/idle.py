@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedinfer.contracts import validators
 from pagedinfer.operator.autoscaling.idle_spec import IdleRule
 
 # Event reasons of the idle rule's decisions (the metric rules' are ScaledUp / ScaledDown).
@@ -57,8 +58,7 @@ class IdleObservation:
 
     def __post_init__(self) -> None:
         for name in ("current_replicas", "num_awake", "num_asleep"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            validators.non_negative_int(name, getattr(self, name))
         for name in ("requests_in_flight", "router_queue_length"):
             value = getattr(self, name)
             if value is not None and value < 0:

@@ -74,6 +74,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from pagedinfer.contracts import validators
 from pagedinfer.operator.autoscaling.spec import (
     KV_CACHE_USAGE,
     PREFIX_CACHE_HIT_RATE,
@@ -100,8 +101,7 @@ class MetricSample:
     num_pods_with_data: int
 
     def __post_init__(self) -> None:
-        if self.num_pods_with_data < 0:
-            raise ValueError(f"num_pods_with_data must be >= 0, got {self.num_pods_with_data}")
+        validators.non_negative_int("num_pods_with_data", self.num_pods_with_data)
         if self.value is None and self.num_pods_with_data:
             raise ValueError("value must be set when num_pods_with_data > 0")
         if self.value is not None and (not math.isfinite(self.value) or self.value < 0):
@@ -124,10 +124,8 @@ class Observation:
     metrics: Mapping[str, MetricSample]
 
     def __post_init__(self) -> None:
-        if self.current_replicas < 0:
-            raise ValueError(f"current_replicas must be >= 0, got {self.current_replicas}")
-        if self.num_ready_pods < 0:
-            raise ValueError(f"num_ready_pods must be >= 0, got {self.num_ready_pods}")
+        validators.non_negative_int("current_replicas", self.current_replicas)
+        validators.non_negative_int("num_ready_pods", self.num_ready_pods)
         if not 0 <= self.num_failed_scrapes <= self.num_ready_pods:
             raise ValueError(f"num_failed_scrapes must be in [0, num_ready_pods], got {self.num_failed_scrapes}")
         for name, sample in self.metrics.items():

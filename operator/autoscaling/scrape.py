@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from pagedinfer.contracts import validators
 from pagedinfer.operator.autoscaling.readings import (
     HITS_SERIES,
     KV_USAGE_SERIES,
@@ -75,10 +76,8 @@ async def scrape_pods(
     model_name: str | None = None,
 ) -> dict[str, PodScrape | None]:
     """Scrape every target; a pod whose scrape fails maps to None."""
-    if timeout_seconds <= 0:
-        raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}")
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    validators.positive_seconds("timeout_seconds", timeout_seconds)
+    validators.positive_int("concurrency", concurrency)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(target: PodTarget) -> PodScrape | None:
