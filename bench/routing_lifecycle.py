@@ -33,6 +33,14 @@ aborted requests (any answer but a 200).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/routing_lifecycle.py --plot docs/routing_lifecycle.png
 
+By count instead of by time (`--trace-requests N`, bench/lifecycle_trace.py):
+`--steady-requests` requests of a seeded trace before the event, no traffic
+during it, then, once the engines are settled and routable, the trace's next
+N requests: the same prompts in the same order in every mode, so the
+recomputed prefill tokens of (a) and (c) compare request for request.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/routing_lifecycle.py --scenarios scale-up --modes a,c --trace-requests 200
+
 Linux only; needs 127.0.0.x loopback addresses. `--smoke` is a few seconds' check of the pieces.
 """
 
@@ -52,18 +60,23 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lifecycle_trace import (  # noqa: E402  (bench/lifecycle_trace.py: the trace by count)
+    Record,
+    TraceResult,
+    hit_rate,
+    post_prompt,
+    send_trace,
+    summarize_trace,
+    trace,
+    trace_table,
+    zipf_weights,
+)
+
 NS, NAME = "default", "tiny"
 SCENARIOS = ("scale-in", "scale-up", "rollout")
 MODES = {"scale-in": ("a", "b", "c"), "scale-up": ("a", "c"), "rollout": ("a", "c")}
 RECOVERY_TOLERANCE = 0.02
-
-
-@dataclass
-class Record:
-    start: float  # seconds since the run's start
-    prompt_tokens: int
-    cached_tokens: int
-    ok: bool
 
 
 @dataclass
@@ -90,10 +103,6 @@ def tenant_prefixes(tenants: int, tokens: int, seed: int = 0) -> list[list[int]]
     return [[rng.randrange(10, 2000) for _ in range(tokens)] for _ in range(tenants)]
 
 
-def zipf_weights(n: int) -> list[float]:
-    return [1.0 / (rank + 1) for rank in range(n)]
-
-
 async def client_loop(
     url: str,
     prefixes: list[list[int]],
@@ -111,22 +120,9 @@ async def client_loop(
         while not stop.is_set():
             tenant = rng.choices(range(len(prefixes)), weights)[0]
             prompt = prefixes[tenant] + [rng.randrange(10, 2000) for _ in range(question_tokens)]
-            started = time.monotonic() - origin
-            body = {"model": NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0.0}
-            try:
-                r = await client.post(url + "/v1/completions", json=body)
-                usage = r.json().get("usage") or {} if r.status_code == 200 else {}
-            except (httpx.HTTPError, ValueError):
-                records.append(Record(started, len(prompt), 0, False))
+            records.append(await post_prompt(client, url, NAME, prompt, origin))
+            if not records[-1].ok:
                 await asyncio.sleep(0.2)
-                continue
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            records.append(Record(started, len(prompt), cached, r.status_code == 200))
-
-
-def hit_rate(records: list[Record]) -> float:
-    prompt = sum(r.prompt_tokens for r in records if r.ok)
-    return sum(r.cached_tokens for r in records if r.ok) / prompt if prompt else 0.0
 
 
 def summarize(
@@ -186,7 +182,6 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
         serving_emulator,
         write_kubeconfig,
     )
-    from pagedinfer.testing.pod_lifecycle import template_key
     from pagedinfer.testing.pod_process import local_process
 
     asyncio.get_running_loop().add_signal_handler(  # `kill -USR2 PID`: every task's stack
@@ -223,10 +218,11 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
         slices = EndpointSliceController(emulator, NS, NAME + "-engines")
         stop = asyncio.Event()
         async with engines.running(), slices.running(), running_operator():
-            while len(engines.engines) < start_replicas or emulator.read(DEPLOYMENTS, NS, NAME + "-router") is None:
+            # The router first: with warm-up on the engine pods turn Ready only once it has opened their gate.
+            while emulator.read(DEPLOYMENTS, NS, NAME + "-router") is None:
                 await asyncio.sleep(0.3)
             template = emulator.read(DEPLOYMENTS, NS, NAME + "-router")["spec"]["template"]
-            ip = loopback_ip(set(engines.ips), first=args.first_ip + 10)  # above the engines' addresses
+            ip = loopback_ip(first=args.first_ip + 10)  # above the engines' addresses
             local = local_process(template["spec"], ip, work / "router-pod", Path(sys.executable).parent)
             with open(work / "router.log", "wb") as log:
                 router = subprocess.Popen(
@@ -236,8 +232,17 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
                     env={**os.environ, **local.env, "OMP_NUM_THREADS": "1"},
                 )
             url = f"http://{ip}:8000"
-            await wait_routable(url)
+            while len(engines.engines) < start_replicas:
+                await asyncio.sleep(0.3)
+            await wait_routable(url, start_replicas)
             origin = time.monotonic()
+            if args.trace_requests:
+                try:
+                    return await by_count(args, scenario, mode, url, prefixes, emulator, engines, origin)
+                finally:
+                    router.terminate()
+                    router.wait(30)
+                    await engines.stop_all()
             clients = [
                 asyncio.create_task(client_loop(url, prefixes, records, origin, stop, seed, args.question_tokens))
                 for seed in range(args.concurrency)
@@ -247,19 +252,11 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
                 if scenario == "scale-in" and mode in ("b", "c"):
                     await annotate_deletion_costs_now(emulator, engines, args.cost_interval_seconds)
                 event = time.monotonic() - origin
-                if scenario == "scale-in":
-                    await emulator.merge(ISVC, NS, NAME, {"spec": {"replicas": 2}})
-                elif scenario == "scale-up":
-                    await emulator.merge(ISVC, NS, NAME, {"spec": {"replicas": 3}})
-                else:
-                    await emulator.merge(
-                        ISVC, NS, NAME, {"spec": {"engine": {"env": [{"name": "ROLL", "value": "2"}]}}}
-                    )
+                await start_event(args, scenario, "a", emulator, engines)  # the costs, if any, are written
                 await asyncio.sleep(args.window_seconds)
                 await settled(emulator, engines)
                 if scenario == "rollout":
-                    current = template_key(emulator.read(DEPLOYMENTS, NS, NAME)["spec"]["template"])
-                    done = all(template_key(e.template) == current for e in engines.engines)
+                    done = rolled(emulator, engines)
                     print(f"  rollout {'complete' if done else 'NOT complete'} at the window's end", flush=True)
             finally:
                 stop.set()
@@ -267,8 +264,17 @@ async def run_one(args: argparse.Namespace, scenario: str, mode: str, work: Path
                 if router is not None:
                     router.terminate()
                     router.wait(30)
-                await engines.stop_all()  # while the operator runs (see run_in_fresh_loop)
+                await engines.stop_all()  # while the operator runs: it must see its pods go
     return summarize(scenario, mode, records, event, args.steady_seconds, args.window_seconds, args.bin_seconds)
+
+
+def rolled(emulator, engines) -> bool:
+    """Every engine runs the Deployment's current pod template (a rolling update is over)."""
+    from pagedinfer.testing.operator_harness import DEPLOYMENTS
+    from pagedinfer.testing.pod_lifecycle import template_key
+
+    current = template_key(emulator.read(DEPLOYMENTS, NS, NAME)["spec"]["template"])
+    return all(template_key(e.template) == current for e in engines.engines)
 
 
 async def settled(emulator, engines, bound_seconds: float = 180.0) -> None:
@@ -286,31 +292,55 @@ async def settled(emulator, engines, bound_seconds: float = 180.0) -> None:
         await asyncio.sleep(0.5)
 
 
-async def wait_routable(url: str) -> None:
+async def wait_routable(url: str, engines: int) -> None:
+    """Until the router has `engines` healthy engines (a pod waiting on its gate is healthy but not routable:
+    callers wait for the pods to be Ready first), then one discovery poll and one health check more."""
+    import re
+
     import httpx
 
     async with httpx.AsyncClient(timeout=10.0) as client:
         for _ in range(600):
             try:
-                if (await client.get(url + "/health")).status_code == 200:
+                text = (await client.get(url + "/metrics")).text
+                if len(re.findall(r"^pagedinfer_router_engine_healthy\{[^}]*\} 1", text, re.M)) >= engines:
+                    await asyncio.sleep(2.0)
                     return
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.5)
-    raise RuntimeError(f"the router at {url} never became healthy")
+    raise RuntimeError(f"the router at {url} never had {engines} healthy engines")
 
 
-def run_in_fresh_loop(coro):
-    """The coroutine's result, on a loop of its own that is closed without cancelling what is left.
+async def by_count(args, scenario: str, mode: str, url: str, prefixes, emulator, engines, origin: float) -> TraceResult:
+    """The steady trace, the event with no traffic, then the next `--trace-requests` of the same trace."""
+    prompts = trace(prefixes, args.steady_requests + args.trace_requests, seed=7, question_tokens=args.question_tokens)
+    before = await send_trace(url, NAME, prompts[: args.steady_requests], args.concurrency, origin)
+    desired = await start_event(args, scenario, mode, emulator, engines)
+    await asyncio.sleep(1.0)  # the Deployment changed; the harness acts at its next pass
+    await settled(emulator, engines, bound_seconds=600.0)
+    while scenario == "rollout" and not rolled(emulator, engines):  # settled also between two of its steps
+        await asyncio.sleep(1.0)
+        await settled(emulator, engines, bound_seconds=600.0)
+    await wait_routable(url, desired)
+    after = await send_trace(url, NAME, prompts[args.steady_requests :], args.concurrency, origin)
+    return summarize_trace(scenario, mode, before, after)
 
-    asyncio.run cancels every task still pending and waits for them; the
-    emulated API server's watch handlers cancelled while they re-acquire
-    their Condition's lock can then wait for ever (the run itself is over)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
+
+async def start_event(args, scenario: str, mode: str, emulator, engines) -> int:
+    """Make the event happen (its deletion costs first in modes b and c); the replicas it leads to."""
+    from pagedinfer.testing.operator_harness import ISVC
+
+    if scenario == "scale-in" and mode in ("b", "c"):
+        await annotate_deletion_costs_now(emulator, engines, args.cost_interval_seconds)
+    if scenario == "scale-in":
+        await emulator.merge(ISVC, NS, NAME, {"spec": {"replicas": 2}})
+        return 2
+    if scenario == "scale-up":
+        await emulator.merge(ISVC, NS, NAME, {"spec": {"replicas": 3}})
+        return 3
+    await emulator.merge(ISVC, NS, NAME, {"spec": {"engine": {"env": [{"name": "ROLL", "value": "2"}]}}})
+    return 3
 
 
 def plot(results: list[Result], path: Path) -> None:
@@ -381,6 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="only plot and tabulate these --json-out files (runs made apart, e.g. in parallel)",
     )
+    p.add_argument(
+        "--trace-requests",
+        type=int,
+        default=0,
+        help="by count (bench/lifecycle_trace.py): send this many requests of a fixed trace after the event,"
+        " none during it (0: by time, --steady-seconds and --window-seconds)",
+    )
+    p.add_argument("--steady-requests", type=int, default=200, help="with --trace-requests: the trace before the event")
     p.add_argument("--smoke", action="store_true", help="2 tenants, 1 s windows, scale-in mode c only")
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack, for a run that seems stuck
@@ -399,20 +437,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(merged, args.plot)
         return 0
-    results = []
+    results: list = []
+    show = trace_table if args.trace_requests else lambda rs: table(rs, args.prefix_tokens + args.question_tokens)
     for scenario in args.scenarios.split(","):
         for mode in (m for m in MODES[scenario] if m in args.modes.split(",")):
             with tempfile.TemporaryDirectory(prefix=f"lifecycle-{scenario}-{mode}-") as work:
                 print(f"{scenario} mode {mode} ...", flush=True)
-                result = run_in_fresh_loop(run_one(args, scenario, mode, Path(work)))
+                result = asyncio.run(run_one(args, scenario, mode, Path(work)))
             results.append(result)
             if args.json_out:  # after each run: a later failure loses nothing
                 args.json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
-            print(table([result], args.prefix_tokens + args.question_tokens).splitlines()[-1], flush=True)
-    print(table(results, args.prefix_tokens + args.question_tokens))
+            print(show([result]).splitlines()[-1], flush=True)
+    print(show(results))
     if args.json_out:
         args.json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
-    if args.plot:
+    if args.plot and not args.trace_requests:
         plot(results, args.plot)
     return 0
 
