@@ -24,8 +24,8 @@ if str(SUPPORT) not in sys.path:
 # Every teardown bounded by its test's timeout, a failed test's too (tests/support/teardown_watchdog.py).
 from teardown_watchdog import pytest_runtest_logreport, pytest_runtest_teardown  # noqa: E402,F401
 
-# In a pytest-xdist worker, a test past its timeout writes its stacks to stderr (tests/support/worker_timeout.py).
-from worker_timeout import pytest_timeout_set_timer  # noqa: E402,F401
+# A test past its timeout is named, with its stacks, on stderr (in an xdist worker too: tests/support/timeout_report.py).
+from timeout_report import pytest_timeout_set_timer  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 PYTEST = Path(sys.executable).with_name("pytest")
-SUPPORT = Path(__file__).resolve().parent / "support"  # teardown_watchdog, worker_timeout
+SUPPORT = Path(__file__).resolve().parent / "support"  # teardown_watchdog, timeout_report
 HANG_BOUND_SECONDS = 240  # "did not hang", never a timing claim
 INI = """\
 [pytest]
-addopts = -p no:cacheprovider -p teardown_watchdog -p worker_timeout
+addopts = -p no:cacheprovider -p teardown_watchdog -p timeout_report
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = function
 timeout = 300
@@ -149,9 +149,12 @@ def test_a_wait_on_a_pod_whose_process_exits_at_once_fails_naming_it_and_the_run
     assert waited and waited[0] < 120, output[-4000:]  # a bound on a 600 s wait, not a timing claim: ~0.3 s here
 
 
-def test_a_test_that_hangs_in_a_parallel_run_is_named_with_its_stack_and_the_run_ends(tmp_path):
-    # As scripts/test.sh runs the whole suite (pytest-xdist): pytest-timeout's own report would go to the
-    # worker's terminal writer, a file nobody reads; the worker's timer (worker_timeout.py) writes it to the
+@pytest.mark.parametrize(
+    "args", [(), ("-n", "1", "--dist", "loadfile", "--max-worker-restart=0")], ids=["one-process", "xdist"]
+)
+def test_a_test_that_hangs_is_named_with_its_stack_and_the_run_ends(tmp_path, args):
+    # pytest-timeout's own report never names the test, and in a pytest-xdist worker (scripts/test.sh's whole
+    # suite) it goes to the worker's terminal writer, a file nobody reads; timeout_report.py writes it to the
     # run's stderr, and --max-worker-restart=0 ends the run instead of running the test again on a new worker.
     run = run_pytest(
         tmp_path,
@@ -166,11 +169,12 @@ def test_a_test_that_hangs_in_a_parallel_run_is_named_with_its_stack_and_the_run
         def test_hangs():
             time.sleep(3600)  # the stack names this line
     """,
-        *("-n", "1", "--dist", "loadfile", "--max-worker-restart=0"),
+        *args,
     )
     output = run.stdout + run.stderr
     assert run.returncode == 1, output[-4000:]
     assert "+++ test test_generated.py::test_hangs still running after 2 s (its timeout)" in output, output[-4000:]
     assert "time.sleep(3600)  # the stack names this line" in output
     assert output.count("still running after") == 1  # run once: no new worker took it again
-    assert "FAILED test_generated.py::test_hangs" in output
+    if args:
+        assert "FAILED test_generated.py::test_hangs" in output  # xdist's summary (one process ends without one)
