@@ -65,9 +65,12 @@ def test_when_every_engine_answers_503_the_router_answers_503_with_retry_after(t
     from serving_harness import start_server, stop_server
 
     from pagedinfer.engine.kv_events.publisher import KVEventsConfig
+    from pagedinfer.router.hold.queue import HoldSettings
 
     engines = [start_server(tiny_llama, kv_events=KVEventsConfig(port=0)) for _ in range(2)]
-    router = start_router([e.url for e in engines], tiny_llama)
+    # Once the router has dropped them (a loaded machine's health checks can be that quick), the request waits
+    # in the hold queue for an engine until its deadline: 2 s here, not the default 60 s the client waits too.
+    router = start_router([e.url for e in engines], tiny_llama, hold=HoldSettings(timeout_seconds=2.0))
     try:
         for e in engines:
             e.engine_loop.begin_drain(None)
