@@ -20,7 +20,9 @@ handler its services from `model_config_maps` (both in `indexes`).
 
 All handlers register into `REGISTRY` (pagedinfer.operator.registry); the
 startup and login handlers live in `settings`, the autoscaler's daemon in
-`autoscaling.daemon`; importing this module registers them all.
+`autoscaling.daemon`, the daemon that opens engine pods' warm-up readiness
+gates while no router pod is ready in `routing.gate_daemon`; importing this
+module registers them all.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pagedinfer.operator.autoscaling import daemon, demand  # noqa: F401  (regis
 from pagedinfer.operator.children.labels import MANAGED_BY, MANAGED_BY_LABEL
 from pagedinfer.operator.indexes import nodes_in, referencing
 from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.routing import gate_daemon  # noqa: F401  (registers the warm-up gate's fallback)
 
 
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY)

@@ -28,6 +28,7 @@ import aiohttp
 import kopf
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"  # merges a pod's status.conditions by type
 
 
 class KubeApiError(Exception):
@@ -82,6 +83,7 @@ class ResourceRef:
 
 CONFIGMAPS = ResourceRef("v1", "configmaps")
 SERVICES = ResourceRef("v1", "services")
+PODS = ResourceRef("v1", "pods")
 DEPLOYMENTS = ResourceRef("apps/v1", "deployments")
 SERVICE_ACCOUNTS = ResourceRef("v1", "serviceaccounts")
 ROLES = ResourceRef("rbac.authorization.k8s.io/v1", "roles")
@@ -203,8 +205,10 @@ class KubeApi:
         name: str,
         body: Mapping[str, Any],
         subresource: str | None = None,
+        content_type: str = MERGE_PATCH,
     ) -> dict[str, Any]:
-        return await self.request("PATCH", ref.path(namespace, name, subresource), body=body, content_type=MERGE_PATCH)
+        """A JSON merge patch (lists replaced whole); `STRATEGIC_MERGE_PATCH` for a built-in kind's merge keys."""
+        return await self.request("PATCH", ref.path(namespace, name, subresource), body=body, content_type=content_type)
 
     async def delete(self, ref: ResourceRef, namespace: str | None, name: str, uid: str | None = None) -> bool:
         """Delete in the background (the garbage collector takes dependants); False when already gone.

@@ -17,6 +17,7 @@ import kopf
 
 from pagedinfer.contracts import validators
 from pagedinfer.contracts.inference_service import API_GROUP
+from pagedinfer.contracts.routing.lifecycle import WARMUP_GATE_TIMEOUT_SECONDS
 from pagedinfer.operator.kube_api import KubeApi
 from pagedinfer.operator.kv_plan.hub_config import HubConfigFetcher
 from pagedinfer.operator.metrics import OperatorMetrics
@@ -41,6 +42,10 @@ class OperatorConfig:
     router_image: str = DEFAULT_ROUTER_IMAGE
     # The engine pods' images when spec.engine.image is not set: GPU pods, and `gpus: 0` pods (the chart sets both).
     engine_images: EngineImages = EngineImages()
+    # With no router pod ready, the operator opens an engine pod's warm-up readiness gate itself once its
+    # containers have been ready this long (the router's own bound), checking every poll (routing/gate_fallback).
+    warmup_gate_timeout_seconds: float = WARMUP_GATE_TIMEOUT_SECONDS
+    warmup_gate_poll_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -49,6 +54,8 @@ class OperatorConfig:
             "retry_delay_seconds",
             "no_nodes_retry_seconds",
             "watch_timeout_seconds",
+            "warmup_gate_timeout_seconds",
+            "warmup_gate_poll_seconds",
         ):
             validators.positive_seconds(name, getattr(self, name))
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import datetime
 import os
 import socket
 import subprocess
@@ -114,8 +115,10 @@ def pod_manifest(name: str, instance: str, ip: str, ready: bool = True) -> dict[
 
 
 def pod_from_template(name: str, template: dict[str, Any], ip: str) -> dict[str, Any]:
-    """A Running, Ready pod as a ReplicaSet would create it from `template`, at `ip`."""
+    """A Running, Ready pod as a ReplicaSet would create it from `template`, at `ip`; its conditions stamped
+    with the time now, as the kubelet stamps a transition (lastTransitionTime)."""
     metadata = template.get("metadata") or {}
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -128,7 +131,10 @@ def pod_from_template(name: str, template: dict[str, Any], ip: str) -> dict[str,
         "status": {
             "phase": "Running",
             "podIP": ip,
-            "conditions": [{"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "True"}],
+            "conditions": [
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                {"type": "Ready", "status": "True", "lastTransitionTime": now},
+            ],
         },
     }  # with spec.readinessGates the emulator holds Ready False until every gate is True (gated_pod_readiness)
 

@@ -17,12 +17,17 @@ endpoints, replays its hot prefixes to it, and sets the pod's condition
 True (PATCH pods/status), so the kubelet marks it Ready only then and a
 rollout waits for it. The router sets it at the latest
 `WARMUP_GATE_TIMEOUT_SECONDS` after it found the engine healthy, warmed or
-not, so a slow or failing warm-up never holds a rollout longer.
+not, so a slow or failing warm-up never holds a rollout longer. With no
+router pod ready to do it, the operator sets it itself on a pod whose
+containers have been ready that long with the gate still closed (reason
+`NoRouter`, operator/routing/gate_fallback.py), so a rollout never waits on
+a router that is down. Both write `warmed_condition`.
 """
 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 from pagedinfer.contracts import validators
 
@@ -38,3 +43,14 @@ def engine_pre_stop_seconds(poll_interval_seconds: float = DISCOVERY_POLL_INTERV
 
 WARMED_CONDITION = "pagedinfer.io/warmed"  # the engine pods' readiness gate (conditionType)
 WARMUP_GATE_TIMEOUT_SECONDS = 60.0  # the router sets the condition this long after the engine is healthy at most
+
+
+def warmed_condition(reason: str, message: str, now: datetime) -> dict[str, str]:
+    """The pod condition that opens the gate: a strategic merge patch's `status.conditions` item (merged by type)."""
+    return {
+        "type": WARMED_CONDITION,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }

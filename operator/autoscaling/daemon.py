@@ -40,7 +40,6 @@ operator and never scales on a failed read.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import logging
@@ -67,15 +66,14 @@ from pagedinfer.operator.autoscaling.sleep import EngineTarget, put_to_sleep
 from pagedinfer.operator.autoscaling.spec import AutoscalingSpec, parse_autoscaling_spec
 from pagedinfer.operator.children.builders import HTTP_PORT
 from pagedinfer.operator.children.labels import selector_string
-from pagedinfer.operator.kube_api import INFERENCESERVICES, KubeApiError, ResourceRef
+from pagedinfer.operator.kube_api import INFERENCESERVICES, PODS, KubeApiError
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.routing.builders import router_selector_string
 from pagedinfer.operator.routing.deletion_cost import annotate_deletion_costs, deletion_costs
 from pagedinfer.operator.settings import runtime_of
+from pagedinfer.operator.stopping import sleep_unless_stopped
 
-PODS = ResourceRef("v1", "pods")
 INVALID_SPEC_RETRY_SECONDS = 15.0
-STOP_POLL_SECONDS = 0.2
 
 
 @dataclasses.dataclass
@@ -115,15 +113,7 @@ async def autoscale(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         while not stopped:
             interval = await autoscale_once(runtime.kube, session, body, name, namespace, memory, logger)
-            await _sleep_unless_stopped(stopped, interval)
-
-
-async def _sleep_unless_stopped(stopped: kopf.DaemonStopped, seconds: float) -> None:
-    """Sleep in short steps, checking the flag. (kopf's `stopped.wait(timeout)` runs a side
-    task that, timing out while the operator exits, surfaces as a TimeoutError at shutdown.)"""
-    deadline = time.monotonic() + seconds
-    while not stopped and (left := deadline - time.monotonic()) > 0:
-        await asyncio.sleep(min(left, STOP_POLL_SECONDS))
+            await sleep_unless_stopped(stopped, interval)
 
 
 async def autoscale_once(

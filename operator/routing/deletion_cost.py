@@ -22,11 +22,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pagedinfer.operator.autoscaling.readings import PodReading
-from pagedinfer.operator.kube_api import KubeApi, KubeApiError, ResourceRef
+from pagedinfer.operator.kube_api import PODS, KubeApi, KubeApiError
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 INT32_MAX = 2**31 - 1
-PODS = ResourceRef("v1", "pods")
 logger = logging.getLogger("pagedinfer.operator.routing")
 
 

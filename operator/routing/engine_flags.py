@@ -16,7 +16,8 @@ The readiness gate: with the router's warm-up on, the engine pods carry
 `readinessGates: [{conditionType: pagedinfer.io/warmed}]`; the router sets
 that condition once it has replayed its hot prefixes to the pod (or after
 `WARMUP_GATE_TIMEOUT_SECONDS`), so a rollout's new pod counts as ready only
-warm (contracts/routing/lifecycle.py).
+warm (contracts/routing/lifecycle.py); while no router pod is ready the
+operator sets it after that timeout itself (gate_daemon.py).
 """
 
 from __future__ import annotations

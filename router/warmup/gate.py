@@ -19,23 +19,13 @@ from datetime import UTC, datetime
 
 import httpx
 
-from pagedinfer.contracts.routing.lifecycle import WARMED_CONDITION
+from pagedinfer.contracts.routing.lifecycle import WARMED_CONDITION, warmed_condition
 from pagedinfer.router.discovery import DiscoverySettings, kube_api_args
 
 logger = logging.getLogger("pagedinfer.router.warmup")
 
 API_TIMEOUT_SECONDS = 5.0
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-
-
-def warmed_condition(reason: str, message: str, now: datetime) -> dict[str, str]:
-    return {
-        "type": WARMED_CONDITION,
-        "status": "True",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
 
 
 class ReadinessGate:

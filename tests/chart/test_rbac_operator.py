@@ -7,8 +7,9 @@ process with the container's own arguments (only the liveness and metrics
 ports are moved to free ports on 127.0.0.1) and drives every path it has:
 sizing from node labels, a model read from a ConfigMap, an unsized model that
 raises a Warning Event, a Deployment becoming ready, a spec change and a
-hand-edited Service patched back, and the autoscaler scaling up to
-minReplicas through the scale subresource.
+hand-edited Service patched back, the autoscaler scaling up to
+minReplicas through the scale subresource, and, with no router pod ready,
+the operator opening a warmed-up engine pod's readiness gate itself.
 
 - With the chart's rules: everything reconciles and no request is refused.
 - Every rule the chart grants is used at least once (nothing is granted that
@@ -32,7 +33,8 @@ from chart_rbac import RbacPolicy
 from fake_engine_metrics import fake_engines
 from helm_chart import NAMESPACE, helm_template
 
-from pagedinfer.testing.kubelet_harness import add_ready_pod, pod_manifest
+from pagedinfer.contracts.routing.lifecycle import WARMED_CONDITION
+from pagedinfer.testing.kubelet_harness import PODS, add_ready_pod, pod_from_template, pod_is_ready, pod_manifest
 from pagedinfer.testing.operator_harness import (
     CONFIGMAPS,
     DEPLOYMENTS,
@@ -43,6 +45,7 @@ from pagedinfer.testing.operator_harness import (
     condition,
     eventually,
     inference_service,
+    roll_out,
     serving_emulator,
     write_kubeconfig,
 )
@@ -111,7 +114,8 @@ ROUTER_KINDS = (
     kmock.resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
 )
 # Held only to be granted to the routers (RBAC escalation prevention): the operator never calls it.
-GRANTED_NOT_CALLED = {"list endpointslices.discovery.k8s.io", "patch pods/status.core"}
+GRANTED_NOT_CALLED = {"list endpointslices.discovery.k8s.io"}
+LONG_AGO = "2020-01-01T00:00:00Z"  # a pod's containers ready since then: past any warm-up gate timeout
 
 
 async def seed(emulator, namespace: str, engine_ip: str) -> None:
@@ -170,6 +174,7 @@ async def seed(emulator, namespace: str, engine_ip: str) -> None:
                 },
             },
         ),
+        ("gated", {"model": {**hf, "architecture": LLAMA3_8B}, "resources": gpu, "maxReplicas": 2}),  # warm-up
     ):
         await emulator.create(ISVC, inference_service(name, spec, namespace))
     await add_ready_pod(emulator, namespace, pod_manifest("scaled-in-0", "scaled-in", engine_ip))
@@ -245,6 +250,16 @@ async def run_until_reconciled(emulator, namespace: str, process) -> None:
     await eventually(
         lambda: not any(emulator.read(ref, namespace, "autoscaled-router") for ref in ROUTER_KINDS), timeout_seconds=30
     )
+    # "gated": its router never ready, an engine pod whose containers are ready and whose warm-up gate stayed
+    # closed past the timeout: the operator opens the gate (pods/status), and the pod turns Ready.
+    deployment = await eventually(lambda: emulator.read(DEPLOYMENTS, namespace, "gated"), timeout_seconds=30)
+    gated = pod_from_template("gated-0", deployment["spec"]["template"], "127.0.0.254")
+    assert gated["spec"]["readinessGates"] == [{"conditionType": WARMED_CONDITION}]
+    for c in gated["status"]["conditions"]:
+        c["lastTransitionTime"] = LONG_AGO
+    await add_ready_pod(emulator, namespace, gated)
+    await roll_out(emulator, "gated", ready=0, replicas=1, namespace=namespace)  # the Deployment controller
+    await eventually(lambda: pod_is_ready(emulator.read(PODS, namespace, "gated-0")), timeout_seconds=30)
     # "scaled-in": one idle engine too many; the autoscaler marks the pods' deletion cost, then scales in.
     await eventually(lambda: emulator.read(ISVC, namespace, "scaled-in")["spec"]["replicas"] == 1, timeout_seconds=60)
 

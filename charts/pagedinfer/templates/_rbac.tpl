@@ -50,7 +50,8 @@ always in a ClusterRole.
   resources: ["endpointslices"]
   verbs: ["list"]
 # The routers' Role also grants patch on pods/status (with warm-up on they set
-# the engine pods' pagedinfer.io/warmed condition, their readiness gate).
+# the engine pods' pagedinfer.io/warmed condition, their readiness gate); the
+# operator sets it itself while no router pod is ready (reason NoRouter).
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
