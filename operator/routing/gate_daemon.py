@@ -11,9 +11,10 @@ status (gate_fallback.py says what and why) and:
    and keeps those whose gate has been closed for
    `OperatorConfig.warmup_gate_timeout_seconds` (the router's own bound,
    60 s) with their containers ready;
-3. with a router pod ready, leaves them to the router (logged once per pod:
-   "left to the router");
-4. with none, opens each one's gate (`PATCH pods/NAME/status`, a strategic
+3. if there are any, reads the router Deployment (`NAME-router`): with a
+   pod available, leaves them to the router (logged once per pod: "left to
+   the router"); when it cannot be read, decides nothing this round;
+4. with none available (or no router Deployment), opens each one's gate (`PATCH pods/NAME/status`, a strategic
    merge patch of the `pagedinfer.io/warmed` condition, reason `NoRouter`:
    the chart grants `patch` on `pods/status`, which the routers' Role needs
    too), logs it and posts a Warning Event `NoRouter` on the
@@ -36,15 +37,16 @@ import kopf
 from pagedinfer.contracts.inference_service import API_GROUP, API_VERSION, PLURAL
 from pagedinfer.contracts.routing.lifecycle import WARMED_CONDITION
 from pagedinfer.operator.children.labels import selector_string
-from pagedinfer.operator.kube_api import PODS, STRATEGIC_MERGE_PATCH, KubeApi, KubeApiError
+from pagedinfer.operator.kube_api import DEPLOYMENTS, PODS, STRATEGIC_MERGE_PATCH, KubeApi, KubeApiError
 from pagedinfer.operator.registry import REGISTRY
+from pagedinfer.operator.routing.builders import router_name
 from pagedinfer.operator.routing.gate_fallback import (
     NO_ROUTER,
+    available_routers,
     closed_gates,
     engines_waiting,
     open_patch,
     overdue,
-    ready_routers,
 )
 from pagedinfer.operator.routing.spec import parse_router_spec
 from pagedinfer.operator.settings import OperatorConfig, runtime_of
@@ -99,14 +101,20 @@ async def gate_round(
     now = datetime.now(UTC)
     late = overdue(closed_gates(pods, now), config.warmup_gate_timeout_seconds)
     memory.left_to_router &= {g.uid for g in late}
-    routers = ready_routers(status)
+    if not late:
+        return
+    try:
+        routers = available_routers(await kube.get(DEPLOYMENTS, namespace, router_name(name)))
+    except KubeApiError as e:
+        logger.warning("warm-up gates: cannot read the router Deployment: %s", e)
+        return
     for gate in late:
         if routers:
             if gate.uid not in memory.left_to_router:
                 memory.left_to_router.add(gate.uid)
                 logger.info(
                     f"pod {gate.pod}: {WARMED_CONDITION} still closed {gate.closed_seconds:.0f} s after its containers"
-                    f" were ready; {routers} router pod(s) ready: left to the router"
+                    f" were ready; {routers} router pod(s) available: left to the router"
                 )
             continue
         try:
@@ -116,7 +124,7 @@ async def gate_round(
                 logger.warning(f"warm-up gates: cannot set {WARMED_CONDITION} on pod {gate.pod}: {e}; trying again")
             continue
         message = (
-            f"no router pod is ready: opened pod {gate.pod}'s readiness gate {WARMED_CONDITION} without warm-up,"
+            f"no router pod is available: opened pod {gate.pod}'s readiness gate {WARMED_CONDITION} without warm-up,"
             f" {gate.closed_seconds:.0f} s after its containers were ready"
         )
         logger.info(message)

@@ -18,12 +18,14 @@ itself (reason `NoRouter`, gate_daemon.py) on each engine pod that
 While a router pod is ready the operator sets nothing: the router opens the
 gate, warm or not, within the same bound.
 
-Where to look, at no API cost: the InferenceService's status, which the
-operator keeps from its Deployments' watch events (child_events):
-`status.routing.readyReplicas` (the router Deployment's ready pods) and
-`status.replicas` / `status.readyReplicas` (the engine Deployment's pods, and
-those of them Ready). A closed gate keeps its pod out of readyReplicas, so
-while readyReplicas >= replicas no pod can be waiting and no pod is listed.
+When to look, at no API cost: the InferenceService's `status.replicas` /
+`status.readyReplicas` (the engine Deployment's pods, and those of them
+Ready), which the operator keeps from the Deployment's watch events
+(child_events). A closed gate keeps its pod out of readyReplicas, so while
+readyReplicas >= replicas no pod can be waiting and no pod is listed.
+Whether a router is up is read from the router Deployment itself
+(`status.availableReplicas`), and only once a gate is overdue: the owner's
+`status.routing` can lag it (a reconcile writes what it last saw).
 """
 
 from __future__ import annotations
@@ -88,10 +90,9 @@ def overdue(gates: Iterable[ClosedGate], timeout_seconds: float) -> list[ClosedG
     return [g for g in gates if g.closed_seconds >= timeout_seconds]
 
 
-def ready_routers(status: Mapping[str, Any] | None) -> int:
-    """The router pods ready, as status.routing says (0 when it says nothing)."""
-    routing = (status or {}).get("routing") or {}
-    value = routing.get("readyReplicas") if isinstance(routing, Mapping) else None
+def available_routers(deployment: Mapping[str, Any] | None) -> int:
+    """The router Deployment's available pods (0 when it is absent or its controller reported none)."""
+    value = ((deployment or {}).get("status") or {}).get("availableReplicas")
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 

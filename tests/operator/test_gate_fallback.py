@@ -6,11 +6,11 @@ from pagedinfer.contracts.routing.lifecycle import WARMED_CONDITION
 from pagedinfer.operator.routing.gate_fallback import (
     NO_ROUTER,
     ClosedGate,
+    available_routers,
     closed_gates,
     engines_waiting,
     open_patch,
     overdue,
-    ready_routers,
 )
 
 NOW = datetime(2026, 12, 4, 20, 0, 0, tzinfo=UTC)
@@ -48,15 +48,15 @@ def test_only_pods_waiting_on_the_gate_alone_count_and_from_when_their_container
     assert [g.pod for g in overdue(closed_gates(pods, NOW), 60.0)] == ["waiting", "no-stamp"]
 
 
-def test_the_status_says_when_to_look_and_whether_a_router_is_ready():
+def test_the_status_says_when_to_look_and_the_router_deployment_whether_a_router_is_up():
     assert engines_waiting({"replicas": 2, "readyReplicas": 1})
     assert engines_waiting({"replicas": 1})
     assert not engines_waiting({"replicas": 2, "readyReplicas": 2})
     assert not engines_waiting({})
     assert not engines_waiting(None)
-    assert ready_routers({"routing": {"enabled": True, "readyReplicas": 2}}) == 2
-    assert ready_routers({"routing": {"enabled": True}}) == 0
-    assert ready_routers({}) == 0
+    assert available_routers({"status": {"replicas": 2, "readyReplicas": 2, "availableReplicas": 1}}) == 1
+    assert available_routers({"status": {}}) == 0
+    assert available_routers(None) == 0
 
 
 def test_the_patch_sets_only_the_gates_condition_with_the_reason_no_router():
