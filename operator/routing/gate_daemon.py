@@ -3,11 +3,13 @@
 One loop per InferenceService whose `spec.router` is on with warm-up on (the
 services whose engine pods carry the `pagedinfer.io/warmed` gate;
 engine_flags.engine_readiness_gates); kopf stops it when either turns off.
-Every `OperatorConfig.warmup_gate_poll_seconds` it reads the live body's
-status (gate_fallback.py says what and why) and:
+Every `TICK_SECONDS` it reads the live body's status (gate_fallback.py says
+what and why) and:
 
 1. no engine pod reported not Ready: nothing (no API call);
-2. else lists the service's engine pods (`pods` list, as the autoscaler)
+2. else, when those counts changed since its last list or
+   `OperatorConfig.warmup_gate_poll_seconds` have passed since then, lists
+   the service's engine pods (`pods` list, as the autoscaler)
    and keeps those whose gate has been closed for
    `OperatorConfig.warmup_gate_timeout_seconds` (the router's own bound,
    60 s) with their containers ready;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -52,12 +55,16 @@ from pagedinfer.operator.routing.spec import parse_router_spec
 from pagedinfer.operator.settings import OperatorConfig, runtime_of
 from pagedinfer.operator.stopping import sleep_unless_stopped
 
+TICK_SECONDS = 0.5  # how often the (free) status check runs
+
 
 @dataclasses.dataclass
 class GateMemory:
     """What one InferenceService's loop carries between rounds: the pods already said to be left to the router."""
 
     left_to_router: set[str] = dataclasses.field(default_factory=set)  # pod uids
+    listed_for: tuple[Any, Any] | None = None  # the engine status (replicas, readyReplicas) of the last list
+    next_list_at: float = 0.0  # time.monotonic() after which the pods are listed again anyway
 
 
 def _warmup_gated(spec: Mapping[str, Any], **_: Any) -> bool:
@@ -77,7 +84,7 @@ async def open_gates_without_router(
     memory = GateMemory()
     while not stopped:
         await gate_round(runtime.kube, runtime.config, body, name, namespace, memory, logger)
-        await sleep_unless_stopped(stopped, runtime.config.warmup_gate_poll_seconds)
+        await sleep_unless_stopped(stopped, min(TICK_SECONDS, runtime.config.warmup_gate_poll_seconds))
 
 
 async def gate_round(
@@ -92,7 +99,12 @@ async def gate_round(
     """One round (the module's steps 1-4)."""
     status = body.get("status") or {}
     if not engines_waiting(status):
+        memory.listed_for = None
         return
+    counts, monotonic_now = (status.get("replicas"), status.get("readyReplicas")), time.monotonic()
+    if counts == memory.listed_for and monotonic_now < memory.next_list_at:
+        return
+    memory.listed_for, memory.next_list_at = counts, monotonic_now + config.warmup_gate_poll_seconds
     try:
         pods = await kube.list(PODS, namespace, label_selector=selector_string(name))
     except KubeApiError as e:
