@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -38,6 +38,10 @@ class TraceResult:
     recomputed_tokens: int  # prompt - cached, over the trace after the event
     recomputed_first_quarter: int  # of them, in the first quarter of the trace (where a cold engine shows)
     aborted: int
+    # with --probe-ttft (warmup_sweep.py): one user at a time while the event happens, and the warm-up's cost
+    warmup_tokens: int = 0  # the router's pagedinfer_router_warmup_prompt_tokens_total after the event
+    event_seconds: float = 0.0  # from the event until every pod is settled and routable (the warm-up inside it)
+    probe_ttft_ms: list[float] = field(default_factory=list)  # each probe request's time to its one token
 
 
 def zipf_weights(n: int) -> list[float]:
@@ -84,6 +88,43 @@ async def send_trace(url: str, model: str, prompts: list[list[int]], concurrency
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     return [r for r in records if r is not None]
+
+
+async def probe_ttft(url: str, model: str, prompts: list[list[int]], stop: asyncio.Event) -> list[float]:
+    """One user at a time, in order through `prompts`, until `stop`: each request's time to its first token
+    (`max_tokens` 1, so the whole answer is the first token), in milliseconds; failed requests are left out."""
+    import httpx
+
+    ttft_ms = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
+        for prompt in prompts:
+            if stop.is_set():
+                break
+            body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+            started = time.monotonic()
+            try:
+                r = await client.post(url + "/v1/completions", json=body)
+            except httpx.HTTPError:
+                await asyncio.sleep(0.2)
+                continue
+            if r.status_code == 200:
+                ttft_ms.append((time.monotonic() - started) * 1000.0)
+    return ttft_ms
+
+
+def warmup_tokens_in(metrics_text: str) -> int:
+    """The router's warm-up prompt tokens in its /metrics text, over every event label (0 if none yet)."""
+    from pagedinfer.contracts import metric_names as m
+
+    sample = m.ROUTER_WARMUP_PROMPT_TOKENS.sample + "{"
+    return round(sum(float(ln.rsplit(" ", 1)[1]) for ln in metrics_text.splitlines() if ln.startswith(sample)))
+
+
+async def router_warmup_tokens(url: str) -> int:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        return warmup_tokens_in((await client.get(url + "/metrics")).text)
 
 
 def hit_rate(records: list[Record]) -> float:

@@ -37,7 +37,10 @@ By count instead of by time (`--trace-requests N`, bench/lifecycle_trace.py):
 `--steady-requests` requests of a seeded trace before the event, no traffic
 during it, then, once the engines are settled and routable, the trace's next
 N requests: the same prompts in the same order in every mode, so the
-recomputed prefill tokens of (a) and (c) compare request for request.
+recomputed prefill tokens of (a) and (c) compare request for request. With
+`--probe-ttft` one more user sends requests while the event happens (each
+one's time to its single token, and the router's warm-up tokens, recorded):
+bench/warmup_sweep.py sweeps K and the token budget with it.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/routing_lifecycle.py --scenarios scale-up --modes a,c --trace-requests 200
 
@@ -66,6 +69,8 @@ from lifecycle_trace import (  # noqa: E402  (bench/lifecycle_trace.py: the trac
     TraceResult,
     hit_rate,
     post_prompt,
+    probe_ttft,
+    router_warmup_tokens,
     send_trace,
     summarize_trace,
     trace,
@@ -316,6 +321,9 @@ async def by_count(args, scenario: str, mode: str, url: str, prefixes, emulator,
     """The steady trace, the event with no traffic, then the next `--trace-requests` of the same trace."""
     prompts = trace(prefixes, args.steady_requests + args.trace_requests, seed=7, question_tokens=args.question_tokens)
     before = await send_trace(url, NAME, prompts[: args.steady_requests], args.concurrency, origin)
+    stop_probe, event_at = asyncio.Event(), time.monotonic()
+    probe_prompts = trace(prefixes, 10_000, seed=11, question_tokens=args.question_tokens) if args.probe_ttft else []
+    probe = asyncio.create_task(probe_ttft(url, NAME, probe_prompts, stop_probe))
     desired = await start_event(args, scenario, mode, emulator, engines)
     await asyncio.sleep(1.0)  # the Deployment changed; the harness acts at its next pass
     await settled(emulator, engines, bound_seconds=600.0)
@@ -323,8 +331,14 @@ async def by_count(args, scenario: str, mode: str, url: str, prefixes, emulator,
         await asyncio.sleep(1.0)
         await settled(emulator, engines, bound_seconds=600.0)
     await wait_routable(url, desired)
+    event_seconds = time.monotonic() - event_at
+    stop_probe.set()
+    ttft_ms = await probe
     after = await send_trace(url, NAME, prompts[args.steady_requests :], args.concurrency, origin)
-    return summarize_trace(scenario, mode, before, after)
+    result = summarize_trace(scenario, mode, before, after)
+    result.warmup_tokens, result.event_seconds = await router_warmup_tokens(url), event_seconds
+    result.probe_ttft_ms = ttft_ms
+    return result
 
 
 async def start_event(args, scenario: str, mode: str, emulator, engines) -> int:
@@ -419,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         " none during it (0: by time, --steady-seconds and --window-seconds)",
     )
     p.add_argument("--steady-requests", type=int, default=200, help="with --trace-requests: the trace before the event")
+    p.add_argument(
+        "--probe-ttft",
+        action="store_true",
+        help="with --trace-requests: one more user sends requests (max_tokens 1) while the event happens,"
+        " each one's time to its token recorded (bench/warmup_sweep.py)",
+    )
     p.add_argument("--smoke", action="store_true", help="2 tenants, 1 s windows, scale-in mode c only")
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack, for a run that seems stuck
