@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from lifecycle_trace import warmup_tokens_in
-from warmup_sweep import parse_settings, percentile, sweep_table
+from warmup_sweep import parse_settings, percentile, summary_table, sweep_table
 
 
 def test_settings_are_k_and_budget_pairs_one_of_them_without_warm_up():
@@ -30,7 +30,7 @@ def row(k: int, warmup: int, recomputed: int, ttft: list[float]) -> dict:
         "event_seconds": 60.0,
         "probe_ttft_ms": ttft,
         "load_start": 2.0,
-        "load_end": 3.0,
+        "load_peak": 3.0,
     }
 
 
@@ -38,6 +38,13 @@ def test_the_table_gives_each_settings_saving_per_warm_up_token_and_ttft_against
     lines = sweep_table([row(8, 8192, 20_000, [110.0, 130.0]), row(0, 0, 30_000, [100.0, 120.0])]).splitlines()
     assert lines[2].startswith("| 0 |") and "| - |" in lines[2]  # sorted by K; K 0 saves nothing
     assert "| 10,000 | 1.22 |" in lines[3] and "| +10 / +10 ms |" in lines[3]
+
+
+def test_the_summary_compares_each_sweep_with_its_own_k_0_run():
+    first = [row(0, 0, 30_000, [100.0]), row(8, 8192, 20_000, [110.0])]
+    second = [row(0, 0, 25_000, [100.0]), row(8, 8192, 21_000, [130.0])]
+    line = summary_table([first, second]).splitlines()[2]
+    assert line == "| 8 | 32,768 | 2 | 8,192 | 7,000 (4,000 .. 10,000) | 0.85 | +20 / +20 ms |"
 
 
 def test_the_routers_warm_up_tokens_are_summed_over_its_event_labels():
