@@ -3,8 +3,8 @@
 router's flags and the CRD agree. No imports.
 """
 
-DEFAULT_PREFIXES = 32  # K: the hottest prefixes replayed per event (bench/routing_lifecycle.py)
-DEFAULT_TOKEN_BUDGET = 32768  # prompt tokens replayed per engine per event
+DEFAULT_PREFIXES = 8  # K: the hottest prefixes replayed per event (measured: bench/warmup_sweep.py, docs/router.md)
+DEFAULT_TOKEN_BUDGET = 32768  # prompt tokens replayed per engine per event: K x MAX_PREFIX_TOKENS (4,096)
 MAX_ENTRIES = 1024  # the router's table of hot prefixes holds at most this many (router/warmup/hotness.py)
 
 

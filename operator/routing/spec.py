@@ -7,7 +7,7 @@
       image: ...             # default: the operator's --router-image
       resources: {requests: {cpu: 500m, memory: 512Mi}, limits: {memory: 1Gi}}
       queue: {maxRequests: 256, timeoutSeconds: 120}  # the hold queue while no engine is ready; unset: the router's defaults
-      warmup: {prefixes: 32, tokenBudget: 32768}  # hot prefixes replayed to new engines and on scale-in (warmup_spec.py)
+      warmup: {prefixes: 8, tokenBudget: 32768}  # hot prefixes replayed to new engines and on scale-in (warmup_spec.py)
 
 `parse_router_spec` returns every problem at once, each prefixed by its dotted
 path (spec.parser adds them to the spec's others, so a bad router spec is

@@ -1,7 +1,7 @@
 """`spec.router.warmup` of an InferenceService, validated (pure), and the router flags it becomes.
 
     router:
-      warmup: {prefixes: 32, tokenBudget: 32768}   # the defaults (contracts/routing/warmup.py); prefixes 0: off
+      warmup: {prefixes: 8, tokenBudget: 32768}   # the defaults (contracts/routing/warmup.py); prefixes 0: off
 
 The router replays its K = `prefixes` hottest prefixes, at most `tokenBudget`
 prompt tokens per engine per event, to a new engine before it takes traffic

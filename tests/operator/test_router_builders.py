@@ -4,6 +4,7 @@ with the engines' model when the pod can mount it."""
 import kubernetes_validate
 import pytest
 
+from pagedinfer.contracts.routing.warmup import DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET
 from pagedinfer.operator.children import builders
 from pagedinfer.operator.children.drift import drifted_paths, patch_for
 from pagedinfer.operator.kv_plan import planning
@@ -151,7 +152,7 @@ def test_the_warmup_fields_reach_the_routers_own_flags():
     assert (args.warmup_prefixes, args.warmup_token_budget) == (5, 900)
     (default,) = routing.build_router_deployment(OWNER, spec(), "router:1")["spec"]["template"]["spec"]["containers"]
     parsed = build_parser().parse_args(default["args"])
-    assert (parsed.warmup_prefixes, parsed.warmup_token_budget) == (32, 32768)  # the CRD's defaults, passed on
+    assert (parsed.warmup_prefixes, parsed.warmup_token_budget) == (DEFAULT_PREFIXES, DEFAULT_TOKEN_BUDGET)  # passed on
 
 
 def test_the_router_command_line_is_one_the_router_takes():
