@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from engine_process import tiny_serve_args
 from proc_tree import children, wait_gone
 from router_harness import start_router_process, wait_for
 
@@ -53,19 +54,7 @@ def server(tiny_llama, decoy_dir, tmp_path_factory):
         proc = subprocess.Popen(
             [
                 str(CLI),
-                "serve",
-                "--model",
-                str(tiny_llama),
-                "--served-model-name",
-                "tiny",
-                "--port",
-                str(port),
-                "--device",
-                "cpu",
-                "--max-model-len",
-                "256",
-                "--num-gpu-blocks-override",
-                "64",
+                *tiny_serve_args(tiny_llama, port, max_model_len=256, num_gpu_blocks=64),
                 "--tensor-parallel-size",
                 "2",
                 "--overlap",

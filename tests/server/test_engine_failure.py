@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from engine_process import tiny_serve_args
 from serving_harness import serve_app, stop_server, wait_healthy
 
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
@@ -91,19 +92,7 @@ def test_a_fault_in_a_real_serve_process_answers_every_request_500_and_exits_1(m
             str(FAULT_WRAPPER),
             method,
             str(trigger),
-            "serve",
-            "--model",
-            str(tiny_llama),
-            "--served-model-name",
-            "tiny",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--max-model-len",
-            "1024",
-            "--num-gpu-blocks-override",
-            "256",
+            *tiny_serve_args(tiny_llama, port, max_model_len=1024, num_gpu_blocks=256),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

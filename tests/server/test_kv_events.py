@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zmq
+from engine_process import tiny_serve_args
 from kv_feed_follow import follow_while
 from serving_harness import start_server, stop_server
 
@@ -64,19 +65,7 @@ def test_a_serve_process_publishes_the_block_hashes_a_consumer_computes_and_repl
     proc = subprocess.Popen(
         [
             str(cli),
-            "serve",
-            "--model",
-            str(tiny_llama),
-            "--served-model-name",
-            "tiny",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--max-model-len",
-            "256",
-            "--num-gpu-blocks-override",
-            "64",
+            *tiny_serve_args(tiny_llama, port, max_model_len=256, num_gpu_blocks=64),
             "--kv-events",
             "--kv-events-port",
             "0",

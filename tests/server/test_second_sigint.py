@@ -20,6 +20,7 @@ import time
 
 import httpx
 import pytest
+from engine_process import tiny_serve_args
 from router_harness import wait_for
 
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
@@ -66,19 +67,7 @@ def test_a_second_sigint_answers_every_request_and_exits_in_order(make_model, tm
     proc = subprocess.Popen(
         [
             cli,
-            "serve",
-            "--model",
-            str(model),
-            "--served-model-name",
-            "tiny",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--max-model-len",
-            "16384",
-            "--num-gpu-blocks-override",
-            "3200",
+            *tiny_serve_args(model, port, max_model_len=16384, num_gpu_blocks=3200),
             "--shutdown-grace-seconds",
             str(GRACE_SECONDS),
         ],

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from engine_process import tiny_serve_args
 from proc_tree import children, wait_gone
 
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
@@ -31,19 +32,7 @@ def test_sigterm_during_load_exits_zero_within_the_grace_period(tiny_llama, tmp_
     proc = subprocess.Popen(
         [
             str(cli),
-            "serve",
-            "--model",
-            str(tiny_llama),
-            "--served-model-name",
-            "tiny",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--max-model-len",
-            "1024",
-            "--num-gpu-blocks-override",
-            "256",
+            *tiny_serve_args(tiny_llama, port, max_model_len=1024, num_gpu_blocks=256),
             "--shutdown-grace-seconds",
             str(GRACE_SECONDS),
             "--tensor-parallel-size",

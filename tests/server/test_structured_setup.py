@@ -19,6 +19,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from engine_process import tiny_serve_args
 
 from pagedinfer.testing.server_process import free_port, wait_process_healthy
 
@@ -39,19 +40,7 @@ def test_a_first_structured_request_imports_nothing_in_a_step(tiny_llama, tmp_pa
             sys.executable,
             str(SLOW_BACKEND),
             str(SETUP_DELAY_SECONDS),
-            "serve",
-            "--model",
-            str(tiny_llama),
-            "--served-model-name",
-            "tiny",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--max-model-len",
-            "256",
-            "--num-gpu-blocks-override",
-            "64",
+            *tiny_serve_args(tiny_llama, port, max_model_len=256, num_gpu_blocks=64),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -8,6 +8,20 @@ import sys
 from pathlib import Path
 
 
+def tiny_serve_args(model: Path | str, port: int, max_model_len: int = 1024, num_gpu_blocks: int = 96) -> list[str]:
+    """`serve` and the flags every test's tiny server takes (after the executable: the console script, or a
+    wrapper script that runs it): the model served as "tiny" on `port`, on the CPU, with a small fixed pool."""
+    flags = {
+        "--model": str(model),
+        "--served-model-name": "tiny",
+        "--port": str(port),
+        "--device": "cpu",
+        "--max-model-len": str(max_model_len),
+        "--num-gpu-blocks-override": str(num_gpu_blocks),
+    }
+    return ["serve", *(word for flag in flags.items() for word in flag)]
+
+
 def serve_process(
     model: Path, port: int, log: Path, host: str = "127.0.0.1", extra_args: tuple[str, ...] = ()
 ) -> subprocess.Popen:
@@ -18,21 +32,9 @@ def serve_process(
     return subprocess.Popen(
         [
             str(cli),
-            "serve",
-            "--model",
-            str(model),
-            "--served-model-name",
-            "tiny",
+            *tiny_serve_args(model, port),
             "--host",
             host,
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--max-model-len",
-            "1024",
-            "--num-gpu-blocks-override",
-            "96",
             "--kv-events",
             "--kv-events-port",
             "0",
