@@ -43,6 +43,7 @@ from pagedinfer.operator.children.labels import selector_string
 from pagedinfer.operator.kube_api import DEPLOYMENTS, PODS, STRATEGIC_MERGE_PATCH, KubeApi, KubeApiError
 from pagedinfer.operator.registry import REGISTRY
 from pagedinfer.operator.routing.builders import router_name
+from pagedinfer.operator.routing.engine_flags import engine_readiness_gates
 from pagedinfer.operator.routing.gate_fallback import (
     NO_ROUTER,
     available_routers,
@@ -68,12 +69,12 @@ class GateMemory:
 
 
 def _warmup_gated(spec: Mapping[str, Any], **_: Any) -> bool:
-    """Whether the engine pods carry the warm-up gate: the router and its warm-up on (as the reconciler parses it)."""
+    """Whether the engine pods carry the warm-up gate (engine_readiness_gates, on the spec as the reconciler parses it)."""
     try:
         router = parse_router_spec(spec.get("router"), spec.get("maxReplicas"))
     except (ValueError, TypeError):
         return False
-    return router.enabled and router.warmup.enabled
+    return bool(engine_readiness_gates(router))
 
 
 @kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=REGISTRY, when=_warmup_gated, cancellation_timeout=10.0)
